@@ -1,0 +1,172 @@
+//! Rule configuration as the kernel sees it (`RULES` map) and per-rule counters (`COUNTERS`).
+
+/// A function rule: uprobe on entry, plus a uretprobe when a minimum duration is set.
+pub const KIND_FUNCTION: u32 = 1;
+/// A syscall rule: `raw_syscalls` sys_enter/sys_exit raw tracepoints.
+pub const KIND_SYSCALL: u32 = 2;
+/// A signal rule: `signal_generate` raw tracepoint.
+pub const KIND_SIGNAL: u32 = 3;
+
+/// Fire when the condition is met on entry (function entry, syscall entry).
+pub const FLAG_ON_ENTRY: u32 = 1 << 0;
+/// The syscall set is "any syscall".
+pub const FLAG_ANY_SYSCALL: u32 = 1 << 1;
+/// Only returns with an errno in [`RuleSpec::errnos`] match.
+pub const FLAG_ERRNO: u32 = 1 << 2;
+/// Follow children: a process forked by a target becomes a target of the same rules.
+pub const FLAG_FOLLOW_FORKS: u32 = 1 << 3;
+
+/// Syscall numbers covered by [`RuleSpec::syscalls`] (x86-64 has ~460).
+pub const SYSCALL_BITMAP_WORDS: usize = 8;
+/// Errno values covered by [`RuleSpec::errnos`] (Linux errnos stop at 133).
+pub const ERRNO_BITMAP_WORDS: usize = 4;
+
+/// One rule, indexed by rule id in the `RULES` array map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleSpec {
+    /// `KIND_*`; 0 = slot unused.
+    pub kind: u32,
+    /// `FLAG_*`.
+    pub flags: u32,
+    /// Minimum duration (function return, syscall exit); 0 = no latency condition.
+    pub min_duration_ns: u64,
+    /// Minimum time between two emitted triggers of this rule; 0 = none.
+    pub cooldown_ns: u64,
+    /// Emitted triggers allowed per rolling hour; 0 = unlimited.
+    pub max_per_hour: u64,
+    /// Bit `n` set = syscall number `n` matches.
+    pub syscalls: [u64; SYSCALL_BITMAP_WORDS],
+    /// Bit `n` set = a return of `-n` matches (with [`FLAG_ERRNO`]).
+    pub errnos: [u64; ERRNO_BITMAP_WORDS],
+    /// Bit `n` set = signal `n` matches (1..=64).
+    pub signals: u64,
+}
+
+impl RuleSpec {
+    /// Whether syscall `nr` is in the rule's set.
+    #[inline(always)]
+    pub fn has_syscall(&self, nr: u64) -> bool {
+        if self.flags & FLAG_ANY_SYSCALL != 0 {
+            return true;
+        }
+        bit_is_set(&self.syscalls, nr)
+    }
+
+    /// Whether a syscall that returned `ret` satisfies the errno condition.
+    #[inline(always)]
+    pub fn errno_matches(&self, ret: i64) -> bool {
+        if self.flags & FLAG_ERRNO == 0 {
+            return true;
+        }
+        ret < 0 && bit_is_set(&self.errnos, ret.unsigned_abs())
+    }
+
+    /// Whether signal `sig` is in the rule's set.
+    #[inline(always)]
+    pub fn has_signal(&self, sig: u64) -> bool {
+        sig < 64 && self.signals & (1 << sig) != 0
+    }
+}
+
+#[inline(always)]
+fn bit_is_set(words: &[u64], n: u64) -> bool {
+    let word = (n / 64) as usize;
+    word < words.len() && words[word] & (1 << (n % 64)) != 0
+}
+
+/// Sets bit `n` of a bitmap; returns `false` when `n` is out of range.
+pub fn set_bit(words: &mut [u64], n: u64) -> bool {
+    let word = (n / 64) as usize;
+    match words.get_mut(word) {
+        Some(w) => {
+            *w |= 1 << (n % 64);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Suppression state of one rule (`RULE_STATE` array map), updated atomically.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RuleState {
+    /// Kernel time of the last emitted trigger.
+    pub last_emit_ns: u64,
+    /// Start of the current rate-limit hour.
+    pub window_start_ns: u64,
+    /// Emitted triggers in the current hour.
+    pub window_count: u64,
+}
+
+/// Per-rule counters, `COUNTERS[rule * COUNTERS_PER_RULE + COUNTER_*]` (per-CPU, summed by
+/// the agent): every way a met condition can be dropped has its own counter.
+pub const COUNTERS_PER_RULE: u32 = 8;
+/// Conditions met in the kernel, before suppression.
+pub const COUNTER_MET: u32 = 0;
+/// Suppressed by the cooldown.
+pub const COUNTER_SUPPRESSED_COOLDOWN: u32 = 1;
+/// Suppressed by `max_per_hour`.
+pub const COUNTER_SUPPRESSED_RATE: u32 = 2;
+/// Sent to the ring buffer.
+pub const COUNTER_EMITTED: u32 = 3;
+/// Lost: the ring buffer was full.
+pub const COUNTER_RINGBUF_FULL: u32 = 4;
+/// Function calls deeper than the per-thread entry stack: their durations are not measured.
+pub const COUNTER_DEPTH_OVERFLOW: u32 = 5;
+/// Returns without a recorded entry (attached mid-call, or longjmp past the probe).
+pub const COUNTER_UNMATCHED_RETURN: u32 = 6;
+
+/// Kernel-side settings shared by all rules (`CONFIG` array map, index 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineConfig {
+    /// Rules of kind syscall (bit = rule id).
+    pub syscall_rules: u64,
+    /// Rules of kind signal.
+    pub signal_rules: u64,
+    /// Rules whose targets follow forks.
+    pub follow_fork_rules: u64,
+    /// Nonzero when `TARGET_CGROUPS` holds entries (saves a lookup otherwise).
+    pub cgroups_active: u32,
+    /// Byte offset of `task_struct.tgid` (from the kernel's BTF).
+    pub task_tgid_offset: u32,
+    /// Byte offset of `task_struct.pid`.
+    pub task_pid_offset: u32,
+    pub _reserved: u32,
+}
+
+/// Depth of the per-thread stack of function entry times (recursion is measured up to it).
+pub const MAX_CALL_DEPTH: usize = 32;
+
+/// Entry times of one thread for one function rule (`ENTRY_TIMES` map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EntryStack {
+    /// Current call depth; may exceed `MAX_CALL_DEPTH` (those entries are not timed).
+    pub depth: u64,
+    pub entry_ns: [u64; MAX_CALL_DEPTH],
+}
+
+/// A syscall in flight on a traced thread (`SYSCALL_START` map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SyscallStart {
+    pub enter_ns: u64,
+    pub nr: u64,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all these are #[repr(C)] of integers and integer arrays, without padding
+    // holes that matter; every bit pattern is valid.
+    unsafe impl aya::Pod for super::RuleSpec {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RuleState {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::EngineConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::EntryStack {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SyscallStart {}
+}

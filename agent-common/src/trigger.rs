@@ -1,0 +1,66 @@
+//! The record a trigger program sends to userspace through the `EVENTS` ring buffer.
+use crate::rule::{KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL};
+
+/// How a function trigger fired.
+pub const PHASE_ENTRY: u32 = 1;
+/// Fired on return (latency condition) — function return or syscall exit.
+pub const PHASE_RETURN: u32 = 2;
+
+/// One trigger that was met and not suppressed. Plain integers so that any bytes the kernel
+/// hands us form a valid value; `kind`/`phase` are checked with `TryFrom` on the user side.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TriggerRecord {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the trigger.
+    pub timestamp_ns: u64,
+    /// Function or syscall duration; 0 for entry and signal triggers.
+    pub duration_ns: u64,
+    /// Syscall return value (function triggers: the return register).
+    pub ret: i64,
+    /// Function triggers: instruction pointer (entry) or return address (return).
+    pub ip: u64,
+    pub rule_id: u32,
+    /// `rule::KIND_*`.
+    pub kind: u32,
+    /// `PHASE_*`.
+    pub phase: u32,
+    /// Thread group (process) id of the traced process.
+    pub pid: u32,
+    /// Thread id in the traced process (for signals: the thread the signal was sent to).
+    pub tid: u32,
+    /// Syscall number (syscall triggers).
+    pub syscall_nr: u32,
+    /// Signal number (signal triggers).
+    pub signal: u32,
+    /// Process that sent the signal (signal triggers).
+    pub sender_pid: u32,
+    /// Function call depth on the thread when it fired (function triggers).
+    pub depth: u32,
+    pub _reserved: u32,
+    /// `comm` of the current task, NUL-padded.
+    pub comm: [u8; 16],
+}
+
+/// Size of a [`TriggerRecord`] on the ring.
+pub const TRIGGER_RECORD_SIZE: usize = size_of::<TriggerRecord>();
+
+/// The trigger kinds a record may carry, for exhaustive matching in userspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    Function,
+    Syscall,
+    Signal,
+}
+
+impl TryFrom<u32> for RecordKind {
+    type Error = u32;
+
+    fn try_from(kind: u32) -> Result<Self, u32> {
+        match kind {
+            KIND_FUNCTION => Ok(Self::Function),
+            KIND_SYSCALL => Ok(Self::Syscall),
+            KIND_SIGNAL => Ok(Self::Signal),
+            other => Err(other),
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The one path from "condition met" to the ring buffer: count, suppress (cooldown, hourly
+//! rate), emit. Every way a met condition is dropped increments its own counter.
+use core::{
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    ptr::{read_volatile, write_volatile},
+};
+
+use aya_ebpf::helpers::{bpf_get_current_comm, bpf_ktime_get_ns};
+use lookback_common::{
+    MAX_RULES,
+    rule::{
+        COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL, COUNTER_SUPPRESSED_COOLDOWN,
+        COUNTER_SUPPRESSED_RATE, COUNTERS_PER_RULE, RuleSpec,
+    },
+    trigger::TriggerRecord,
+};
+
+use crate::maps::{COUNTERS, EVENTS, RULE_STATE};
+
+const HOUR_NS: u64 = 3_600_000_000_000;
+
+/// Adds one to a per-rule counter.
+#[inline(always)]
+pub fn count(rule_id: u32, counter: u32) {
+    if rule_id >= MAX_RULES {
+        return;
+    }
+    if let Some(slot) = COUNTERS.get_ptr_mut(rule_id * COUNTERS_PER_RULE + counter) {
+        // SAFETY: per-CPU slot, programs do not migrate while running.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Monotonic kernel time.
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: helper without preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Counts a met condition and, unless suppressed, sends `record` (with rule id, time and
+/// comm filled in) to userspace.
+#[inline(always)]
+pub fn fire(rule_id: u32, rule: &RuleSpec, mut record: TriggerRecord) {
+    count(rule_id, COUNTER_MET);
+    let now = record.timestamp_ns;
+    if let Some(reason) = suppressed(rule_id, rule, now) {
+        count(rule_id, reason);
+        return;
+    }
+    record.rule_id = rule_id;
+    record.kind = rule.kind;
+    if let Ok(comm) = bpf_get_current_comm() {
+        record.comm = comm;
+    }
+    match EVENTS.reserve::<TriggerRecord>(0) {
+        Some(mut entry) => {
+            entry.write(record);
+            entry.submit(0);
+            count(rule_id, COUNTER_EMITTED);
+        }
+        None => count(rule_id, COUNTER_RINGBUF_FULL),
+    }
+}
+
+/// Applies the cooldown and the hourly limit; returns the counter of the reason to drop.
+///
+/// Lock-free and without compare-and-swap: aya-build links for the generic BPF CPU, where
+/// LLVM has no fetch-and-op or cmpxchg (only an add whose result is unused). Two CPUs that
+/// pass the check within the same few nanoseconds may therefore both emit; the agent then
+/// suppresses the second as `busy`. The hourly count may overshoot by at most one per CPU.
+#[inline(always)]
+fn suppressed(rule_id: u32, rule: &RuleSpec, now: u64) -> Option<u32> {
+    if rule.cooldown_ns == 0 && rule.max_per_hour == 0 {
+        return None;
+    }
+    let state = RULE_STATE.get_ptr_mut(rule_id)?;
+    // SAFETY: `state` points into a preallocated array map value that lives as long as the
+    // map; its fields are naturally aligned u64s, read and written whole.
+    unsafe {
+        let last = &raw mut (*state).last_emit_ns;
+        if rule.cooldown_ns != 0 {
+            let prev = read_volatile(last);
+            if prev != 0 && now.wrapping_sub(prev) < rule.cooldown_ns {
+                return Some(COUNTER_SUPPRESSED_COOLDOWN);
+            }
+        }
+        if rule.max_per_hour != 0 {
+            let window_start = &raw mut (*state).window_start_ns;
+            let window_count = &raw mut (*state).window_count;
+            let start = read_volatile(window_start);
+            if start == 0 || now.wrapping_sub(start) >= HOUR_NS {
+                write_volatile(window_start, now);
+                write_volatile(window_count, 0);
+            }
+            if read_volatile(window_count) >= rule.max_per_hour {
+                return Some(COUNTER_SUPPRESSED_RATE);
+            }
+            // An atomic add whose result is unused: BPF_XADD, valid on every BPF CPU.
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(window_count, 1);
+        }
+        if rule.cooldown_ns != 0 {
+            write_volatile(last, now);
+        }
+    }
+    None
+}
+
+/// A record with the calling task's identity and the current time.
+#[inline(always)]
+pub fn record_for_current(pid_tgid: u64) -> TriggerRecord {
+    TriggerRecord {
+        timestamp_ns: now_ns(),
+        pid: (pid_tgid >> 32) as u32,
+        tid: pid_tgid as u32,
+        ..TriggerRecord::default()
+    }
+}

@@ -1,0 +1,29 @@
+//! lookback's in-kernel trigger engine.
+//!
+//! Evaluates rule conditions where they happen — function returns (uprobes), syscall exits
+//! and signal generation (raw tracepoints) — and sends only the triggers that are met *and*
+//! not suppressed to userspace through one ring buffer. Raw tracepoints, not perf-event
+//! tracepoint programs: the latter's return value would silence every other perf user of the
+//! tracepoint (see design.md). Needs kernel ≥ 5.15 (attach cookies, ring buffer, cmpxchg).
+#![no_std]
+#![no_main]
+#![feature(core_intrinsics)]
+#![expect(internal_features, reason = "atomic CAS on map values, see emit.rs")]
+
+mod emit;
+mod function;
+mod maps;
+mod process;
+mod signal;
+mod syscall;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any program that can reach a real panic; this is never called.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

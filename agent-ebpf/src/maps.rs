@@ -1,0 +1,68 @@
+//! The maps shared with the agent. Names say what they hold.
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use lookback_common::{
+    MAX_RULES,
+    rule::{COUNTERS_PER_RULE, EngineConfig, EntryStack, RuleSpec, RuleState, SyscallStart},
+};
+
+/// Rule id → rule.
+#[map]
+pub static RULES: Array<RuleSpec> = Array::with_max_entries(MAX_RULES, 0);
+
+/// Rule id → suppression state (cooldown, hourly window).
+#[map]
+pub static RULE_STATE: Array<RuleState> = Array::with_max_entries(MAX_RULES, 0);
+
+/// `rule * COUNTERS_PER_RULE + COUNTER_*` → count (per CPU: exact without atomics).
+#[map]
+pub static COUNTERS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(MAX_RULES * COUNTERS_PER_RULE, 0);
+
+/// Index 0: engine-wide settings.
+#[map]
+pub static CONFIG: Array<EngineConfig> = Array::with_max_entries(1, 0);
+
+/// Traced process (tgid) → bitmask of the rules that apply to it.
+#[map]
+pub static TARGET_TGIDS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+
+/// Traced cgroup (v2 id) → bitmask of the rules that apply to its processes.
+#[map]
+pub static TARGET_CGROUPS: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
+
+/// `(rule << 32) | tid` → entry times of the calls in flight (function latency rules).
+#[map]
+pub static ENTRY_TIMES: LruHashMap<u64, EntryStack> = LruHashMap::with_max_entries(65536, 0);
+
+/// tid → syscall in flight, for rules with a latency or errno condition.
+#[map]
+pub static SYSCALL_START: LruHashMap<u32, SyscallStart> = LruHashMap::with_max_entries(65536, 0);
+
+/// Triggers for the agent: `lookback_common::trigger::TriggerRecord`s.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// The rule bitmask that applies to the current task, or 0. One hash lookup for processes
+/// outside the target set (two when cgroup targets exist).
+#[inline(always)]
+pub fn current_rules(tgid: u32, config: &EngineConfig) -> u64 {
+    // SAFETY: the value is a plain u64 read once; the map entry may be replaced
+    // concurrently, which at worst yields the previous mask.
+    let mut mask = unsafe { TARGET_TGIDS.get(&tgid) }.copied().unwrap_or(0);
+    if config.cgroups_active != 0 {
+        // SAFETY: helper without preconditions.
+        let cgroup = unsafe { aya_ebpf::helpers::generated::bpf_get_current_cgroup_id() };
+        // SAFETY: as above.
+        mask |= unsafe { TARGET_CGROUPS.get(&cgroup) }.copied().unwrap_or(0);
+    }
+    mask
+}
+
+/// The engine configuration (always present: array maps are preallocated).
+#[inline(always)]
+pub fn config() -> Option<&'static EngineConfig> {
+    CONFIG.get(0)
+}

@@ -1,0 +1,110 @@
+//! Syscall triggers on the `raw_syscalls` raw tracepoints (sys_enter/sys_exit). Rules without
+//! a latency or errno condition fire on entry (an `exit_group` never returns); the others
+//! remember the entry time per thread and decide on exit.
+use aya_ebpf::{
+    helpers::bpf_get_current_pid_tgid,
+    macros::raw_tracepoint,
+    programs::RawTracePointContext,
+};
+use lookback_common::{
+    MAX_RULES,
+    rule::{FLAG_ERRNO, FLAG_ON_ENTRY, SyscallStart},
+    trigger::{PHASE_ENTRY, PHASE_RETURN},
+};
+
+use crate::{
+    emit::{fire, now_ns, record_for_current},
+    maps::{RULES, SYSCALL_START, config, current_rules},
+};
+
+/// `TP_PROTO(struct pt_regs *regs, long id)`.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
+    let _ = try_sys_enter(&ctx);
+    0
+}
+
+/// `TP_PROTO(struct pt_regs *regs, long ret)`.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+    let _ = try_sys_exit(&ctx);
+    0
+}
+
+fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
+    let config = config()?;
+    if config.syscall_rules == 0 {
+        return None;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let mask = current_rules((pid_tgid >> 32) as u32, config) & config.syscall_rules;
+    if mask == 0 {
+        return None;
+    }
+    let nr: u64 = ctx.arg(1);
+    let now = now_ns();
+    let mut wants_exit = false;
+    for rule_id in 0..MAX_RULES {
+        if mask & (1 << rule_id) == 0 {
+            continue;
+        }
+        let Some(rule) = RULES.get(rule_id) else { continue };
+        if !rule.has_syscall(nr) {
+            continue;
+        }
+        if rule.flags & FLAG_ON_ENTRY != 0 {
+            let mut record = record_for_current(pid_tgid);
+            record.timestamp_ns = now;
+            record.phase = PHASE_ENTRY;
+            record.syscall_nr = nr as u32;
+            fire(rule_id, rule, record);
+        } else {
+            wants_exit = true;
+        }
+    }
+    if wants_exit {
+        let start = SyscallStart { enter_ns: now, nr };
+        SYSCALL_START.insert(pid_tgid as u32, start, 0).ok()?;
+    }
+    Some(())
+}
+
+fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
+    let config = config()?;
+    if config.syscall_rules == 0 {
+        return None;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let mask = current_rules((pid_tgid >> 32) as u32, config) & config.syscall_rules;
+    if mask == 0 {
+        return None;
+    }
+    let tid = pid_tgid as u32;
+    // SAFETY: plain-data value copied out before the entry is removed.
+    let start = unsafe { SYSCALL_START.get(&tid) }.copied()?;
+    let _ = SYSCALL_START.remove(&tid);
+    let now = now_ns();
+    let ret: i64 = ctx.arg(1);
+    let duration = now.saturating_sub(start.enter_ns);
+    for rule_id in 0..MAX_RULES {
+        if mask & (1 << rule_id) == 0 {
+            continue;
+        }
+        let Some(rule) = RULES.get(rule_id) else { continue };
+        if rule.flags & FLAG_ON_ENTRY != 0
+            || !rule.has_syscall(start.nr)
+            || duration < rule.min_duration_ns
+            || (rule.flags & FLAG_ERRNO != 0 && !rule.errno_matches(ret))
+        {
+            continue;
+        }
+        let mut record = record_for_current(pid_tgid);
+        record.timestamp_ns = now;
+        record.phase = PHASE_RETURN;
+        record.syscall_nr = start.nr as u32;
+        record.duration_ns = duration;
+        record.ret = ret;
+        fire(rule_id, rule, record);
+    }
+    Some(())
+}

@@ -1,0 +1,1 @@
+//! What this machine supports: probes of BPF, tracefs, uprobes, perf PMUs.

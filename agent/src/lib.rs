@@ -1,0 +1,12 @@
+//! lookback: an eBPF-triggered flight recorder.
+//!
+//! The modules follow the pipeline (see `docs/` and `shared/docs/design.md`):
+//! `rules` → `triggers` → `capture` → `snapshot` → `decode` → `stacks` → `symbols` →
+//! `writer` → `daemon`, with `cli` (one module per subcommand), `check` (what this machine
+//! supports) and `sys` (the only place that makes raw syscalls).
+
+pub mod check;
+pub mod cli;
+pub mod rules;
+pub mod sys;
+pub mod triggers;

@@ -1,0 +1,1 @@
+//! Rules: the YAML model of contract.md, validated with source positions.

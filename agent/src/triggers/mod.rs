@@ -1,0 +1,1 @@
+//! Triggers: loads the eBPF programs, attaches them to targets, delivers trigger events.
