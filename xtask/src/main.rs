@@ -1,1 +1,57 @@
-fn main() {}
+//! Project tasks. `cargo xtask test` and `cargo xtask demo` work on a fresh machine: they run
+//! `setup` first, which installs what the build needs into the project (`.tools/`) and mounts
+//! tracefs.
+#![expect(clippy::print_stdout, reason = "xtask reports progress to the terminal")]
+#![expect(clippy::print_stderr, reason = "xtask reports progress to the terminal")]
+
+mod demo;
+mod setup;
+mod test;
+mod util;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// lookback's project tasks.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install rust-src and bpf-linker into .tools/, mount tracefs (idempotent).
+    Setup,
+    /// setup, then build the workspace (debug) and the release binary.
+    Build,
+    /// setup, then run unit tests and the privileged integration tests (needs root).
+    Test {
+        /// Extra arguments for the test binaries (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// setup, build, and run lookback on a built-in demo workload.
+    Demo,
+    /// rustfmt --check and clippy -D warnings (userspace and eBPF crates).
+    Lint,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result: Result<()> = match cli.command {
+        Command::Setup => setup::setup().map(|_| ()),
+        Command::Build => setup::setup().and_then(|env| util::build(&env, true)),
+        Command::Test { args } => setup::setup().and_then(|env| test::test(&env, &args)),
+        Command::Demo => setup::setup().and_then(|env| demo::demo(&env)),
+        Command::Lint => setup::setup().and_then(|env| test::lint(&env)),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,26 +1,143 @@
-//! `lookback run` and `lookback attach`.
+//! `lookback run [OPTS] -- CMD` and `lookback attach -p PID[,PID..] [OPTS]`.
+//!
+//! Until the recorders exist, both run in `--dry-run` mode: the triggers are decided in the
+//! kernel and each one is printed (one line, or one JSON object per line with `--json`).
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Context as _, anyhow};
 use clap::Args;
 
-use super::{CliError, CliResult};
+use super::{
+    CliError, CliResult,
+    live::{self, Session, Target},
+};
+use crate::{
+    rules::{self, Trigger},
+    triggers::EngineRule,
+};
+
+/// Options shared by `run` and `attach`.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Triggers and output")]
+pub struct CommonArgs {
+    /// When to snapshot (repeatable): func:SYMBOL, func:SYMBOL>2ms, syscall:fsync,fdatasync>50ms,
+    /// syscall:openat=ENOENT,EACCES, signal:SIGSEGV,SIGABRT. Durations: 500us, 2ms, 1.5s.
+    #[arg(long = "trigger", value_name = "SPEC", value_parser = parse_trigger)]
+    pub triggers: Vec<Trigger>,
+    /// Print each trigger instead of recording (the recorders are not built yet).
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --dry-run: one JSON object per trigger on stdout, then a summary object.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop after this many triggers (0 = no limit).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub max_snapshots: u64,
+    /// Minimum time between two triggers of one rule, enforced in the kernel.
+    #[arg(long, value_name = "DURATION", default_value = "0ms", value_parser = parse_duration)]
+    pub cooldown: Duration,
+    /// Do not follow children forked by the target.
+    #[arg(long)]
+    pub no_follow_forks: bool,
+}
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// The command to start, after `--`.
-    #[arg(last = true, required = true)]
+    #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]
 pub struct AttachArgs {
-    /// Process ids, comma-separated.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Process ids, comma-separated (all their threads are traced).
     #[arg(short, long, value_delimiter = ',', required = true)]
     pub pid: Vec<u32>,
 }
 
-pub fn run(_args: RunArgs) -> CliResult {
-    Err(CliError::runtime(anyhow::anyhow!("run: not implemented yet")))
+fn parse_trigger(spec: &str) -> Result<Trigger, String> {
+    rules::parse_trigger_spec(spec).map_err(|e| e.to_string())
 }
 
-pub fn attach(_args: AttachArgs) -> CliResult {
-    Err(CliError::runtime(anyhow::anyhow!("attach: not implemented yet")))
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    rules::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// The rules the `--trigger` options describe, with ids in order.
+fn engine_rules(common: &CommonArgs) -> Result<Vec<EngineRule>, CliError> {
+    if common.triggers.is_empty() {
+        return Err(CliError::usage(anyhow!(
+            "no trigger given: add --trigger SPEC (e.g. --trigger 'func:handle_request>2ms')"
+        )));
+    }
+    if !common.dry_run {
+        return Err(CliError::usage(anyhow!(
+            "recording is not available yet in this build: add --dry-run to print the triggers \
+             decided in the kernel"
+        )));
+    }
+    let max = lookback_common::MAX_RULES as usize;
+    if common.triggers.len() > max {
+        return Err(CliError::usage(anyhow!("at most {max} triggers")));
+    }
+    Ok(common
+        .triggers
+        .iter()
+        .zip(0u32..)
+        .map(|(trigger, id)| EngineRule {
+            id,
+            name: trigger.describe(),
+            trigger: trigger.clone(),
+            cooldown: common.cooldown,
+            max_per_hour: 0,
+            follow_forks: !common.no_follow_forks,
+        })
+        .collect())
+}
+
+fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
+    Ok(Session {
+        rules: engine_rules(common)?,
+        target,
+        json: common.json,
+        max_events: common.max_snapshots,
+    })
+}
+
+pub fn run(args: RunArgs) -> CliResult {
+    let program = resolve_program(&args.command[0]).map_err(CliError::usage)?;
+    let session = session(&args.common, Target::Spawn { program, argv: args.command })?;
+    live::run_session(session)
+}
+
+pub fn attach(args: AttachArgs) -> CliResult {
+    for &pid in &args.pid {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(CliError::usage(anyhow!("process {pid} not found")));
+        }
+    }
+    let session = session(&args.common, Target::Attach { pids: args.pid })?;
+    live::run_session(session)
+}
+
+/// Finds the executable `cmd` names, like the shell does (PATH lookup without a slash).
+fn resolve_program(cmd: &str) -> anyhow::Result<PathBuf> {
+    let candidates: Vec<PathBuf> = if cmd.contains('/') {
+        vec![PathBuf::from(cmd)]
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|dir| dir.join(cmd))
+            .collect()
+    };
+    let found = candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .with_context(|| format!("{cmd}: command not found"))?;
+    found
+        .canonicalize()
+        .with_context(|| format!("resolving {}", found.display()))
 }

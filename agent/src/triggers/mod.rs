@@ -1,1 +1,18 @@
-//! Triggers: loads the eBPF programs, attaches them to targets, delivers trigger events.
+//! Triggers: the userspace half of the in-kernel trigger engine.
+//!
+//! In: rules (`EngineRule`) and target processes. Out: a stream of [`TriggerEvent`]s — only
+//! conditions that were met in the kernel and not suppressed there — plus per-rule counters.
+//! `resolve` places function probes, `plan` turns rules into the kernel's `RuleSpec`,
+//! `engine` owns the loaded programs and maps, `stream` reads the ring buffer.
+
+pub mod btf;
+pub mod engine;
+pub mod event;
+pub mod plan;
+pub mod resolve;
+pub mod stream;
+
+pub use engine::{AttachedProbe, RuleCounters, TriggerEngine, TriggerError};
+pub use event::{TriggerEvent, TriggerKind};
+pub use plan::EngineRule;
+pub use resolve::{ProbeKind, ProbePoint};

@@ -1,0 +1,302 @@
+//! A live session of `run`/`attach`: start or find the targets, load and attach the trigger
+//! engine, deliver trigger events until the targets exit, the event limit is reached, or
+//! the user interrupts; then report the per-rule counters and detach everything.
+#![expect(clippy::print_stdout, reason = "trigger lines and JSON go to stdout")]
+
+use std::{
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
+    process::{ExitCode, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, anyhow};
+use serde_json::json;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::{CliError, CliResult};
+use crate::{
+    rules::Trigger,
+    triggers::{
+        AttachedProbe, EngineRule, ProbePoint, TriggerEngine, TriggerEvent,
+        resolve::{self, ResolveError},
+        stream::{EventStream, forward_logs},
+    },
+};
+
+/// What to trace.
+#[derive(Debug)]
+pub enum Target {
+    /// Start `argv` (the resolved `program`) suspended, attach, then let it run.
+    Spawn { program: PathBuf, argv: Vec<String> },
+    /// Running processes.
+    Attach { pids: Vec<u32> },
+}
+
+/// A dry-run session.
+#[derive(Debug)]
+pub struct Session {
+    pub rules: Vec<EngineRule>,
+    pub target: Target,
+    pub json: bool,
+    /// Stop after this many events; 0 = no limit.
+    pub max_events: u64,
+}
+
+pub fn run_session(session: Session) -> CliResult {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(run_async(session))
+}
+
+/// A child started with its `execve` held back until `release`.
+struct HeldChild {
+    child: tokio::process::Child,
+    pid: u32,
+    gate: Option<OwnedFd>,
+}
+
+impl HeldChild {
+    fn spawn(program: &Path, argv: &[String]) -> anyhow::Result<Self> {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 writes two fds into the array we own.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("pipe2");
+        }
+        // SAFETY: both fds were just created and are owned by nobody else.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read_fd, write_fd) = (read.as_raw_fd(), write.as_raw_fd());
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.arg0(&argv[0]).args(&argv[1..]).stdin(Stdio::inherit());
+        // SAFETY: only async-signal-safe calls (close, read) between fork and exec. The
+        // child blocks until the parent writes a byte or exits (then read returns 0).
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::close(write_fd);
+                let mut byte = 0u8;
+                libc::read(read_fd, (&raw mut byte).cast(), 1);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().with_context(|| format!("starting {}", program.display()))?;
+        drop(read);
+        let pid = child.id().context("child exited before exec")?;
+        Ok(Self { child, pid, gate: Some(write) })
+    }
+
+    fn release(&mut self) {
+        if let Some(gate) = self.gate.take() {
+            // SAFETY: writing one byte from a valid buffer to our pipe fd.
+            unsafe { libc::write(gate.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+        }
+    }
+}
+
+/// Probe points for a function trigger, resolved for the session's target.
+fn probe_points(target: &Target, trigger: &Trigger) -> Result<Vec<ProbePoint>, ResolveError> {
+    let Trigger::Function(f) = trigger else { return Ok(Vec::new()) };
+    let point = match target {
+        Target::Spawn { program, .. } => {
+            let binary = f.binary.clone().unwrap_or_else(|| program.clone());
+            match resolve::resolve_symbol(&binary, &f.symbol) {
+                Err(ResolveError::NoSymbol { .. }) if f.binary.is_none() => {
+                    resolve_in_needed_libs(program, &f.symbol)?
+                }
+                other => other?,
+            }
+        }
+        Target::Attach { pids } => {
+            let pid = pids.first().copied().unwrap_or(0);
+            resolve::resolve_for_process(pid, f.binary.as_deref(), &f.symbol)?
+        }
+    };
+    Ok(vec![point])
+}
+
+/// Before exec, a program's shared libraries are not mapped yet: ask the dynamic loader
+/// which ones it would load (`ldd`) and look there.
+fn resolve_in_needed_libs(program: &Path, symbol: &str) -> Result<ProbePoint, ResolveError> {
+    let not_found = || ResolveError::NoSymbol {
+        symbol: symbol.to_owned(),
+        path: program.to_owned(),
+        stripped: false,
+    };
+    let out = std::process::Command::new("ldd").arg(program).output().map_err(|_| not_found())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    for lib in text.lines().filter_map(|l| l.split("=>").nth(1)?.split_whitespace().next()) {
+        if let Ok(point) = resolve::resolve_symbol(Path::new(lib), symbol) {
+            return Ok(point);
+        }
+    }
+    Err(not_found())
+}
+
+/// Installs every rule; a rule that cannot be placed is reported and the others run.
+fn install_rules(
+    engine: &mut TriggerEngine,
+    rules: &[EngineRule],
+    target: &Target,
+) -> Result<Vec<(EngineRule, Vec<AttachedProbe>)>, CliError> {
+    let mut installed = Vec::new();
+    for rule in rules {
+        let points = match probe_points(target, &rule.trigger) {
+            Ok(points) => points,
+            Err(e) => {
+                log::error!("rule {}: {e}", rule.name);
+                continue;
+            }
+        };
+        match engine.add_rule(rule.clone(), &points) {
+            Ok(probes) => {
+                for p in &probes {
+                    let kind = if p.is_return { "uretprobe" } else { "uprobe" };
+                    log::info!("rule {}: {kind} at {}+{:#x} ({})", rule.name, p.path, p.file_offset, p.probe_kind);
+                    if p.probe_kind == resolve::ProbeKind::Trap && !p.is_return {
+                        log::warn!(
+                            "rule {}: trap uprobe (~7 µs per call); on a hot function build with \
+                             -pg -mfentry -mnop-mcount (C/C++) or -Z instrument-mcount (Rust) for \
+                             NOP5 entries the kernel can optimize (see README)",
+                            rule.name
+                        );
+                    }
+                }
+                installed.push((rule.clone(), probes));
+            }
+            Err(e) => log::error!("rule {}: {:#}", rule.name, anyhow::Error::from(e)),
+        }
+    }
+    if installed.is_empty() {
+        return Err(CliError::runtime(anyhow!("no rule could be installed")));
+    }
+    Ok(installed)
+}
+
+async fn run_async(session: Session) -> CliResult {
+    let mut held = match &session.target {
+        Target::Spawn { program, argv } => Some(HeldChild::spawn(program, argv)?),
+        Target::Attach { .. } => None,
+    };
+    let mut engine = TriggerEngine::load().context("loading the trigger engine")?;
+    if let Some(logger) = engine.logger() {
+        tokio::spawn(forward_logs(logger));
+    }
+    let ring = engine.take_events().context("taking the trigger ring buffer")?;
+    let mut events = EventStream::new(ring).context("watching the trigger ring buffer")?;
+    let installed = install_rules(&mut engine, &session.rules, &session.target)?;
+    let mask = installed.iter().fold(0u64, |m, (r, _)| m | 1 << r.id);
+    let pids = match (&held, &session.target) {
+        (Some(h), _) => vec![h.pid],
+        (None, Target::Attach { pids }) => pids.clone(),
+        (None, Target::Spawn { .. }) => Vec::new(),
+    };
+    for &pid in &pids {
+        engine.add_target(pid, mask).with_context(|| format!("adding target {pid}"))?;
+    }
+    if let Some(h) = held.as_mut() {
+        h.release();
+    }
+    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut seen = 0u64;
+    let mut exit_status = None;
+    let mut poll = tokio::time::interval(Duration::from_millis(200));
+    'session: loop {
+        tokio::select! {
+            batch = events.next_batch() => {
+                for event in batch.context("reading triggers")? {
+                    print_event(&session, &event);
+                    seen += 1;
+                    if session.max_events != 0 && seen >= session.max_events {
+                        break 'session;
+                    }
+                }
+            }
+            status = wait_child(held.as_mut()), if held.is_some() => {
+                exit_status = Some(status.context("waiting for the command")?);
+                break;
+            }
+            _ = poll.tick(), if held.is_none() => {
+                if pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                    log::info!("all target processes exited");
+                    break;
+                }
+            }
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+        }
+    }
+    for event in events.drain() {
+        if session.max_events == 0 || seen < session.max_events {
+            print_event(&session, &event);
+            seen += 1;
+        }
+    }
+    report(&session, &engine, &installed, exit_status.as_ref())?;
+    drop(engine);
+    if let Some(mut h) = held
+        && exit_status.is_none()
+    {
+        // Probes are gone; let the command finish as it would have without lookback.
+        let status = h.child.wait().await.context("waiting for the command")?;
+        log::info!("command exited: {status}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Waits for the spawned command; never resolves when there is none.
+async fn wait_child(held: Option<&mut HeldChild>) -> std::io::Result<std::process::ExitStatus> {
+    match held {
+        Some(h) => h.child.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn rule_name(session: &Session, id: u32) -> &str {
+    session.rules.iter().find(|r| r.id == id).map_or("?", |r| r.name.as_str())
+}
+
+fn print_event(session: &Session, event: &TriggerEvent) {
+    let rule = rule_name(session, event.rule_id);
+    if session.json {
+        let mut value = serde_json::to_value(event).unwrap_or_default();
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("rule".into(), json!(rule));
+            obj.insert("detail".into(), json!(event.detail()));
+        }
+        println!("{value}");
+    } else {
+        println!("trigger {rule}: {event}");
+    }
+}
+
+fn report(
+    session: &Session,
+    engine: &TriggerEngine,
+    installed: &[(EngineRule, Vec<AttachedProbe>)],
+    exit: Option<&std::process::ExitStatus>,
+) -> Result<(), CliError> {
+    let mut rules = Vec::new();
+    for (rule, probes) in installed {
+        let counters = engine.counters(rule.id).context("reading counters")?;
+        log::info!(
+            "rule {}: {} met, {} sent, {} suppressed by cooldown, {} by rate limit, {} lost",
+            rule.name,
+            counters.met,
+            counters.emitted,
+            counters.suppressed_cooldown,
+            counters.suppressed_rate_limit,
+            counters.lost_ringbuf_full
+        );
+        rules.push(json!({ "rule": rule.name, "id": rule.id, "counters": counters, "probes": probes }));
+    }
+    if let Some(status) = exit {
+        log::info!("command exited: {status}");
+    }
+    if session.json {
+        let exit = exit.map(|s| json!({ "code": s.code(), "signal": std::os::unix::process::ExitStatusExt::signal(s) }));
+        println!("{}", json!({ "summary": { "rules": rules, "exit": exit } }));
+    }
+    Ok(())
+}

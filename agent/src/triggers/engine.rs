@@ -1,0 +1,426 @@
+//! The trigger engine: loads lookback's eBPF object, keeps the kernel's rule, target and
+//! config maps in step with the agent's rules, attaches uprobes and raw tracepoints on
+//! demand, and reads the per-rule counters.
+//!
+//! Dropping the engine detaches every probe and unloads every program (aya closes the link
+//! and program fds); nothing is pinned, so nothing outlives the process.
+use std::collections::{BTreeMap, HashMap};
+
+use aya::{
+    Ebpf, EbpfError,
+    maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{
+        ProgramError, RawTracePoint, UProbe,
+        raw_trace_point::RawTracePointLinkId,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+    },
+};
+use lookback_common::{
+    MAX_RULES,
+    rule::{
+        COUNTER_DEPTH_OVERFLOW, COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL,
+        COUNTER_SUPPRESSED_COOLDOWN, COUNTER_SUPPRESSED_RATE, COUNTER_UNMATCHED_RETURN,
+        COUNTERS_PER_RULE, EngineConfig, FLAG_FOLLOW_FORKS, KIND_FUNCTION, KIND_SIGNAL,
+        KIND_SYSCALL, RuleSpec,
+    },
+};
+use serde::Serialize;
+
+use super::{
+    btf::{Btf, BtfError},
+    plan::{EngineRule, PlanError, rule_spec},
+    resolve::{ProbeKind, ProbePoint},
+};
+
+/// The compiled eBPF object (built by agent/build.rs with aya-build).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lookback"));
+
+const PROG_FUNCTION_ENTRY: &str = "function_entry";
+const PROG_FUNCTION_RETURN: &str = "function_return";
+/// Raw tracepoint programs and the tracepoint each attaches to.
+const PROG_SYS_ENTER: (&str, &str) = ("sys_enter", "sys_enter");
+const PROG_SYS_EXIT: (&str, &str) = ("sys_exit", "sys_exit");
+const PROG_SIGNAL: (&str, &str) = ("signal_generate", "signal_generate");
+const PROG_FORK: (&str, &str) = ("process_fork", "sched_process_fork");
+
+/// A failure of the trigger engine.
+#[derive(Debug, thiserror::Error)]
+pub enum TriggerError {
+    #[error("cannot load the eBPF programs (root or CAP_BPF+CAP_PERFMON needed)")]
+    Load(#[source] Box<EbpfError>),
+    #[error("eBPF program {name} is missing from the object")]
+    MissingProgram { name: &'static str },
+    #[error("eBPF program {name}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: Box<ProgramError>,
+    },
+    #[error("eBPF map {name}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: Box<MapError>,
+    },
+    #[error("eBPF map {name} is missing from the object")]
+    MissingMap { name: &'static str },
+    #[error("cannot find task_struct field offsets")]
+    Btf(#[from] BtfError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("cannot count the possible CPUs")]
+    Cpus(#[source] std::io::Error),
+    #[error("rule id {id} is out of range (at most {MAX_RULES} rules)")]
+    RuleId { id: u32 },
+    #[error("rule {rule}: a function trigger needs a resolved probe point")]
+    NoProbePoint { rule: String },
+    #[error("cannot attach {what} for rule {rule} at {path}+{offset:#x}")]
+    Attach {
+        rule: String,
+        what: &'static str,
+        path: String,
+        offset: u64,
+        #[source]
+        source: Box<ProgramError>,
+    },
+}
+
+fn map_err(name: &'static str) -> impl FnOnce(MapError) -> TriggerError {
+    move |source| TriggerError::Map { name, source: Box::new(source) }
+}
+
+fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> TriggerError {
+    move |source| TriggerError::Program { name, source: Box::new(source) }
+}
+
+/// A uprobe or uretprobe placed for a rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttachedProbe {
+    pub path: String,
+    pub file_offset: u64,
+    pub probe_kind: ProbeKind,
+    pub is_return: bool,
+}
+
+/// Per-rule counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RuleCounters {
+    /// Conditions met in the kernel, before suppression.
+    pub met: u64,
+    pub suppressed_cooldown: u64,
+    pub suppressed_rate_limit: u64,
+    pub emitted: u64,
+    pub lost_ringbuf_full: u64,
+    pub depth_overflow: u64,
+    pub unmatched_return: u64,
+}
+
+struct LoadedRule {
+    rule: EngineRule,
+    spec: RuleSpec,
+    entry_links: Vec<UProbeLinkId>,
+    return_links: Vec<UProbeLinkId>,
+}
+
+/// Loaded programs and the rules they currently enforce.
+pub struct TriggerEngine {
+    ebpf: Ebpf,
+    config: EngineConfig,
+    rules: BTreeMap<u32, LoadedRule>,
+    raw_links: HashMap<&'static str, RawTracePointLinkId>,
+    targets: HashMap<u32, u64>,
+}
+
+impl TriggerEngine {
+    /// Loads the eBPF object and every program (attaching nothing yet), and finds the
+    /// `task_struct` offsets in the kernel's BTF.
+    pub fn load() -> Result<Self, TriggerError> {
+        let btf = Btf::from_sys_fs()?;
+        let config = EngineConfig {
+            task_tgid_offset: btf.member_offset("task_struct", "tgid")?,
+            task_pid_offset: btf.member_offset("task_struct", "pid")?,
+            ..EngineConfig::default()
+        };
+        let mut ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| TriggerError::Load(Box::new(e)))?;
+        for name in [PROG_FUNCTION_ENTRY, PROG_FUNCTION_RETURN] {
+            let prog: &mut UProbe = program(&mut ebpf, name)?;
+            prog.load().map_err(prog_err(name))?;
+        }
+        for (name, _) in [PROG_SYS_ENTER, PROG_SYS_EXIT, PROG_SIGNAL, PROG_FORK] {
+            let prog: &mut RawTracePoint = program(&mut ebpf, name)?;
+            prog.load().map_err(prog_err(name))?;
+        }
+        let mut engine = Self {
+            ebpf,
+            config,
+            rules: BTreeMap::new(),
+            raw_links: HashMap::new(),
+            targets: HashMap::new(),
+        };
+        engine.write_config()?;
+        Ok(engine)
+    }
+
+    /// The aya-log channel of the programs, for the caller to poll (`flush` when readable).
+    pub fn logger(&mut self) -> Option<aya_log::EbpfLogger<&'static dyn log::Log>> {
+        match aya_log::EbpfLogger::init(&mut self.ebpf) {
+            Ok(logger) => Some(logger),
+            Err(e) => {
+                log::debug!("eBPF logging unavailable: {e}");
+                None
+            }
+        }
+    }
+
+    /// Takes the ring buffer of trigger records (once).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, TriggerError> {
+        let map = self
+            .ebpf
+            .take_map("EVENTS")
+            .ok_or(TriggerError::MissingMap { name: "EVENTS" })?;
+        RingBuf::try_from(map).map_err(map_err("EVENTS"))
+    }
+
+    /// Installs a rule: writes it to `RULES`, attaches what it needs (uprobes at `probes`
+    /// for a function rule; the shared raw tracepoints otherwise). Returns the probes placed.
+    pub fn add_rule(
+        &mut self,
+        rule: EngineRule,
+        probes: &[ProbePoint],
+    ) -> Result<Vec<AttachedProbe>, TriggerError> {
+        if rule.id >= MAX_RULES {
+            return Err(TriggerError::RuleId { id: rule.id });
+        }
+        self.remove_rule(rule.id)?;
+        let spec = rule_spec(&rule)?;
+        let mut loaded = LoadedRule { rule, spec, entry_links: Vec::new(), return_links: Vec::new() };
+        let mut attached = Vec::new();
+        if spec.kind == KIND_FUNCTION {
+            if probes.is_empty() {
+                return Err(TriggerError::NoProbePoint { rule: loaded.rule.name });
+            }
+            // Write the rule before the probes fire.
+            self.write_rule(loaded.rule.id, &spec)?;
+            let timed = spec.min_duration_ns > 0;
+            for point in probes {
+                let result = self.attach_uprobe(&mut loaded, point, timed, &mut attached);
+                if let Err(e) = result {
+                    self.detach_uprobes(&mut loaded);
+                    self.write_rule(loaded.rule.id, &RuleSpec::default())?;
+                    return Err(e);
+                }
+            }
+        } else {
+            self.write_rule(loaded.rule.id, &spec)?;
+        }
+        self.rules.insert(loaded.rule.id, loaded);
+        self.sync_kinds()?;
+        Ok(attached)
+    }
+
+    fn attach_uprobe(
+        &mut self,
+        loaded: &mut LoadedRule,
+        point: &ProbePoint,
+        timed: bool,
+        attached: &mut Vec<AttachedProbe>,
+    ) -> Result<(), TriggerError> {
+        let which: &[(&'static str, bool)] = if timed {
+            &[(PROG_FUNCTION_ENTRY, false), (PROG_FUNCTION_RETURN, true)]
+        } else {
+            &[(PROG_FUNCTION_ENTRY, false)]
+        };
+        for &(name, is_return) in which {
+            let prog: &mut UProbe = program(&mut self.ebpf, name)?;
+            let at = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(point.file_offset),
+                cookie: Some(u64::from(loaded.rule.id)),
+            };
+            let link = prog
+                .attach(at, &point.path, UProbeScope::AllProcesses)
+                .map_err(|source| TriggerError::Attach {
+                    rule: loaded.rule.name.clone(),
+                    what: if is_return { "uretprobe" } else { "uprobe" },
+                    path: point.path.display().to_string(),
+                    offset: point.file_offset,
+                    source: Box::new(source),
+                })?;
+            if is_return {
+                loaded.return_links.push(link);
+            } else {
+                loaded.entry_links.push(link);
+            }
+            attached.push(AttachedProbe {
+                path: point.path.display().to_string(),
+                file_offset: point.file_offset,
+                probe_kind: point.kind,
+                is_return,
+            });
+        }
+        Ok(())
+    }
+
+    fn detach_uprobes(&mut self, loaded: &mut LoadedRule) {
+        for (name, links) in [
+            (PROG_FUNCTION_ENTRY, &mut loaded.entry_links),
+            (PROG_FUNCTION_RETURN, &mut loaded.return_links),
+        ] {
+            if let Ok(prog) = program::<UProbe>(&mut self.ebpf, name) {
+                for link in links.drain(..) {
+                    if let Err(e) = prog.detach(link) {
+                        log::warn!("detaching {name} of rule {}: {e}", loaded.rule.name);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes a rule (no-op when absent): detaches its probes, clears its kernel slot and
+    /// counters, and drops it from every target's rule mask.
+    pub fn remove_rule(&mut self, id: u32) -> Result<(), TriggerError> {
+        let Some(mut loaded) = self.rules.remove(&id) else { return Ok(()) };
+        self.detach_uprobes(&mut loaded);
+        self.write_rule(id, &RuleSpec::default())?;
+        let bit = 1u64 << id;
+        let tgids: Vec<u32> = self.targets.iter().filter(|(_, m)| *m & bit != 0).map(|(t, _)| *t).collect();
+        for tgid in tgids {
+            let mask = self.targets.get(&tgid).copied().unwrap_or(0) & !bit;
+            self.set_target(tgid, mask)?;
+        }
+        self.reset_counters(id)?;
+        self.sync_kinds()
+    }
+
+    /// Makes `tgid` a target of the rules in `rule_mask` (bit = rule id), in addition to
+    /// those it already has.
+    pub fn add_target(&mut self, tgid: u32, rule_mask: u64) -> Result<(), TriggerError> {
+        let mask = self.targets.get(&tgid).copied().unwrap_or(0) | rule_mask;
+        self.set_target(tgid, mask)
+    }
+
+    /// Stops tracing `tgid` for every rule.
+    pub fn remove_target(&mut self, tgid: u32) -> Result<(), TriggerError> {
+        self.set_target(tgid, 0)
+    }
+
+    fn set_target(&mut self, tgid: u32, mask: u64) -> Result<(), TriggerError> {
+        let mut map: BpfHashMap<_, u32, u64> = map_mut(&mut self.ebpf, "TARGET_TGIDS")?;
+        if mask == 0 {
+            self.targets.remove(&tgid);
+            match map.remove(&tgid) {
+                Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+                Err(e) => Err(map_err("TARGET_TGIDS")(e)),
+            }
+        } else {
+            map.insert(tgid, mask, 0).map_err(map_err("TARGET_TGIDS"))?;
+            self.targets.insert(tgid, mask);
+            Ok(())
+        }
+    }
+
+    /// Processes the kernel currently treats as targets (including followed children),
+    /// with their rule masks.
+    pub fn kernel_targets(&self) -> Result<Vec<(u32, u64)>, TriggerError> {
+        let map = self.ebpf.map("TARGET_TGIDS").ok_or(TriggerError::MissingMap { name: "TARGET_TGIDS" })?;
+        let map: BpfHashMap<_, u32, u64> = BpfHashMap::try_from(map).map_err(map_err("TARGET_TGIDS"))?;
+        map.iter().map(|r| r.map_err(map_err("TARGET_TGIDS"))).collect()
+    }
+
+    /// The counters of rule `id`.
+    pub fn counters(&self, id: u32) -> Result<RuleCounters, TriggerError> {
+        let map = self.ebpf.map("COUNTERS").ok_or(TriggerError::MissingMap { name: "COUNTERS" })?;
+        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err("COUNTERS"))?;
+        let get = |c: u32| -> Result<u64, TriggerError> {
+            let values = map.get(&(id * COUNTERS_PER_RULE + c), 0).map_err(map_err("COUNTERS"))?;
+            Ok(values.iter().sum())
+        };
+        Ok(RuleCounters {
+            met: get(COUNTER_MET)?,
+            suppressed_cooldown: get(COUNTER_SUPPRESSED_COOLDOWN)?,
+            suppressed_rate_limit: get(COUNTER_SUPPRESSED_RATE)?,
+            emitted: get(COUNTER_EMITTED)?,
+            lost_ringbuf_full: get(COUNTER_RINGBUF_FULL)?,
+            depth_overflow: get(COUNTER_DEPTH_OVERFLOW)?,
+            unmatched_return: get(COUNTER_UNMATCHED_RETURN)?,
+        })
+    }
+
+    /// The installed rules, by id.
+    pub fn rules(&self) -> impl Iterator<Item = &EngineRule> {
+        self.rules.values().map(|l| &l.rule)
+    }
+
+    fn reset_counters(&mut self, id: u32) -> Result<(), TriggerError> {
+        let ncpus = aya::util::nr_cpus().map_err(|(_, e)| TriggerError::Cpus(e))?;
+        let mut map: PerCpuArray<_, u64> = map_mut(&mut self.ebpf, "COUNTERS")?;
+        for c in 0..COUNTERS_PER_RULE {
+            let zeros = aya::maps::PerCpuValues::try_from(vec![0u64; ncpus]).map_err(TriggerError::Cpus)?;
+            map.set(id * COUNTERS_PER_RULE + c, zeros, 0).map_err(map_err("COUNTERS"))?;
+        }
+        Ok(())
+    }
+
+    fn write_rule(&mut self, id: u32, spec: &RuleSpec) -> Result<(), TriggerError> {
+        let mut rules: Array<_, RuleSpec> = map_mut(&mut self.ebpf, "RULES")?;
+        rules.set(id, spec, 0).map_err(map_err("RULES"))?;
+        let mut state: Array<_, lookback_common::rule::RuleState> = map_mut(&mut self.ebpf, "RULE_STATE")?;
+        state.set(id, lookback_common::rule::RuleState::default(), 0).map_err(map_err("RULE_STATE"))
+    }
+
+    /// Recomputes the per-kind rule masks and attaches/detaches the shared raw tracepoints
+    /// so that a machine without syscall rules pays nothing per syscall.
+    fn sync_kinds(&mut self) -> Result<(), TriggerError> {
+        let mask_of = |pred: &dyn Fn(&RuleSpec) -> bool| {
+            self.rules.values().filter(|l| pred(&l.spec)).fold(0u64, |m, l| m | 1 << l.rule.id)
+        };
+        self.config.syscall_rules = mask_of(&|s| s.kind == KIND_SYSCALL);
+        self.config.signal_rules = mask_of(&|s| s.kind == KIND_SIGNAL);
+        self.config.follow_fork_rules = mask_of(&|s| s.flags & FLAG_FOLLOW_FORKS != 0);
+        self.write_config()?;
+        let want = [
+            (PROG_SYS_ENTER, self.config.syscall_rules != 0),
+            (PROG_SYS_EXIT, self.config.syscall_rules != 0),
+            (PROG_SIGNAL, self.config.signal_rules != 0),
+            (PROG_FORK, self.config.follow_fork_rules != 0),
+        ];
+        for ((name, tracepoint), wanted) in want {
+            let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
+            match (wanted, self.raw_links.contains_key(name)) {
+                (true, false) => {
+                    let link = prog.attach(tracepoint).map_err(prog_err(name))?;
+                    self.raw_links.insert(name, link);
+                }
+                (false, true) => {
+                    if let Some(link) = self.raw_links.remove(name) {
+                        prog.detach(link).map_err(prog_err(name))?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn write_config(&mut self) -> Result<(), TriggerError> {
+        let config = self.config;
+        let mut map: Array<_, EngineConfig> = map_mut(&mut self.ebpf, "CONFIG")?;
+        map.set(0, config, 0).map_err(map_err("CONFIG"))
+    }
+
+}
+
+fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, TriggerError>
+where
+    T: TryFrom<&'a mut aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.map_mut(name).ok_or(TriggerError::MissingMap { name })?;
+    T::try_from(map).map_err(map_err(name))
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, TriggerError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or(TriggerError::MissingProgram { name })?;
+    prog.try_into().map_err(prog_err(name))
+}

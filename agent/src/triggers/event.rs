@@ -1,0 +1,220 @@
+//! The trigger events the engine delivers: a checked, owned view of the kernel's
+//! `TriggerRecord`, with a one-line human form and a JSON form.
+use std::fmt;
+
+use lookback_common::trigger::{PHASE_ENTRY, RecordKind, TRIGGER_RECORD_SIZE, TriggerRecord};
+use serde::Serialize;
+
+use crate::rules::{errno_name, signal_name, syscall_name};
+
+/// What fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerKind {
+    Function,
+    Syscall,
+    Signal,
+}
+
+/// One trigger met in the kernel and not suppressed there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TriggerEvent {
+    pub rule_id: u32,
+    pub kind: TriggerKind,
+    /// Fired on entry (function/syscall entry, signal) rather than on return.
+    pub on_entry: bool,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`).
+    pub timestamp_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ret: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errno: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender_pid: Option<u32>,
+    /// Function entry: probed address; function return: the return address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+}
+
+/// Bytes from the ring buffer that do not form a trigger record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    #[error("trigger record of {len} bytes, expected at least {TRIGGER_RECORD_SIZE}")]
+    Short { len: usize },
+    #[error("trigger record with unknown kind {kind}")]
+    Kind { kind: u32 },
+}
+
+impl TriggerEvent {
+    /// Decodes one ring-buffer record.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, EventError> {
+        if bytes.len() < TRIGGER_RECORD_SIZE {
+            return Err(EventError::Short { len: bytes.len() });
+        }
+        // SAFETY: length checked above; TriggerRecord is repr(C) plain integers, valid for
+        // every bit pattern; read_unaligned makes no alignment assumption on ring memory.
+        let r: TriggerRecord = unsafe { bytes.as_ptr().cast::<TriggerRecord>().read_unaligned() };
+        Self::from_record(&r)
+    }
+
+    /// Converts a record, checking its kind.
+    pub fn from_record(r: &TriggerRecord) -> Result<Self, EventError> {
+        let kind = match RecordKind::try_from(r.kind) {
+            Ok(RecordKind::Function) => TriggerKind::Function,
+            Ok(RecordKind::Syscall) => TriggerKind::Syscall,
+            Ok(RecordKind::Signal) => TriggerKind::Signal,
+            Err(kind) => return Err(EventError::Kind { kind }),
+        };
+        let on_entry = r.phase == PHASE_ENTRY;
+        let comm_len = r.comm.iter().position(|&b| b == 0).unwrap_or(r.comm.len());
+        let is = |k| (kind == k).then_some(());
+        Ok(Self {
+            rule_id: r.rule_id,
+            kind,
+            on_entry,
+            pid: r.pid,
+            tid: r.tid,
+            comm: String::from_utf8_lossy(&r.comm[..comm_len]).into_owned(),
+            timestamp_ns: r.timestamp_ns,
+            duration_ns: (!on_entry && kind != TriggerKind::Signal).then_some(r.duration_ns),
+            syscall: is(TriggerKind::Syscall).map(|()| r.syscall_nr),
+            ret: (kind != TriggerKind::Signal && !on_entry).then_some(r.ret),
+            errno: (kind == TriggerKind::Syscall && !on_entry && r.ret < 0)
+                .then(|| u32::try_from(r.ret.unsigned_abs()).unwrap_or(u32::MAX)),
+            signal: is(TriggerKind::Signal).map(|()| r.signal),
+            sender_pid: is(TriggerKind::Signal).map(|()| r.sender_pid),
+            ip: is(TriggerKind::Function).map(|()| r.ip),
+            depth: is(TriggerKind::Function).map(|()| r.depth),
+        })
+    }
+
+    /// The trigger details for humans: `duration=8.1ms`, `fsync=-5 (EIO)`, `SIGSEGV from 12`.
+    pub fn detail(&self) -> String {
+        let mut parts = Vec::new();
+        match self.kind {
+            TriggerKind::Function => {
+                parts.push(if self.on_entry { "entry".to_owned() } else { "return".to_owned() });
+            }
+            TriggerKind::Syscall => {
+                let nr = self.syscall.unwrap_or(u32::MAX);
+                let name = syscall_name(nr).map_or_else(|| format!("syscall {nr}"), str::to_owned);
+                match (self.ret, self.errno) {
+                    (Some(_), Some(e)) => parts.push(format!(
+                        "{name} = -{e} ({})",
+                        errno_name(e).unwrap_or("?")
+                    )),
+                    (Some(r), None) => parts.push(format!("{name} = {r}")),
+                    _ => parts.push(name),
+                }
+            }
+            TriggerKind::Signal => {
+                let sig = self.signal.unwrap_or(0);
+                let name = signal_name(sig).map_or_else(|| format!("signal {sig}"), str::to_owned);
+                parts.push(format!("{name} from pid {}", self.sender_pid.unwrap_or(0)));
+            }
+        }
+        if let Some(d) = self.duration_ns {
+            parts.push(format!("duration {}", format_ns(d)));
+        }
+        parts.join(", ")
+    }
+}
+
+/// `1.234ms`, `56.0us`, `2.000s`.
+pub fn format_ns(ns: u64) -> String {
+    #[expect(clippy::cast_precision_loss, reason = "display only")]
+    let v = ns as f64;
+    if ns >= 1_000_000_000 {
+        format!("{:.3}s", v / 1e9)
+    } else if ns >= 1_000_000 {
+        format!("{:.3}ms", v / 1e6)
+    } else if ns >= 1_000 {
+        format!("{:.1}us", v / 1e3)
+    } else {
+        format!("{ns}ns")
+    }
+}
+
+impl fmt::Display for TriggerEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} [{}] [{}] {:?}: {}",
+            self.comm,
+            self.pid,
+            self.tid,
+            self.kind,
+            self.detail()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lookback_common::{
+        rule::{KIND_SIGNAL, KIND_SYSCALL},
+        trigger::PHASE_RETURN,
+    };
+
+    use super::*;
+
+    fn bytes(r: &TriggerRecord) -> Vec<u8> {
+        // SAFETY: TriggerRecord is repr(C) plain data; we view it as bytes for the test.
+        unsafe {
+            std::slice::from_raw_parts((&raw const *r).cast::<u8>(), TRIGGER_RECORD_SIZE).to_vec()
+        }
+    }
+
+    #[test]
+    fn decodes_a_failing_syscall() {
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"work");
+        let r = TriggerRecord {
+            kind: KIND_SYSCALL,
+            phase: PHASE_RETURN,
+            syscall_nr: 257,
+            ret: -2,
+            duration_ns: 1500,
+            pid: 7,
+            tid: 8,
+            comm,
+            ..TriggerRecord::default()
+        };
+        let e = TriggerEvent::from_bytes(&bytes(&r)).expect("valid");
+        assert_eq!((e.syscall, e.errno, e.comm.as_str()), (Some(257), Some(2), "work"));
+        assert_eq!(e.duration_ns, Some(1500));
+        assert!(e.detail().contains("= -2"), "{}", e.detail());
+    }
+
+    #[test]
+    fn rejects_short_and_unknown_records() {
+        assert_eq!(TriggerEvent::from_bytes(&[0; 8]), Err(EventError::Short { len: 8 }));
+        let r = TriggerRecord { kind: 99, ..TriggerRecord::default() };
+        assert_eq!(TriggerEvent::from_bytes(&bytes(&r)), Err(EventError::Kind { kind: 99 }));
+    }
+
+    #[test]
+    fn signal_has_no_duration() {
+        let r = TriggerRecord { kind: KIND_SIGNAL, phase: PHASE_ENTRY, signal: 11, sender_pid: 3, ..TriggerRecord::default() };
+        let e = TriggerEvent::from_record(&r).expect("valid");
+        assert_eq!((e.signal, e.sender_pid, e.duration_ns), (Some(11), Some(3), None));
+    }
+
+    #[test]
+    fn formats_durations() {
+        assert_eq!(format_ns(999), "999ns");
+        assert_eq!(format_ns(8_100_000), "8.100ms");
+        assert_eq!(format_ns(2_000_000_000), "2.000s");
+    }
+}

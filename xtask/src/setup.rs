@@ -1,0 +1,106 @@
+//! `cargo xtask setup`: everything a fresh machine needs, installed into the project and
+//! idempotent (a second run takes well under a second).
+//! - `rust-src` for the toolchain that builds the eBPF crate (`-Z build-std=core`);
+//! - bpf-linker 0.13, linked against that toolchain's own libLLVM (Debian's LLVM is too old,
+//!   see shared/docs/build-chain.md), into `.tools/bin`; rebuilt when the libLLVM changes;
+//! - tracefs mounted at /sys/kernel/tracing (root only).
+use std::{fs, path::Path, process::Command};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::util::{BuildEnv, is_root, output, run, workspace_root};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+pub fn setup() -> Result<BuildEnv> {
+    let root = workspace_root()?;
+    let toolchain = ebpf_toolchain();
+    println!("xtask: eBPF toolchain: {toolchain}");
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", &toolchain]))
+        .context("installing rust-src (needed to build core for the BPF target)")?;
+    let tools = root.join(".tools");
+    install_bpf_linker(&tools, &toolchain)?;
+    let is_root = is_root();
+    if is_root {
+        mount_tracefs()?;
+    } else {
+        eprintln!(
+            "xtask: warning: not root: tracefs not checked. Loading BPF programs, the \
+             integration tests and the demo need root (sudo -E cargo xtask ...)."
+        );
+    }
+    let mut paths = vec![tools.join("bin")];
+    paths.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    let path = std::env::join_paths(paths).context("PATH")?;
+    Ok(BuildEnv { root, ebpf_toolchain: toolchain, path, is_root })
+}
+
+/// `nightly` when installed, else the default toolchain (the build script then sets
+/// RUSTC_BOOTSTRAP=1). `LOOKBACK_EBPF_TOOLCHAIN` overrides.
+fn ebpf_toolchain() -> String {
+    if let Ok(tc) = std::env::var("LOOKBACK_EBPF_TOOLCHAIN") {
+        return tc;
+    }
+    let nightly = output(Command::new("rustup").args(["run", "nightly", "rustc", "--version"]));
+    if nightly.is_some() { "nightly".to_owned() } else { "stable".to_owned() }
+}
+
+fn install_bpf_linker(tools: &Path, toolchain: &str) -> Result<()> {
+    let sysroot = output(Command::new("rustup").args(["run", toolchain, "rustc", "--print", "sysroot"]))
+        .context("cannot query the toolchain's sysroot")?;
+    let lib = Path::new(&sysroot).join("lib");
+    let so = fs::read_dir(&lib)
+        .with_context(|| format!("reading {}", lib.display()))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .find(|n| n.starts_with("libLLVM.so."))
+        .with_context(|| format!("no libLLVM.so.* in {}", lib.display()))?;
+    let verbose = output(Command::new("rustup").args(["run", toolchain, "rustc", "-vV"])).unwrap_or_default();
+    let major = verbose
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("cannot read the toolchain's LLVM version")?
+        .to_owned();
+    let stamp = tools.join("bpf-linker.stamp");
+    let want = format!("bpf-linker {BPF_LINKER_VERSION} {so}\n");
+    let linker = tools.join("bin/bpf-linker");
+    if linker.exists() && fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
+        return Ok(());
+    }
+    println!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {so} (about 2 minutes, once)");
+    let llvm = tools.join("llvm");
+    let llvm_lib = llvm.join("lib");
+    fs::create_dir_all(&llvm_lib).with_context(|| format!("creating {}", llvm_lib.display()))?;
+    for name in ["libLLVM.so", so.as_str()] {
+        let link = llvm_lib.join(name);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(lib.join(&so), &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    run(Command::new("cargo")
+        .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--force"])
+        .args(["--no-default-features", "--features", &format!("llvm-{major}")])
+        .arg("--root")
+        .arg(tools)
+        .env("LLVM_PREFIX", &llvm))
+    .context("building bpf-linker")?;
+    fs::write(&stamp, want).with_context(|| format!("writing {}", stamp.display()))?;
+    Ok(())
+}
+
+fn mount_tracefs() -> Result<()> {
+    let mounts = fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(TRACEFS)) {
+        return Ok(());
+    }
+    println!("xtask: mounting tracefs at {TRACEFS}");
+    let status = Command::new("mount")
+        .args(["-t", "tracefs", "nodev", TRACEFS])
+        .status()
+        .context("running mount")?;
+    if !status.success() {
+        bail!("mount -t tracefs nodev {TRACEFS} failed ({status})");
+    }
+    Ok(())
+}

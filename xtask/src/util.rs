@@ -1,0 +1,88 @@
+//! Helpers shared by the tasks: the workspace root, running commands with the build
+//! environment, root detection.
+use std::{
+    env,
+    ffi::OsString,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+/// What `setup` established and every later step needs.
+#[derive(Debug, Clone)]
+pub struct BuildEnv {
+    /// Workspace root.
+    pub root: PathBuf,
+    /// The toolchain that builds the eBPF crate (`nightly`, or `stable` + RUSTC_BOOTSTRAP).
+    pub ebpf_toolchain: String,
+    /// PATH with `.tools/bin` first.
+    pub path: OsString,
+    /// Whether we run as root (privileged tests and the demo need it).
+    pub is_root: bool,
+}
+
+impl BuildEnv {
+    /// A `cargo` command in the workspace with this environment.
+    pub fn cargo(&self) -> Command {
+        let mut cmd = Command::new(env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.current_dir(&self.root)
+            .env("PATH", &self.path)
+            .env("LOOKBACK_EBPF_TOOLCHAIN", &self.ebpf_toolchain);
+        cmd
+    }
+
+    /// The release `lookback` binary.
+    pub fn release_bin(&self) -> PathBuf {
+        self.root.join("target/release/lookback")
+    }
+}
+
+/// The workspace root (parent of the xtask crate).
+pub fn workspace_root() -> Result<PathBuf> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask has no parent directory")
+}
+
+/// Runs a command, failing with its command line when it does not exit 0.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Runs a command and returns its trimmed stdout, or None when it fails.
+pub fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Effective uid 0, read from /proc (no libc dependency).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Builds the workspace (debug, all targets) and, with `release`, the release binary.
+pub fn build(env: &BuildEnv, release: bool) -> Result<()> {
+    run(env.cargo().args(["build", "--workspace", "--all-targets"]))?;
+    if release {
+        run(env.cargo().args(["build", "--release", "-p", "lookback"]))?;
+    }
+    Ok(())
+}
