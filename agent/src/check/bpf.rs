@@ -123,7 +123,7 @@ fn check_btf_file(path: &Path) -> Result<u64, String> {
         ));
     }
     // sysfs reports the blob's real size for this file.
-    Ok(file.metadata().map(|m| m.len()).unwrap_or(0))
+    Ok(file.metadata().map_or(0, |m| m.len()))
 }
 
 #[cfg(test)]

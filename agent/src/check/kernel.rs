@@ -110,28 +110,34 @@ pub(super) fn probe() -> KernelInfo {
 mod tests {
     use super::*;
 
-    fn v(major: u32, minor: u32, patch: u32) -> Option<KernelVersion> {
-        Some(KernelVersion {
+    fn v(major: u32, minor: u32, patch: u32) -> KernelVersion {
+        KernelVersion {
             major,
             minor,
             patch,
-        })
+        }
     }
 
     #[test]
     fn parses_release_strings() {
         assert_eq!(
             KernelVersion::parse_release("6.18.44-fc-v669"),
-            v(6, 18, 44)
+            Some(v(6, 18, 44))
         );
-        assert_eq!(KernelVersion::parse_release("6.1.0-27-amd64"), v(6, 1, 0));
-        assert_eq!(KernelVersion::parse_release("6.13"), v(6, 13, 0));
-        assert_eq!(KernelVersion::parse_release("6.13-rc1"), v(6, 13, 0));
-        assert_eq!(KernelVersion::parse_release("5.15.0+"), v(5, 15, 0));
-        assert_eq!(KernelVersion::parse_release("4.19.0-rc1.2"), v(4, 19, 0));
+        assert_eq!(
+            KernelVersion::parse_release("6.1.0-27-amd64"),
+            Some(v(6, 1, 0))
+        );
+        assert_eq!(KernelVersion::parse_release("6.13"), Some(v(6, 13, 0)));
+        assert_eq!(KernelVersion::parse_release("6.13-rc1"), Some(v(6, 13, 0)));
+        assert_eq!(KernelVersion::parse_release("5.15.0+"), Some(v(5, 15, 0)));
+        assert_eq!(
+            KernelVersion::parse_release("4.19.0-rc1.2"),
+            Some(v(4, 19, 0))
+        );
         assert_eq!(
             KernelVersion::parse_release(" 6.8.0-45-generic\n"),
-            v(6, 8, 0)
+            Some(v(6, 8, 0))
         );
     }
 

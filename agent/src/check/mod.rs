@@ -3,7 +3,7 @@
 //! events each capture backend needs, and reads the PMU descriptions in sysfs.
 //!
 //! In: the sysfs/procfs roots ([`Paths`], fixture trees in tests). Out: a
-//! [`MachineReport`] (serde-serialisable, stable snake_case keys) including the backend
+//! [`MachineReport`] (serde-serialisable, stable `snake_case` keys) including the backend
 //! `auto` picks and why. Probing never fails as a whole: every item carries its own
 //! ✓/✗ and a one-line reason. Nothing here prints.
 

@@ -200,7 +200,7 @@ pub struct IntelPtCaps {
     pub cyc: Option<bool>,
     /// MTC timing packets.
     pub mtc: Option<bool>,
-    /// IP filtering (address ranges) and TraceStop.
+    /// IP filtering (address ranges) and `TraceStop`.
     pub ip_filtering: Option<bool>,
     pub cr3_filtering: Option<bool>,
     pub ptwrite: Option<bool>,
@@ -376,13 +376,13 @@ pub(super) fn intel_pt_report(
 /// trigger itself (Linux 6.13: `perf_event_attr.aux_action`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct AuxPauseReport {
-    /// `ok`: usable here (the kernel knows `aux_action` and intel_pt accepts it).
+    /// `ok`: usable here (the kernel knows `aux_action` and `intel_pt` accepts it).
     #[serde(flatten)]
     pub status: Probe,
     /// The kernel understands `aux_action` (probed: a software event with
     /// `aux_start_paused` fails with `EOPNOTSUPP`, not `EINVAL`); `None`: inconclusive.
     pub kernel_supports: Option<bool>,
-    /// intel_pt accepts `aux_start_paused`; `None` when intel_pt does not open.
+    /// `intel_pt` accepts `aux_start_paused`; `None` when `intel_pt` does not open.
     pub pmu_supports: Option<bool>,
     /// The running kernel is at least 6.13.
     pub kernel_version_supports: Option<bool>,

@@ -13,6 +13,10 @@ const CAP_BPF: u32 = 39;
 
 /// The effective privileges of this process.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "one JSON boolean per capability is the report's contract"
+)]
 pub struct Capabilities {
     /// Effective uid 0.
     pub root: bool,

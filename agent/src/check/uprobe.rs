@@ -64,8 +64,9 @@ pub fn libc_from_maps(maps: &str) -> Option<PathBuf> {
         // address perms offset dev inode pathname (the path may contain spaces)
         let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
         let name = Path::new(path).file_name()?.to_str()?;
-        let is_libc =
-            name.starts_with("libc.so") || (name.starts_with("libc-") && name.ends_with(".so"));
+        let is_libc = name.starts_with("libc.so")
+            || (name.starts_with("libc-")
+                && Path::new(name).extension().is_some_and(|e| e == "so"));
         (path.starts_with('/') && is_libc).then(|| PathBuf::from(path))
     })
 }

@@ -48,17 +48,15 @@ fn row(out: &mut String, name: &str, probe: &Probe) {
         probe.reason.as_deref()
     };
     let _ = writeln!(out, "  {glyph} {name:<16} {}", text.unwrap_or(""));
-    if !probe.ok {
-        if let Some(detail) = &probe.detail {
-            let _ = writeln!(out, "    {:<16} note: {detail}", "");
-        }
+    if let (false, Some(detail)) = (probe.ok, &probe.detail) {
+        let _ = writeln!(out, "    {:<16} note: {detail}", "");
     }
     if let Some(fix) = &probe.fix {
         let _ = writeln!(out, "    {:<16} fix: {fix}", "");
     }
 }
 
-/// Root or CAP_BPF+CAP_PERFMON, with `perf_event_paranoid`.
+/// Root or `CAP_BPF` + `CAP_PERFMON`, with `perf_event_paranoid`.
 fn privileges(report: &MachineReport) -> Probe {
     let caps = &report.capabilities;
     let names: Vec<&str> = [
@@ -100,7 +98,7 @@ fn privileges(report: &MachineReport) -> Probe {
     }
 }
 
-/// The intel_pt row: on success, its caps in one line.
+/// The `intel_pt` row: on success, its caps in one line.
 fn intel_pt_row(report: &MachineReport) -> Probe {
     let pt = &report.intel_pt;
     if !pt.status.ok {
