@@ -6,6 +6,7 @@
 //! [`MachineReport`] (serde-serialisable, stable `snake_case` keys) including the backend
 //! `auto` picks and why. Probing never fails as a whole: every item carries its own
 //! ✓/✗ and a one-line reason. Nothing here prints.
+#![forbid(unsafe_code)] // the system calls are in `crate::sys`
 
 use std::path::{Path, PathBuf};
 

@@ -33,13 +33,32 @@ pub(super) fn probe(paths: &Paths) -> TracefsReport {
         paths.sys.join("kernel/debug/tracing"),
     ];
     let Some(dir) = candidates.iter().find(|dir| dir.join("events").is_dir()) else {
+        // tracefs is mode 0700: for a non-root user a mounted one looks empty.
+        let denied = candidates.iter().find(|dir| {
+            std::fs::read_dir(dir)
+                .is_err_and(|err| err.kind() == std::io::ErrorKind::PermissionDenied)
+        });
+        if let Some(dir) = denied {
+            return TracefsReport {
+                status: Probe::fail(format!(
+                    "cannot read {}: permission denied (tracefs is root-only)",
+                    dir.display()
+                ))
+                .with_fix("run as root"),
+                ..TracefsReport::default()
+            };
+        }
         return TracefsReport {
             status: Probe::fail(format!(
                 "tracefs not mounted (no events/ in {} or {})",
                 candidates[0].display(),
                 candidates[1].display()
             ))
-            .with_fix(MOUNT_FIX),
+            .with_fix(MOUNT_FIX)
+            .with_detail(
+                "the triggers attach raw tracepoints and work without it; \
+                 event formats and tools like perf trace need it",
+            ),
             ..TracefsReport::default()
         };
     };

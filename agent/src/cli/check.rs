@@ -1,6 +1,7 @@
 //! `lookback check [--json]`: runs the probes of [`crate::check`] and prints a ✓/✗ table
 //! (or one JSON object), then which backend `auto` picks and why. Exit 0 when a capture
 //! backend and the BPF triggers are usable, 1 otherwise.
+#![forbid(unsafe_code)]
 
 use std::{fmt::Write as _, io::Write as _, process::ExitCode};
 
