@@ -21,14 +21,14 @@ mod privileges;
 mod tracefs;
 mod uprobe;
 
-pub use kernel::{KernelInfo, KernelVersion};
+pub use kernel::{AUX_PAUSE_VERSION, KernelInfo, KernelVersion, MIN_VERSION};
 pub use pmu::{
     AuxPauseReport, ConfigWord, FormatField, IntelPtCaps, IntelPtReport, PmuInfo, PmuReadError,
     read_pmu,
 };
 pub use privileges::Capabilities;
-pub use tracefs::TracefsReport;
-pub use uprobe::UprobesReport;
+pub use tracefs::{MOUNT_FIX, TracefsReport};
+pub use uprobe::{TargetError, UprobesReport, libc_from_maps, symbol_file_offset};
 
 /// Where the kernel's pseudo file systems are. `Paths::default()` is the live machine;
 /// tests point it at fixture trees.
