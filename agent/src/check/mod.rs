@@ -1,1 +1,423 @@
-//! What this machine supports: probes of BPF, tracefs, uprobes, perf PMUs.
+//! What this machine supports, found by trying rather than guessing: loads a BPF program,
+//! creates a ring buffer, attaches raw tracepoints, opens a real uprobe, opens the perf
+//! events each capture backend needs, and reads the PMU descriptions in sysfs.
+//!
+//! In: the sysfs/procfs roots ([`Paths`], fixture trees in tests). Out: a
+//! [`MachineReport`] (serde-serialisable, stable `snake_case` keys) including the backend
+//! `auto` picks and why. Probing never fails as a whole: every item carries its own
+//! ✓/✗ and a one-line reason. Nothing here prints.
+#![forbid(unsafe_code)] // the system calls are in `crate::sys`
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::sys::SyscallError;
+
+mod bpf;
+mod kernel;
+mod pmu;
+mod privileges;
+mod tracefs;
+mod uprobe;
+
+pub use kernel::{AUX_PAUSE_VERSION, KernelInfo, KernelVersion, MIN_VERSION};
+pub use pmu::{
+    AuxPauseReport, ConfigWord, FormatField, IntelPtCaps, IntelPtReport, PmuInfo, PmuReadError,
+    read_pmu,
+};
+pub use privileges::Capabilities;
+pub use tracefs::{MOUNT_FIX, TracefsReport};
+pub use uprobe::{TargetError, UprobesReport, libc_from_maps, symbol_file_offset};
+
+/// Where the kernel's pseudo file systems are. `Paths::default()` is the live machine;
+/// tests point it at fixture trees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paths {
+    /// sysfs root, normally `/sys`.
+    pub sys: PathBuf,
+    /// procfs root, normally `/proc`.
+    pub proc: PathBuf,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Self {
+            sys: PathBuf::from("/sys"),
+            proc: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl Paths {
+    /// `ROOT/sys` and `ROOT/proc`.
+    pub fn under(root: &Path) -> Self {
+        Self {
+            sys: root.join("sys"),
+            proc: root.join("proc"),
+        }
+    }
+
+    /// `/sys/bus/event_source/devices`: one directory per perf PMU.
+    pub fn event_sources(&self) -> PathBuf {
+        self.sys.join("bus/event_source/devices")
+    }
+}
+
+/// The outcome of one probe: ✓ with what was found, or ✗ with a one-line reason, the errno
+/// when a system call failed, and a command that fixes it when one is known.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Probe {
+    pub ok: bool,
+    /// What was tried or found (also set on failure when there is context to give).
+    pub detail: Option<String>,
+    /// Why not, one line; `None` when `ok`.
+    pub reason: Option<String>,
+    /// Symbolic errno (`"ENOENT"`) when a system call failed.
+    pub errno: Option<String>,
+    /// A command that fixes the failure, when there is one.
+    pub fix: Option<String>,
+}
+
+impl Probe {
+    pub(crate) fn pass(detail: impl Into<String>) -> Self {
+        Self {
+            ok: true,
+            detail: Some(detail.into()),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn fail(reason: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            reason: Some(reason.into()),
+            ..Self::default()
+        }
+    }
+
+    /// A failed system call: `"{what}: {call} failed: {os error}"`, plus the errno name.
+    pub(crate) fn syscall_failed(what: &str, err: &SyscallError) -> Self {
+        Self {
+            ok: false,
+            reason: Some(format!("{what}: {}", error_chain(err))),
+            errno: err.errno_name().map(str::to_owned),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn with_fix(mut self, fix: impl Into<String>) -> Self {
+        self.fix = Some(fix.into());
+        self
+    }
+
+    pub(crate) fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+}
+
+/// An error and its sources, joined with `": "` (what `anyhow` prints with `{:#}`).
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A capture backend, as named on the command line and in rules files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    IntelPt,
+    Sampling,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::IntelPt => "intel-pt",
+            Self::Sampling => "sampling",
+        }
+    }
+}
+
+/// The perf event the sampling backend samples on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SamplingEvent {
+    /// `PERF_COUNT_HW_CPU_CYCLES`, where a hardware PMU exists.
+    Cycles,
+    /// `PERF_COUNT_SW_CPU_CLOCK`, a software timer: works everywhere, VMs included.
+    CpuClock,
+}
+
+impl SamplingEvent {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cycles => "cycles",
+            Self::CpuClock => "cpu-clock",
+        }
+    }
+}
+
+/// What `lookback check` found. Field names are the JSON keys (a stable contract).
+#[derive(Debug, Clone, Serialize)]
+pub struct MachineReport {
+    pub kernel: KernelInfo,
+    /// `BPF_PROG_LOAD` of `r0 = 0; exit` as a socket filter.
+    pub bpf: Probe,
+    /// `/sys/kernel/btf/vmlinux` present, readable, with the BTF magic.
+    pub btf: Probe,
+    /// A `BPF_MAP_TYPE_RINGBUF` map created (the trigger → agent channel; Linux 5.8).
+    pub ringbuf: Probe,
+    /// A raw-tracepoint program attached to `sys_enter`, `sys_exit` and `signal_generate`
+    /// (how syscall and signal triggers hook in; needs no tracefs).
+    pub raw_tracepoints: Probe,
+    pub tracefs: TracefsReport,
+    pub uprobes: UprobesReport,
+    /// `/proc/sys/kernel/perf_event_paranoid`; `None` when unreadable.
+    pub perf_event_paranoid: Option<i32>,
+    pub capabilities: Capabilities,
+    /// The perf PMUs in `/sys/bus/event_source/devices`, sorted.
+    pub pmus: Vec<String>,
+    pub intel_pt: IntelPtReport,
+    pub aux_pause: AuxPauseReport,
+    /// `PERF_TYPE_HARDWARE`/`PERF_COUNT_HW_CPU_CYCLES` opened for this thread.
+    pub hardware_pmu: Probe,
+    /// `PERF_TYPE_SOFTWARE`/`PERF_COUNT_SW_CPU_CLOCK` opened for this thread.
+    pub software_clock: Probe,
+    /// What `--backend auto` picks; `None` when no backend can record.
+    pub auto_backend: Option<Backend>,
+    pub auto_backend_reason: String,
+    /// The event the sampling backend would use (also set when `auto` picks intel-pt).
+    pub sampling_event: Option<SamplingEvent>,
+    /// BPF loads, ring buffers work, raw tracepoints attach and uprobes open: every trigger
+    /// kind (function, syscall, signal) can be installed.
+    pub bpf_triggers_usable: bool,
+    /// `auto_backend` is set.
+    pub backend_usable: bool,
+    /// `bpf_triggers_usable && backend_usable`: `lookback check` exits 0.
+    pub ok: bool,
+}
+
+/// Probes the live machine.
+pub fn probe() -> MachineReport {
+    probe_at(&Paths::default())
+}
+
+/// Probes with the pseudo file systems at `paths`. The system calls (BPF, perf) always
+/// go to the running kernel; only the files read come from `paths`.
+pub fn probe_at(paths: &Paths) -> MachineReport {
+    let kernel = kernel::probe();
+    let bpf = bpf::probe_prog_load();
+    let btf = bpf::probe_btf(paths);
+    let ringbuf = bpf::probe_ringbuf();
+    let raw_tracepoints = bpf::probe_raw_tracepoints();
+    let tracefs = tracefs::probe(paths);
+    let uprobes = uprobe::probe(paths);
+    let perf_event_paranoid = privileges::read_perf_event_paranoid(paths);
+    let capabilities = privileges::read_capabilities(paths);
+    let pmus = pmu::list_pmus(paths);
+    let intel_pt = pmu::probe_intel_pt(paths);
+    let aux_pause = pmu::probe_aux_pause(&kernel, &intel_pt);
+    let hardware_pmu = pmu::probe_hardware_cycles();
+    let software_clock = pmu::probe_cpu_clock();
+    let choice = choose_backend(&intel_pt, &hardware_pmu, &software_clock);
+    let bpf_triggers_usable = bpf.ok && ringbuf.ok && raw_tracepoints.ok && uprobes.status.ok;
+    let backend_usable = choice.backend.is_some();
+    MachineReport {
+        kernel,
+        bpf,
+        btf,
+        ringbuf,
+        raw_tracepoints,
+        tracefs,
+        uprobes,
+        perf_event_paranoid,
+        capabilities,
+        pmus,
+        intel_pt,
+        aux_pause,
+        hardware_pmu,
+        software_clock,
+        auto_backend: choice.backend,
+        auto_backend_reason: choice.reason,
+        sampling_event: choice.sampling_event,
+        bpf_triggers_usable,
+        backend_usable,
+        ok: bpf_triggers_usable && backend_usable,
+    }
+}
+
+/// The outcome of [`choose_backend`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendChoice {
+    pub backend: Option<Backend>,
+    pub sampling_event: Option<SamplingEvent>,
+    pub reason: String,
+}
+
+/// `auto`: Intel PT when its event opens, else sampling on cycles (hardware PMU) or
+/// cpu-clock, else nothing.
+pub fn choose_backend(
+    intel_pt: &IntelPtReport,
+    hardware: &Probe,
+    software: &Probe,
+) -> BackendChoice {
+    let sampling_event = if hardware.ok {
+        Some(SamplingEvent::Cycles)
+    } else if software.ok {
+        Some(SamplingEvent::CpuClock)
+    } else {
+        None
+    };
+    if intel_pt.status.ok {
+        return BackendChoice {
+            backend: Some(Backend::IntelPt),
+            sampling_event,
+            reason: "intel_pt PMU present and a trace event opens for this process".to_owned(),
+        };
+    }
+    let why_not_pt = intel_pt
+        .status
+        .reason
+        .as_deref()
+        .unwrap_or("intel_pt unusable");
+    match sampling_event {
+        Some(event) => BackendChoice {
+            backend: Some(Backend::Sampling),
+            sampling_event,
+            reason: format!(
+                "{why_not_pt}; using the sampling backend ({})",
+                event.as_str()
+            ),
+        },
+        None => BackendChoice {
+            backend: None,
+            sampling_event: None,
+            reason: format!(
+                "{why_not_pt}; and no sampling event opens (cycles: {}; cpu-clock: {})",
+                hardware.reason.as_deref().unwrap_or("failed"),
+                software.reason.as_deref().unwrap_or("failed"),
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intel_pt(ok: bool, reason: &str) -> IntelPtReport {
+        IntelPtReport {
+            status: if ok {
+                Probe::pass("opened")
+            } else {
+                Probe::fail(reason)
+            },
+            present: ok,
+            ..IntelPtReport::default()
+        }
+    }
+
+    #[test]
+    fn auto_prefers_intel_pt() {
+        let choice = choose_backend(&intel_pt(true, ""), &Probe::fail("x"), &Probe::pass("y"));
+        assert_eq!(choice.backend, Some(Backend::IntelPt));
+        assert_eq!(choice.sampling_event, Some(SamplingEvent::CpuClock));
+    }
+
+    #[test]
+    fn auto_falls_back_to_cpu_clock_in_a_vm() {
+        let choice = choose_backend(
+            &intel_pt(false, "intel_pt PMU not found"),
+            &Probe::fail("ENOENT"),
+            &Probe::pass("opened"),
+        );
+        assert_eq!(choice.backend, Some(Backend::Sampling));
+        assert_eq!(choice.sampling_event, Some(SamplingEvent::CpuClock));
+        assert_eq!(
+            choice.reason,
+            "intel_pt PMU not found; using the sampling backend (cpu-clock)"
+        );
+    }
+
+    #[test]
+    fn auto_samples_cycles_when_the_hardware_pmu_works() {
+        let choice = choose_backend(
+            &intel_pt(false, "no"),
+            &Probe::pass("cycles"),
+            &Probe::pass("clock"),
+        );
+        assert_eq!(choice.sampling_event, Some(SamplingEvent::Cycles));
+    }
+
+    #[test]
+    fn auto_gives_up_when_nothing_opens() {
+        let choice = choose_backend(&intel_pt(false, "no"), &Probe::fail("a"), &Probe::fail("b"));
+        assert_eq!(choice.backend, None);
+        assert!(
+            choice.reason.contains("cycles: a; cpu-clock: b"),
+            "{}",
+            choice.reason
+        );
+    }
+
+    #[test]
+    fn backend_names_match_the_cli() {
+        assert_eq!(
+            serde_json::to_value(Backend::IntelPt).expect("json"),
+            "intel-pt"
+        );
+        assert_eq!(
+            serde_json::to_value(SamplingEvent::CpuClock).expect("json"),
+            "cpu-clock"
+        );
+        assert_eq!(Backend::Sampling.as_str(), "sampling");
+    }
+
+    #[test]
+    fn paths_under_a_root() {
+        let paths = Paths::under(Path::new("/tmp/x"));
+        assert_eq!(
+            paths.event_sources(),
+            Path::new("/tmp/x/sys/bus/event_source/devices")
+        );
+    }
+
+    /// On any machine: probing never panics and the report serialises with the contract's
+    /// keys. (The machine-specific expectations live in tests/tests/check.rs.)
+    #[test]
+    fn live_probe_serialises_with_the_contract_keys() {
+        let report = probe();
+        let json = serde_json::to_value(&report).expect("json");
+        for key in [
+            "kernel",
+            "bpf",
+            "btf",
+            "ringbuf",
+            "tracefs",
+            "uprobes",
+            "perf_event_paranoid",
+            "capabilities",
+            "intel_pt",
+            "aux_pause",
+            "hardware_pmu",
+            "auto_backend",
+            "auto_backend_reason",
+            "bpf_triggers_usable",
+            "ok",
+        ] {
+            assert!(json.get(key).is_some(), "missing key {key}");
+        }
+        assert_eq!(
+            report.ok,
+            report.bpf_triggers_usable && report.backend_usable
+        );
+    }
+}

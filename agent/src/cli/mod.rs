@@ -55,7 +55,7 @@ Examples:\n  lookback run --trigger 'func:handle_request>2ms' -- ./server\n  \
 lookback attach -p 1234 --trigger 'syscall:fsync>50ms'\n  \
 lookback rules validate configs/example.yaml")]
 pub struct Cli {
-    /// More log output (-v debug, -vv trace); RUST_LOG overrides.
+    /// More log output (-v debug, -vv trace); `RUST_LOG` overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
     /// Only errors.
@@ -67,7 +67,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Report what this machine supports (BPF, uprobes, tracefs, intel_pt, PMU) and which
+    /// Report what this machine supports (BPF, uprobes, tracefs, `intel_pt`, PMU) and which
     /// backend `auto` picks.
     Check(check::CheckArgs),
     /// Start a command under the recorder.

@@ -13,7 +13,7 @@ pub struct RulesArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum RulesCommand {
-    /// Parse and check a rules file; errors as FILE:LINE:COL: message (exit 2).
+    /// Parse and check a rules file; errors as `FILE:LINE:COL: message` (exit 2).
     Validate {
         /// The rules file (YAML, `version: 1`).
         file: PathBuf,

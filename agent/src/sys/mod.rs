@@ -1,1 +1,144 @@
-//! The only module that makes raw syscalls (perf_event_open, ioctl, mmap, bpf).
+//! Raw system calls: the only module that calls `bpf`, `perf_event_open`, `ioctl`, `mmap`
+//! and friends directly. Everything here is a thin, safe wrapper over one call, returning
+//! an owned file descriptor or a [`SyscallError`] that names the call and keeps the errno.
+//! Higher stages decide what a failure means; nothing here prints or logs.
+
+use std::{ffi::CStr, io};
+
+pub mod bpf;
+pub mod perf;
+
+/// A failed system call: which call, and the OS error it returned.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed")]
+pub struct SyscallError {
+    /// The call that failed, e.g. `"perf_event_open"` or `"bpf(BPF_PROG_LOAD)"`.
+    pub call: &'static str,
+    #[source]
+    pub source: io::Error,
+}
+
+impl SyscallError {
+    /// Wraps `errno` as left by the call that just failed.
+    pub(crate) fn last(call: &'static str) -> Self {
+        Self {
+            call,
+            source: io::Error::last_os_error(),
+        }
+    }
+
+    /// The raw errno, when the error came from the OS.
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+
+    /// The symbolic errno (`"ENOENT"`), for the errnos these calls commonly return.
+    pub fn errno_name(&self) -> Option<&'static str> {
+        self.errno().and_then(errno_name)
+    }
+}
+
+/// The symbolic name of the errnos that `bpf`, `perf_event_open` and `ioctl` return.
+pub fn errno_name(errno: i32) -> Option<&'static str> {
+    Some(match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::E2BIG => "E2BIG",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::ENODEV => "ENODEV",
+        libc::EINVAL => "EINVAL",
+        libc::EMFILE => "EMFILE",
+        libc::ENOSPC => "ENOSPC",
+        libc::ENOSYS => "ENOSYS",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::EOVERFLOW => "EOVERFLOW",
+        _ => return None,
+    })
+}
+
+/// What `uname(2)` says about the running kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uname {
+    pub sysname: String,
+    pub release: String,
+    pub version: String,
+    pub machine: String,
+}
+
+/// Calls `uname(2)`.
+pub fn uname() -> Result<Uname, SyscallError> {
+    // SAFETY: `utsname` is plain old data (arrays of c_char); all-zero is a valid value.
+    let mut buf: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `buf` is a valid, writable `utsname` for the duration of the call.
+    if unsafe { libc::uname(&raw mut buf) } != 0 {
+        return Err(SyscallError::last("uname"));
+    }
+    Ok(Uname {
+        sysname: c_chars_to_string(&buf.sysname),
+        release: c_chars_to_string(&buf.release),
+        version: c_chars_to_string(&buf.version),
+        machine: c_chars_to_string(&buf.machine),
+    })
+}
+
+/// The system page size (`sysconf(_SC_PAGESIZE)`); `None` if the call fails.
+pub fn page_size() -> Option<usize> {
+    // SAFETY: `sysconf` only reads a configuration value; no memory is passed.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).ok().filter(|&s| s > 0)
+}
+
+/// A `c_char` array (NUL-terminated or not) as a lossily decoded string.
+fn c_chars_to_string(chars: &[libc::c_char]) -> String {
+    // SAFETY: `c_char` is `i8` or `u8`, with the size and alignment of `u8`, and every bit
+    // pattern is a valid `u8`; the slice covers exactly the memory of `chars`.
+    let bytes = unsafe { std::slice::from_raw_parts(chars.as_ptr().cast::<u8>(), chars.len()) };
+    match CStr::from_bytes_until_nul(bytes) {
+        Ok(s) => s.to_string_lossy().into_owned(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uname_reports_linux() {
+        let u = uname().expect("uname");
+        assert_eq!(u.sysname, "Linux");
+        assert!(!u.release.is_empty());
+    }
+
+    #[test]
+    fn page_size_is_a_power_of_two() {
+        assert!(page_size().expect("page size").is_power_of_two());
+    }
+
+    #[test]
+    fn errno_names() {
+        assert_eq!(errno_name(libc::ENOENT), Some("ENOENT"));
+        assert_eq!(errno_name(100_000), None);
+        let err = SyscallError {
+            call: "x",
+            source: io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+        };
+        assert_eq!(err.errno_name(), Some("EOPNOTSUPP"));
+        assert_eq!(err.to_string(), "x failed");
+    }
+
+    #[test]
+    fn c_chars_without_nul() {
+        let chars: [libc::c_char; 2] = [97, 98]; // "ab", no NUL
+        assert_eq!(c_chars_to_string(&chars), "ab");
+    }
+}

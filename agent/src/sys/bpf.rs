@@ -1,0 +1,230 @@
+//! Raw `bpf(2)`: load a program, create a map, open a raw tracepoint. Used by `check` to
+//! prove (not guess) that this kernel accepts BPF; the trigger loader uses aya instead.
+//!
+//! The attribute structs below are prefixes of the kernel's `union bpf_attr`; the kernel
+//! zero-fills the fields we do not pass (it copies `min(size, sizeof(bpf_attr))` bytes).
+
+use std::{
+    ffi::CStr,
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+};
+
+use super::SyscallError;
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+
+/// BPF program types used here (`enum bpf_prog_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ProgType {
+    /// `BPF_PROG_TYPE_SOCKET_FILTER`: loadable without any attach point (Linux 3.19).
+    SocketFilter = 1,
+    /// `BPF_PROG_TYPE_RAW_TRACEPOINT`: attached by tracepoint name (Linux 4.17).
+    RawTracepoint = 17,
+}
+
+/// BPF map types used here (`enum bpf_map_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum MapType {
+    /// `BPF_MAP_TYPE_RINGBUF` (Linux 5.8).
+    RingBuf = 27,
+}
+
+/// One eBPF instruction (`struct bpf_insn`): opcode, dst/src registers packed in one byte,
+/// offset, immediate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct Insn {
+    pub code: u8,
+    pub regs: u8,
+    pub off: i16,
+    pub imm: i32,
+}
+
+impl Insn {
+    /// `dst = imm` (64-bit): `BPF_ALU64 | BPF_MOV | BPF_K`.
+    pub const fn mov64_imm(dst: u8, imm: i32) -> Self {
+        Self {
+            code: 0x07 | 0xb0,
+            regs: dst & 0x0f,
+            off: 0,
+            imm,
+        }
+    }
+
+    /// `exit`: `BPF_JMP | BPF_EXIT`.
+    pub const fn exit() -> Self {
+        Self {
+            code: 0x05 | 0x90,
+            regs: 0,
+            off: 0,
+            imm: 0,
+        }
+    }
+}
+
+/// `r0 = 0; exit`: the smallest valid program.
+pub const RETURN_ZERO: [Insn; 2] = [Insn::mov64_imm(0, 0), Insn::exit()];
+
+/// The `BPF_PROG_LOAD` prefix of `union bpf_attr` (no padding: 64 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+}
+
+/// The `BPF_MAP_CREATE` prefix of `union bpf_attr` (no padding: 20 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+}
+
+/// The `BPF_RAW_TRACEPOINT_OPEN` prefix of `union bpf_attr` (explicit padding: 16 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct RawTracepointAttr {
+    name: u64,
+    prog_fd: u32,
+    pad: u32,
+}
+
+/// Calls `bpf(cmd, attr, sizeof attr)`, retrying `EINTR`/`EAGAIN` a few times (the verifier
+/// may return `EAGAIN` under memory pressure; libbpf retries too).
+fn bpf<T>(cmd: libc::c_long, attr: &mut T, call: &'static str) -> Result<OwnedFd, SyscallError> {
+    let mut tries = 0;
+    loop {
+        // SAFETY: `attr` is a live, initialised `#[repr(C)]` prefix of `union bpf_attr`
+        // without padding bytes, valid for `size_of::<T>()` bytes; the pointers it holds
+        // (instructions, license, name) are borrowed by the caller for this call.
+        let ret =
+            unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) };
+        if ret >= 0 {
+            let fd = libc::c_int::try_from(ret).map_err(|_| SyscallError {
+                call,
+                source: std::io::Error::from_raw_os_error(libc::EOVERFLOW),
+            })?;
+            // SAFETY: on success these commands return a new file descriptor that nothing
+            // else owns.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let err = SyscallError::last(call);
+        tries += 1;
+        if tries < 5 && matches!(err.errno(), Some(libc::EINTR | libc::EAGAIN)) {
+            continue;
+        }
+        return Err(err);
+    }
+}
+
+/// Loads a program with `BPF_PROG_LOAD`; the kernel runs the verifier on it. `name` is cut
+/// to 15 bytes (the kernel's limit; letters, digits, `_` and `.` only).
+pub fn load_program(
+    prog_type: ProgType,
+    insns: &[Insn],
+    license: &CStr,
+    name: &str,
+) -> Result<OwnedFd, SyscallError> {
+    let mut attr = ProgLoadAttr {
+        prog_type: prog_type as u32,
+        insn_cnt: u32::try_from(insns.len()).map_err(|_| SyscallError {
+            call: "bpf(BPF_PROG_LOAD)",
+            source: std::io::Error::from_raw_os_error(libc::E2BIG),
+        })?,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        ..ProgLoadAttr::default()
+    };
+    for (dst, src) in attr.prog_name.iter_mut().take(15).zip(name.bytes()) {
+        *dst = src;
+    }
+    bpf(BPF_PROG_LOAD, &mut attr, "bpf(BPF_PROG_LOAD)")
+}
+
+/// Creates a map with `BPF_MAP_CREATE`.
+pub fn create_map(
+    map_type: MapType,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+) -> Result<OwnedFd, SyscallError> {
+    let mut attr = MapCreateAttr {
+        map_type: map_type as u32,
+        key_size,
+        value_size,
+        max_entries,
+        map_flags: 0,
+    };
+    bpf(BPF_MAP_CREATE, &mut attr, "bpf(BPF_MAP_CREATE)")
+}
+
+/// Creates a `BPF_MAP_TYPE_RINGBUF` of `size_bytes` (a power of two and a multiple of the
+/// page size, else `EINVAL`). Linux 5.8.
+pub fn create_ringbuf(size_bytes: u32) -> Result<OwnedFd, SyscallError> {
+    create_map(MapType::RingBuf, 0, 0, size_bytes)
+}
+
+/// Attaches a loaded `RawTracepoint` program to the raw tracepoint `name` (e.g.
+/// `sys_enter`) with `BPF_RAW_TRACEPOINT_OPEN`; the returned descriptor holds the link and
+/// closing it detaches. Linux 4.17.
+pub fn raw_tracepoint_open(name: &CStr, prog: BorrowedFd<'_>) -> Result<OwnedFd, SyscallError> {
+    let prog_fd = u32::try_from(prog.as_raw_fd()).map_err(|_| SyscallError {
+        call: "bpf(BPF_RAW_TRACEPOINT_OPEN)",
+        source: std::io::Error::from_raw_os_error(libc::EBADF),
+    })?;
+    let mut attr = RawTracepointAttr {
+        name: name.as_ptr() as u64,
+        prog_fd,
+        pad: 0,
+    };
+    bpf(
+        BPF_RAW_TRACEPOINT_OPEN,
+        &mut attr,
+        "bpf(BPF_RAW_TRACEPOINT_OPEN)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attr_layouts_have_no_padding() {
+        assert_eq!(size_of::<ProgLoadAttr>(), 64);
+        assert_eq!(size_of::<MapCreateAttr>(), 20);
+        assert_eq!(size_of::<RawTracepointAttr>(), 16);
+        assert_eq!(size_of::<Insn>(), 8);
+    }
+
+    #[test]
+    fn return_zero_encoding() {
+        // The bytes clang emits for `r0 = 0; exit` on little-endian.
+        let [mov, exit] = RETURN_ZERO;
+        assert_eq!((mov.code, mov.regs, mov.off, mov.imm), (0xb7, 0, 0, 0));
+        assert_eq!((exit.code, exit.regs, exit.off, exit.imm), (0x95, 0, 0, 0));
+    }
+
+    #[test]
+    fn invalid_ringbuf_size_is_an_error_not_a_panic() {
+        // 3 bytes is never a valid ring buffer size: EINVAL, or EPERM when unprivileged.
+        let err = create_ringbuf(3).expect_err("3-byte ring buffer");
+        assert_eq!(err.call, "bpf(BPF_MAP_CREATE)");
+        assert!(err.errno().is_some());
+    }
+}
