@@ -69,10 +69,20 @@ impl RuleSpec {
     }
 }
 
+/// Tests bit `n` of a bitmap of `N` words (`N` a power of two).
+///
+/// Written for the BPF verifier: the word index is masked after an opaque (volatile) read,
+/// so it stays provably in bounds even when LLVM hoists the index computation above the
+/// range check (which the verifier otherwise rejects as an unbounded access).
 #[inline(always)]
-fn bit_is_set(words: &[u64], n: u64) -> bool {
-    let word = (n / 64) as usize;
-    word < words.len() && words[word] & (1 << (n % 64)) != 0
+fn bit_is_set<const N: usize>(words: &[u64; N], n: u64) -> bool {
+    if n >= (N as u64) * 64 {
+        return false;
+    }
+    let index = (n / 64) as usize;
+    // SAFETY: reading a local we own.
+    let index = unsafe { core::ptr::read_volatile(&index) } & (N - 1);
+    words[index] & (1 << (n % 64)) != 0
 }
 
 /// Sets bit `n` of a bitmap; returns `false` when `n` is out of range.

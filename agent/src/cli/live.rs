@@ -4,19 +4,23 @@
 #![expect(clippy::print_stdout, reason = "trigger lines and JSON go to stdout")]
 
 use std::{
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, RawFd},
     path::{Path, PathBuf},
-    process::{ExitCode, Stdio},
+    process::{ExitCode, ExitStatus},
     time::Duration,
 };
 
 use anyhow::{Context as _, anyhow};
 use serde_json::json;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
 
 use super::{CliError, CliResult};
 use crate::{
     rules::Trigger,
+    sys::process::HeldProcess,
     triggers::{
         AttachedProbe, EngineRule, ProbePoint, TriggerEngine, TriggerEvent,
         resolve::{self, ResolveError},
@@ -49,49 +53,6 @@ pub fn run_session(session: Session) -> CliResult {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(run_async(session))
-}
-
-/// A child started with its `execve` held back until `release`.
-struct HeldChild {
-    child: tokio::process::Child,
-    pid: u32,
-    gate: Option<OwnedFd>,
-}
-
-impl HeldChild {
-    fn spawn(program: &Path, argv: &[String]) -> anyhow::Result<Self> {
-        let mut fds = [0i32; 2];
-        // SAFETY: pipe2 writes two fds into the array we own.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("pipe2");
-        }
-        // SAFETY: both fds were just created and are owned by nobody else.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let (read_fd, write_fd) = (read.as_raw_fd(), write.as_raw_fd());
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.arg0(&argv[0]).args(&argv[1..]).stdin(Stdio::inherit());
-        // SAFETY: only async-signal-safe calls (close, read) between fork and exec. The
-        // child blocks until the parent writes a byte or exits (then read returns 0).
-        unsafe {
-            cmd.pre_exec(move || {
-                libc::close(write_fd);
-                let mut byte = 0u8;
-                libc::read(read_fd, (&raw mut byte).cast(), 1);
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().with_context(|| format!("starting {}", program.display()))?;
-        drop(read);
-        let pid = child.id().context("child exited before exec")?;
-        Ok(Self { child, pid, gate: Some(write) })
-    }
-
-    fn release(&mut self) {
-        if let Some(gate) = self.gate.take() {
-            // SAFETY: writing one byte from a valid buffer to our pipe fd.
-            unsafe { libc::write(gate.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
-        }
-    }
 }
 
 /// Probe points for a function trigger, resolved for the session's target.
@@ -175,7 +136,9 @@ fn install_rules(
 
 async fn run_async(session: Session) -> CliResult {
     let mut held = match &session.target {
-        Target::Spawn { program, argv } => Some(HeldChild::spawn(program, argv)?),
+        Target::Spawn { program, argv } => Some(
+            HeldProcess::spawn(program, argv).with_context(|| format!("starting {}", program.display()))?,
+        ),
         Target::Attach { .. } => None,
     };
     let mut engine = TriggerEngine::load().context("loading the trigger engine")?;
@@ -187,16 +150,21 @@ async fn run_async(session: Session) -> CliResult {
     let installed = install_rules(&mut engine, &session.rules, &session.target)?;
     let mask = installed.iter().fold(0u64, |m, (r, _)| m | 1 << r.id);
     let pids = match (&held, &session.target) {
-        (Some(h), _) => vec![h.pid],
+        (Some(h), _) => vec![h.pid()],
         (None, Target::Attach { pids }) => pids.clone(),
         (None, Target::Spawn { .. }) => Vec::new(),
     };
     for &pid in &pids {
         engine.add_target(pid, mask).with_context(|| format!("adding target {pid}"))?;
     }
-    if let Some(h) = held.as_mut() {
-        h.release();
-    }
+    let child_exit = match held.as_mut() {
+        Some(h) => {
+            h.release().context("starting the command")?;
+            // SAFETY: the pidfd is owned by `held`, which outlives this registration.
+            Some(unsafe { AsyncFd::register(h.pidfd().as_raw_fd()) }.context("watching the command")?)
+        }
+        None => None,
+    };
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut seen = 0u64;
@@ -213,9 +181,13 @@ async fn run_async(session: Session) -> CliResult {
                     }
                 }
             }
-            status = wait_child(held.as_mut()), if held.is_some() => {
-                exit_status = Some(status.context("waiting for the command")?);
-                break;
+            () = wait_readable(child_exit.as_ref()), if child_exit.is_some() => {
+                if let Some(h) = held.as_mut()
+                    && let Some(status) = h.try_wait().context("waiting for the command")?
+                {
+                    exit_status = Some(status);
+                    break;
+                }
             }
             _ = poll.tick(), if held.is_none() => {
                 if pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
@@ -223,8 +195,14 @@ async fn run_async(session: Session) -> CliResult {
                     break;
                 }
             }
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
+            _ = sigint.recv() => {
+                forward(held.as_ref(), libc::SIGINT);
+                break;
+            }
+            _ = sigterm.recv() => {
+                forward(held.as_ref(), libc::SIGTERM);
+                break;
+            }
         }
     }
     for event in events.drain() {
@@ -235,21 +213,38 @@ async fn run_async(session: Session) -> CliResult {
     }
     report(&session, &engine, &installed, exit_status.as_ref())?;
     drop(engine);
-    if let Some(mut h) = held
+    if let Some(h) = held.as_mut()
         && exit_status.is_none()
     {
         // Probes are gone; let the command finish as it would have without lookback.
-        let status = h.child.wait().await.context("waiting for the command")?;
-        log::info!("command exited: {status}");
+        loop {
+            if let Some(status) = h.try_wait().context("waiting for the command")? {
+                log::info!("command exited: {status}");
+                break;
+            }
+            wait_readable(child_exit.as_ref()).await;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Waits for the spawned command; never resolves when there is none.
-async fn wait_child(held: Option<&mut HeldChild>) -> std::io::Result<std::process::ExitStatus> {
-    match held {
-        Some(h) => h.child.wait().await,
+/// Waits until the pidfd says the command exited; never resolves without one.
+async fn wait_readable(fd: Option<&AsyncFd<RawFd>>) {
+    match fd {
+        Some(fd) => {
+            if let Ok(mut guard) = fd.readable().await {
+                guard.clear_ready();
+            }
+        }
         None => std::future::pending().await,
+    }
+}
+
+/// Passes the user's interrupt on to the command we started (it may not share our
+/// terminal's process group, e.g. under a supervisor).
+fn forward(held: Option<&HeldProcess>, signal: i32) {
+    if let Some(h) = held {
+        h.kill(signal);
     }
 }
 
@@ -275,7 +270,7 @@ fn report(
     session: &Session,
     engine: &TriggerEngine,
     installed: &[(EngineRule, Vec<AttachedProbe>)],
-    exit: Option<&std::process::ExitStatus>,
+    exit: Option<&ExitStatus>,
 ) -> Result<(), CliError> {
     let mut rules = Vec::new();
     for (rule, probes) in installed {

@@ -7,6 +7,7 @@ use std::{ffi::CStr, io};
 
 pub mod bpf;
 pub mod perf;
+pub mod process;
 
 /// A failed system call: which call, and the OS error it returned.
 #[derive(Debug, thiserror::Error)]
