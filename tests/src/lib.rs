@@ -65,3 +65,111 @@ fn build_lookback() -> PathBuf {
         .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
         .expect("cargo build reported no lookback executable")
 }
+
+/// The C test workload (tests/workloads/workload.c) and its shared library, compiled once
+/// per test process into `target/test-workloads/`, with `-fno-omit-frame-pointer -g`.
+///
+/// # Panics
+/// When the C compiler is missing or fails.
+pub fn workload() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads");
+        let out = workspace_root().join("target/test-workloads");
+        std::fs::create_dir_all(&out).expect("creating target/test-workloads");
+        let cc = |args: &[&str]| {
+            let status = Command::new("cc")
+                .args(args)
+                .status()
+                .expect("running cc (install gcc)");
+            assert!(status.success(), "cc {args:?} failed");
+        };
+        let lib = out.join("libworkload.so");
+        cc(&["-O1", "-g", "-fPIC", "-shared", "-o", path_str(&lib), path_str(&src.join("libworkload.c"))]);
+        let bin = out.join("workload");
+        let rpath = format!("-Wl,-rpath,{}", out.display());
+        let libdir = format!("-L{}", out.display());
+        cc(&[
+            "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", path_str(&bin),
+            path_str(&src.join("workload.c")), &libdir, "-lworkload", &rpath,
+        ]);
+        bin
+    })
+    .clone()
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 test paths")
+}
+
+/// What a `lookback run|attach --dry-run --json` printed: the trigger events and the
+/// closing summary.
+#[derive(Debug)]
+pub struct DryRun {
+    pub events: Vec<serde_json::Value>,
+    pub summary: serde_json::Value,
+    pub status: std::process::ExitStatus,
+    pub stderr: String,
+}
+
+impl DryRun {
+    /// Parses the JSON lines a dry run wrote.
+    ///
+    /// # Panics
+    /// On a line that is not JSON.
+    pub fn parse(output: &std::process::Output) -> Self {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let mut events = Vec::new();
+        let mut summary = serde_json::Value::Null;
+        for line in stdout.lines().filter(|l| l.starts_with('{')) {
+            let value: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON line {line}: {e}"));
+            if value.get("summary").is_some() {
+                summary = value["summary"].clone();
+            } else {
+                events.push(value);
+            }
+        }
+        Self {
+            events,
+            summary,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// The counters of rule `id` from the summary.
+    ///
+    /// # Panics
+    /// When the summary lacks the rule.
+    pub fn counter(&self, id: u64, name: &str) -> u64 {
+        self.summary["rules"]
+            .as_array()
+            .and_then(|rules| rules.iter().find(|r| r["id"] == id))
+            .and_then(|r| r["counters"][name].as_u64())
+            .unwrap_or_else(|| panic!("no counter {name} for rule {id} in {}", self.summary))
+    }
+
+    /// Events of rule `id`.
+    pub fn of_rule(&self, id: u64) -> Vec<&serde_json::Value> {
+        self.events.iter().filter(|e| e["rule_id"] == id).collect()
+    }
+}
+
+/// Runs `lookback run --dry-run --json --max-snapshots 0 EXTRA... -- workload ARGS...`.
+///
+/// # Panics
+/// When lookback cannot be started.
+pub fn dry_run(extra: &[&str], workload_args: &[&str]) -> DryRun {
+    let output = Command::new(lookback_bin())
+        .args(["run", "--dry-run", "--json", "--max-snapshots", "0"])
+        .args(extra)
+        .arg("--")
+        .arg(workload())
+        .args(workload_args)
+        .output()
+        .expect("running lookback");
+    let run = DryRun::parse(&output);
+    assert!(run.status.success(), "lookback failed: {}\n{}", run.status, run.stderr);
+    run
+}

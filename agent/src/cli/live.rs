@@ -165,6 +165,11 @@ async fn run_async(session: Session) -> CliResult {
         }
         None => None,
     };
+    log::info!(
+        "tracing {} process(es) with {} rule(s); waiting for triggers",
+        pids.len(),
+        installed.len()
+    );
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut seen = 0u64;

@@ -36,6 +36,10 @@ pub struct CommonArgs {
     /// Minimum time between two triggers of one rule, enforced in the kernel.
     #[arg(long, value_name = "DURATION", default_value = "0ms", value_parser = parse_duration)]
     pub cooldown: Duration,
+    /// At most this many triggers per rule and rolling hour, enforced in the kernel (0 = no
+    /// limit).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_per_hour: u32,
     /// Do not follow children forked by the target.
     #[arg(long)]
     pub no_follow_forks: bool,
@@ -93,7 +97,7 @@ fn engine_rules(common: &CommonArgs) -> Result<Vec<EngineRule>, CliError> {
             name: trigger.describe(),
             trigger: trigger.clone(),
             cooldown: common.cooldown,
-            max_per_hour: 0,
+            max_per_hour: common.max_per_hour,
             follow_forks: !common.no_follow_forks,
         })
         .collect())

@@ -1,0 +1,131 @@
+/* Test workload for lookback's integration tests and benchmarks. Every behaviour the tests
+ * need is a mode chosen on the command line; the functions the tests probe are global and
+ * never inlined. Build: cc -O1 -g -fno-omit-frame-pointer -pthread workload.c -L. -lworkload
+ *
+ *   workload [--wait] MODE ARGS...
+ *     --wait                   read one line from stdin before starting (for `attach`)
+ *     calls N SLOW_EVERY SLOW_US FAST_US THREADS
+ *                              each thread calls lb_work() N times; every SLOW_EVERY-th call
+ *                              (1-based) sleeps SLOW_US, the others FAST_US
+ *     recurse DEPTH SLEEP_US   lb_recurse(DEPTH): each level sleeps SLEEP_US after recursing
+ *     lib N SLOW_US            calls lib_slow() (in libworkload.so) N times
+ *     fsync N                  write+fsync a temp file N times
+ *     nanosleep N US           N nanosleeps of US
+ *     enoent N                 N openat() of a missing file
+ *     getpid N                 N getpid() syscalls (benchmarks)
+ *     loop N                   N calls of lb_noop() (benchmarks)
+ *     loopnop N                N calls of lb_noop_nop5() (NOP5 entry, benchmarks)
+ *     segv | abort | usr1      die by SIGSEGV / SIGABRT, or raise SIGUSR1 (handled) once
+ *     fork N SLOW_US           fork a child that calls lb_work(SLOW_US) N times; parent waits
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int lib_slow(long us);
+
+static void sleep_us(long us) {
+    struct timespec ts = { us / 1000000, (us % 1000000) * 1000 };
+    while (nanosleep(&ts, &ts) != 0) {}
+}
+
+__attribute__((noinline)) int lb_work(long us) { sleep_us(us); return 1; }
+
+__attribute__((noinline)) int lb_recurse(int depth, long us) {
+    int r = depth > 0 ? lb_recurse(depth - 1, us) : 0;
+    sleep_us(us);
+    return r + 1;
+}
+
+volatile long sink;
+__attribute__((noinline)) void lb_noop(long i) { sink += i; }
+
+/* What gcc -pg -mfentry -mnop-mcount emits: a 5-byte NOP at the entry. */
+__attribute__((noinline)) void lb_noop_nop5(long i) {
+    __asm__ volatile(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00");
+    sink += i;
+}
+
+struct calls { long n, slow_every, slow_us, fast_us; };
+
+static void *calls_thread(void *p) {
+    struct calls *c = p;
+    for (long i = 1; i <= c->n; i++)
+        lb_work(c->slow_every > 0 && i % c->slow_every == 0 ? c->slow_us : c->fast_us);
+    return NULL;
+}
+
+static void usr1(int sig) { (void)sig; }
+
+int main(int argc, char **argv) {
+    int a = 1;
+    if (a < argc && strcmp(argv[a], "--wait") == 0) {
+        char line[16];
+        a++;
+        if (!fgets(line, sizeof line, stdin)) return 3;
+    }
+    if (a >= argc) { fprintf(stderr, "usage: workload [--wait] MODE ARGS\n"); return 2; }
+    const char *mode = argv[a++];
+#define ARG(i) (a + (i) < argc ? atol(argv[a + (i)]) : 0)
+    if (!strcmp(mode, "calls")) {
+        long threads = ARG(4) > 0 ? ARG(4) : 1;
+        struct calls c = { ARG(0), ARG(1), ARG(2), ARG(3) };
+        pthread_t t[64];
+        for (long i = 0; i < threads && i < 64; i++) pthread_create(&t[i], NULL, calls_thread, &c);
+        for (long i = 0; i < threads && i < 64; i++) pthread_join(t[i], NULL);
+    } else if (!strcmp(mode, "recurse")) {
+        lb_recurse((int)ARG(0), ARG(1));
+    } else if (!strcmp(mode, "lib")) {
+        for (long i = 0; i < ARG(0); i++) lib_slow(ARG(1));
+    } else if (!strcmp(mode, "fsync")) {
+        char path[] = "/tmp/lookback-workload-XXXXXX";
+        int fd = mkstemp(path);
+        if (fd < 0) return 4;
+        unlink(path);
+        for (long i = 0; i < ARG(0); i++) {
+            if (write(fd, "x", 1) != 1) return 5;
+            fsync(fd);
+        }
+        close(fd);
+    } else if (!strcmp(mode, "nanosleep")) {
+        for (long i = 0; i < ARG(0); i++) sleep_us(ARG(1));
+    } else if (!strcmp(mode, "enoent")) {
+        for (long i = 0; i < ARG(0); i++) {
+            int fd = open("/nonexistent/lookback-workload", O_RDONLY);
+            if (fd >= 0) close(fd);
+        }
+    } else if (!strcmp(mode, "getpid")) {
+        for (long i = 0; i < ARG(0); i++) syscall(SYS_getpid);
+    } else if (!strcmp(mode, "loop")) {
+        for (long i = 0; i < ARG(0); i++) lb_noop(i);
+    } else if (!strcmp(mode, "loopnop")) {
+        for (long i = 0; i < ARG(0); i++) lb_noop_nop5(i);
+    } else if (!strcmp(mode, "segv")) {
+        volatile int *p = NULL;
+        *p = 1;
+    } else if (!strcmp(mode, "abort")) {
+        abort();
+    } else if (!strcmp(mode, "usr1")) {
+        signal(SIGUSR1, usr1);
+        raise(SIGUSR1);
+    } else if (!strcmp(mode, "fork")) {
+        pid_t child = fork();
+        if (child == 0) {
+            for (long i = 0; i < ARG(0); i++) lb_work(ARG(1));
+            _exit(0);
+        }
+        waitpid(child, NULL, 0);
+    } else {
+        fprintf(stderr, "unknown mode %s\n", mode);
+        return 2;
+    }
+    return 0;
+}
