@@ -1,8 +1,12 @@
 //! Rule configuration as the kernel sees it (`RULES` map) and per-rule counters (`COUNTERS`).
+#![expect(
+    clippy::inline_always,
+    reason = "BPF: the checks must inline into the program so the verifier sees map-value bounds"
+)]
 
 /// A function rule: uprobe on entry, plus a uretprobe when a minimum duration is set.
 pub const KIND_FUNCTION: u32 = 1;
-/// A syscall rule: `raw_syscalls` sys_enter/sys_exit raw tracepoints.
+/// A syscall rule: `raw_syscalls` `sys_enter`/`sys_exit` raw tracepoints.
 pub const KIND_SYSCALL: u32 = 2;
 /// A signal rule: `signal_generate` raw tracepoint.
 pub const KIND_SIGNAL: u32 = 3;
@@ -81,7 +85,7 @@ fn bit_is_set<const N: usize>(words: &[u64; N], n: u64) -> bool {
     }
     let index = (n / 64) as usize;
     // SAFETY: reading a local we own.
-    let index = unsafe { core::ptr::read_volatile(&index) } & (N - 1);
+    let index = unsafe { core::ptr::read_volatile(&raw const index) } & (N - 1);
     words[index] & (1 << (n % 64)) != 0
 }
 
@@ -143,7 +147,8 @@ pub struct EngineConfig {
     pub task_tgid_offset: u32,
     /// Byte offset of `task_struct.pid`.
     pub task_pid_offset: u32,
-    pub _reserved: u32,
+    /// Padding to a multiple of 8 bytes; always 0.
+    pub reserved: u32,
 }
 
 /// Depth of the per-thread stack of function entry times (recursion is measured up to it).

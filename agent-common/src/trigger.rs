@@ -11,7 +11,7 @@ pub const PHASE_RETURN: u32 = 2;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TriggerRecord {
-    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the trigger.
+    /// `bpf_ktime_get_ns()` (`CLOCK_MONOTONIC`) at the trigger.
     pub timestamp_ns: u64,
     /// Function or syscall duration; 0 for entry and signal triggers.
     pub duration_ns: u64,
@@ -36,7 +36,8 @@ pub struct TriggerRecord {
     pub sender_pid: u32,
     /// Function call depth on the thread when it fired (function triggers).
     pub depth: u32,
-    pub _reserved: u32,
+    /// Padding to a multiple of 8 bytes; always 0.
+    pub reserved: u32,
     /// `comm` of the current task, NUL-padded.
     pub comm: [u8; 16],
 }

@@ -11,8 +11,8 @@ use aya_ebpf::{
 use lookback_common::{
     MAX_RULES,
     rule::{
-        COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, EntryStack, FLAG_ON_ENTRY, MAX_CALL_DEPTH,
-        RuleSpec,
+        COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, EntryStack, FLAG_ON_ENTRY,
+        MAX_CALL_DEPTH, RuleSpec,
     },
     trigger::{PHASE_ENTRY, PHASE_RETURN},
 };
@@ -64,13 +64,15 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
         return Some(());
     }
     let now = now_ns();
-    let stack = match ENTRY_TIMES.get_ptr_mut(key) {
-        Some(stack) => stack,
-        None => {
-            let fresh = EntryStack { depth: 0, entry_ns: [0; MAX_CALL_DEPTH] };
-            ENTRY_TIMES.insert(key, fresh, 0).ok()?;
-            ENTRY_TIMES.get_ptr_mut(key)?
-        }
+    let stack = if let Some(stack) = ENTRY_TIMES.get_ptr_mut(key) {
+        stack
+    } else {
+        let fresh = EntryStack {
+            depth: 0,
+            entry_ns: [0; MAX_CALL_DEPTH],
+        };
+        ENTRY_TIMES.insert(key, fresh, 0).ok()?;
+        ENTRY_TIMES.get_ptr_mut(key)?
     };
     // SAFETY: map value pointer valid for this invocation; only this thread uses this key.
     let stack = unsafe { &mut *stack };

@@ -8,7 +8,19 @@
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
-#![expect(internal_features, reason = "atomic CAS on map values, see emit.rs")]
+#![expect(internal_features, reason = "atomic add on map values, see emit.rs")]
+#![expect(
+    clippy::inline_always,
+    reason = "BPF: helpers inline into each program so the verifier sees bounds in one frame"
+)]
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "pid_tgid halves and raw tracepoint u64 arguments are narrowed on purpose"
+)]
+#![expect(
+    clippy::needless_pass_by_value,
+    reason = "aya-ebpf's program macros hand the context over by value"
+)]
 
 mod emit;
 mod function;

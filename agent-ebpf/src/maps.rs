@@ -51,12 +51,12 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 pub fn current_rules(tgid: u32, config: &EngineConfig) -> u64 {
     // SAFETY: the value is a plain u64 read once; the map entry may be replaced
     // concurrently, which at worst yields the previous mask.
-    let mut mask = unsafe { TARGET_TGIDS.get(&tgid) }.copied().unwrap_or(0);
+    let mut mask = unsafe { TARGET_TGIDS.get(tgid) }.copied().unwrap_or(0);
     if config.cgroups_active != 0 {
         // SAFETY: helper without preconditions.
         let cgroup = unsafe { aya_ebpf::helpers::generated::bpf_get_current_cgroup_id() };
         // SAFETY: as above.
-        mask |= unsafe { TARGET_CGROUPS.get(&cgroup) }.copied().unwrap_or(0);
+        mask |= unsafe { TARGET_CGROUPS.get(cgroup) }.copied().unwrap_or(0);
     }
     mask
 }
@@ -65,4 +65,16 @@ pub fn current_rules(tgid: u32, config: &EngineConfig) -> u64 {
 #[inline(always)]
 pub fn config() -> Option<&'static EngineConfig> {
     CONFIG.get(0)
+}
+
+/// Reads a `u32` field of a kernel `task_struct` at a BTF-derived byte offset.
+#[inline(always)]
+pub fn task_u32(task: *const u8, offset: u32) -> Option<u32> {
+    let mut buf = [0u8; 4];
+    // SAFETY: the checked helper copies 4 bytes of kernel memory or fails.
+    unsafe {
+        aya_ebpf::helpers::bpf_probe_read_kernel_buf(task.wrapping_add(offset as usize), &mut buf)
+    }
+    .ok()?;
+    Some(u32::from_ne_bytes(buf))
 }

@@ -3,15 +3,13 @@
 //! int result)`. The receiving task's ids are read at the `task_struct` offsets the agent
 //! found in the kernel's BTF (Rust eBPF has no CO-RE relocations).
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_kernel},
-    macros::raw_tracepoint,
-    programs::RawTracePointContext,
+    helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
 };
 use lookback_common::{MAX_RULES, trigger::PHASE_ENTRY};
 
 use crate::{
     emit::{fire, record_for_current},
-    maps::{RULES, TARGET_TGIDS, config},
+    maps::{RULES, TARGET_TGIDS, config, task_u32},
 };
 
 /// `TRACE_SIGNAL_DELIVERED` and `TRACE_SIGNAL_LOSE_INFO`: the signal reached the task.
@@ -34,17 +32,14 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         return None;
     }
     let task: *const u8 = ctx.arg(2);
-    // SAFETY: `task` is a live task_struct for the duration of the tracepoint; offsets come
-    // from this kernel's BTF, and the reads go through the checked helper.
-    let (tgid, tid) = unsafe {
-        let tgid = bpf_probe_read_kernel(task.add(config.task_tgid_offset as usize).cast::<u32>()).ok()?;
-        let tid = bpf_probe_read_kernel(task.add(config.task_pid_offset as usize).cast::<u32>()).ok()?;
-        (tgid, tid)
-    };
+    // `task` is a live task_struct for the duration of the tracepoint; the offsets come
+    // from this kernel's BTF.
+    let tgid = task_u32(task, config.task_tgid_offset)?;
+    let thread = task_u32(task, config.task_pid_offset)?;
     // Cgroup targets are matched by the agent when it adds their tgids; the receiving task
     // is not the current one here, so its cgroup id cannot be read cheaply.
     // SAFETY: plain u64 value.
-    let mask = unsafe { TARGET_TGIDS.get(&tgid) }.copied().unwrap_or(0) & config.signal_rules;
+    let mask = unsafe { TARGET_TGIDS.get(tgid) }.copied().unwrap_or(0) & config.signal_rules;
     if mask == 0 {
         return None;
     }
@@ -54,13 +49,15 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         if mask & (1 << rule_id) == 0 {
             continue;
         }
-        let Some(rule) = RULES.get(rule_id) else { continue };
+        let Some(rule) = RULES.get(rule_id) else {
+            continue;
+        };
         if !rule.has_signal(sig) {
             continue;
         }
         let mut record = record_for_current(sender);
         record.pid = tgid;
-        record.tid = tid;
+        record.tid = thread;
         record.sender_pid = (sender >> 32) as u32;
         record.signal = sig as u32;
         record.phase = PHASE_ENTRY;

@@ -1,10 +1,8 @@
-//! Syscall triggers on the `raw_syscalls` raw tracepoints (sys_enter/sys_exit). Rules without
+//! Syscall triggers on the `raw_syscalls` raw tracepoints (`sys_enter`/`sys_exit`). Rules without
 //! a latency or errno condition fire on entry (an `exit_group` never returns); the others
 //! remember the entry time per thread and decide on exit.
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
-    macros::raw_tracepoint,
-    programs::RawTracePointContext,
+    helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
 };
 use lookback_common::{
     MAX_RULES,
@@ -48,7 +46,9 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
         if mask & (1 << rule_id) == 0 {
             continue;
         }
-        let Some(rule) = RULES.get(rule_id) else { continue };
+        let Some(rule) = RULES.get(rule_id) else {
+            continue;
+        };
         if !rule.has_syscall(nr) {
             continue;
         }
@@ -81,8 +81,8 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
     }
     let tid = pid_tgid as u32;
     // SAFETY: plain-data value copied out before the entry is removed.
-    let start = unsafe { SYSCALL_START.get(&tid) }.copied()?;
-    let _ = SYSCALL_START.remove(&tid);
+    let start = unsafe { SYSCALL_START.get(tid) }.copied()?;
+    let _ = SYSCALL_START.remove(tid);
     let now = now_ns();
     let ret: i64 = ctx.arg(1);
     let duration = now.saturating_sub(start.enter_ns);
@@ -90,7 +90,9 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
         if mask & (1 << rule_id) == 0 {
             continue;
         }
-        let Some(rule) = RULES.get(rule_id) else { continue };
+        let Some(rule) = RULES.get(rule_id) else {
+            continue;
+        };
         if rule.flags & FLAG_ON_ENTRY != 0
             || !rule.has_syscall(start.nr)
             || duration < rule.min_duration_ns

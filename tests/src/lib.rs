@@ -85,13 +85,29 @@ pub fn workload() -> PathBuf {
             assert!(status.success(), "cc {args:?} failed");
         };
         let lib = out.join("libworkload.so");
-        cc(&["-O1", "-g", "-fPIC", "-shared", "-o", path_str(&lib), path_str(&src.join("libworkload.c"))]);
+        cc(&[
+            "-O1",
+            "-g",
+            "-fPIC",
+            "-shared",
+            "-o",
+            path_str(&lib),
+            path_str(&src.join("libworkload.c")),
+        ]);
         let bin = out.join("workload");
         let rpath = format!("-Wl,-rpath,{}", out.display());
         let libdir = format!("-L{}", out.display());
         cc(&[
-            "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", path_str(&bin),
-            path_str(&src.join("workload.c")), &libdir, "-lworkload", &rpath,
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-pthread",
+            "-o",
+            path_str(&bin),
+            path_str(&src.join("workload.c")),
+            &libdir,
+            "-lworkload",
+            &rpath,
         ]);
         bin
     })
@@ -170,6 +186,11 @@ pub fn dry_run(extra: &[&str], workload_args: &[&str]) -> DryRun {
         .output()
         .expect("running lookback");
     let run = DryRun::parse(&output);
-    assert!(run.status.success(), "lookback failed: {}\n{}", run.status, run.stderr);
+    assert!(
+        run.status.success(),
+        "lookback failed: {}\n{}",
+        run.status,
+        run.stderr
+    );
     run
 }

@@ -19,10 +19,16 @@ fn durations_ms(events: &[&serde_json::Value]) -> Vec<f64> {
 #[test]
 fn latency_trigger_fires_exactly_for_slow_calls_on_every_thread() {
     // 4 threads × 20 calls; every 5th call sleeps 8 ms, the others 100 µs.
-    let run = dry_run(&["--trigger", "func:lb_work>5ms"], &["calls", "20", "5", "8000", "100", "4"]);
+    let run = dry_run(
+        &["--trigger", "func:lb_work>5ms"],
+        &["calls", "20", "5", "8000", "100", "4"],
+    );
     let events = run.of_rule(0);
     assert_eq!(events.len(), 16, "{events:#?}");
-    assert!(durations_ms(&events).iter().all(|&d| d >= 5.0), "{events:#?}");
+    assert!(
+        durations_ms(&events).iter().all(|&d| d >= 5.0),
+        "{events:#?}"
+    );
     let tids: BTreeSet<_> = events.iter().map(|e| e["tid"].as_u64()).collect();
     assert_eq!(tids.len(), 4, "one set of triggers per thread: {tids:?}");
     let pids: BTreeSet<_> = events.iter().map(|e| e["pid"].as_u64()).collect();
@@ -33,16 +39,26 @@ fn latency_trigger_fires_exactly_for_slow_calls_on_every_thread() {
 
 #[test]
 fn entry_trigger_fires_on_every_call() {
-    let run = dry_run(&["--trigger", "func:lb_work"], &["calls", "7", "0", "0", "10", "1"]);
+    let run = dry_run(
+        &["--trigger", "func:lb_work"],
+        &["calls", "7", "0", "0", "10", "1"],
+    );
     let events = run.of_rule(0);
     assert_eq!(events.len(), 7);
-    assert!(events.iter().all(|e| e["on_entry"] == true && e.get("duration_ns").is_none()));
+    assert!(
+        events
+            .iter()
+            .all(|e| e["on_entry"] == true && e.get("duration_ns").is_none())
+    );
 }
 
 #[test]
 fn recursion_measures_each_level_against_its_own_entry() {
     // lb_recurse(3): levels take 2, 4, 6, 8 ms; only the outer two exceed 5 ms.
-    let run = dry_run(&["--trigger", "func:lb_recurse>5ms"], &["recurse", "3", "2000"]);
+    let run = dry_run(
+        &["--trigger", "func:lb_recurse>5ms"],
+        &["recurse", "3", "2000"],
+    );
     let events = run.of_rule(0);
     let d = durations_ms(&events);
     assert_eq!(d.len(), 2, "{events:#?}");
@@ -56,7 +72,12 @@ fn symbol_in_a_shared_library() {
     let run = dry_run(&["--trigger", "func:lib_slow>1ms"], &["lib", "3", "2000"]);
     assert_eq!(run.of_rule(0).len(), 3);
     let probe = &run.summary["rules"][0]["probes"][0]["path"];
-    assert!(probe.as_str().is_some_and(|p| p.ends_with("libworkload.so")), "{probe}");
+    assert!(
+        probe
+            .as_str()
+            .is_some_and(|p| p.ends_with("libworkload.so")),
+        "{probe}"
+    );
 }
 
 #[test]
@@ -73,12 +94,21 @@ fn children_are_followed() {
 #[test]
 fn slow_syscalls() {
     // 3 sleeps of 8 ms and 3 of 1 ms: only the slow ones.
-    let slow = dry_run(&["--trigger", "syscall:nanosleep,clock_nanosleep>5ms"], &["nanosleep", "3", "8000"]);
+    let slow = dry_run(
+        &["--trigger", "syscall:nanosleep,clock_nanosleep>5ms"],
+        &["nanosleep", "3", "8000"],
+    );
     assert_eq!(slow.of_rule(0).len(), 3);
-    let fast = dry_run(&["--trigger", "syscall:nanosleep,clock_nanosleep>5ms"], &["nanosleep", "3", "1000"]);
+    let fast = dry_run(
+        &["--trigger", "syscall:nanosleep,clock_nanosleep>5ms"],
+        &["nanosleep", "3", "1000"],
+    );
     assert_eq!(fast.of_rule(0).len(), 0);
     // Every fsync takes more than a nanosecond: exactly one trigger per call.
-    let fsync = dry_run(&["--trigger", "syscall:fsync,fdatasync>1ns"], &["fsync", "4"]);
+    let fsync = dry_run(
+        &["--trigger", "syscall:fsync,fdatasync>1ns"],
+        &["fsync", "4"],
+    );
     let events = fsync.of_rule(0);
     assert_eq!(events.len(), 4);
     assert!(events.iter().all(|e| e["syscall"] == 74 && e["ret"] == 0));
@@ -92,7 +122,11 @@ fn failing_syscalls_by_errno() {
     let run = dry_run(&spec, &["enoent", "5"]);
     let events = run.of_rule(0);
     assert_eq!(events.len(), base + 5, "baseline {base}");
-    assert!(events.iter().all(|e| e["errno"] == 2 && e["ret"] == -2 && e["syscall"] == 257));
+    assert!(
+        events
+            .iter()
+            .all(|e| e["errno"] == 2 && e["ret"] == -2 && e["syscall"] == 257)
+    );
     // Only ENOENT: an EACCES-only rule sees none of these.
     let other = dry_run(&["--trigger", "syscall:openat=EACCES"], &["enoent", "5"]);
     assert_eq!(other.of_rule(0).len(), 0);
@@ -105,7 +139,10 @@ fn fatal_signals() {
         let events = run.of_rule(0);
         assert_eq!(events.len(), 1, "{mode}: {events:#?}");
         assert_eq!(events[0]["signal"], signal);
-        assert_eq!(run.summary["exit"]["signal"], signal, "{mode}: the workload died by it");
+        assert_eq!(
+            run.summary["exit"]["signal"], signal,
+            "{mode}: the workload died by it"
+        );
     }
     let handled = dry_run(&["--trigger", "signal:SIGSEGV"], &["usr1"]);
     assert_eq!(handled.of_rule(0).len(), 0, "SIGUSR1 is not in the set");
@@ -119,7 +156,12 @@ fn other_processes_never_trigger() {
         .spawn()
         .expect("bystander");
     let run = dry_run(
-        &["--trigger", "func:lb_work>5ms", "--trigger", "syscall:nanosleep,clock_nanosleep>5ms"],
+        &[
+            "--trigger",
+            "func:lb_work>5ms",
+            "--trigger",
+            "syscall:nanosleep,clock_nanosleep>5ms",
+        ],
         &["calls", "2", "1", "8000", "0", "1"],
     );
     bystander.wait().expect("bystander exits");
@@ -132,23 +174,40 @@ fn other_processes_never_trigger() {
 
 #[test]
 fn cooldown_and_rate_limit_are_counted_exactly() {
-    let run = dry_run(&["--cooldown", "10s", "--trigger", "func:lb_work>5ms"], &["calls", "5", "1", "6000", "0", "1"]);
+    let run = dry_run(
+        &["--cooldown", "10s", "--trigger", "func:lb_work>5ms"],
+        &["calls", "5", "1", "6000", "0", "1"],
+    );
     assert_eq!(run.of_rule(0).len(), 1);
     assert_eq!(
-        (run.counter(0, "met"), run.counter(0, "emitted"), run.counter(0, "suppressed_cooldown")),
+        (
+            run.counter(0, "met"),
+            run.counter(0, "emitted"),
+            run.counter(0, "suppressed_cooldown")
+        ),
         (5, 1, 4)
     );
-    let run = dry_run(&["--max-per-hour", "2", "--trigger", "func:lb_work>5ms"], &["calls", "6", "1", "6000", "0", "1"]);
+    let run = dry_run(
+        &["--max-per-hour", "2", "--trigger", "func:lb_work>5ms"],
+        &["calls", "6", "1", "6000", "0", "1"],
+    );
     assert_eq!(run.of_rule(0).len(), 2);
     assert_eq!(
-        (run.counter(0, "met"), run.counter(0, "emitted"), run.counter(0, "suppressed_rate_limit")),
+        (
+            run.counter(0, "met"),
+            run.counter(0, "emitted"),
+            run.counter(0, "suppressed_rate_limit")
+        ),
         (6, 2, 4)
     );
 }
 
 #[test]
 fn a_storm_of_a_million_matches_does_not_reach_userspace() {
-    let run = dry_run(&["--cooldown", "1h", "--trigger", "syscall:getpid"], &["getpid", "1000000"]);
+    let run = dry_run(
+        &["--cooldown", "1h", "--trigger", "syscall:getpid"],
+        &["getpid", "1000000"],
+    );
     assert_eq!(run.of_rule(0).len(), 1);
     assert_eq!(run.counter(0, "met"), 1_000_000);
     assert_eq!(run.counter(0, "suppressed_cooldown"), 999_999);
@@ -157,12 +216,21 @@ fn a_storm_of_a_million_matches_does_not_reach_userspace() {
 
 /// Names of loaded BPF programs that belong to lookback.
 fn lookback_programs() -> Vec<String> {
-    const OURS: [&str; 6] =
-        ["function_entry", "function_return", "sys_enter", "sys_exit", "signal_generate", "process_fork"];
+    const OURS: [&str; 6] = [
+        "function_entry",
+        "function_return",
+        "sys_enter",
+        "sys_exit",
+        "signal_generate",
+        "process_fork",
+    ];
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter_map(|p| p.name_as_str().map(str::to_owned))
-        .filter(|n| OURS.iter().any(|o| o.starts_with(n.as_str()) && !n.is_empty()))
+        .filter(|n| {
+            OURS.iter()
+                .any(|o| o.starts_with(n.as_str()) && !n.is_empty())
+        })
         .collect()
 }
 
@@ -174,11 +242,22 @@ fn uprobe_events() -> String {
 fn nothing_is_left_behind_after_exit() {
     let before = (lookback_programs(), uprobe_events());
     let run = dry_run(
-        &["--trigger", "func:lb_work>1ms", "--trigger", "syscall:any>1s", "--trigger", "signal:SIGUSR1"],
+        &[
+            "--trigger",
+            "func:lb_work>1ms",
+            "--trigger",
+            "syscall:any>1s",
+            "--trigger",
+            "signal:SIGUSR1",
+        ],
         &["calls", "2", "1", "2000", "0", "1"],
     );
     assert_eq!(run.of_rule(0).len(), 2);
-    assert_eq!((lookback_programs(), uprobe_events()), before, "programs or uprobes left behind");
+    assert_eq!(
+        (lookback_programs(), uprobe_events()),
+        before,
+        "programs or uprobes left behind"
+    );
 }
 
 #[test]
@@ -190,7 +269,15 @@ fn attach_to_a_running_multithreaded_process() {
         .expect("workload");
     let pid = target.id().to_string();
     let mut lookback = Command::new(lookback_bin())
-        .args(["attach", "--dry-run", "--json", "--max-snapshots", "0", "-p", &pid])
+        .args([
+            "attach",
+            "--dry-run",
+            "--json",
+            "--max-snapshots",
+            "0",
+            "-p",
+            &pid,
+        ])
         .args(["--trigger", "func:lb_work>5ms"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -205,27 +292,49 @@ fn attach_to_a_running_multithreaded_process() {
         }
         assert!(!line.contains("error"), "{line}");
     }
-    target.stdin.take().expect("stdin").write_all(b"go\n").expect("release the workload");
+    target
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("release the workload");
     target.wait().expect("workload exits");
-    let output = lookback.wait_with_output().expect("lookback exits when the target does");
+    let output = lookback
+        .wait_with_output()
+        .expect("lookback exits when the target does");
     let run = DryRun::parse(&output);
     assert!(run.status.success());
     let events = run.of_rule(0);
     assert_eq!(events.len(), 15, "3 threads × 5 slow calls: {events:#?}");
-    assert!(events.iter().all(|e| e["pid"].as_u64() == Some(u64::from(target.id()))));
+    assert!(
+        events
+            .iter()
+            .all(|e| e["pid"].as_u64() == Some(u64::from(target.id())))
+    );
 }
 
 #[test]
 fn bad_input_is_reported_and_the_other_rules_run() {
     let run = dry_run(
-        &["--trigger", "func:no_such_function>1ms", "--trigger", "func:lb_work>5ms"],
+        &[
+            "--trigger",
+            "func:no_such_function>1ms",
+            "--trigger",
+            "func:lb_work>5ms",
+        ],
         &["calls", "2", "1", "6000", "0", "1"],
     );
     assert!(run.stderr.contains("no_such_function"), "{}", run.stderr);
     assert_eq!(run.of_rule(1).len(), 2);
     // Nothing usable at all: a runtime error.
     let out = Command::new(lookback_bin())
-        .args(["run", "--dry-run", "--trigger", "func:no_such_function", "--"])
+        .args([
+            "run",
+            "--dry-run",
+            "--trigger",
+            "func:no_such_function",
+            "--",
+        ])
         .arg(workload())
         .output()
         .expect("lookback");
@@ -234,12 +343,26 @@ fn bad_input_is_reported_and_the_other_rules_run() {
     assert!(err.contains("symbol no_such_function not found"), "{err}");
     // Usage errors: missing command, missing process.
     let out = Command::new(lookback_bin())
-        .args(["run", "--dry-run", "--trigger", "func:f", "--", "/nonexistent/cmd"])
+        .args([
+            "run",
+            "--dry-run",
+            "--trigger",
+            "func:f",
+            "--",
+            "/nonexistent/cmd",
+        ])
         .output()
         .expect("lookback");
     assert_eq!(out.status.code(), Some(2));
     let out = Command::new(lookback_bin())
-        .args(["attach", "--dry-run", "-p", "999999999", "--trigger", "func:f"])
+        .args([
+            "attach",
+            "--dry-run",
+            "-p",
+            "999999999",
+            "--trigger",
+            "func:f",
+        ])
         .output()
         .expect("lookback");
     assert_eq!(out.status.code(), Some(2));
@@ -252,8 +375,20 @@ fn a_target_that_exits_during_attach_is_reported() {
     let pid = short.id().to_string();
     short.wait().expect("exits");
     let out = Command::new(lookback_bin())
-        .args(["attach", "--dry-run", "-p", &pid, "--trigger", "syscall:getpid"])
+        .args([
+            "attach",
+            "--dry-run",
+            "-p",
+            &pid,
+            "--trigger",
+            "syscall:getpid",
+        ])
         .output()
         .expect("lookback");
-    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

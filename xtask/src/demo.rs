@@ -30,7 +30,15 @@ pub fn demo(env: &BuildEnv) -> Result<()> {
         workload.display()
     );
     run(Command::new(env.release_bin())
-        .args(["run", "--dry-run", "--max-snapshots", "0", "--trigger", "func:handle_request>5ms", "--"])
+        .args([
+            "run",
+            "--dry-run",
+            "--max-snapshots",
+            "0",
+            "--trigger",
+            "func:handle_request>5ms",
+            "--",
+        ])
         .arg(&workload))?;
     println!();
     println!("Each line above is one trigger decided in the kernel (rule, pid/tid, duration).");

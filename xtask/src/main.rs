@@ -1,8 +1,14 @@
 //! Project tasks. `cargo xtask test` and `cargo xtask demo` work on a fresh machine: they run
 //! `setup` first, which installs what the build needs into the project (`.tools/`) and mounts
 //! tracefs.
-#![expect(clippy::print_stdout, reason = "xtask reports progress to the terminal")]
-#![expect(clippy::print_stderr, reason = "xtask reports progress to the terminal")]
+#![expect(
+    clippy::print_stdout,
+    reason = "xtask reports progress to the terminal"
+)]
+#![expect(
+    clippy::print_stderr,
+    reason = "xtask reports progress to the terminal"
+)]
 
 mod demo;
 mod setup;

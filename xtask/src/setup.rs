@@ -31,31 +31,44 @@ pub fn setup() -> Result<BuildEnv> {
         );
     }
     let mut paths = vec![tools.join("bin")];
-    paths.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    paths.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
     let path = std::env::join_paths(paths).context("PATH")?;
-    Ok(BuildEnv { root, ebpf_toolchain: toolchain, path, is_root })
+    Ok(BuildEnv {
+        root,
+        ebpf_toolchain: toolchain,
+        path,
+        is_root,
+    })
 }
 
 /// `nightly` when installed, else the default toolchain (the build script then sets
-/// RUSTC_BOOTSTRAP=1). `LOOKBACK_EBPF_TOOLCHAIN` overrides.
+/// `RUSTC_BOOTSTRAP=1`). `LOOKBACK_EBPF_TOOLCHAIN` overrides.
 fn ebpf_toolchain() -> String {
     if let Ok(tc) = std::env::var("LOOKBACK_EBPF_TOOLCHAIN") {
         return tc;
     }
     let nightly = output(Command::new("rustup").args(["run", "nightly", "rustc", "--version"]));
-    if nightly.is_some() { "nightly".to_owned() } else { "stable".to_owned() }
+    if nightly.is_some() {
+        "nightly".to_owned()
+    } else {
+        "stable".to_owned()
+    }
 }
 
 fn install_bpf_linker(tools: &Path, toolchain: &str) -> Result<()> {
-    let sysroot = output(Command::new("rustup").args(["run", toolchain, "rustc", "--print", "sysroot"]))
-        .context("cannot query the toolchain's sysroot")?;
+    let sysroot =
+        output(Command::new("rustup").args(["run", toolchain, "rustc", "--print", "sysroot"]))
+            .context("cannot query the toolchain's sysroot")?;
     let lib = Path::new(&sysroot).join("lib");
     let so = fs::read_dir(&lib)
         .with_context(|| format!("reading {}", lib.display()))?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .find(|n| n.starts_with("libLLVM.so."))
         .with_context(|| format!("no libLLVM.so.* in {}", lib.display()))?;
-    let verbose = output(Command::new("rustup").args(["run", toolchain, "rustc", "-vV"])).unwrap_or_default();
+    let verbose =
+        output(Command::new("rustup").args(["run", toolchain, "rustc", "-vV"])).unwrap_or_default();
     let major = verbose
         .lines()
         .find_map(|l| l.strip_prefix("LLVM version: "))
@@ -68,7 +81,9 @@ fn install_bpf_linker(tools: &Path, toolchain: &str) -> Result<()> {
     if linker.exists() && fs::read_to_string(&stamp).is_ok_and(|s| s == want) {
         return Ok(());
     }
-    println!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {so} (about 2 minutes, once)");
+    println!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {so} (about 2 minutes, once)"
+    );
     let llvm = tools.join("llvm");
     let llvm_lib = llvm.join("lib");
     fs::create_dir_all(&llvm_lib).with_context(|| format!("creating {}", llvm_lib.display()))?;
@@ -79,8 +94,17 @@ fn install_bpf_linker(tools: &Path, toolchain: &str) -> Result<()> {
             .with_context(|| format!("linking {}", link.display()))?;
     }
     run(Command::new("cargo")
-        .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--force"])
-        .args(["--no-default-features", "--features", &format!("llvm-{major}")])
+        .args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--force",
+        ])
+        .args([
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{major}"),
+        ])
         .arg("--root")
         .arg(tools)
         .env("LLVM_PREFIX", &llvm))
@@ -91,7 +115,10 @@ fn install_bpf_linker(tools: &Path, toolchain: &str) -> Result<()> {
 
 fn mount_tracefs() -> Result<()> {
     let mounts = fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
-    if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(TRACEFS)) {
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(TRACEFS))
+    {
         return Ok(());
     }
     println!("xtask: mounting tracefs at {TRACEFS}");

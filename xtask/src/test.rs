@@ -30,7 +30,8 @@ pub fn test(env: &BuildEnv, extra: &[String]) -> Result<()> {
     let mut totals = Totals::default();
     let mut failures = Vec::new();
     let mut unit = env.cargo();
-    unit.args(["test", "--workspace", "--exclude", "lookback-tests", "--"]).args(extra);
+    unit.args(["test", "--workspace", "--exclude", "lookback-tests", "--"])
+        .args(extra);
     if let Err(e) = run_counted(&mut unit, &mut totals) {
         failures.push(format!("unit tests: {e:#}"));
     }
@@ -79,7 +80,9 @@ fn run_counted(cmd: &mut Command, totals: &mut Totals) -> Result<()> {
 fn add_counts(rest: &str, totals: &mut Totals) {
     for part in rest.split(';') {
         let mut words = part.split_whitespace().rev();
-        let (Some(kind), Some(n)) = (words.next(), words.next()) else { continue };
+        let (Some(kind), Some(n)) = (words.next(), words.next()) else {
+            continue;
+        };
         let Ok(n) = n.parse::<u64>() else { continue };
         match kind {
             "passed" => totals.passed += n,
@@ -92,12 +95,26 @@ fn add_counts(rest: &str, totals: &mut Totals) {
 
 pub fn lint(env: &BuildEnv) -> Result<()> {
     run(env.cargo().args(["fmt", "--all", "--check"]))?;
-    run(env.cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(env.cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     // The eBPF crate is linted on its own: feature unification would pull std into it.
     let mut ebpf = env.cargo();
     ebpf.current_dir(env.root.join("agent-ebpf"))
         .arg(format!("+{}", env.ebpf_toolchain))
-        .args(["clippy", "--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .args([
+            "clippy",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
         .args(["--", "-D", "warnings"]);
     if env.ebpf_toolchain != "nightly" {
         ebpf.env("RUSTC_BOOTSTRAP", "1");
@@ -112,8 +129,14 @@ mod tests {
     #[test]
     fn sums_libtest_result_lines() {
         let mut t = Totals::default();
-        add_counts("ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s", &mut t);
-        add_counts("FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out", &mut t);
+        add_counts(
+            "ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+            &mut t,
+        );
+        add_counts(
+            "FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out",
+            &mut t,
+        );
         assert_eq!((t.passed, t.failed, t.ignored), (4, 2, 1));
     }
 }

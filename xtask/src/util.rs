@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 pub struct BuildEnv {
     /// Workspace root.
     pub root: PathBuf,
-    /// The toolchain that builds the eBPF crate (`nightly`, or `stable` + RUSTC_BOOTSTRAP).
+    /// The toolchain that builds the eBPF crate (`nightly`, or `stable` + `RUSTC_BOOTSTRAP`).
     pub ebpf_toolchain: String,
     /// PATH with `.tools/bin` first.
     pub path: OsString,

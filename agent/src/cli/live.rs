@@ -57,7 +57,9 @@ pub fn run_session(session: Session) -> CliResult {
 
 /// Probe points for a function trigger, resolved for the session's target.
 fn probe_points(target: &Target, trigger: &Trigger) -> Result<Vec<ProbePoint>, ResolveError> {
-    let Trigger::Function(f) = trigger else { return Ok(Vec::new()) };
+    let Trigger::Function(f) = trigger else {
+        return Ok(Vec::new());
+    };
     let point = match target {
         Target::Spawn { program, .. } => {
             let binary = f.binary.clone().unwrap_or_else(|| program.clone());
@@ -84,9 +86,15 @@ fn resolve_in_needed_libs(program: &Path, symbol: &str) -> Result<ProbePoint, Re
         path: program.to_owned(),
         stripped: false,
     };
-    let out = std::process::Command::new("ldd").arg(program).output().map_err(|_| not_found())?;
+    let out = std::process::Command::new("ldd")
+        .arg(program)
+        .output()
+        .map_err(|_| not_found())?;
     let text = String::from_utf8_lossy(&out.stdout);
-    for lib in text.lines().filter_map(|l| l.split("=>").nth(1)?.split_whitespace().next()) {
+    for lib in text
+        .lines()
+        .filter_map(|l| l.split("=>").nth(1)?.split_whitespace().next())
+    {
         if let Ok(point) = resolve::resolve_symbol(Path::new(lib), symbol) {
             return Ok(point);
         }
@@ -113,7 +121,13 @@ fn install_rules(
             Ok(probes) => {
                 for p in &probes {
                     let kind = if p.is_return { "uretprobe" } else { "uprobe" };
-                    log::info!("rule {}: {kind} at {}+{:#x} ({})", rule.name, p.path, p.file_offset, p.probe_kind);
+                    log::info!(
+                        "rule {}: {kind} at {}+{:#x} ({})",
+                        rule.name,
+                        p.path,
+                        p.file_offset,
+                        p.probe_kind
+                    );
                     if p.probe_kind == resolve::ProbeKind::Trap && !p.is_return {
                         log::warn!(
                             "rule {}: trap uprobe (~7 µs per call); on a hot function build with \
@@ -134,91 +148,38 @@ fn install_rules(
     Ok(installed)
 }
 
+/// Everything a running session holds.
+struct Live {
+    engine: TriggerEngine,
+    events: EventStream,
+    installed: Vec<(EngineRule, Vec<AttachedProbe>)>,
+    held: Option<HeldProcess>,
+    child_exit: Option<AsyncFd<RawFd>>,
+    pids: Vec<u32>,
+}
+
 async fn run_async(session: Session) -> CliResult {
-    let mut held = match &session.target {
-        Target::Spawn { program, argv } => Some(
-            HeldProcess::spawn(program, argv).with_context(|| format!("starting {}", program.display()))?,
-        ),
-        Target::Attach { .. } => None,
-    };
-    let mut engine = TriggerEngine::load().context("loading the trigger engine")?;
-    if let Some(logger) = engine.logger() {
-        tokio::spawn(forward_logs(logger));
-    }
-    let ring = engine.take_events().context("taking the trigger ring buffer")?;
-    let mut events = EventStream::new(ring).context("watching the trigger ring buffer")?;
-    let installed = install_rules(&mut engine, &session.rules, &session.target)?;
-    let mask = installed.iter().fold(0u64, |m, (r, _)| m | 1 << r.id);
-    let pids = match (&held, &session.target) {
-        (Some(h), _) => vec![h.pid()],
-        (None, Target::Attach { pids }) => pids.clone(),
-        (None, Target::Spawn { .. }) => Vec::new(),
-    };
-    for &pid in &pids {
-        engine.add_target(pid, mask).with_context(|| format!("adding target {pid}"))?;
-    }
-    let child_exit = match held.as_mut() {
-        Some(h) => {
-            h.release().context("starting the command")?;
-            // SAFETY: the pidfd is owned by `held`, which outlives this registration.
-            Some(unsafe { AsyncFd::register(h.pidfd().as_raw_fd()) }.context("watching the command")?)
-        }
-        None => None,
-    };
-    log::info!(
-        "tracing {} process(es) with {} rule(s); waiting for triggers",
-        pids.len(),
-        installed.len()
-    );
-    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut seen = 0u64;
-    let mut exit_status = None;
-    let mut poll = tokio::time::interval(Duration::from_millis(200));
-    'session: loop {
-        tokio::select! {
-            batch = events.next_batch() => {
-                for event in batch.context("reading triggers")? {
-                    print_event(&session, &event);
-                    seen += 1;
-                    if session.max_events != 0 && seen >= session.max_events {
-                        break 'session;
-                    }
-                }
-            }
-            () = wait_readable(child_exit.as_ref()), if child_exit.is_some() => {
-                if let Some(h) = held.as_mut()
-                    && let Some(status) = h.try_wait().context("waiting for the command")?
-                {
-                    exit_status = Some(status);
-                    break;
-                }
-            }
-            _ = poll.tick(), if held.is_none() => {
-                if pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-                    log::info!("all target processes exited");
-                    break;
-                }
-            }
-            _ = sigint.recv() => {
-                forward(held.as_ref(), libc::SIGINT);
-                break;
-            }
-            _ = sigterm.recv() => {
-                forward(held.as_ref(), libc::SIGTERM);
-                break;
-            }
-        }
-    }
-    for event in events.drain() {
+    let mut live = start(&session)?;
+    let (seen, exit_status) = deliver(&session, &mut live).await?;
+    for event in live.events.drain() {
         if session.max_events == 0 || seen < session.max_events {
             print_event(&session, &event);
-            seen += 1;
         }
     }
-    report(&session, &engine, &installed, exit_status.as_ref())?;
+    report(
+        &session,
+        &live.engine,
+        &live.installed,
+        exit_status.as_ref(),
+    )?;
+    let Live {
+        engine,
+        held,
+        child_exit,
+        ..
+    } = live;
     drop(engine);
-    if let Some(h) = held.as_mut()
+    if let Some(mut h) = held
         && exit_status.is_none()
     {
         // Probes are gone; let the command finish as it would have without lookback.
@@ -231,6 +192,107 @@ async fn run_async(session: Session) -> CliResult {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts or finds the targets, loads the engine, installs the rules, lets the command run.
+fn start(session: &Session) -> Result<Live, CliError> {
+    let mut held = match &session.target {
+        Target::Spawn { program, argv } => Some(
+            HeldProcess::spawn(program, argv)
+                .with_context(|| format!("starting {}", program.display()))?,
+        ),
+        Target::Attach { .. } => None,
+    };
+    let mut engine = TriggerEngine::load().context("loading the trigger engine")?;
+    if let Some(logger) = engine.logger() {
+        tokio::spawn(forward_logs(logger));
+    }
+    let ring = engine
+        .take_events()
+        .context("taking the trigger ring buffer")?;
+    let events = EventStream::new(ring).context("watching the trigger ring buffer")?;
+    let installed = install_rules(&mut engine, &session.rules, &session.target)?;
+    let mask = installed.iter().fold(0u64, |m, (r, _)| m | 1 << r.id);
+    let pids = match (&held, &session.target) {
+        (Some(h), _) => vec![h.pid()],
+        (None, Target::Attach { pids }) => pids.clone(),
+        (None, Target::Spawn { .. }) => Vec::new(),
+    };
+    for &pid in &pids {
+        engine
+            .add_target(pid, mask)
+            .with_context(|| format!("adding target {pid}"))?;
+    }
+    let child_exit = match held.as_mut() {
+        Some(h) => {
+            h.release().context("starting the command")?;
+            // SAFETY: the pidfd is owned by `held`, which outlives this registration.
+            Some(
+                unsafe { AsyncFd::register(h.pidfd().as_raw_fd()) }
+                    .context("watching the command")?,
+            )
+        }
+        None => None,
+    };
+    log::info!(
+        "tracing {} process(es) with {} rule(s); waiting for triggers",
+        pids.len(),
+        installed.len()
+    );
+    Ok(Live {
+        engine,
+        events,
+        installed,
+        held,
+        child_exit,
+        pids,
+    })
+}
+
+/// Prints triggers until the targets exit, the limit is reached or we are interrupted;
+/// returns the number printed and the command's exit status if it exited.
+async fn deliver(
+    session: &Session,
+    live: &mut Live,
+) -> Result<(u64, Option<ExitStatus>), CliError> {
+    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut seen = 0u64;
+    let mut poll = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            batch = live.events.next_batch() => {
+                for event in batch.context("reading triggers")? {
+                    print_event(session, &event);
+                    seen += 1;
+                    if session.max_events != 0 && seen >= session.max_events {
+                        return Ok((seen, None));
+                    }
+                }
+            }
+            () = wait_readable(live.child_exit.as_ref()), if live.child_exit.is_some() => {
+                if let Some(h) = live.held.as_mut()
+                    && let Some(status) = h.try_wait().context("waiting for the command")?
+                {
+                    return Ok((seen, Some(status)));
+                }
+            }
+            _ = poll.tick(), if live.held.is_none() => {
+                if live.pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                    log::info!("all target processes exited");
+                    return Ok((seen, None));
+                }
+            }
+            _ = sigint.recv() => {
+                forward(live.held.as_ref(), libc::SIGINT);
+                return Ok((seen, None));
+            }
+            _ = sigterm.recv() => {
+                forward(live.held.as_ref(), libc::SIGTERM);
+                return Ok((seen, None));
+            }
+        }
+    }
 }
 
 /// Waits until the pidfd says the command exited; never resolves without one.
@@ -254,7 +316,11 @@ fn forward(held: Option<&HeldProcess>, signal: i32) {
 }
 
 fn rule_name(session: &Session, id: u32) -> &str {
-    session.rules.iter().find(|r| r.id == id).map_or("?", |r| r.name.as_str())
+    session
+        .rules
+        .iter()
+        .find(|r| r.id == id)
+        .map_or("?", |r| r.name.as_str())
 }
 
 fn print_event(session: &Session, event: &TriggerEvent) {
@@ -289,7 +355,9 @@ fn report(
             counters.suppressed_rate_limit,
             counters.lost_ringbuf_full
         );
-        rules.push(json!({ "rule": rule.name, "id": rule.id, "counters": counters, "probes": probes }));
+        rules.push(
+            json!({ "rule": rule.name, "id": rule.id, "counters": counters, "probes": probes }),
+        );
     }
     if let Some(status) = exit {
         log::info!("command exited: {status}");

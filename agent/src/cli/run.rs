@@ -114,7 +114,13 @@ fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
 
 pub fn run(args: RunArgs) -> CliResult {
     let program = resolve_program(&args.command[0]).map_err(CliError::usage)?;
-    let session = session(&args.common, Target::Spawn { program, argv: args.command })?;
+    let session = session(
+        &args.common,
+        Target::Spawn {
+            program,
+            argv: args.command,
+        },
+    )?;
     live::run_session(session)
 }
 

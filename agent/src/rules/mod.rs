@@ -42,42 +42,113 @@ impl std::fmt::Display for SpecError {
 }
 impl std::error::Error for SpecError {}
 pub fn parse_trigger_spec(spec: &str) -> Result<Trigger, SpecError> {
-    let (kind, rest) = spec.split_once(':').ok_or_else(|| SpecError("no kind".into()))?;
+    let (kind, rest) = spec
+        .split_once(':')
+        .ok_or_else(|| SpecError("no kind".into()))?;
     let (body, dur) = match rest.split_once('>') {
-        Some((b, d)) => (b, Some(Duration::from_millis(d.trim_end_matches("ms").parse().map_err(|_| SpecError("dur".into()))?))),
+        Some((b, d)) => (
+            b,
+            Some(Duration::from_millis(
+                d.trim_end_matches("ms")
+                    .parse()
+                    .map_err(|_| SpecError("dur".into()))?,
+            )),
+        ),
         None => (rest, None),
     };
     match kind {
-        "func" => Ok(Trigger::Function(FunctionTrigger { symbol: body.to_owned(), binary: None, min_duration: dur })),
+        "func" => Ok(Trigger::Function(FunctionTrigger {
+            symbol: body.to_owned(),
+            binary: None,
+            min_duration: dur,
+        })),
         "syscall" => {
             let (names, errnos) = match body.split_once('=') {
-                Some((n, e)) => (n, e.split(',').map(|e| match e { "ENOENT" => 2, "EIO" => 5, _ => 0 }).collect()),
+                Some((n, e)) => (
+                    n,
+                    e.split(',')
+                        .map(|e| match e {
+                            "ENOENT" => 2,
+                            "EIO" => 5,
+                            _ => 0,
+                        })
+                        .collect(),
+                ),
                 None => (body, Vec::new()),
             };
-            let set = if names == "any" { SyscallSet::Any } else {
-                SyscallSet::Numbers(names.split(',').map(|n| syscall_number(n).unwrap_or(9999)).collect())
+            let set = if names == "any" {
+                SyscallSet::Any
+            } else {
+                SyscallSet::Numbers(
+                    names
+                        .split(',')
+                        .map(|n| syscall_number(n).unwrap_or(9999))
+                        .collect(),
+                )
             };
-            Ok(Trigger::Syscall(SyscallTrigger { syscalls: set, min_duration: dur, errnos }))
+            Ok(Trigger::Syscall(SyscallTrigger {
+                syscalls: set,
+                min_duration: dur,
+                errnos,
+            }))
         }
-        "signal" => Ok(Trigger::Signal(SignalTrigger { signals: body.split(',').map(|s| signal_number(s).unwrap_or(0)).collect() })),
+        "signal" => Ok(Trigger::Signal(SignalTrigger {
+            signals: body
+                .split(',')
+                .map(|s| signal_number(s).unwrap_or(0))
+                .collect(),
+        })),
         _ => Err(SpecError("kind".into())),
     }
 }
 pub fn syscall_number(name: &str) -> Option<u32> {
-    Some(match name { "fsync" => 74, "nanosleep" => 35, "openat" => 257, "getpid" => 39, "clock_nanosleep" => 230, _ => return None })
+    Some(match name {
+        "fsync" => 74,
+        "nanosleep" => 35,
+        "openat" => 257,
+        "getpid" => 39,
+        "clock_nanosleep" => 230,
+        _ => return None,
+    })
 }
 pub fn syscall_name(nr: u32) -> Option<&'static str> {
-    Some(match nr { 74 => "fsync", 35 => "nanosleep", 257 => "openat", 39 => "getpid", 230 => "clock_nanosleep", _ => return None })
+    Some(match nr {
+        74 => "fsync",
+        35 => "nanosleep",
+        257 => "openat",
+        39 => "getpid",
+        230 => "clock_nanosleep",
+        _ => return None,
+    })
 }
 pub fn signal_number(name: &str) -> Option<u32> {
-    Some(match name { "SIGSEGV" => 11, "SIGABRT" => 6, "SIGKILL" => 9, "SIGUSR1" => 10, _ => return None })
+    Some(match name {
+        "SIGSEGV" => 11,
+        "SIGABRT" => 6,
+        "SIGKILL" => 9,
+        "SIGUSR1" => 10,
+        _ => return None,
+    })
 }
 pub fn signal_name(nr: u32) -> Option<&'static str> {
-    Some(match nr { 11 => "SIGSEGV", 6 => "SIGABRT", 9 => "SIGKILL", 10 => "SIGUSR1", _ => return None })
+    Some(match nr {
+        11 => "SIGSEGV",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        _ => return None,
+    })
 }
 pub fn errno_name(nr: u32) -> Option<&'static str> {
-    Some(match nr { 2 => "ENOENT", 5 => "EIO", _ => return None })
+    Some(match nr {
+        2 => "ENOENT",
+        5 => "EIO",
+        _ => return None,
+    })
 }
 pub fn parse_duration(s: &str) -> Result<Duration, SpecError> {
-    s.trim_end_matches("ms").parse().map(Duration::from_millis).map_err(|_| SpecError("dur".into()))
+    s.trim_end_matches("ms")
+        .parse()
+        .map(Duration::from_millis)
+        .map_err(|_| SpecError("dur".into()))
 }

@@ -55,14 +55,15 @@ impl HeldProcess {
     /// Forks; the child waits for [`release`](Self::release), then executes `program` with
     /// `argv` (argv[0] included) and the current environment.
     pub fn spawn(program: &Path, argv: &[String]) -> Result<Self, SpawnError> {
-        let c_program = CString::new(program.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
+        let c_program =
+            CString::new(program.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
         let c_args: Vec<CString> = argv
             .iter()
             .map(|a| CString::new(a.as_bytes()))
             .collect::<Result<_, _>>()
             .map_err(|_| SpawnError::Nul)?;
-        let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
-        c_argv.push(std::ptr::null());
+        let mut argv_ptrs: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
+        argv_ptrs.push(std::ptr::null());
         let (gate_read, gate_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
         // SAFETY: after fork the child only makes async-signal-safe calls (close, read,
@@ -80,7 +81,7 @@ impl HeldProcess {
                 if libc::read(gate_read.as_raw_fd(), (&raw mut byte).cast(), 1) != 1 {
                     libc::_exit(127); // lookback went away before releasing us
                 }
-                libc::execv(c_program.as_ptr(), c_argv.as_ptr());
+                libc::execv(c_program.as_ptr(), argv_ptrs.as_ptr());
                 let errno = *libc::__errno_location();
                 libc::write(err_write.as_raw_fd(), (&raw const errno).cast(), 4);
                 libc::_exit(127);
@@ -117,10 +118,14 @@ impl HeldProcess {
 
     /// Lets the child exec; reports an exec failure (e.g. permission denied).
     pub fn release(&mut self) -> Result<(), SpawnError> {
-        let Some(gate) = self.gate.take() else { return Ok(()) };
+        let Some(gate) = self.gate.take() else {
+            return Ok(());
+        };
         // SAFETY: writing one byte from a valid buffer to our pipe.
         unsafe { libc::write(gate.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
-        let Some(errors) = self.exec_errors.take() else { return Ok(()) };
+        let Some(errors) = self.exec_errors.take() else {
+            return Ok(());
+        };
         let mut errno = 0i32;
         // SAFETY: reading at most 4 bytes into an i32 we own; EOF (0) means exec succeeded.
         let n = unsafe { libc::read(errors.as_raw_fd(), (&raw mut errno).cast(), 4) };

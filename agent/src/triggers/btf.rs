@@ -108,7 +108,11 @@ impl Btf {
             return None;
         }
         for &(name_off, type_id, offset) in &t.members {
-            let bits = if t.kind_flag { offset & 0x00ff_ffff } else { offset };
+            let bits = if t.kind_flag {
+                offset & 0x00ff_ffff
+            } else {
+                offset
+            };
             if name_off == 0 {
                 // Anonymous struct/union: search inside (type ids start at 1).
                 let inner = types.get((type_id as usize).checked_sub(1)?)?;
@@ -150,8 +154,8 @@ impl Btf {
             pos += 12;
             let mut members = Vec::new();
             let extra = match kind {
-                1 | 14 | 17 => 4,         // INT, VAR, DECL_TAG
-                3 => 12,                  // ARRAY
+                1 | 14 | 17 => 4, // INT, VAR, DECL_TAG
+                3 => 12,          // ARRAY
                 4 | 5 => {
                     for i in 0..vlen {
                         let m = pos + i * 12;
@@ -159,13 +163,18 @@ impl Btf {
                     }
                     12 * vlen
                 }
-                6 | 13 => 8 * vlen,       // ENUM, FUNC_PROTO
-                15 | 19 => 12 * vlen,     // DATASEC, ENUM64
+                6 | 13 => 8 * vlen,        // ENUM, FUNC_PROTO
+                15 | 19 => 12 * vlen,      // DATASEC, ENUM64
                 2 | 7..=12 | 16 | 18 => 0, // PTR, FWD, TYPEDEF, VOLATILE, CONST, RESTRICT, FUNC, FLOAT, TYPE_TAG
                 _ => return Err(BtfError::Malformed("unknown type kind")),
             };
             pos += extra;
-            out.push(RawType { name_off, kind, kind_flag, members });
+            out.push(RawType {
+                name_off,
+                kind,
+                kind_flag,
+                members,
+            });
         }
         Ok(out)
     }

@@ -86,11 +86,17 @@ pub enum TriggerError {
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> TriggerError {
-    move |source| TriggerError::Map { name, source: Box::new(source) }
+    move |source| TriggerError::Map {
+        name,
+        source: Box::new(source),
+    }
 }
 
 fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> TriggerError {
-    move |source| TriggerError::Program { name, source: Box::new(source) }
+    move |source| TriggerError::Program {
+        name,
+        source: Box::new(source),
+    }
 }
 
 /// A uprobe or uretprobe placed for a rule.
@@ -193,11 +199,18 @@ impl TriggerEngine {
         }
         self.remove_rule(rule.id)?;
         let spec = rule_spec(&rule)?;
-        let mut loaded = LoadedRule { rule, spec, entry_links: Vec::new(), return_links: Vec::new() };
+        let mut loaded = LoadedRule {
+            rule,
+            spec,
+            entry_links: Vec::new(),
+            return_links: Vec::new(),
+        };
         let mut attached = Vec::new();
         if spec.kind == KIND_FUNCTION {
             if probes.is_empty() {
-                return Err(TriggerError::NoProbePoint { rule: loaded.rule.name });
+                return Err(TriggerError::NoProbePoint {
+                    rule: loaded.rule.name,
+                });
             }
             // Write the rule before the probes fire.
             self.write_rule(loaded.rule.id, &spec)?;
@@ -278,11 +291,18 @@ impl TriggerEngine {
     /// Removes a rule (no-op when absent): detaches its probes, clears its kernel slot and
     /// counters, and drops it from every target's rule mask.
     pub fn remove_rule(&mut self, id: u32) -> Result<(), TriggerError> {
-        let Some(mut loaded) = self.rules.remove(&id) else { return Ok(()) };
+        let Some(mut loaded) = self.rules.remove(&id) else {
+            return Ok(());
+        };
         self.detach_uprobes(&mut loaded);
         self.write_rule(id, &RuleSpec::default())?;
         let bit = 1u64 << id;
-        let tgids: Vec<u32> = self.targets.iter().filter(|(_, m)| *m & bit != 0).map(|(t, _)| *t).collect();
+        let tgids: Vec<u32> = self
+            .targets
+            .iter()
+            .filter(|(_, m)| *m & bit != 0)
+            .map(|(t, _)| *t)
+            .collect();
         for tgid in tgids {
             let mask = self.targets.get(&tgid).copied().unwrap_or(0) & !bit;
             self.set_target(tgid, mask)?;
@@ -321,17 +341,30 @@ impl TriggerEngine {
     /// Processes the kernel currently treats as targets (including followed children),
     /// with their rule masks.
     pub fn kernel_targets(&self) -> Result<Vec<(u32, u64)>, TriggerError> {
-        let map = self.ebpf.map("TARGET_TGIDS").ok_or(TriggerError::MissingMap { name: "TARGET_TGIDS" })?;
-        let map: BpfHashMap<_, u32, u64> = BpfHashMap::try_from(map).map_err(map_err("TARGET_TGIDS"))?;
-        map.iter().map(|r| r.map_err(map_err("TARGET_TGIDS"))).collect()
+        let map = self
+            .ebpf
+            .map("TARGET_TGIDS")
+            .ok_or(TriggerError::MissingMap {
+                name: "TARGET_TGIDS",
+            })?;
+        let map: BpfHashMap<_, u32, u64> =
+            BpfHashMap::try_from(map).map_err(map_err("TARGET_TGIDS"))?;
+        map.iter()
+            .map(|r| r.map_err(map_err("TARGET_TGIDS")))
+            .collect()
     }
 
     /// The counters of rule `id`.
     pub fn counters(&self, id: u32) -> Result<RuleCounters, TriggerError> {
-        let map = self.ebpf.map("COUNTERS").ok_or(TriggerError::MissingMap { name: "COUNTERS" })?;
+        let map = self
+            .ebpf
+            .map("COUNTERS")
+            .ok_or(TriggerError::MissingMap { name: "COUNTERS" })?;
         let map: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err("COUNTERS"))?;
         let get = |c: u32| -> Result<u64, TriggerError> {
-            let values = map.get(&(id * COUNTERS_PER_RULE + c), 0).map_err(map_err("COUNTERS"))?;
+            let values = map
+                .get(&(id * COUNTERS_PER_RULE + c), 0)
+                .map_err(map_err("COUNTERS"))?;
             Ok(values.iter().sum())
         };
         Ok(RuleCounters {
@@ -354,8 +387,10 @@ impl TriggerEngine {
         let ncpus = aya::util::nr_cpus().map_err(|(_, e)| TriggerError::Cpus(e))?;
         let mut map: PerCpuArray<_, u64> = map_mut(&mut self.ebpf, "COUNTERS")?;
         for c in 0..COUNTERS_PER_RULE {
-            let zeros = aya::maps::PerCpuValues::try_from(vec![0u64; ncpus]).map_err(TriggerError::Cpus)?;
-            map.set(id * COUNTERS_PER_RULE + c, zeros, 0).map_err(map_err("COUNTERS"))?;
+            let zeros =
+                aya::maps::PerCpuValues::try_from(vec![0u64; ncpus]).map_err(TriggerError::Cpus)?;
+            map.set(id * COUNTERS_PER_RULE + c, zeros, 0)
+                .map_err(map_err("COUNTERS"))?;
         }
         Ok(())
     }
@@ -363,15 +398,21 @@ impl TriggerEngine {
     fn write_rule(&mut self, id: u32, spec: &RuleSpec) -> Result<(), TriggerError> {
         let mut rules: Array<_, RuleSpec> = map_mut(&mut self.ebpf, "RULES")?;
         rules.set(id, spec, 0).map_err(map_err("RULES"))?;
-        let mut state: Array<_, lookback_common::rule::RuleState> = map_mut(&mut self.ebpf, "RULE_STATE")?;
-        state.set(id, lookback_common::rule::RuleState::default(), 0).map_err(map_err("RULE_STATE"))
+        let mut state: Array<_, lookback_common::rule::RuleState> =
+            map_mut(&mut self.ebpf, "RULE_STATE")?;
+        state
+            .set(id, lookback_common::rule::RuleState::default(), 0)
+            .map_err(map_err("RULE_STATE"))
     }
 
     /// Recomputes the per-kind rule masks and attaches/detaches the shared raw tracepoints
     /// so that a machine without syscall rules pays nothing per syscall.
     fn sync_kinds(&mut self) -> Result<(), TriggerError> {
         let mask_of = |pred: &dyn Fn(&RuleSpec) -> bool| {
-            self.rules.values().filter(|l| pred(&l.spec)).fold(0u64, |m, l| m | 1 << l.rule.id)
+            self.rules
+                .values()
+                .filter(|l| pred(&l.spec))
+                .fold(0u64, |m, l| m | 1 << l.rule.id)
         };
         self.config.syscall_rules = mask_of(&|s| s.kind == KIND_SYSCALL);
         self.config.signal_rules = mask_of(&|s| s.kind == KIND_SIGNAL);
@@ -406,14 +447,15 @@ impl TriggerEngine {
         let mut map: Array<_, EngineConfig> = map_mut(&mut self.ebpf, "CONFIG")?;
         map.set(0, config, 0).map_err(map_err("CONFIG"))
     }
-
 }
 
 fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, TriggerError>
 where
     T: TryFrom<&'a mut aya::maps::Map, Error = MapError>,
 {
-    let map = ebpf.map_mut(name).ok_or(TriggerError::MissingMap { name })?;
+    let map = ebpf
+        .map_mut(name)
+        .ok_or(TriggerError::MissingMap { name })?;
     T::try_from(map).map_err(map_err(name))
 }
 
@@ -421,6 +463,8 @@ fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, T
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
 {
-    let prog = ebpf.program_mut(name).ok_or(TriggerError::MissingProgram { name })?;
+    let prog = ebpf
+        .program_mut(name)
+        .ok_or(TriggerError::MissingProgram { name })?;
     prog.try_into().map_err(prog_err(name))
 }

@@ -26,7 +26,7 @@ pub struct TriggerEvent {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// CLOCK_MONOTONIC nanoseconds (`bpf_ktime_get_ns`).
+    /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`).
     pub timestamp_ns: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ns: Option<u64>,
@@ -104,16 +104,19 @@ impl TriggerEvent {
         let mut parts = Vec::new();
         match self.kind {
             TriggerKind::Function => {
-                parts.push(if self.on_entry { "entry".to_owned() } else { "return".to_owned() });
+                parts.push(if self.on_entry {
+                    "entry".to_owned()
+                } else {
+                    "return".to_owned()
+                });
             }
             TriggerKind::Syscall => {
                 let nr = self.syscall.unwrap_or(u32::MAX);
                 let name = syscall_name(nr).map_or_else(|| format!("syscall {nr}"), str::to_owned);
                 match (self.ret, self.errno) {
-                    (Some(_), Some(e)) => parts.push(format!(
-                        "{name} = -{e} ({})",
-                        errno_name(e).unwrap_or("?")
-                    )),
+                    (Some(_), Some(e)) => {
+                        parts.push(format!("{name} = -{e} ({})", errno_name(e).unwrap_or("?")));
+                    }
                     (Some(r), None) => parts.push(format!("{name} = {r}")),
                     _ => parts.push(name),
                 }
@@ -192,23 +195,44 @@ mod tests {
             ..TriggerRecord::default()
         };
         let e = TriggerEvent::from_bytes(&bytes(&r)).expect("valid");
-        assert_eq!((e.syscall, e.errno, e.comm.as_str()), (Some(257), Some(2), "work"));
+        assert_eq!(
+            (e.syscall, e.errno, e.comm.as_str()),
+            (Some(257), Some(2), "work")
+        );
         assert_eq!(e.duration_ns, Some(1500));
         assert!(e.detail().contains("= -2"), "{}", e.detail());
     }
 
     #[test]
     fn rejects_short_and_unknown_records() {
-        assert_eq!(TriggerEvent::from_bytes(&[0; 8]), Err(EventError::Short { len: 8 }));
-        let r = TriggerRecord { kind: 99, ..TriggerRecord::default() };
-        assert_eq!(TriggerEvent::from_bytes(&bytes(&r)), Err(EventError::Kind { kind: 99 }));
+        assert_eq!(
+            TriggerEvent::from_bytes(&[0; 8]),
+            Err(EventError::Short { len: 8 })
+        );
+        let r = TriggerRecord {
+            kind: 99,
+            ..TriggerRecord::default()
+        };
+        assert_eq!(
+            TriggerEvent::from_bytes(&bytes(&r)),
+            Err(EventError::Kind { kind: 99 })
+        );
     }
 
     #[test]
     fn signal_has_no_duration() {
-        let r = TriggerRecord { kind: KIND_SIGNAL, phase: PHASE_ENTRY, signal: 11, sender_pid: 3, ..TriggerRecord::default() };
+        let r = TriggerRecord {
+            kind: KIND_SIGNAL,
+            phase: PHASE_ENTRY,
+            signal: 11,
+            sender_pid: 3,
+            ..TriggerRecord::default()
+        };
         let e = TriggerEvent::from_record(&r).expect("valid");
-        assert_eq!((e.signal, e.sender_pid, e.duration_ns), (Some(11), Some(3), None));
+        assert_eq!(
+            (e.signal, e.sender_pid, e.duration_ns),
+            (Some(11), Some(3), None)
+        );
     }
 
     #[test]

@@ -30,7 +30,11 @@ pub enum PlanError {
     #[error("rule {rule}: syscall number {nr} is out of range (max {max})")]
     SyscallRange { rule: String, nr: u32, max: usize },
     #[error("rule {rule}: errno {errno} is out of range (max {max})")]
-    ErrnoRange { rule: String, errno: u32, max: usize },
+    ErrnoRange {
+        rule: String,
+        errno: u32,
+        max: usize,
+    },
     #[error("rule {rule}: signal {signal} is out of range (1..=63)")]
     SignalRange { rule: String, signal: u32 },
 }
@@ -95,7 +99,10 @@ pub fn rule_spec(rule: &EngineRule) -> Result<RuleSpec, PlanError> {
             spec.kind = KIND_SIGNAL;
             for &signal in &s.signals {
                 if !(1..64).contains(&signal) {
-                    return Err(PlanError::SignalRange { rule: rule.name.clone(), signal });
+                    return Err(PlanError::SignalRange {
+                        rule: rule.name.clone(),
+                        signal,
+                    });
                 }
                 spec.signals |= 1 << signal;
             }
@@ -133,7 +140,11 @@ mod tests {
         assert_eq!(s.cooldown_ns, 10_000_000_000);
         assert_eq!(s.max_per_hour, 60);
         assert_ne!(s.flags & FLAG_FOLLOW_FORKS, 0);
-        let t = Trigger::Function(FunctionTrigger { symbol: "f".into(), binary: None, min_duration: None });
+        let t = Trigger::Function(FunctionTrigger {
+            symbol: "f".into(),
+            binary: None,
+            min_duration: None,
+        });
         assert_ne!(rule_spec(&rule(t)).expect("valid").flags & FLAG_ON_ENTRY, 0);
     }
 
@@ -150,18 +161,31 @@ mod tests {
         assert!(s.errno_matches(-2) && s.errno_matches(-5));
         assert!(!s.errno_matches(-1) && !s.errno_matches(0) && !s.errno_matches(2));
         assert_eq!(s.flags & FLAG_ON_ENTRY, 0, "errno rules decide on exit");
-        let any = Trigger::Syscall(SyscallTrigger { syscalls: SyscallSet::Any, min_duration: None, errnos: vec![] });
+        let any = Trigger::Syscall(SyscallTrigger {
+            syscalls: SyscallSet::Any,
+            min_duration: None,
+            errnos: vec![],
+        });
         let s = rule_spec(&rule(any)).expect("valid");
         assert!(s.has_syscall(0) && s.has_syscall(400));
         assert!(s.errno_matches(0), "no errno filter");
         assert_ne!(s.flags & FLAG_ON_ENTRY, 0);
-        let bad = Trigger::Syscall(SyscallTrigger { syscalls: SyscallSet::Numbers(vec![512]), min_duration: None, errnos: vec![] });
-        assert!(matches!(rule_spec(&rule(bad)), Err(PlanError::SyscallRange { .. })));
+        let bad = Trigger::Syscall(SyscallTrigger {
+            syscalls: SyscallSet::Numbers(vec![512]),
+            min_duration: None,
+            errnos: vec![],
+        });
+        assert!(matches!(
+            rule_spec(&rule(bad)),
+            Err(PlanError::SyscallRange { .. })
+        ));
     }
 
     #[test]
     fn signals() {
-        let t = Trigger::Signal(SignalTrigger { signals: vec![6, 11] });
+        let t = Trigger::Signal(SignalTrigger {
+            signals: vec![6, 11],
+        });
         let s = rule_spec(&rule(t)).expect("valid");
         assert!(s.has_signal(6) && s.has_signal(11) && !s.has_signal(9));
         let bad = Trigger::Signal(SignalTrigger { signals: vec![0] });

@@ -129,7 +129,12 @@ pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveEr
     } else {
         (file_offset, ProbeKind::Trap)
     };
-    Ok(ProbePoint { path: path.to_owned(), file_offset, address, kind })
+    Ok(ProbePoint {
+        path: path.to_owned(),
+        file_offset,
+        address,
+        kind,
+    })
 }
 
 /// The path under which this process can open `path` as seen by process `pid` (which may
@@ -141,8 +146,8 @@ pub fn in_process_root(pid: u32, path: &Path) -> PathBuf {
 
 /// The executable of process `pid`, as a path this process can open.
 pub fn process_exe(pid: u32) -> Result<PathBuf, ResolveError> {
-    let link = fs::read_link(format!("/proc/{pid}/exe"))
-        .map_err(|_| ResolveError::NoProcess { pid })?;
+    let link =
+        fs::read_link(format!("/proc/{pid}/exe")).map_err(|_| ResolveError::NoProcess { pid })?;
     Ok(in_process_root(pid, &link))
 }
 
@@ -217,7 +222,10 @@ mod tests {
 
     #[test]
     fn missing_process_and_file() {
-        assert!(matches!(process_exe(u32::MAX), Err(ResolveError::NoProcess { .. })));
+        assert!(matches!(
+            process_exe(u32::MAX),
+            Err(ResolveError::NoProcess { .. })
+        ));
         let err = resolve_symbol(Path::new("/nonexistent/bin"), "main").expect_err("no file");
         assert!(matches!(err, ResolveError::Read { .. }));
     }

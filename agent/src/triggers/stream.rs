@@ -57,9 +57,13 @@ impl EventStream {
 /// Forwards aya-log records from the kernel until the task is dropped.
 pub async fn forward_logs(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
     // SAFETY: the logger owns its ring fd and is never replaced while registered.
-    let Ok(mut fd) = (unsafe { AsyncFd::register(logger) }) else { return };
+    let Ok(mut fd) = (unsafe { AsyncFd::register(logger) }) else {
+        return;
+    };
     loop {
-        let Ok(mut guard) = fd.readable_mut().await else { return };
+        let Ok(mut guard) = fd.readable_mut().await else {
+            return;
+        };
         guard.get_inner_mut().flush();
         guard.clear_ready();
     }
