@@ -29,7 +29,11 @@ fn main() -> anyhow::Result<()> {
             .args(["run", "nightly", "rustc", "--version"])
             .output()
             .is_ok_and(|o| o.status.success());
-        if nightly { "nightly".to_owned() } else { "stable".to_owned() }
+        if nightly {
+            "nightly".to_owned()
+        } else {
+            "stable".to_owned()
+        }
     });
     // SAFETY: build scripts are single-threaded; aya-build reads these variables and
     // passes them to the cargo it spawns for the BPF target.
@@ -40,7 +44,9 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let root_dir = workspace.join("agent-ebpf");
-    let root_dir = root_dir.to_str().ok_or_else(|| anyhow!("non-UTF-8 workspace path"))?;
+    let root_dir = root_dir
+        .to_str()
+        .ok_or_else(|| anyhow!("non-UTF-8 workspace path"))?;
     let toolchain = if toolchain == "nightly" {
         Toolchain::Nightly
     } else {

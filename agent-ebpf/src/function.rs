@@ -11,8 +11,8 @@ use aya_ebpf::{
 use lookback_common::{
     MAX_RULES,
     rule::{
-        COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, EntryStack, FLAG_ON_ENTRY, MAX_CALL_DEPTH,
-        RuleSpec,
+        COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, EntryStack, FLAG_ON_ENTRY,
+        MAX_CALL_DEPTH, RuleSpec,
     },
     trigger::{PHASE_ENTRY, PHASE_RETURN},
 };
@@ -67,7 +67,10 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     let stack = match ENTRY_TIMES.get_ptr_mut(key) {
         Some(stack) => stack,
         None => {
-            let fresh = EntryStack { depth: 0, entry_ns: [0; MAX_CALL_DEPTH] };
+            let fresh = EntryStack {
+                depth: 0,
+                entry_ns: [0; MAX_CALL_DEPTH],
+            };
             ENTRY_TIMES.insert(key, fresh, 0).ok()?;
             ENTRY_TIMES.get_ptr_mut(key)?
         }

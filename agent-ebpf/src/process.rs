@@ -1,7 +1,9 @@
 //! Follows forks: a child of a traced process inherits the rules that have
 //! `FLAG_FOLLOW_FORKS`, in the kernel, before the child runs its first instruction.
 //! `sched_process_fork`: `TP_PROTO(struct task_struct *parent, struct task_struct *child)`.
-use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::raw_tracepoint, programs::RawTracePointContext};
+use aya_ebpf::{
+    helpers::bpf_probe_read_kernel, macros::raw_tracepoint, programs::RawTracePointContext,
+};
 
 use crate::maps::{TARGET_TGIDS, config};
 

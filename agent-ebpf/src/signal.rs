@@ -37,8 +37,10 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     // SAFETY: `task` is a live task_struct for the duration of the tracepoint; offsets come
     // from this kernel's BTF, and the reads go through the checked helper.
     let (tgid, tid) = unsafe {
-        let tgid = bpf_probe_read_kernel(task.add(config.task_tgid_offset as usize).cast::<u32>()).ok()?;
-        let tid = bpf_probe_read_kernel(task.add(config.task_pid_offset as usize).cast::<u32>()).ok()?;
+        let tgid =
+            bpf_probe_read_kernel(task.add(config.task_tgid_offset as usize).cast::<u32>()).ok()?;
+        let tid =
+            bpf_probe_read_kernel(task.add(config.task_pid_offset as usize).cast::<u32>()).ok()?;
         (tgid, tid)
     };
     // Cgroup targets are matched by the agent when it adds their tgids; the receiving task
@@ -54,7 +56,9 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         if mask & (1 << rule_id) == 0 {
             continue;
         }
-        let Some(rule) = RULES.get(rule_id) else { continue };
+        let Some(rule) = RULES.get(rule_id) else {
+            continue;
+        };
         if !rule.has_signal(sig) {
             continue;
         }

@@ -2,9 +2,7 @@
 //! a latency or errno condition fire on entry (an `exit_group` never returns); the others
 //! remember the entry time per thread and decide on exit.
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid,
-    macros::raw_tracepoint,
-    programs::RawTracePointContext,
+    helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
 };
 use lookback_common::{
     MAX_RULES,
@@ -48,7 +46,9 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
         if mask & (1 << rule_id) == 0 {
             continue;
         }
-        let Some(rule) = RULES.get(rule_id) else { continue };
+        let Some(rule) = RULES.get(rule_id) else {
+            continue;
+        };
         if !rule.has_syscall(nr) {
             continue;
         }
@@ -90,7 +90,9 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
         if mask & (1 << rule_id) == 0 {
             continue;
         }
-        let Some(rule) = RULES.get(rule_id) else { continue };
+        let Some(rule) = RULES.get(rule_id) else {
+            continue;
+        };
         if rule.flags & FLAG_ON_ENTRY != 0
             || !rule.has_syscall(start.nr)
             || duration < rule.min_duration_ns

@@ -11,5 +11,7 @@ pub struct CheckArgs {
 }
 
 pub fn run(_args: &CheckArgs) -> CliResult {
-    Err(CliError::runtime(anyhow::anyhow!("check: not implemented yet")))
+    Err(CliError::runtime(anyhow::anyhow!(
+        "check: not implemented yet"
+    )))
 }

@@ -25,12 +25,18 @@ pub struct CliError {
 impl CliError {
     /// A usage or configuration error (exit 2).
     pub fn usage(error: impl Into<anyhow::Error>) -> Self {
-        Self { code: EXIT_USAGE, error: error.into() }
+        Self {
+            code: EXIT_USAGE,
+            error: error.into(),
+        }
     }
 
     /// A runtime error (exit 1).
     pub fn runtime(error: impl Into<anyhow::Error>) -> Self {
-        Self { code: EXIT_RUNTIME, error: error.into() }
+        Self {
+            code: EXIT_RUNTIME,
+            error: error.into(),
+        }
     }
 }
 
@@ -49,10 +55,12 @@ pub type CliResult = Result<ExitCode, CliError>;
 /// fatal signal. The conditions are decided by eBPF programs in the kernel.
 #[derive(Debug, Parser)]
 #[command(name = "lookback", version, about, long_about = None, propagate_version = true)]
-#[command(after_help = "Start with `lookback check` to see what this machine supports.\n\
+#[command(
+    after_help = "Start with `lookback check` to see what this machine supports.\n\
 Examples:\n  lookback run --trigger 'func:handle_request>2ms' -- ./server\n  \
 lookback attach -p 1234 --trigger 'syscall:fsync>50ms'\n  \
-lookback rules validate configs/example.yaml")]
+lookback rules validate configs/example.yaml"
+)]
 pub struct Cli {
     /// More log output (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -84,7 +92,11 @@ pub fn main() -> ExitCode {
         Err(err) => {
             // clap prints help/version on stdout with exit 0, usage errors with exit 2.
             let _ = err.print();
-            return if err.use_stderr() { ExitCode::from(EXIT_USAGE) } else { ExitCode::SUCCESS };
+            return if err.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     init_logger(cli.verbose, cli.quiet);

@@ -21,5 +21,7 @@ pub enum RulesCommand {
 }
 
 pub fn run(_args: &RulesArgs) -> CliResult {
-    Err(CliError::runtime(anyhow::anyhow!("rules: not implemented yet")))
+    Err(CliError::runtime(anyhow::anyhow!(
+        "rules: not implemented yet"
+    )))
 }

@@ -18,9 +18,13 @@ pub struct AttachArgs {
 }
 
 pub fn run(_args: RunArgs) -> CliResult {
-    Err(CliError::runtime(anyhow::anyhow!("run: not implemented yet")))
+    Err(CliError::runtime(anyhow::anyhow!(
+        "run: not implemented yet"
+    )))
 }
 
 pub fn attach(_args: AttachArgs) -> CliResult {
-    Err(CliError::runtime(anyhow::anyhow!("attach: not implemented yet")))
+    Err(CliError::runtime(anyhow::anyhow!(
+        "attach: not implemented yet"
+    )))
 }

@@ -1,0 +1,3 @@
+//! Unit tests.
+
+use super::*;
