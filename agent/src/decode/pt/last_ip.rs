@@ -26,10 +26,15 @@ pub struct LastIp {
     suppressed: bool,
 }
 
-/// Sign-extends the low `bits` bits of `value`.
+/// Sign-extends the low `bits` (1..=64) bits of `value`.
 pub fn sign_extend(value: u64, bits: u32) -> u64 {
-    let shift = 64 - bits.clamp(1, 64);
-    (((value << shift) as i64) >> shift) as u64
+    let bits = bits.clamp(1, 64);
+    let high = u64::MAX.checked_shl(bits).unwrap_or(0);
+    if value >> (bits - 1) & 1 == 1 {
+        value | high
+    } else {
+        value & !high
+    }
 }
 
 impl LastIp {

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-/// How an IP packet (TIP, TIP.PGE, TIP.PGD, FUP) encodes its address (the IPBytes field).
+/// How an IP packet (TIP, TIP.PGE, TIP.PGD, FUP) encodes its address (the `IPBytes` field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IpCompression {
     /// `000`: no address; the IP is out of context.
@@ -26,7 +26,7 @@ pub enum IpCompression {
 }
 
 impl IpCompression {
-    /// Decodes the 3-bit IPBytes field; `None` for the reserved values 101 and 111.
+    /// Decodes the 3-bit `IPBytes` field; `None` for the reserved values 101 and 111.
     pub fn from_bits(bits: u8) -> Option<Self> {
         match bits {
             0 => Some(Self::Suppressed),
@@ -39,7 +39,7 @@ impl IpCompression {
         }
     }
 
-    /// The 3-bit IPBytes field.
+    /// The 3-bit `IPBytes` field.
     pub fn bits(self) -> u8 {
         match self {
             Self::Suppressed => 0,
@@ -145,7 +145,7 @@ pub struct Pip {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ptw {
     pub payload: u64,
-    /// The PayloadBytes field: 0 for 4 bytes, 1 for 8 bytes.
+    /// The `PayloadBytes` field: 0 for 4 bytes, 1 for 8 bytes.
     pub plc: u8,
     /// A FUP with the IP of the PTWRITE instruction follows.
     pub ip: bool,

@@ -20,7 +20,7 @@ use super::sync;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Opcode {
     bytes: [u8; 3],
-    len: u8,
+    len: usize,
 }
 
 impl Opcode {
@@ -28,15 +28,12 @@ impl Opcode {
         let mut out = [0; 3];
         let len = bytes.len().min(3);
         out[..len].copy_from_slice(&bytes[..len]);
-        Self {
-            bytes: out,
-            len: len as u8,
-        }
+        Self { bytes: out, len }
     }
 
     /// The opcode bytes as they are in the trace.
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
+        &self.bytes[..self.len]
     }
 }
 
@@ -121,6 +118,7 @@ impl BlockContext {
     }
 
     /// The context after `packet` (the SDM's block rules, as Linux perf applies them).
+    #[must_use]
     pub fn after(self, packet: &Packet) -> Self {
         match packet {
             Packet::Bbp(bbp) if bbp.four_byte_items => Self::Items4,
@@ -162,6 +160,30 @@ fn le(bytes: &[u8], at: usize, len: usize) -> u64 {
 
 fn byte(bytes: &[u8], at: usize) -> u8 {
     bytes.get(at).copied().unwrap_or(0)
+}
+
+fn le16(bytes: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([byte(bytes, at), byte(bytes, at + 1)])
+}
+
+fn le32(bytes: &[u8], at: usize) -> u32 {
+    u32::from(le16(bytes, at)) | (u32::from(le16(bytes, at + 2)) << 16)
+}
+
+/// Extended packets that are just the two opcode bytes.
+fn two_byte_ext(ext: u8) -> Option<Packet> {
+    Some(match ext {
+        0xf3 => Packet::Ovf,
+        0x23 => Packet::PsbEnd,
+        0x83 => Packet::Stop,
+        0x62 | 0xe2 => Packet::Exstop {
+            ip: ext & 0x80 != 0,
+        },
+        0x33 | 0xb3 => Packet::Bep {
+            ip: ext & 0x80 != 0,
+        },
+        _ => return None,
+    })
 }
 
 /// The bytes of one packet being decoded.
@@ -228,7 +250,7 @@ impl At<'_> {
         if payload < 2 {
             return Err(self.bad(kind, "no stop bit"));
         }
-        let count = (63 - payload.leading_zeros()) as u8;
+        let count = u8::try_from(payload.ilog2()).unwrap_or(u8::MAX);
         let tnt = Tnt {
             bits: payload & !(1 << count),
             count,
@@ -301,7 +323,7 @@ impl At<'_> {
             trbv: byte(self.bytes, 2),
             ip: flags & 0x80 != 0,
             mult: flags & 0x20 != 0,
-            icnt: icntv.then(|| le(self.bytes, 3, 2) as u16),
+            icnt: icntv.then(|| le16(self.bytes, 3)),
         };
         Ok(Decoded {
             packet: Packet::Trig(trig),
@@ -311,8 +333,8 @@ impl At<'_> {
 
     fn tma(&self, errata: Errata) -> Result<Decoded, PacketError> {
         self.need(7, "tma")?;
-        let ctc = le(self.bytes, 2, 2) as u16;
-        let fc = le(self.bytes, 5, 2) as u16;
+        let ctc = le16(self.bytes, 2);
+        let fc = le16(self.bytes, 5);
         if fc & !0x1ff != 0 || byte(self.bytes, 4) != 0 {
             // SKZ84: such a TMA is corrupted; skip it and the byte after it.
             if errata.skz84 {
@@ -367,32 +389,11 @@ impl At<'_> {
         self.need(2, "extended opcode")?;
         let b = self.bytes;
         let ext = byte(b, 1);
+        if let Some(packet) = two_byte_ext(ext) {
+            return Ok(Decoded { packet, size: 2 });
+        }
         match ext {
             0x82 => self.psb(),
-            0xf3 => Ok(Decoded {
-                packet: Packet::Ovf,
-                size: 2,
-            }),
-            0x23 => Ok(Decoded {
-                packet: Packet::PsbEnd,
-                size: 2,
-            }),
-            0x83 => Ok(Decoded {
-                packet: Packet::Stop,
-                size: 2,
-            }),
-            0x62 | 0xe2 => Ok(Decoded {
-                packet: Packet::Exstop {
-                    ip: ext & 0x80 != 0,
-                },
-                size: 2,
-            }),
-            0x33 | 0xb3 => Ok(Decoded {
-                packet: Packet::Bep {
-                    ip: ext & 0x80 != 0,
-                },
-                size: 2,
-            }),
             0x03 => self.fixed(4, K::Cbr, Packet::Cbr { ratio: byte(b, 2) }),
             0x73 => self.tma(errata),
             0x43 => {
@@ -414,28 +415,7 @@ impl At<'_> {
                 self.need(8, "tnt.64")?;
                 self.tnt(K::Tnt64, le(b, 2, 6), 8)
             }
-            0xc2 => {
-                let mwait = Mwait {
-                    hints: le(b, 2, 4) as u32,
-                    ext: le(b, 6, 4) as u32,
-                };
-                self.fixed(10, K::Mwait, Packet::Mwait(mwait))
-            }
-            0x22 => {
-                let pwre = Pwre {
-                    payload: le(b, 2, 2) as u16,
-                };
-                self.fixed(4, K::Pwre, Packet::Pwre(pwre))
-            }
-            0xa2 => {
-                let payload = le(b, 2, 5);
-                let pwrx = Pwrx {
-                    last: ((payload >> 4) & 0xf) as u8,
-                    deepest: (payload & 0xf) as u8,
-                    wake_reason: ((payload >> 8) & 0xf) as u8,
-                };
-                self.fixed(7, K::Pwrx, Packet::Pwrx(pwrx))
-            }
+            0xc2 | 0x22 | 0xa2 => self.power(ext),
             0x13 => {
                 let cfe = Cfe {
                     kind: byte(b, 2) & 0x1f,
@@ -473,6 +453,34 @@ impl At<'_> {
             }
             _ if ext & 0x1f == 0x12 => self.ptw(),
             _ => Err(self.unknown(2)),
+        }
+    }
+
+    /// MWAIT, PWRE and PWRX.
+    fn power(&self, ext: u8) -> Result<Decoded, PacketError> {
+        let b = self.bytes;
+        match ext {
+            0xc2 => {
+                let mwait = Mwait {
+                    hints: le32(b, 2),
+                    ext: le32(b, 6),
+                };
+                self.fixed(10, PacketKind::Mwait, Packet::Mwait(mwait))
+            }
+            0x22 => {
+                let pwre = Pwre {
+                    payload: le16(b, 2),
+                };
+                self.fixed(4, PacketKind::Pwre, Packet::Pwre(pwre))
+            }
+            _ => {
+                let pwrx = Pwrx {
+                    last: byte(b, 2) >> 4,
+                    deepest: byte(b, 2) & 0xf,
+                    wake_reason: byte(b, 3) & 0xf,
+                };
+                self.fixed(7, PacketKind::Pwrx, Packet::Pwrx(pwrx))
+            }
         }
     }
 

@@ -1,7 +1,7 @@
-//! perf_event sideband records: reading them and printing them between PT packets.
+//! `perf_event` sideband records: reading them and printing them between PT packets.
 //!
 //! In: the bytes of a perf sideband stream (`perf_event_header` records as the kernel
-//! writes them into the data ring, e.g. MMAP, COMM, ITRACE_START, SWITCH) and the
+//! writes them into the data ring, e.g. MMAP, COMM, `ITRACE_START`, SWITCH) and the
 //! `perf_event_attr`/mmap-page values needed to read them (sample type, time
 //! conversion). Out: [`PerfRecord`]s with their time converted to TSC, and the
 //! [`SidebandSession`] that `ptdump` uses to print records in time order as the PT trace's
@@ -64,7 +64,7 @@ impl Default for PeventConfig {
 }
 
 impl PeventConfig {
-    /// Converts a perf timestamp to TSC (`perf_event_mmap_page` time_zero/shift/mult).
+    /// Converts a perf timestamp to TSC (`perf_event_mmap_page` `time_zero`/`time_shift`/`time_mult`).
     /// Time 0 (synthesized records) stays 0.
     pub fn time_to_tsc(&self, time: u64) -> Result<u64, PeventError> {
         if time == 0 {
@@ -239,178 +239,133 @@ pub fn read_record<'a>(
     Ok((out, size))
 }
 
-/// Prints a record's body the way libipt's sideband dump does (compact: one line).
-fn print_body(rec: &PerfRecord<'_>, flags: SidebandFlags, out: &mut dyn fmt::Write) -> fmt::Result {
-    let b = rec.body;
-    let w = |at: usize| u32_at(b, at).unwrap_or(0);
-    let q = |at: usize| u64_at(b, at).unwrap_or(0);
-    let text = |at: usize| {
-        c_string(b, at).map_or_else(
-            |_| String::new(),
-            |(s, _)| String::from_utf8_lossy(s).into_owned(),
-        )
-    };
-    // (name suffix, compact fields, verbose fields)
-    let (name, sfx, fields): (&str, &str, Vec<(&str, String)>) = match rec.kind {
-        PERF_RECORD_MMAP => (
-            "PERF_RECORD_MMAP",
-            "",
-            vec![
-                ("pid", format!("{:x}", w(0))),
-                ("tid", format!("{:x}", w(4))),
-                ("addr", format!("{:x}", q(8))),
-                ("len", format!("{:x}", q(16))),
-                ("pgoff", format!("{:x}", q(24))),
-                ("filename", text(32)),
-            ],
-        ),
-        PERF_RECORD_LOST => (
-            "PERF_RECORD_LOST",
-            "",
-            vec![
-                ("id", format!("{:x}", q(0))),
-                ("lost", format!("{:x}", q(8))),
-            ],
-        ),
-        PERF_RECORD_COMM => {
-            let sfx = if rec.misc & PERF_RECORD_MISC_COMM_EXEC != 0 {
-                ".EXEC"
-            } else {
-                ""
-            };
-            (
-                "PERF_RECORD_COMM",
-                sfx,
-                vec![
-                    ("pid", format!("{:x}", w(0))),
-                    ("tid", format!("{:x}", w(4))),
-                    ("comm", text(8)),
-                ],
-            )
-        }
-        PERF_RECORD_EXIT | PERF_RECORD_FORK => {
-            let name = if rec.kind == PERF_RECORD_EXIT {
-                "PERF_RECORD_EXIT"
-            } else {
-                "PERF_RECORD_FORK"
-            };
-            (
-                name,
-                "",
-                vec![
-                    ("pid", format!("{:x}", w(0))),
-                    ("ppid", format!("{:x}", w(4))),
-                    ("tid", format!("{:x}", w(8))),
-                    ("ptid", format!("{:x}", w(12))),
-                    ("time", format!("{:x}", q(16))),
-                ],
-            )
-        }
-        PERF_RECORD_THROTTLE | PERF_RECORD_UNTHROTTLE => {
-            let name = if rec.kind == PERF_RECORD_THROTTLE {
-                "PERF_RECORD_THROTTLE"
-            } else {
-                "PERF_RECORD_UNTHROTTLE"
-            };
-            (
-                name,
-                "",
-                vec![
-                    ("time", format!("{:x}", q(0))),
-                    ("id", format!("{:x}", q(8))),
-                    ("stream_id", format!("{:x}", q(16))),
-                ],
-            )
-        }
-        PERF_RECORD_MMAP2 => (
-            "PERF_RECORD_MMAP2",
-            "",
-            vec![
-                ("pid", format!("{:x}", w(0))),
-                ("tid", format!("{:x}", w(4))),
-                ("addr", format!("{:x}", q(8))),
-                ("len", format!("{:x}", q(16))),
-                ("pgoff", format!("{:x}", q(24))),
-                ("maj", format!("{:x}", w(32))),
-                ("min", format!("{:x}", w(36))),
-                ("ino", format!("{:x}", q(40))),
-                ("ino_generation", format!("{:x}", q(48))),
-                ("prot", format!("{:x}", w(56))),
-                ("flags", format!("{:x}", w(60))),
-                ("filename", text(64)),
-            ],
-        ),
+/// Where a record field is in the body and how wide it is.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    U32(usize),
+    U64(usize),
+    Str(usize),
+}
+
+type Layout = &'static [(&'static str, Field)];
+
+const MMAP: Layout = &[
+    ("pid", Field::U32(0)),
+    ("tid", Field::U32(4)),
+    ("addr", Field::U64(8)),
+    ("len", Field::U64(16)),
+    ("pgoff", Field::U64(24)),
+    ("filename", Field::Str(32)),
+];
+const LOST: Layout = &[("id", Field::U64(0)), ("lost", Field::U64(8))];
+const COMM: Layout = &[
+    ("pid", Field::U32(0)),
+    ("tid", Field::U32(4)),
+    ("comm", Field::Str(8)),
+];
+const EXIT_FORK: Layout = &[
+    ("pid", Field::U32(0)),
+    ("ppid", Field::U32(4)),
+    ("tid", Field::U32(8)),
+    ("ptid", Field::U32(12)),
+    ("time", Field::U64(16)),
+];
+const THROTTLE: Layout = &[
+    ("time", Field::U64(0)),
+    ("id", Field::U64(8)),
+    ("stream_id", Field::U64(16)),
+];
+const MMAP2: Layout = &[
+    ("pid", Field::U32(0)),
+    ("tid", Field::U32(4)),
+    ("addr", Field::U64(8)),
+    ("len", Field::U64(16)),
+    ("pgoff", Field::U64(24)),
+    ("maj", Field::U32(32)),
+    ("min", Field::U32(36)),
+    ("ino", Field::U64(40)),
+    ("ino_generation", Field::U64(48)),
+    ("prot", Field::U32(56)),
+    ("flags", Field::U32(60)),
+    ("filename", Field::Str(64)),
+];
+const AUX: Layout = &[
+    ("aux offset", Field::U64(0)),
+    ("aux size", Field::U64(8)),
+    ("flags", Field::U64(16)),
+];
+const PID_TID: Layout = &[("pid", Field::U32(0)), ("tid", Field::U32(4))];
+const LOST_SAMPLES: Layout = &[("lost", Field::U64(0))];
+const SWITCH_PREV: Layout = &[("prev pid", Field::U32(0)), ("prev tid", Field::U32(4))];
+const SWITCH_NEXT: Layout = &[("next pid", Field::U32(0)), ("next tid", Field::U32(4))];
+
+/// The printed name, its suffix and the fields of a known record type.
+fn layout(rec: &PerfRecord<'_>) -> Option<(&'static str, &'static str, Layout)> {
+    let exec = rec.misc & PERF_RECORD_MISC_COMM_EXEC != 0;
+    let out = rec.misc & PERF_RECORD_MISC_SWITCH_OUT != 0;
+    Some(match rec.kind {
+        PERF_RECORD_MMAP => ("PERF_RECORD_MMAP", "", MMAP),
+        PERF_RECORD_LOST => ("PERF_RECORD_LOST", "", LOST),
+        PERF_RECORD_COMM => ("PERF_RECORD_COMM", if exec { ".EXEC" } else { "" }, COMM),
+        PERF_RECORD_EXIT => ("PERF_RECORD_EXIT", "", EXIT_FORK),
+        PERF_RECORD_FORK => ("PERF_RECORD_FORK", "", EXIT_FORK),
+        PERF_RECORD_THROTTLE => ("PERF_RECORD_THROTTLE", "", THROTTLE),
+        PERF_RECORD_UNTHROTTLE => ("PERF_RECORD_UNTHROTTLE", "", THROTTLE),
+        PERF_RECORD_MMAP2 => ("PERF_RECORD_MMAP2", "", MMAP2),
         PERF_RECORD_AUX => {
-            let sfx = if q(16) & PERF_AUX_FLAG_TRUNCATED != 0 {
-                ".TRUNCATED"
-            } else {
-                ""
-            };
+            let truncated = u64_at(rec.body, 16).unwrap_or(0) & PERF_AUX_FLAG_TRUNCATED != 0;
             (
                 "PERF_RECORD_AUX",
-                sfx,
-                vec![
-                    ("aux offset", format!("{:x}", q(0))),
-                    ("aux size", format!("{:x}", q(8))),
-                    ("flags", format!("{:x}", q(16))),
-                ],
+                if truncated { ".TRUNCATED" } else { "" },
+                AUX,
             )
         }
-        PERF_RECORD_ITRACE_START => (
-            "PERF_RECORD_ITRACE_START",
-            "",
-            vec![
-                ("pid", format!("{:x}", w(0))),
-                ("tid", format!("{:x}", w(4))),
-            ],
+        PERF_RECORD_ITRACE_START => ("PERF_RECORD_ITRACE_START", "", PID_TID),
+        PERF_RECORD_LOST_SAMPLES => ("PERF_RECORD_LOST_SAMPLES", "", LOST_SAMPLES),
+        PERF_RECORD_SWITCH => ("PERF_RECORD_SWITCH", if out { ".OUT" } else { ".IN" }, &[]),
+        PERF_RECORD_SWITCH_CPU_WIDE if out => ("PERF_RECORD_SWITCH_CPU_WIDE", ".OUT", SWITCH_NEXT),
+        PERF_RECORD_SWITCH_CPU_WIDE => ("PERF_RECORD_SWITCH_CPU_WIDE", ".IN", SWITCH_PREV),
+        _ => return None,
+    })
+}
+
+fn field_text(body: &[u8], field: Field) -> String {
+    match field {
+        Field::U32(at) => format!("{:x}", u32_at(body, at).unwrap_or(0)),
+        Field::U64(at) => format!("{:x}", u64_at(body, at).unwrap_or(0)),
+        Field::Str(at) => c_string(body, at).map_or_else(
+            |_| String::new(),
+            |(s, _)| String::from_utf8_lossy(s).into_owned(),
         ),
-        PERF_RECORD_LOST_SAMPLES => (
-            "PERF_RECORD_LOST_SAMPLES",
-            "",
-            vec![("lost", format!("{:x}", q(0)))],
-        ),
-        PERF_RECORD_SWITCH => {
-            let sfx = if rec.misc & PERF_RECORD_MISC_SWITCH_OUT != 0 {
-                ".OUT"
-            } else {
-                ".IN"
-            };
-            ("PERF_RECORD_SWITCH", sfx, Vec::new())
+    }
+}
+
+/// Prints a record's body the way libipt's sideband dump does.
+fn print_body(rec: &PerfRecord<'_>, flags: SidebandFlags, out: &mut dyn fmt::Write) -> fmt::Result {
+    let Some((name, sfx, layout)) = layout(rec) else {
+        if flags.compact {
+            write!(out, "UNKNOWN ({:x}, {:x})", rec.kind, rec.misc)?;
         }
-        PERF_RECORD_SWITCH_CPU_WIDE => {
-            let out_switch = rec.misc & PERF_RECORD_MISC_SWITCH_OUT != 0;
-            let (sfx, pid, tid) = if out_switch {
-                (".OUT", "next pid", "next tid")
-            } else {
-                (".IN", "prev pid", "prev tid")
-            };
-            (
-                "PERF_RECORD_SWITCH_CPU_WIDE",
-                sfx,
-                vec![(pid, format!("{:x}", w(0))), (tid, format!("{:x}", w(4)))],
-            )
+        if flags.verbose {
+            write!(
+                out,
+                "UNKNOWN\n  type: {:x}\n  misc: {:x}",
+                rec.kind, rec.misc
+            )?;
         }
-        _ => {
-            if flags.compact {
-                write!(out, "UNKNOWN ({:x}, {:x})", rec.kind, rec.misc)?;
-            }
-            if flags.verbose {
-                write!(
-                    out,
-                    "UNKNOWN\n  type: {:x}\n  misc: {:x}",
-                    rec.kind, rec.misc
-                )?;
-            }
-            return Ok(());
-        }
+        return Ok(());
     };
+    let values: Vec<String> = layout
+        .iter()
+        .map(|(_, f)| field_text(rec.body, *f))
+        .collect();
     if flags.compact {
         write!(out, "{name}{sfx}")?;
-        print_compact_fields(rec.kind, &fields, out)?;
+        print_compact_fields(rec.kind, &values, out)?;
     }
     if flags.verbose {
         write!(out, "{name}{sfx}")?;
-        for (label, value) in &fields {
+        for ((label, _), value) in layout.iter().zip(&values) {
             write!(out, "\n  {label}: {value}")?;
         }
     }
@@ -418,27 +373,23 @@ fn print_body(rec: &PerfRecord<'_>, flags: SidebandFlags, out: &mut dyn fmt::Wri
 }
 
 /// The compact form groups pid/tid pairs as `pid/tid`.
-fn print_compact_fields(
-    kind: u32,
-    fields: &[(&str, String)],
-    out: &mut dyn fmt::Write,
-) -> fmt::Result {
-    let values: Vec<&str> = fields.iter().map(|(_, v)| v.as_str()).collect();
-    let joined = match kind {
-        PERF_RECORD_MMAP
-        | PERF_RECORD_MMAP2
-        | PERF_RECORD_COMM
-        | PERF_RECORD_ITRACE_START
-        | PERF_RECORD_SWITCH_CPU_WIDE => {
-            let mut parts = vec![format!("{}/{}", values[0], values[1])];
-            parts.extend(values[2..].iter().map(|v| (*v).to_owned()));
-            parts.join(", ")
+fn print_compact_fields(kind: u32, values: &[String], out: &mut dyn fmt::Write) -> fmt::Result {
+    let joined = match (kind, values) {
+        // The body order is pid, ppid, tid, ptid, time.
+        (PERF_RECORD_EXIT | PERF_RECORD_FORK, [pid, parent, tid, parent_thread, time]) => {
+            format!("{pid}/{tid}, {parent}/{parent_thread}, {time}")
         }
-        // pid/tid, ppid/ptid, time (the body order is pid, ppid, tid, ptid, time).
-        PERF_RECORD_EXIT | PERF_RECORD_FORK => format!(
-            "{}/{}, {}/{}, {}",
-            values[0], values[2], values[1], values[3], values[4]
-        ),
+        (
+            PERF_RECORD_MMAP
+            | PERF_RECORD_MMAP2
+            | PERF_RECORD_COMM
+            | PERF_RECORD_ITRACE_START
+            | PERF_RECORD_SWITCH_CPU_WIDE,
+            [pid, tid, rest @ ..],
+        ) => std::iter::once(format!("{pid}/{tid}"))
+            .chain(rest.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(", "),
         _ => values.join(", "),
     };
     if joined.is_empty() {
@@ -507,7 +458,7 @@ struct Cursor<'a> {
     tsc: u64,
 }
 
-impl<'a> Cursor<'a> {
+impl Cursor<'_> {
     /// Reads the next record; `Err` with the offset when the stream is done.
     fn fetch(&mut self) -> Result<(), (PeventError, usize)> {
         let at = self.next;
@@ -518,9 +469,10 @@ impl<'a> Cursor<'a> {
         let tsc = match record.samples.time {
             None => 0,
             Some(_) if offset <= record.tsc => record.tsc - offset,
-            // A "negative" offset pushes records later, without wrapping.
-            Some(_) if (offset as i64) < 0 => record.tsc.checked_sub(offset).unwrap_or(u64::MAX),
-            Some(_) => 0,
+            // A positive offset does not wrap below zero ...
+            Some(_) if offset >> 63 == 0 => 0,
+            // ... and a negative one (two's complement) moves records later.
+            Some(_) => record.tsc.wrapping_sub(offset),
         };
         self.tsc = tsc;
         self.current = Some((PerfRecord { tsc, ..record }, at));
@@ -564,14 +516,14 @@ impl<'a> SidebandSession<'a> {
                 current: None,
                 tsc: 0,
             };
-            if session.fetch(&mut cursor, out)? {
+            if Self::fetch(&mut cursor, out)? {
                 session.insert(cursor);
             }
         }
         Ok(session)
     }
 
-    fn fetch(&self, cursor: &mut Cursor<'a>, out: &mut dyn fmt::Write) -> Result<bool, fmt::Error> {
+    fn fetch(cursor: &mut Cursor<'a>, out: &mut dyn fmt::Write) -> Result<bool, fmt::Error> {
         match cursor.fetch() {
             Ok(()) => Ok(true),
             Err((PeventError::End, _)) => Ok(false),
@@ -602,9 +554,9 @@ impl<'a> SidebandSession<'a> {
         while self.cursors.first().is_some_and(|c| c.tsc <= tsc) {
             let mut cursor = self.cursors.remove(0);
             if let Some((record, offset)) = &cursor.current {
-                self.print(&cursor.stream, record, *offset, out)?;
+                Self::print(self.flags, &cursor.stream, record, *offset, out)?;
             }
-            if self.fetch(&mut cursor, out)? {
+            if Self::fetch(&mut cursor, out)? {
                 self.insert(cursor);
             }
         }
@@ -612,13 +564,12 @@ impl<'a> SidebandSession<'a> {
     }
 
     fn print(
-        &self,
+        flags: SidebandFlags,
         stream: &SidebandStream<'_>,
         rec: &PerfRecord<'_>,
         offset: usize,
         out: &mut dyn fmt::Write,
     ) -> fmt::Result {
-        let flags = self.flags;
         match (flags.filename, flags.offset) {
             (true, true) => write!(out, "{}:{offset:016x}  ", stream.name)?,
             (true, false) => write!(out, "{}  ", stream.name)?,

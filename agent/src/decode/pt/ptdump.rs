@@ -7,11 +7,11 @@
 //! output matches libipt's test expectations up to the amount of whitespace; where
 //! libipt differs from the SDM (the PWRE hardware bit) the dump follows libipt.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 
 use super::cpu::Errata;
 use super::last_ip::{LastIp, LastIpError, sign_extend};
-use super::packet::{IpCompression, IpPayload, Packet, Tnt};
+use super::packet::{ExecMode, IpCompression, IpPayload, Packet, Tnt};
 use super::parse::{Decoded, PacketDecoder, PacketError};
 use super::pevent::{SidebandSession, SidebandStream};
 use super::ptdump_opts::PtdumpOptions;
@@ -106,10 +106,6 @@ struct Tracking {
 }
 
 /// The columns of one output line (libipt's fixed-size fields: longer text is cut).
-#[expect(
-    clippy::struct_excessive_bools,
-    reason = "per-line switches, as in ptdump's buffer"
-)]
 #[derive(Debug, Default)]
 struct Line {
     raw: String,
@@ -130,15 +126,14 @@ fn field(mut text: String, size: usize) -> String {
 
 fn ip_payload(ip: IpPayload) -> String {
     let bits = ip.compression.bits();
-    let text = match ip.compression {
+    match ip.compression {
         IpCompression::Suppressed => format!("{bits:x}: ????????????????"),
         IpCompression::Update16 => format!("{bits:x}: ????????????{:04x}", ip.ip),
         IpCompression::Update32 => format!("{bits:x}: ????????{:08x}", ip.ip),
         IpCompression::Update48 => format!("{bits:x}: ????{:012x}", ip.ip),
         IpCompression::Sext48 => format!("{bits:x}: {:016x}", sign_extend(ip.ip, 48)),
         IpCompression::Full => format!("{bits:x}: {:016x}", ip.ip),
-    };
-    text
+    }
 }
 
 fn tnt_payload(tnt: Tnt) -> String {
@@ -296,7 +291,10 @@ impl Dumper<'_, '_> {
                 .trace()
                 .get(offset..offset + size)
                 .unwrap_or_default();
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = bytes.iter().fold(String::new(), |mut hex, b| {
+                let _ = write!(hex, "{b:02x}");
+                hex
+            });
             line.raw = field(hex, 33);
         }
         // TNT and TRIG go into libipt's wider payload buffer.
@@ -348,21 +346,21 @@ impl Dumper<'_, '_> {
             }
             Packet::ModeExec(mode) if opts.show_exec_mode => {
                 line.track_id = "em";
-                line.track = match mode.exec_mode() {
-                    super::packet::ExecMode::Bits64 => "64-bit",
-                    super::packet::ExecMode::Bits32 => "32-bit",
-                    super::packet::ExecMode::Bits16 => "16-bit",
-                    super::packet::ExecMode::Unknown => "unknown",
-                }
-                .to_owned();
+                let name = match mode.exec_mode() {
+                    ExecMode::Bits64 => "64-bit",
+                    ExecMode::Bits32 => "32-bit",
+                    ExecMode::Bits16 => "16-bit",
+                    ExecMode::Unknown => "unknown",
+                };
+                name.clone_into(&mut line.track);
             }
             Packet::Cfe(cfe) => {
                 line.track_id = "type";
-                line.track = cfe.type_name().to_owned();
+                cfe.type_name().clone_into(&mut line.track);
             }
             Packet::Evd(evd) => {
                 line.track_id = "type";
-                line.track = evd.type_name().to_owned();
+                evd.type_name().clone_into(&mut line.track);
             }
             Packet::Tsc { .. } | Packet::Cbr { .. } | Packet::Tma { .. } | Packet::Mtc { .. } => {
                 if self.track_time {
@@ -473,7 +471,7 @@ impl Dumper<'_, '_> {
         let fcr = match self.state.tcal.fcr() {
             Ok(fcr) => fcr,
             Err(err) => {
-                line.track = "<unavailable>".to_owned();
+                "<unavailable>".clone_into(&mut line.track);
                 return self.diag(offset, "error printing time", Some(time_errstr(err)));
             }
         };
@@ -496,7 +494,7 @@ impl Dumper<'_, '_> {
             Err(TimeError::NoTime) if self.opts.no_wall_clock => self.state.time.relative_tsc(),
             Err(err) => {
                 self.diag(offset, "error printing time", Some(time_errstr(err)))?;
-                line.track = "<unavailable>".to_owned();
+                "<unavailable>".clone_into(&mut line.track);
                 return Ok(());
             }
         };

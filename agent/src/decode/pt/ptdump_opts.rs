@@ -109,7 +109,7 @@ impl Default for PtdumpOptions {
     }
 }
 
-/// A perf_event sideband file named on the command line (`--pevent[:primary|:secondary]`).
+/// A `perf_event` sideband file named on the command line (`--pevent[:primary|:secondary]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeventFile {
     /// The path as given, without a `:from-to` range suffix.
@@ -156,6 +156,16 @@ fn split_range(arg: &str) -> (String, (u64, Option<u64>)) {
     }
 }
 
+/// Parses an option's numeric argument into `T` (C syntax: decimal, `0x` hex, octal).
+fn number<T: TryFrom<u64>>(option: &str, value: String) -> Result<T, PtdumpArgsError> {
+    parse_c_uint(&value)
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or(PtdumpArgsError::BadArgument {
+            option: option.to_owned(),
+            value,
+        })
+}
+
 impl PtdumpOptions {
     /// Parses ptdump's options (everything but the trace file name).
     pub fn from_args<S: AsRef<str>>(
@@ -171,14 +181,6 @@ impl PtdumpOptions {
                     .map(str::to_owned)
                     .ok_or_else(|| PtdumpArgsError::MissingArgument {
                         option: option.to_owned(),
-                    })
-            };
-            let number = |option: &str, value: String, max: u64| {
-                parse_c_uint(&value)
-                    .filter(|&n| n <= max)
-                    .ok_or(PtdumpArgsError::BadArgument {
-                        option: option.to_owned(),
-                        value,
                     })
             };
             match arg {
@@ -223,17 +225,17 @@ impl PtdumpOptions {
                         primary: arg != "--pevent:secondary",
                     });
                 }
-                "--pevent:sample-type" => pevent.sample_type = number(arg, value(arg)?, u64::MAX)?,
-                "--pevent:time-zero" => pevent.time_zero = number(arg, value(arg)?, u64::MAX)?,
+                "--pevent:sample-type" => pevent.sample_type = number(arg, value(arg)?)?,
+                "--pevent:time-zero" => pevent.time_zero = number(arg, value(arg)?)?,
                 "--pevent:time-shift" => {
-                    pevent.time_shift = number(arg, value(arg)?, 0xffff)? as u16;
+                    pevent.time_shift = number(arg, value(arg)?)?;
                 }
                 "--pevent:time-mult" => {
-                    pevent.time_mult = number(arg, value(arg)?, 0xffff_ffff)? as u32;
+                    pevent.time_mult = number(arg, value(arg)?)?;
                 }
-                "--pevent:tsc-offset" => pevent.tsc_offset = number(arg, value(arg)?, u64::MAX)?,
+                "--pevent:tsc-offset" => pevent.tsc_offset = number(arg, value(arg)?)?,
                 "--pevent:kernel-start" => {
-                    pevent.kernel_start = number(arg, value(arg)?, u64::MAX)?;
+                    pevent.kernel_start = number(arg, value(arg)?)?;
                 }
                 "--pevent:sysroot" | "--pevent:kcore" | "--pevent:vdso-x64"
                 | "--pevent:vdso-x32" | "--pevent:vdso-ia32" => {
@@ -247,13 +249,13 @@ impl PtdumpOptions {
                         Some(cpu.parse()?)
                     };
                 }
-                "--mtc-freq" => opts.timing.mtc_freq = number(arg, value(arg)?, 0xff)? as u8,
-                "--nom-freq" => opts.timing.nom_freq = number(arg, value(arg)?, 0xff)? as u8,
+                "--mtc-freq" => opts.timing.mtc_freq = number(arg, value(arg)?)?,
+                "--nom-freq" => opts.timing.nom_freq = number(arg, value(arg)?)?,
                 "--cpuid-0x15.eax" => {
-                    opts.timing.cpuid_0x15_eax = number(arg, value(arg)?, 0xffff_ffff)? as u32;
+                    opts.timing.cpuid_0x15_eax = number(arg, value(arg)?)?;
                 }
                 "--cpuid-0x15.ebx" => {
-                    opts.timing.cpuid_0x15_ebx = number(arg, value(arg)?, 0xffff_ffff)? as u32;
+                    opts.timing.cpuid_0x15_ebx = number(arg, value(arg)?)?;
                 }
                 other => return Err(PtdumpArgsError::UnknownOption(other.to_owned())),
             }

@@ -13,12 +13,12 @@
 
 use super::cpu::Errata;
 
-/// What the recording was configured with (IA32_RTIT_CTL, CPUID, MSR_PLATFORM_INFO).
+/// What the recording was configured with (`IA32_RTIT_CTL`, CPUID, `MSR_PLATFORM_INFO`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TimingConfig {
-    /// IA32_RTIT_CTL.MTCFreq: an MTC every `2^mtc_freq` crystal clock ticks.
+    /// `IA32_RTIT_CTL.MTCFreq`: an MTC every `2^mtc_freq` crystal clock ticks.
     pub mtc_freq: u8,
-    /// MSR_PLATFORM_INFO[15:8], the nominal core:bus ratio; 0 if unknown.
+    /// `MSR_PLATFORM_INFO[15:8]`, the nominal core:bus ratio; 0 if unknown.
     pub nom_freq: u8,
     /// CPUID.(EAX=0x15).EAX: denominator of the TSC:crystal clock ratio.
     pub cpuid_0x15_eax: u32,
