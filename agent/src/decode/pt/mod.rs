@@ -9,6 +9,7 @@
 //! Everything here is sans-IO: callers hand in byte slices and get values back.
 
 pub mod cpu;
+pub mod decoder;
 pub mod last_ip;
 pub mod packet;
 pub mod parse;
@@ -22,9 +23,10 @@ pub mod timing;
 mod conformance;
 
 pub use cpu::{Cpu, Errata};
+pub use decoder::PacketDecoder;
 pub use last_ip::{LastIp, LastIpError};
 pub use packet::{IpCompression, IpPayload, Packet, PacketKind};
-pub use parse::{PacketDecoder, PacketError, decode_packet};
+pub use parse::{PacketError, decode_packet};
 pub use ptdump::{ptdump, ptdump_with_sideband};
 pub use ptdump_opts::{PtdumpArgsError, PtdumpOptions};
 pub use timing::{Time, TimeCal, TimeError, TimingConfig};

@@ -1,6 +1,7 @@
 //! Unit tests of the byte decoder: one per tricky encoding, plus robustness on noise.
 
 use super::*;
+use crate::decode::pt::decoder::PacketDecoder;
 use crate::decode::pt::packet::{IpCompression, Packet, PacketKind};
 
 const PSB: [u8; 16] = [

@@ -10,9 +10,10 @@
 use std::fmt::{self, Write as _};
 
 use super::cpu::Errata;
+use super::decoder::PacketDecoder;
 use super::last_ip::{LastIp, LastIpError, sign_extend};
 use super::packet::{ExecMode, IpCompression, IpPayload, Packet, Tnt};
-use super::parse::{Decoded, PacketDecoder, PacketError};
+use super::parse::{Decoded, PacketError};
 use super::pevent::{SidebandSession, SidebandStream};
 use super::ptdump_opts::PtdumpOptions;
 use super::timing::{FCR_SHIFT, Time, TimeCal, TimeError, TimingConfig};
