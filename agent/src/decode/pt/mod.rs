@@ -8,6 +8,7 @@
 //!
 //! Everything here is sans-IO: callers hand in byte slices and get values back.
 
+pub mod clock;
 pub mod cpu;
 pub mod decoder;
 pub mod last_ip;
@@ -22,6 +23,7 @@ pub mod timing;
 #[cfg(test)]
 mod conformance;
 
+pub use clock::{TimeTracker, TrackerOptions, TscConversion};
 pub use cpu::{Cpu, Errata};
 pub use decoder::PacketDecoder;
 pub use last_ip::{LastIp, LastIpError};

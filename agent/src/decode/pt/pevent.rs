@@ -9,6 +9,7 @@
 
 use std::fmt;
 
+use super::clock::TscConversion;
 use super::ptdump_opts::SidebandFlags;
 
 const PERF_RECORD_MMAP: u32 = 1;
@@ -70,15 +71,18 @@ impl PeventConfig {
         if time == 0 {
             return Ok(0);
         }
-        if self.time_mult == 0 {
-            return Err(PeventError::BadTimeConfig);
+        self.conversion()
+            .ns_to_tsc(time)
+            .ok_or(PeventError::BadTimeConfig)
+    }
+
+    /// The stream's TSC ↔ perf time conversion.
+    pub fn conversion(&self) -> TscConversion {
+        TscConversion {
+            time_zero: self.time_zero,
+            time_mult: self.time_mult,
+            time_shift: self.time_shift,
         }
-        let time = time.wrapping_sub(self.time_zero);
-        let mult = u64::from(self.time_mult);
-        let shift = u32::from(self.time_shift);
-        let quot = (time / mult).checked_shl(shift).unwrap_or(0);
-        let rem = (time % mult).checked_shl(shift).unwrap_or(0) / mult;
-        Ok(quot.wrapping_add(rem))
     }
 }
 
@@ -587,3 +591,7 @@ impl<'a> SidebandSession<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "pevent_tests.rs"]
+mod tests;

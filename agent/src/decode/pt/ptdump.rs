@@ -9,6 +9,7 @@
 
 use std::fmt::{self, Write as _};
 
+use super::clock::{TimeTracker, TrackerOptions};
 use super::cpu::Errata;
 use super::decoder::PacketDecoder;
 use super::last_ip::{LastIp, LastIpError, sign_extend};
@@ -16,7 +17,7 @@ use super::packet::{ExecMode, IpCompression, IpPayload, Packet, Tnt};
 use super::parse::{Decoded, PacketError};
 use super::pevent::{SidebandSession, SidebandStream};
 use super::ptdump_opts::PtdumpOptions;
-use super::timing::{FCR_SHIFT, Time, TimeCal, TimeError, TimingConfig};
+use super::timing::{FCR_SHIFT, TimeError, TimingConfig};
 
 /// Writes the dump of `trace` to `out`.
 pub fn ptdump(trace: &[u8], opts: &PtdumpOptions, out: &mut impl fmt::Write) -> fmt::Result {
@@ -44,17 +45,18 @@ pub fn ptdump_with_sideband(
     } else {
         None
     };
+    let config = TimingConfig {
+        errata,
+        ..opts.timing
+    };
     let mut dumper = Dumper {
         opts,
-        config: TimingConfig {
-            errata,
-            ..opts.timing
-        },
+        config,
         track_time: opts.track_time(have_sideband),
         out,
         decoder: PacketDecoder::new(trace, errata),
         session,
-        state: Tracking::default(),
+        state: Tracking::new(config, opts),
     };
     dumper.run()?;
     if let Some(session) = dumper.session.as_mut() {
@@ -94,16 +96,28 @@ fn time_errstr(err: TimeError) -> &'static str {
 }
 
 /// What the dump keeps track of between packets; reset after a decode error.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Tracking {
     last_ip: LastIp,
-    tcal: TimeCal,
-    time: Time,
+    clock: TimeTracker,
     /// The last printed TSC and calibration (for `--time-delta`).
     tsc: u64,
     fcr: u64,
-    /// Between PSB and PSBEND.
-    in_header: bool,
+}
+
+impl Tracking {
+    fn new(config: TimingConfig, opts: &PtdumpOptions) -> Self {
+        let options = TrackerOptions {
+            calibrate: !opts.no_tcal,
+            keep_calibration_on_overflow: opts.keep_tcal_on_ovf,
+        };
+        Self {
+            last_ip: LastIp::new(),
+            clock: TimeTracker::new(config, options),
+            tsc: 0,
+            fcr: 0,
+        }
+    }
 }
 
 /// The columns of one output line (libipt's fixed-size fields: longer text is cut).
@@ -121,7 +135,9 @@ struct Line {
 
 /// Cuts `text` to what a C buffer of `size` bytes holds.
 fn field(mut text: String, size: usize) -> String {
-    text.truncate(size - 1);
+    if let Some((cut, _)) = text.char_indices().nth(size.saturating_sub(1)) {
+        text.truncate(cut);
+    }
     text
 }
 
@@ -256,7 +272,7 @@ impl Dumper<'_, '_> {
             if self.decoder.sync_forward().is_err() {
                 return Ok(());
             }
-            self.state = Tracking::default();
+            self.state = Tracking::new(self.config, self.opts);
         }
     }
 
@@ -309,21 +325,10 @@ impl Dumper<'_, '_> {
     fn track(&mut self, offset: usize, packet: &Packet, line: &mut Line) -> fmt::Result {
         let opts = self.opts;
         match *packet {
-            Packet::Psb => {
-                if self.track_time {
-                    self.state.tcal.update_psb(&self.config);
-                }
-                self.state.in_header = true;
+            Packet::Psb | Packet::PsbEnd | Packet::Ovf if self.track_time => {
+                self.state.clock.update(packet);
             }
-            Packet::PsbEnd => self.state.in_header = false,
             Packet::Pad => line.skip = opts.no_pad,
-            Packet::Ovf if self.track_time => {
-                if opts.keep_tcal_on_ovf {
-                    self.state.tcal.update_ovf();
-                } else {
-                    self.state.tcal = TimeCal::new();
-                }
-            }
             Packet::Tip(ip) | Packet::TipPge(ip) | Packet::TipPgd(ip) | Packet::Fup(ip)
                 if opts.show_last_ip =>
             {
@@ -369,9 +374,9 @@ impl Dumper<'_, '_> {
                 }
                 line.skip = opts.no_timing;
             }
-            Packet::Cyc { value } => {
+            Packet::Cyc { .. } => {
                 if self.track_time && !opts.no_cyc {
-                    self.track_cyc(offset, value, line)?;
+                    self.track_timing(offset, packet, line)?;
                 }
                 line.skip = opts.no_timing || opts.no_cyc;
             }
@@ -380,72 +385,29 @@ impl Dumper<'_, '_> {
         Ok(())
     }
 
-    /// TSC, CBR, TMA and MTC: calibration first, then time.
+    /// TSC, CBR, TMA, MTC and CYC: calibration first, then time.
     fn track_timing(&mut self, offset: usize, packet: &Packet, line: &mut Line) -> fmt::Result {
-        let cfg = self.config;
-        let st = &mut self.state;
-        let (cal, upd) = match *packet {
-            Packet::Tsc { tsc } => {
-                let cal = if self.opts.no_tcal {
-                    Ok(())
-                } else if st.in_header {
-                    st.tcal.header_tsc(tsc)
-                } else {
-                    st.tcal.update_tsc(tsc);
-                    Ok(())
-                };
-                st.time.update_tsc(tsc);
-                (cal, Ok(()))
-            }
-            Packet::Cbr { ratio } => {
-                let cal = if self.opts.no_tcal {
-                    Ok(())
-                } else if st.in_header {
-                    st.tcal.header_cbr(ratio, &cfg)
-                } else {
-                    st.tcal.update_cbr(ratio, &cfg)
-                };
-                line.skip_time = true;
-                (cal, st.time.update_cbr(ratio))
-            }
-            Packet::Tma { ctc, fc } => {
-                line.skip_tcal = true;
-                (Ok(()), st.time.update_tma(ctc, fc, &cfg))
-            }
-            Packet::Mtc { ctc } => {
-                let cal = if self.opts.no_tcal {
-                    Ok(())
-                } else {
-                    st.tcal.update_mtc(ctc, &cfg)
-                };
-                (cal, st.time.update_mtc(ctc, &cfg))
-            }
-            _ => (Ok(()), Ok(())),
-        };
-        if let Err(err) = cal {
-            self.diag(offset, "error calibrating time", Some(time_errstr(err)))?;
+        let step = self.state.clock.update(packet);
+        let is_cyc = matches!(packet, Packet::Cyc { .. });
+        if let Some(err) = step.calibration {
+            let what = if is_cyc {
+                "calibration error"
+            } else {
+                "error calibrating time"
+            };
+            self.diag(offset, what, Some(time_errstr(err)))?;
         }
-        if let Err(err) = upd {
+        if let Some(err) = step.time {
             self.diag(offset, "error updating time", Some(time_errstr(err)))?;
+        } else if step.uncalibrated {
+            self.diag(offset, "error updating time: no calibration", None)?;
         }
-        self.show_time(offset, line)
-    }
-
-    fn track_cyc(&mut self, offset: usize, cyc: u64, line: &mut Line) -> fmt::Result {
-        let mut fcr = 0;
-        if !self.opts.no_tcal {
-            match self.state.tcal.fcr() {
-                Ok(value) => fcr = value,
-                Err(err) => self.diag(offset, "calibration error", Some(time_errstr(err)))?,
-            }
-            self.state.tcal.update_cyc(cyc);
+        match packet {
+            // These packets do not change time or calibration respectively.
+            Packet::Cbr { .. } => line.skip_time = true,
+            Packet::Tma { .. } | Packet::Cyc { .. } => line.skip_tcal = true,
+            _ => {}
         }
-        match self.state.time.update_cyc(cyc, &self.config, fcr) {
-            Err(err) => self.diag(offset, "error updating time", Some(time_errstr(err)))?,
-            Ok(()) if fcr == 0 => self.diag(offset, "error updating time: no calibration", None)?,
-            Ok(()) => {}
-        }
-        line.skip_tcal = true;
         self.show_time(offset, line)
     }
 
@@ -458,7 +420,7 @@ impl Dumper<'_, '_> {
             self.show_tsc(offset, line)?;
         }
         if let Some(session) = self.session.as_mut() {
-            session.print_until(self.state.time.relative_tsc(), self.out)?;
+            session.print_until(self.state.clock.relative_tsc(), self.out)?;
         }
         Ok(())
     }
@@ -469,7 +431,7 @@ impl Dumper<'_, '_> {
     )]
     fn show_tcal(&mut self, offset: usize, line: &mut Line) -> fmt::Result {
         line.track_id = "fcr";
-        let fcr = match self.state.tcal.fcr() {
+        let fcr = match self.state.clock.fcr() {
             Ok(fcr) => fcr,
             Err(err) => {
                 "<unavailable>".clone_into(&mut line.track);
@@ -490,9 +452,9 @@ impl Dumper<'_, '_> {
 
     fn show_tsc(&mut self, offset: usize, line: &mut Line) -> fmt::Result {
         line.track_id = "tsc";
-        let tsc = match self.state.time.tsc() {
+        let tsc = match self.state.clock.tsc() {
             Ok(tsc) => tsc,
-            Err(TimeError::NoTime) if self.opts.no_wall_clock => self.state.time.relative_tsc(),
+            Err(TimeError::NoTime) if self.opts.no_wall_clock => self.state.clock.relative_tsc(),
             Err(err) => {
                 self.diag(offset, "error printing time", Some(time_errstr(err)))?;
                 "<unavailable>".clone_into(&mut line.track);

@@ -355,10 +355,11 @@ impl TimeCal {
         }
         let mut tsc = tsc;
         if tsc < last_tsc {
-            tsc += 1 << 56;
-            if tsc < last_tsc {
-                return Err(TimeError::TscBackwards);
-            }
+            // The packet carries 56 bits: allow for one wrap.
+            tsc = tsc
+                .checked_add(1 << 56)
+                .filter(|&tsc| tsc >= last_tsc)
+                .ok_or(TimeError::TscBackwards)?;
         }
         let delta = tsc - last_tsc;
         if delta & !(u64::MAX >> FCR_SHIFT) != 0 {
