@@ -48,9 +48,9 @@ fn align_up(offset: usize) -> usize {
 
 /// The first PSB starting at or after `start`, as libipt's `pt_sync_forward` finds it.
 ///
-/// A PSB that starts before `start` but reaches past it is not found; one whose pattern
-/// word is the aligned word containing `start` may be missed (libipt skips the current
-/// word too). `None` when there is none up to the end of the trace.
+/// A PSB that starts before `start` but reaches past it is not found. Of two PSBs back to
+/// back, the later one is found (the search walks to the end of the pattern run). `None`
+/// when there is none up to the end of the trace.
 pub fn find_psb_forward(trace: &[u8], start: usize) -> Option<usize> {
     if start > trace.len() {
         return None;
@@ -108,6 +108,12 @@ mod tests {
         trace.extend_from_slice(&PSB);
         assert_eq!(find_psb_forward(&trace, 0), Some(0));
         assert_eq!(find_psb_forward(&trace, 1), Some(21));
+    }
+
+    #[test]
+    fn of_back_to_back_psbs_the_later_is_found_as_libipt_does() {
+        let trace = [PSB, PSB].concat();
+        assert_eq!(find_psb_forward(&trace, 0), Some(16));
     }
 
     #[test]
