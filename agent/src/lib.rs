@@ -7,6 +7,7 @@
 
 pub mod check;
 pub mod cli;
+pub mod decode;
 pub mod rules;
 pub mod sys;
 pub mod triggers;

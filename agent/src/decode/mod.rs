@@ -1,0 +1,7 @@
+//! Decode: snapshot recorder bytes to control flow.
+//!
+//! In: what `capture/` froze (Intel PT bytes with their sideband, or sampled stacks). Out:
+//! packets, branch events and timestamps for `stacks/`. `pt` holds the Intel PT layers;
+//! decoding never opens files or asks the live system anything.
+
+pub mod pt;

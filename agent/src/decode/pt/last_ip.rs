@@ -1,0 +1,142 @@
+//! Reconstructing full addresses from compressed IP packets.
+//!
+//! In: the [`IpPayload`]s of TIP, TIP.PGE, TIP.PGD and FUP in trace order. Out: the full
+//! 64-bit IP each one stands for. IP packets may carry only the bytes that changed since
+//! the last IP packet ("last IP"); this helper keeps that state. A PSB resets it (the
+//! caller calls [`LastIp::reset`]), and a suppressed IP hides it until the next update.
+
+use super::packet::{IpCompression, IpPayload};
+
+/// Why there is no IP to report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LastIpError {
+    /// No IP packet with an address since the last reset.
+    #[error("no IP yet")]
+    NoIp,
+    /// The last IP packet was suppressed (IP out of context).
+    #[error("IP suppressed")]
+    Suppressed,
+}
+
+/// The last-IP register of the Intel PT compression scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LastIp {
+    ip: u64,
+    have_ip: bool,
+    suppressed: bool,
+}
+
+/// Sign-extends the low `bits` (1..=64) bits of `value`.
+pub fn sign_extend(value: u64, bits: u32) -> u64 {
+    let bits = bits.clamp(1, 64);
+    let high = u64::MAX.checked_shl(bits).unwrap_or(0);
+    if value >> (bits - 1) & 1 == 1 {
+        value | high
+    } else {
+        value & !high
+    }
+}
+
+impl LastIp {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forgets everything (at a PSB or after a decode error).
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// Applies one IP packet's payload.
+    pub fn update(&mut self, payload: IpPayload) {
+        let keep_high = |bits: u32| -> u64 {
+            let mask = (1u64 << bits) - 1;
+            (self.ip & !mask) | (payload.ip & mask)
+        };
+        self.ip = match payload.compression {
+            IpCompression::Suppressed => {
+                self.suppressed = true;
+                return;
+            }
+            IpCompression::Update16 => keep_high(16),
+            IpCompression::Update32 => keep_high(32),
+            IpCompression::Update48 => keep_high(48),
+            IpCompression::Sext48 => sign_extend(payload.ip, 48),
+            IpCompression::Full => payload.ip,
+        };
+        self.have_ip = true;
+        self.suppressed = false;
+    }
+
+    /// The current full IP.
+    pub fn ip(&self) -> Result<u64, LastIpError> {
+        if !self.have_ip {
+            Err(LastIpError::NoIp)
+        } else if self.suppressed {
+            Err(LastIpError::Suppressed)
+        } else {
+            Ok(self.ip)
+        }
+    }
+
+    /// Applies `payload` and returns the IP it stands for.
+    pub fn apply(&mut self, payload: IpPayload) -> Result<u64, LastIpError> {
+        self.update(payload);
+        self.ip()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(compression: IpCompression, ip: u64) -> IpPayload {
+        IpPayload { compression, ip }
+    }
+
+    #[test]
+    fn every_compression_combines_with_the_last_ip() {
+        let mut last = LastIp::new();
+        assert_eq!(last.ip(), Err(LastIpError::NoIp));
+        assert_eq!(
+            last.apply(ip(IpCompression::Full, 0x0a00_cccc_dddd_eeee)),
+            Ok(0x0a00_cccc_dddd_eeee)
+        );
+        assert_eq!(
+            last.apply(ip(IpCompression::Update48, 0xffff_eeee_ffff)),
+            Ok(0x0a00_ffff_eeee_ffff)
+        );
+        assert_eq!(
+            last.apply(ip(IpCompression::Update16, 0xdddd)),
+            Ok(0x0a00_ffff_eeee_dddd)
+        );
+        assert_eq!(
+            last.apply(ip(IpCompression::Sext48, 0xffff_dddd_eeee)),
+            Ok(0xffff_ffff_dddd_eeee)
+        );
+        assert_eq!(
+            last.apply(ip(IpCompression::Update32, 0xeeee_ffff)),
+            Ok(0xffff_ffff_eeee_ffff)
+        );
+        assert_eq!(
+            last.apply(ip(IpCompression::Sext48, 0x7fff_0000_1000)),
+            Ok(0x7fff_0000_1000)
+        );
+    }
+
+    #[test]
+    fn suppressed_hides_the_ip_until_the_next_update() {
+        let mut last = LastIp::new();
+        last.update(ip(IpCompression::Full, 0x1000));
+        assert_eq!(
+            last.apply(ip(IpCompression::Suppressed, 0)),
+            Err(LastIpError::Suppressed)
+        );
+        assert_eq!(last.apply(ip(IpCompression::Update16, 0x2000)), Ok(0x2000));
+        last.reset();
+        assert_eq!(
+            last.apply(ip(IpCompression::Suppressed, 0)),
+            Err(LastIpError::NoIp)
+        );
+    }
+}

@@ -1,0 +1,34 @@
+//! Intel Processor Trace decoding, bottom layer first.
+//!
+//! In: the PT bytes of a snapshot (AUX area, oldest first) and what the recording CPU
+//! was (family/model for errata, MTC frequency and CPUID leaf 0x15 for time). Out:
+//! packets ([`parse`]), full IPs ([`last_ip`]), time ([`timing`]), and a `ptdump`-style
+//! text dump ([`ptdump`]) that is checked against Intel libipt's conformance corpus.
+//! The instruction-flow layer (resolving TNT/TIP against the code) builds on these.
+//!
+//! Everything here is sans-IO: callers hand in byte slices and get values back.
+
+pub mod clock;
+pub mod cpu;
+pub mod decoder;
+pub mod last_ip;
+pub mod packet;
+pub mod parse;
+pub mod pevent;
+pub mod ptdump;
+pub mod ptdump_opts;
+pub mod sync;
+pub mod timing;
+
+#[cfg(test)]
+mod conformance;
+
+pub use clock::{TimeTracker, TrackerOptions, TscConversion};
+pub use cpu::{Cpu, Errata};
+pub use decoder::PacketDecoder;
+pub use last_ip::{LastIp, LastIpError};
+pub use packet::{IpCompression, IpPayload, Packet, PacketKind};
+pub use parse::{PacketError, decode_packet};
+pub use ptdump::{ptdump, ptdump_with_sideband};
+pub use ptdump_opts::{PtdumpArgsError, PtdumpOptions};
+pub use timing::{Time, TimeCal, TimeError, TimingConfig};
