@@ -12,9 +12,9 @@
  *     fsync N                  write+fsync a temp file N times
  *     nanosleep N US           N nanosleeps of US
  *     enoent N                 N openat() of a missing file
- *     getpid N                 N getpid() syscalls (benchmarks)
- *     loop N                   N calls of lb_noop() (benchmarks)
- *     loopnop N                N calls of lb_noop_nop5() (NOP5 entry, benchmarks)
+ *     getpid N                 N getpid() syscalls; prints ns_per_op= (benchmarks)
+ *     loop N                   N calls of lb_noop(); prints ns_per_op= (benchmarks)
+ *     loopnop N                N calls of lb_noop_nop5() (NOP5 entry); prints ns_per_op=
  *     segv | abort | usr1      die by SIGSEGV / SIGABRT, or raise SIGUSR1 (handled) once
  *     fork N SLOW_US           fork a child that calls lb_work(SLOW_US) N times; parent waits
  */
@@ -65,6 +65,17 @@ static void *calls_thread(void *p) {
 
 static void usr1(int sig) { (void)sig; }
 
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Benchmarks print the loop's cost per iteration, measured around the loop only. */
+static void report(long n, long long start) {
+    if (n > 0) printf("ns_per_op=%.1f\n", (double)(now_ns() - start) / (double)n);
+}
+
 int main(int argc, char **argv) {
     int a = 1;
     if (a < argc && strcmp(argv[a], "--wait") == 0) {
@@ -103,11 +114,17 @@ int main(int argc, char **argv) {
             if (fd >= 0) close(fd);
         }
     } else if (!strcmp(mode, "getpid")) {
+        long long t = now_ns();
         for (long i = 0; i < ARG(0); i++) syscall(SYS_getpid);
+        report(ARG(0), t);
     } else if (!strcmp(mode, "loop")) {
+        long long t = now_ns();
         for (long i = 0; i < ARG(0); i++) lb_noop(i);
+        report(ARG(0), t);
     } else if (!strcmp(mode, "loopnop")) {
+        long long t = now_ns();
         for (long i = 0; i < ARG(0); i++) lb_noop_nop5(i);
+        report(ARG(0), t);
     } else if (!strcmp(mode, "segv")) {
         volatile int *p = NULL;
         *p = 1;

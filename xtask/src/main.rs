@@ -10,6 +10,7 @@
     reason = "xtask reports progress to the terminal"
 )]
 
+mod bench;
 mod demo;
 mod setup;
 mod test;
@@ -42,6 +43,8 @@ enum Command {
     Demo,
     /// rustfmt --check and clippy -D warnings (userspace and eBPF crates).
     Lint,
+    /// Trigger overhead on the traced process, side by side with bpftrace (needs root).
+    Bench,
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Test { args } => setup::setup().and_then(|env| test::test(&env, &args)),
         Command::Demo => setup::setup().and_then(|env| demo::demo(&env)),
         Command::Lint => setup::setup().and_then(|env| test::lint(&env)),
+        Command::Bench => setup::setup().and_then(|env| bench::bench(&env)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

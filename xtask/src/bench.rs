@@ -1,0 +1,204 @@
+//! `cargo xtask bench`: the cost the trigger engine adds to a traced process, side by side
+//! with bpftrace doing the equivalent check, in one run. Informative only: nothing here
+//! asserts a time.
+//!
+//! Function probes: a tight loop calling a probed function (`lb_noop`, a trap uprobe, and
+//! `lb_noop_nop5`, whose entry is a 5-byte NOP the kernel can optimize) with a latency
+//! trigger that never fires (`>1s`), so the numbers are the probe cost alone. Syscalls: a
+//! `getpid()` loop, as the target and as a bystander while another process is traced.
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread::sleep,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::util::{BuildEnv, run};
+
+const CALLS: &str = "200000";
+const SYSCALLS: &str = "1000000";
+
+pub fn bench(env: &BuildEnv) -> Result<()> {
+    if !env.is_root {
+        bail!("the benchmarks load BPF programs: run as root");
+    }
+    run(env.cargo().args(["build", "--release", "-p", "lookback"]))?;
+    let workload = build_workload(env)?;
+    let bpftrace = which("bpftrace");
+    if bpftrace.is_none() {
+        eprintln!(
+            "xtask bench: bpftrace not found (apt-get install bpftrace): its column stays empty"
+        );
+    }
+    let lookback = env.release_bin();
+    let w = workload.display().to_string();
+    println!(
+        "| probe | workload | none ns/call | lookback ns/call | bpftrace ns/call | lookback overhead | bpftrace overhead |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (func, mode) in [("lb_noop", "loop"), ("lb_noop_nop5", "loopnop")] {
+        let none = measure(Command::new(&workload).args([mode, CALLS]))?;
+        let lb = measure(
+            Command::new(&lookback)
+                .args([
+                    "-q",
+                    "run",
+                    "--dry-run",
+                    "--max-snapshots",
+                    "0",
+                    "--trigger",
+                ])
+                .arg(format!("func:{func}>1s"))
+                .arg("--")
+                .arg(&workload)
+                .args([mode, CALLS]),
+        )?;
+        let bt = bpftrace.as_ref().map(|bt| {
+            let script = format!(
+                "uprobe:{w}:{func} {{ @s[tid] = nsecs; }} \
+                 uretprobe:{w}:{func} /@s[tid]/ {{ if (nsecs - @s[tid] > 1000000000) {{ printf(\"slow\\n\"); }} delete(@s[tid]); }}"
+            );
+            measure(Command::new(bt).args(["-q", "-e", &script, "-c"]).arg(format!("{w} {mode} {CALLS}")))
+        });
+        row(
+            &format!("uprobe+uretprobe `{func}`"),
+            mode,
+            none,
+            lb,
+            bt.transpose()?,
+        );
+    }
+    syscall_rows(&lookback, &workload, bpftrace.as_deref())
+}
+
+fn syscall_rows(lookback: &Path, workload: &Path, bpftrace: Option<&Path>) -> Result<()> {
+    let w = workload.display().to_string();
+    let none = measure(Command::new(workload).args(["getpid", SYSCALLS]))?;
+    let trigger = ["--trigger", "syscall:getpid>1s"];
+    let lb = measure(
+        Command::new(lookback)
+            .args(["-q", "run", "--dry-run", "--max-snapshots", "0"])
+            .args(trigger)
+            .arg("--")
+            .arg(workload)
+            .args(["getpid", SYSCALLS]),
+    )?;
+    let bt_script = |filter: String| {
+        format!(
+            "tracepoint:raw_syscalls:sys_enter /{filter} && args->id == 39/ {{ @s[tid] = nsecs; }} \
+             tracepoint:raw_syscalls:sys_exit /@s[tid]/ {{ if (nsecs - @s[tid] > 1000000000) {{ printf(\"slow\\n\"); }} delete(@s[tid]); }}"
+        )
+    };
+    let bt = bpftrace
+        .map(|bt| {
+            measure(
+                Command::new(bt)
+                    .args(["-q", "-e", &bt_script("pid == cpid".into()), "-c"])
+                    .arg(format!("{w} getpid {SYSCALLS}")),
+            )
+        })
+        .transpose()?;
+    row("syscall trigger, target", "getpid", none, lb, bt);
+
+    // A bystander: another process is traced while this one runs.
+    let mut idle = Command::new("sleep").arg("600").spawn().context("sleep")?;
+    let idle_pid = idle.id().to_string();
+    let mut lb_attach = background(
+        Command::new(lookback)
+            .args([
+                "-q",
+                "attach",
+                "--dry-run",
+                "--max-snapshots",
+                "0",
+                "-p",
+                &idle_pid,
+            ])
+            .args(trigger),
+    )?;
+    let lb = measure(Command::new(workload).args(["getpid", SYSCALLS]));
+    stop(&mut lb_attach);
+    let bt = match bpftrace {
+        Some(bt) => {
+            let mut tracer = background(Command::new(bt).args([
+                "-q",
+                "-e",
+                &bt_script(format!("pid == {idle_pid}")),
+            ]))?;
+            let r = measure(Command::new(workload).args(["getpid", SYSCALLS]));
+            stop(&mut tracer);
+            Some(r?)
+        }
+        None => None,
+    };
+    stop(&mut idle);
+    row("syscall trigger, other process", "getpid", none, lb?, bt);
+    Ok(())
+}
+
+fn row(probe: &str, mode: &str, none: f64, lb: f64, bt: Option<f64>) {
+    let bt_cell = bt.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"));
+    let bt_over = bt.map_or_else(|| "-".to_owned(), |v| format!("+{:.0} ns", v - none));
+    println!(
+        "| {probe} | {mode} | {none:.0} | {lb:.0} | {bt_cell} | +{:.0} ns | {bt_over} |",
+        lb - none
+    );
+}
+
+/// Runs a command whose output contains the workload's `ns_per_op=` line.
+fn measure(cmd: &mut Command) -> Result<f64> {
+    let out = cmd
+        .stderr(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("ns_per_op=")?.trim().parse().ok())
+        .with_context(|| format!("{cmd:?} printed no ns_per_op (status {})", out.status))
+}
+
+/// Starts a tracer and gives it time to attach.
+fn background(cmd: &mut Command) -> Result<Child> {
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    sleep(Duration::from_secs(3));
+    Ok(child)
+}
+
+fn stop(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn build_workload(env: &BuildEnv) -> Result<PathBuf> {
+    let src = env.root.join("tests/workloads");
+    let out = env.root.join("target/bench");
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let lib = out.join("libworkload.so");
+    run(Command::new("cc")
+        .args(["-O1", "-g", "-fPIC", "-shared", "-o"])
+        .arg(&lib)
+        .arg(src.join("libworkload.c")))?;
+    let bin = out.join("workload");
+    run(Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(src.join("workload.c"))
+        .arg(format!("-L{}", out.display()))
+        .arg("-lworkload")
+        .arg(format!("-Wl,-rpath,{}", out.display())))?;
+    Ok(bin)
+}
