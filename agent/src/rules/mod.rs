@@ -46,14 +46,7 @@ pub fn parse_trigger_spec(spec: &str) -> Result<Trigger, SpecError> {
         .split_once(':')
         .ok_or_else(|| SpecError("no kind".into()))?;
     let (body, dur) = match rest.split_once('>') {
-        Some((b, d)) => (
-            b,
-            Some(Duration::from_millis(
-                d.trim_end_matches("ms")
-                    .parse()
-                    .map_err(|_| SpecError("dur".into()))?,
-            )),
-        ),
+        Some((b, d)) => (b, Some(parse_duration(d)?)),
         None => (rest, None),
     };
     match kind {
@@ -104,6 +97,7 @@ pub fn parse_trigger_spec(spec: &str) -> Result<Trigger, SpecError> {
 pub fn syscall_number(name: &str) -> Option<u32> {
     Some(match name {
         "fsync" => 74,
+        "fdatasync" => 75,
         "nanosleep" => 35,
         "openat" => 257,
         "getpid" => 39,
@@ -147,8 +141,16 @@ pub fn errno_name(nr: u32) -> Option<&'static str> {
     })
 }
 pub fn parse_duration(s: &str) -> Result<Duration, SpecError> {
-    s.trim_end_matches("ms")
-        .parse()
-        .map(Duration::from_millis)
-        .map_err(|_| SpecError("dur".into()))
+    let split = s.find(|c: char| c.is_alphabetic()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: f64 = n.parse().map_err(|_| SpecError("dur".into()))?;
+    let ns = match unit {
+        "ns" => 1.0,
+        "us" => 1e3,
+        "ms" | "" => 1e6,
+        "s" => 1e9,
+        "h" => 3.6e12,
+        _ => return Err(SpecError("unit".into())),
+    };
+    Ok(Duration::from_nanos((n * ns) as u64))
 }
