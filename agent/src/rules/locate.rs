@@ -137,10 +137,13 @@ pub(super) fn from_yaml(text: &str, file: &str, err: &serde_yaml::Error) -> Rule
     }
     let offending = text
         .lines()
-        .nth(line - 1)
-        .and_then(|text| text.chars().nth(column - 1));
+        .nth(line.saturating_sub(1))
+        .and_then(|text| text.chars().nth(column.saturating_sub(1)));
     if offending == Some('\t') {
         message.push_str(" (a tab: YAML indents with spaces only)");
+    }
+    if message.contains("unknown field `<<`") {
+        message.push_str(" (YAML merge keys are not supported; shared settings go in `defaults:`)");
     }
     let message = match message.as_str() {
         "repetition limit exceeded" => {

@@ -2,7 +2,7 @@
 //! `--trigger` specs. Out: validated domain types — a [`RuleSet`] of [`Rule`]s, each a
 //! [`Target`], a [`Trigger`] and its capture/snapshot/output policies with defaults merged in.
 //!
-//! Parsing goes through `Raw*` structs (`raw`) whose leaf values validate themselves while
+//! Parsing goes through `Raw*` structs (`raw`) whose leaf values (`leaf`) validate themselves while
 //! `serde_yaml` still knows their position; checks across values (`validate`) locate their
 //! node afterwards (`locate`). Every content error is reported as `FILE:LINE:COL: message`.
 
@@ -14,6 +14,7 @@ use std::time::Duration;
 
 mod error;
 mod guard;
+mod leaf;
 mod locate;
 mod names;
 mod raw;
@@ -26,6 +27,8 @@ mod validate;
 mod tests;
 #[cfg(test)]
 mod tests_good;
+#[cfg(test)]
+mod tests_robust;
 
 pub use error::{RulesError, SpecError};
 pub use names::{

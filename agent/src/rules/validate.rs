@@ -8,10 +8,11 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use super::guard;
+use super::leaf::SyscallNames;
 use super::locate::{self, Problem, Step};
 use super::raw::{
     RawCapture, RawDefaults, RawFile, RawKubernetes, RawOutput, RawRule, RawSnapshot, RawTarget,
-    RawTrigger, SyscallNames,
+    RawTrigger,
 };
 use super::{
     Capture, FunctionTrigger, KubernetesSelector, MAX_FILE_BYTES, OutputPolicy, Retention, Rule,
