@@ -398,11 +398,6 @@ macro_rules! number_newtype {
                 value.0
             }
         }
-        impl From<u32> for $ty {
-            fn from(value: u32) -> $ty {
-                $ty(value)
-            }
-        }
     )*};
 }
 
