@@ -539,3 +539,56 @@ fn other_perf_users_see_the_same_counts() {
     assert_eq!(triggered.len(), 5, "lookback saw every call");
     assert_eq!((without.clone(), with), (vec![5], vec![5]), "{without:?}");
 }
+
+#[test]
+fn rules_file_drives_the_triggers() {
+    let mut file = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("temp file");
+    write!(
+        file,
+        "version: 1\n\
+         rules:\n\
+         \x20 - name: slow-work\n\
+         \x20   target: {{ comm: workload }}\n\
+         \x20   trigger: {{ function: {{ symbol: lb_work, min_duration: 5ms }} }}\n\
+         \x20   snapshot: {{ cooldown: 0s, max_per_hour: 2 }}\n\
+         \x20 - name: missing-files\n\
+         \x20   target: {{ comm: workload }}\n\
+         \x20   trigger: {{ syscall: {{ names: [openat], errno: [ENOENT] }} }}\n\
+         \x20   snapshot: {{ cooldown: 1h }}\n"
+    )
+    .expect("write rules");
+    let rules = file.path().to_str().expect("utf-8 path");
+    let run = dry_run(&["--rules", rules], &["calls", "4", "1", "6000", "0", "1"]);
+    let slow = run.of_rule(0);
+    assert_eq!(slow.len(), 2, "max_per_hour 2 from the file: {slow:#?}");
+    assert!(slow.iter().all(|e| e["rule"] == "slow-work"));
+    assert_eq!(run.counter(0, "suppressed_rate_limit"), 2);
+    assert_eq!(
+        run.of_rule(1).len(),
+        1,
+        "cooldown 1h: only the loader's first ENOENT"
+    );
+    // A broken file is a usage error with its position.
+    let mut bad = tempfile::Builder::new()
+        .suffix(".yaml")
+        .tempfile()
+        .expect("temp file");
+    write!(
+        bad,
+        "version: 1\nrules:\n  - name: x\n    trigger: {{ signal: {{ signals: [SIGNOPE] }} }}\n"
+    )
+    .expect("write");
+    let out = Command::new(lookback_bin())
+        .args(["run", "--dry-run", "--rules"])
+        .arg(bad.path())
+        .arg("--")
+        .arg(workload())
+        .output()
+        .expect("lookback");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(":4:") && err.contains("SIGNOPE"), "{err}");
+}
