@@ -98,15 +98,18 @@ pub fn lint(env: &BuildEnv) -> Result<()> {
     run(env.cargo().args([
         "clippy",
         "--workspace",
+        "--exclude",
+        "lookback-ebpf",
         "--all-targets",
         "--",
         "-D",
         "warnings",
     ]))?;
     // The eBPF crate is linted on its own: feature unification would pull std into it.
-    let mut ebpf = env.cargo();
+    let mut ebpf = Command::new("rustup");
     ebpf.current_dir(env.root.join("agent-ebpf"))
-        .arg(format!("+{}", env.ebpf_toolchain))
+        .env("PATH", &env.path)
+        .args(["run", &env.ebpf_toolchain, "cargo"])
         .args([
             "clippy",
             "--release",
