@@ -46,6 +46,9 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     let sig: u64 = ctx.arg(0);
     let sender = bpf_get_current_pid_tgid();
     for rule_id in 0..MAX_RULES {
+        if mask >> rule_id == 0 {
+            break; // no rule with this id or above applies
+        }
         if mask & (1 << rule_id) == 0 {
             continue;
         }

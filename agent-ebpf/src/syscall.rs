@@ -43,6 +43,9 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
     let now = now_ns();
     let mut wants_exit = false;
     for rule_id in 0..MAX_RULES {
+        if mask >> rule_id == 0 {
+            break; // no rule with this id or above applies
+        }
         if mask & (1 << rule_id) == 0 {
             continue;
         }
@@ -87,6 +90,9 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
     let ret: i64 = ctx.arg(1);
     let duration = now.saturating_sub(start.enter_ns);
     for rule_id in 0..MAX_RULES {
+        if mask >> rule_id == 0 {
+            break; // no rule with this id or above applies
+        }
         if mask & (1 << rule_id) == 0 {
             continue;
         }

@@ -147,16 +147,28 @@ fn row(probe: &str, mode: &str, none: f64, lb: f64, bt: Option<f64>) {
     );
 }
 
-/// Runs a command whose output contains the workload's `ns_per_op=` line.
+/// Repetitions of each measurement; the median is reported (other work on a 2-core VM
+/// makes single runs vary by ±30%).
+const REPS: usize = 5;
+
+/// Runs a command whose output contains the workload's `ns_per_op=` line, [`REPS`] times,
+/// and returns the median.
 fn measure(cmd: &mut Command) -> Result<f64> {
-    let out = cmd
-        .stderr(Stdio::null())
-        .output()
-        .with_context(|| format!("running {cmd:?}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("ns_per_op=")?.trim().parse().ok())
-        .with_context(|| format!("{cmd:?} printed no ns_per_op (status {})", out.status))
+    let mut samples = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let out = cmd
+            .stderr(Stdio::null())
+            .output()
+            .with_context(|| format!("running {cmd:?}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ns_per_op=")?.trim().parse().ok())
+            .with_context(|| format!("{cmd:?} printed no ns_per_op (status {})", out.status))?;
+        samples.push(v);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[REPS / 2])
 }
 
 /// Starts a tracer and gives it time to attach.
