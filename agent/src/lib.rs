@@ -10,5 +10,6 @@ pub mod check;
 pub mod cli;
 pub mod decode;
 pub mod rules;
+pub mod snapshot;
 pub mod sys;
 pub mod triggers;
