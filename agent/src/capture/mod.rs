@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::check::{Backend, SamplingEvent};
 use crate::{
     check::{self, Paths},
+    decode::pt::TscConversion,
     sys::SyscallError,
 };
 pub use procmaps::{CodeRegion, MapEntry, ProcessMaps};
@@ -172,6 +173,27 @@ pub struct ClockConversion {
     /// `rdtsc` and `CLOCK_MONOTONIC` read back to back at freeze time (x86-64 only).
     pub tsc_at_freeze: Option<u64>,
     pub monotonic_ns_at_freeze: u64,
+}
+
+impl ClockConversion {
+    /// The perf-clock conversion, when the mmap page published one.
+    pub fn tsc_conversion(&self) -> Option<TscConversion> {
+        (self.valid && self.time_mult != 0).then_some(TscConversion {
+            time_zero: self.time_zero,
+            time_mult: self.time_mult,
+            time_shift: self.time_shift,
+        })
+    }
+
+    /// A TSC value as `CLOCK_MONOTONIC` ns (the trigger clock): the TSC distance to the
+    /// freeze-time pair, scaled with the perf conversion. `None` without both.
+    pub fn tsc_to_monotonic_ns(&self, tsc: u64) -> Option<u64> {
+        let conv = self.tsc_conversion()?;
+        let at_freeze = conv.tsc_to_ns(self.tsc_at_freeze?);
+        let then = conv.tsc_to_ns(tsc);
+        let delta = i128::from(then) - i128::from(at_freeze);
+        u64::try_from(i128::from(self.monotonic_ns_at_freeze) + delta).ok()
+    }
 }
 
 /// What a freeze copied out.
@@ -315,8 +337,40 @@ fn pages_for(bytes: usize) -> Result<usize, CaptureError> {
 }
 
 #[cfg(test)]
+mod sideband_corpus;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tsc_maps_to_the_trigger_clock() {
+        // 3 GHz: mult / 2^shift = 1/3 ns per tick.
+        let clock = ClockConversion {
+            time_zero: 1_000,
+            time_mult: 0x5555_5555,
+            time_shift: 32,
+            valid: true,
+            tsc_at_freeze: Some(30_000_000_000),
+            monotonic_ns_at_freeze: 50_000_000_000,
+        };
+        // 3 million ticks (1 ms) before the freeze.
+        let ns = clock.tsc_to_monotonic_ns(29_997_000_000).unwrap();
+        assert!((49_998_999_990..=49_999_000_010).contains(&ns), "{ns}");
+        assert_eq!(clock.tsc_to_monotonic_ns(30_000_000_000), Some(50_000_000_000));
+        let perf_ns = clock.tsc_conversion().unwrap().tsc_to_ns(3_000);
+        assert!((1_999..=2_001).contains(&perf_ns), "{perf_ns}");
+        let invalid = ClockConversion {
+            valid: false,
+            ..clock
+        };
+        assert_eq!(invalid.tsc_to_monotonic_ns(1), None);
+        let no_pair = ClockConversion {
+            tsc_at_freeze: None,
+            ..clock
+        };
+        assert_eq!(no_pair.tsc_to_monotonic_ns(1), None);
+    }
 
     #[test]
     fn buffer_sizes_round_to_power_of_two_pages() {
