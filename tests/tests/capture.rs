@@ -1,6 +1,6 @@
 //! The sampling recorder against real processes: real perf events (cpu-clock, or cycles
 //! where a hardware PMU exists), real overwrite rings, the C workload's `spin` modes.
-//! Needs root (or perf_event_paranoid ≤ 1 with ptrace rights over the workload); run by
+//! Needs root (or `perf_event_paranoid` ≤ 1 with ptrace rights over the workload); run by
 //! `cargo xtask test` with --test-threads=1.
 
 use std::{
@@ -33,6 +33,7 @@ fn is_root() -> bool {
 }
 
 /// `false` (with a note on stderr) when the test cannot run here.
+#[expect(clippy::print_stderr, reason = "a skipped test says why")]
 fn can_run(test: &str) -> bool {
     let root = is_root();
     if !root {
@@ -135,11 +136,17 @@ fn samples_carry_workload_threads_and_callchains_into_lb_spin() {
 
     let samples = samples(&data);
     assert!(samples.len() > 100, "only {} samples", samples.len());
-    assert!(samples.iter().all(|s| s.pid == Some(pid)), "foreign samples");
+    assert!(
+        samples.iter().all(|s| s.pid == Some(pid)),
+        "foreign samples"
+    );
     let tids: BTreeSet<u32> = samples.iter().filter_map(|s| s.tid).collect();
     let spinning: BTreeSet<u32> = tids_now.iter().copied().filter(|&t| t != pid).collect();
     assert_eq!(spinning.len(), 3, "{tids_now:?}");
-    assert!(spinning.is_subset(&tids), "sampled {tids:?}, spinning {spinning:?}");
+    assert!(
+        spinning.is_subset(&tids),
+        "sampled {tids:?}, spinning {spinning:?}"
+    );
 
     let maps = data.processes.iter().find(|p| p.pid == pid).expect("maps");
     assert!(maps.at_freeze);
@@ -148,8 +155,12 @@ fn samples_carry_workload_threads_and_callchains_into_lb_spin() {
     // (now_ns) show lb_spin itself.
     let spin = symbol_range(&workload_path(), maps, "lb_spin");
     let noop = symbol_range(&workload_path(), maps, "lb_noop");
-    let inside = |(lo, hi): (u64, u64), s: &Sample| s.user_callchain().any(|a| (lo..hi).contains(&a));
-    let in_loop = samples.iter().filter(|s| inside(spin, s) || inside(noop, s)).count();
+    let inside =
+        |(lo, hi): (u64, u64), s: &Sample| s.user_callchain().any(|a| (lo..hi).contains(&a));
+    let in_loop = samples
+        .iter()
+        .filter(|s| inside(spin, s) || inside(noop, s))
+        .count();
     assert!(
         in_loop * 2 > samples.len(),
         "{in_loop} of {} callchains in the spin loop ({spin:x?}, {noop:x?})",
@@ -157,18 +168,32 @@ fn samples_carry_workload_threads_and_callchains_into_lb_spin() {
     );
     let through_spin = samples
         .iter()
-        .filter(|s| s.user_callchain().skip(1).any(|a| (spin.0..spin.1).contains(&a)))
+        .filter(|s| {
+            s.user_callchain()
+                .skip(1)
+                .any(|a| (spin.0..spin.1).contains(&a))
+        })
         .count();
-    assert!(through_spin > 0, "no callchain has lb_spin as a caller frame");
+    assert!(
+        through_spin > 0,
+        "no callchain has lb_spin as a caller frame"
+    );
     let (first, last) = data.window.expect("sample times");
-    assert!(first < last && last <= data.freeze_time_ns, "{first} {last} {}", data.freeze_time_ns);
+    assert!(
+        first < last && last <= data.freeze_time_ns,
+        "{first} {last} {}",
+        data.freeze_time_ns
+    );
     assert!(data.clock.is_some());
     let workload_map = maps
         .maps
         .iter()
         .find(|e| e.path == workload_path().to_string_lossy() && e.executable())
         .expect("workload text mapping");
-    assert!(workload_map.build_id.is_some(), "gcc links a build-id by default");
+    assert!(
+        workload_map.build_id.is_some(),
+        "gcc links a build-id by default"
+    );
 }
 
 #[test]
@@ -239,7 +264,11 @@ fn freeze_after_the_target_exited_returns_what_was_captured() {
     let data = recorder.freeze().expect("freeze after exit");
     let samples = samples(&data);
     assert!(samples.len() > 50, "{} samples", samples.len());
-    let maps = data.processes.iter().find(|p| p.pid == pid).expect("cached maps");
+    let maps = data
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .expect("cached maps");
     assert!(!maps.at_freeze, "the process was gone at freeze");
     assert!(!maps.maps.is_empty());
     recorder.resume().expect("resume after exit");
@@ -257,7 +286,12 @@ fn a_missing_process_is_an_error_and_intel_pt_is_refused_here() {
         ..opts()
     };
     if !Path::new("/sys/bus/event_source/devices/intel_pt").exists() {
-        let err = capture::open_recorder(&pt, &[]).err().expect("no intel_pt here");
-        assert!(err.to_string().starts_with("intel_pt PMU not found"), "{err}");
+        let err = capture::open_recorder(&pt, &[])
+            .err()
+            .expect("no intel_pt here");
+        assert!(
+            err.to_string().starts_with("intel_pt PMU not found"),
+            "{err}"
+        );
     }
 }

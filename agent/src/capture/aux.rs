@@ -69,12 +69,11 @@ impl AuxArea {
     /// Maps `size` bytes (a power of two of pages) of `fd` at `offset` read-only. The
     /// ring's metadata page must already carry `aux_offset`/`aux_size`.
     pub fn map(fd: BorrowedFd<'_>, offset: u64, size: usize) -> Result<Self, CaptureError> {
-        let map = Mapping::map_fd(fd, size, offset, false).map_err(|source| {
-            CaptureError::Syscall {
+        let map =
+            Mapping::map_fd(fd, size, offset, false).map_err(|source| CaptureError::Syscall {
                 what: "mapping the AUX area",
                 source,
-            }
-        })?;
+            })?;
         Ok(Self::over(map))
     }
 
@@ -121,7 +120,9 @@ mod tests {
     }
 
     fn stream(from: usize, to: usize) -> Vec<u8> {
-        (from..to).map(|i| u8::try_from(i % 251 + 1).unwrap()).collect()
+        (from..to)
+            .map(|i| u8::try_from(i % 251 + 1).unwrap())
+            .collect()
     }
 
     #[test]

@@ -77,19 +77,19 @@ impl<R: CpuRing> EventSet<R> {
         let pid = libc::pid_t::try_from(tid).map_err(|_| CaptureError::NoProcess { pid: tid })?;
         for &cpu in &self.cpus {
             for (index, spec) in specs.iter().enumerate() {
-                let fd = match perf::perf_event_open(&spec.attr, Target::Pid(pid), Some(cpu), None, 0)
-                {
-                    Ok(fd) => fd,
-                    Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(false),
-                    Err(source) => {
-                        return Err(CaptureError::Open {
-                            event: spec.name,
-                            tid,
-                            cpu,
-                            source,
-                        });
-                    }
-                };
+                let fd =
+                    match perf::perf_event_open(&spec.attr, Target::Pid(pid), Some(cpu), None, 0) {
+                        Ok(fd) => fd,
+                        Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(false),
+                        Err(source) => {
+                            return Err(CaptureError::Open {
+                                event: spec.name,
+                                tid,
+                                cpu,
+                                source,
+                            });
+                        }
+                    };
                 if index == 0 && !self.rings.contains_key(&cpu) {
                     let ring = make_ring(fd, cpu)?;
                     self.rings.insert(cpu, ring);

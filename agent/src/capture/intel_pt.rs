@@ -202,9 +202,17 @@ impl PtRecorder {
     fn set_enabled(&mut self, enabled: bool) -> Result<(), CaptureError> {
         let owners: Vec<BorrowedFd<'_>> = self.events.rings().map(|(_, r)| r.ring.fd()).collect();
         for fd in owners.into_iter().chain(self.events.followers_of(0)) {
-            let result = if enabled { perf::enable(fd) } else { perf::disable(fd) };
+            let result = if enabled {
+                perf::enable(fd)
+            } else {
+                perf::disable(fd)
+            };
             result.map_err(|source| CaptureError::Syscall {
-                what: if enabled { "enabling Intel PT" } else { "disabling Intel PT" },
+                what: if enabled {
+                    "enabling Intel PT"
+                } else {
+                    "disabling Intel PT"
+                },
                 source,
             })?;
         }
@@ -336,12 +344,20 @@ mod tests {
         };
         let attr = pt_attr(&cfg, false);
         assert_eq!((attr.type_, attr.config), (8, 0x2401));
-        assert_eq!((attr.inherit(), attr.sample_id_all(), attr.exclude_kernel()), (1, 1, 1));
+        assert_eq!(
+            (attr.inherit(), attr.sample_id_all(), attr.exclude_kernel()),
+            (1, 1, 1)
+        );
         assert_eq!(attr.aux_start_paused_bits(), 0);
         let tracking = tracking_attr(true);
         assert_eq!(tracking.config, u64::from(PERF_COUNT_SW_DUMMY));
         assert_eq!(
-            (tracking.mmap2(), tracking.comm(), tracking.task(), tracking.context_switch()),
+            (
+                tracking.mmap2(),
+                tracking.comm(),
+                tracking.task(),
+                tracking.context_switch()
+            ),
             (1, 1, 1, 1)
         );
         assert_eq!(tracking.exclude_kernel(), 0);

@@ -357,7 +357,10 @@ mod tests {
         // 3 million ticks (1 ms) before the freeze.
         let ns = clock.tsc_to_monotonic_ns(29_997_000_000).unwrap();
         assert!((49_998_999_990..=49_999_000_010).contains(&ns), "{ns}");
-        assert_eq!(clock.tsc_to_monotonic_ns(30_000_000_000), Some(50_000_000_000));
+        assert_eq!(
+            clock.tsc_to_monotonic_ns(30_000_000_000),
+            Some(50_000_000_000)
+        );
         let perf_ns = clock.tsc_conversion().unwrap().tsc_to_ns(3_000);
         assert!((1_999..=2_001).contains(&perf_ns), "{perf_ns}");
         let invalid = ClockConversion {
@@ -389,7 +392,9 @@ mod tests {
             event_sources: root.path().to_owned(),
             ..CaptureOptions::default()
         };
-        let err = open_recorder(&opts, &[]).err().expect("no intel_pt in a tempdir");
+        let err = open_recorder(&opts, &[])
+            .err()
+            .expect("no intel_pt in a tempdir");
         let text = err.to_string();
         assert!(text.starts_with("intel_pt PMU not found: "), "{text}");
         assert!(text.contains("use --backend sampling"), "{text}");

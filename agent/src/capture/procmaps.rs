@@ -134,7 +134,11 @@ pub fn build_id_of(path: &Path) -> Option<String> {
     let cache = ReadCache::new(file);
     let object = object::File::parse(&cache).ok()?;
     let id = object.build_id().ok()??;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+    Some(id.iter().fold(String::new(), |mut hex, b| {
+        use std::fmt::Write as _;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    }))
 }
 
 /// Where the file of a mapping can be opened from here: `/proc/PID/map_files/` (works
@@ -244,8 +248,16 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
             .map(|e| e.path.as_str())
             .collect();
         assert_eq!(auto, vec!["[vdso]", "/memfd:jit (deleted)"]);
-        assert_eq!(maps.iter().filter(|e| e.wants_code(EmbedCode::All)).count(), 3);
-        assert_eq!(maps.iter().filter(|e| e.wants_code(EmbedCode::None)).count(), 0);
+        assert_eq!(
+            maps.iter().filter(|e| e.wants_code(EmbedCode::All)).count(),
+            3
+        );
+        assert_eq!(
+            maps.iter()
+                .filter(|e| e.wants_code(EmbedCode::None))
+                .count(),
+            0
+        );
     }
 
     #[test]
@@ -260,7 +272,10 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
             .find(|e| e.path == exe && e.executable())
             .expect("our text mapping");
         // Rust test binaries are linked with a GNU build-id by default on Linux.
-        assert!(text.build_id.as_ref().is_some_and(|id| id.len() >= 16), "{text:?}");
+        assert!(
+            text.build_id.as_ref().is_some_and(|id| id.len() >= 16),
+            "{text:?}"
+        );
         let code = read_code(&maps, EmbedCode::Auto);
         let vdso = code.iter().find(|c| c.path == "[vdso]").expect("vdso code");
         assert_eq!(&vdso.data[..4], b"\x7fELF");

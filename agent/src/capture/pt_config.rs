@@ -17,6 +17,10 @@ use crate::check::{ConfigWord, FormatField, IntelPtCaps, PmuInfo};
 /// the smallest threshold (`cyc_thresh=1`), return compression on, PSB period left to the
 /// driver — in the spirit of magic-trace's timer-resolution presets.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "one flag per Intel PT format field, as perf's event syntax has them"
+)]
 pub struct PtOptions {
     pub branch: bool,
     pub tsc: bool,
@@ -138,6 +142,17 @@ fn check_value(
     }
 }
 
+/// A timing option: value, enable field (empty: none), value field, capability name,
+/// whether the CPU has it, and the values it allows.
+type Timed<'c> = (
+    Option<u32>,
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<bool>,
+    Option<&'c Vec<u32>>,
+);
+
 /// Packs `opts` for the PMU described by `pmu`.
 pub fn pack(pmu: &PmuInfo, opts: &PtOptions) -> Result<PtConfig, PtConfigError> {
     let pmu_type = pmu
@@ -169,18 +184,31 @@ pub fn pack(pmu: &PmuInfo, opts: &PtOptions) -> Result<PtConfig, PtConfigError> 
             p.set(name, 1)?;
         }
     }
-    type Timed<'c> = (
-        Option<u32>,
-        &'static str,
-        &'static str,
-        &'static str,
-        Option<bool>,
-        Option<&'c Vec<u32>>,
-    );
     let timed: [Timed<'_>; 3] = [
-        (opts.mtc_period, "mtc", "mtc_period", "mtc", caps.mtc, caps.mtc_periods.as_ref()),
-        (opts.cyc_thresh, "cyc", "cyc_thresh", "psb_cyc", caps.cyc, caps.cyc_thresholds.as_ref()),
-        (opts.psb_period, "", "psb_period", "psb_cyc", caps.psb_cyc, caps.psb_periods.as_ref()),
+        (
+            opts.mtc_period,
+            "mtc",
+            "mtc_period",
+            "mtc",
+            caps.mtc,
+            caps.mtc_periods.as_ref(),
+        ),
+        (
+            opts.cyc_thresh,
+            "cyc",
+            "cyc_thresh",
+            "psb_cyc",
+            caps.cyc,
+            caps.cyc_thresholds.as_ref(),
+        ),
+        (
+            opts.psb_period,
+            "",
+            "psb_period",
+            "psb_cyc",
+            caps.psb_cyc,
+            caps.psb_periods.as_ref(),
+        ),
     ];
     for (value, enable, field, cap, have, allowed) in timed {
         let Some(value) = value else { continue };

@@ -103,10 +103,21 @@ fn unsupported_values_fail_when_strict_and_are_dropped_otherwise() {
             allowed: vec![0, 3, 6, 9]
         })
     );
-    let cfg = pack(&pmu, &PtOptions { strict: false, ..opts }).unwrap();
+    let cfg = pack(
+        &pmu,
+        &PtOptions {
+            strict: false,
+            ..opts
+        },
+    )
+    .unwrap();
     assert_eq!(cfg.config & (1 << 9), 0, "mtc dropped with its period");
     assert_eq!(cfg.notes.len(), 1);
-    assert!(cfg.notes[0].starts_with("mtc_period left out"), "{:?}", cfg.notes);
+    assert!(
+        cfg.notes[0].starts_with("mtc_period left out"),
+        "{:?}",
+        cfg.notes
+    );
 }
 
 #[test]
@@ -153,14 +164,24 @@ fn an_old_kernel_without_fields_or_with_garbage() {
     assert_eq!(cfg.notes.len(), 2, "mtc and cyc dropped: {:?}", cfg.notes);
 
     let root = tempfile::tempdir().unwrap();
-    let pmu = fixture(root.path(), &[("branch", "config1:70"), ("tsc", "config:10")], &[]);
+    let pmu = fixture(
+        root.path(),
+        &[("branch", "config1:70"), ("tsc", "config:10")],
+        &[],
+    );
     assert!(matches!(
         pack(&pmu, &PtOptions::default()),
-        Err(PtConfigError::BadField { field: "branch", .. })
+        Err(PtConfigError::BadField {
+            field: "branch",
+            ..
+        })
     ));
     std::fs::write(root.path().join("intel_pt/type"), "x").unwrap();
     let pmu = read_pmu(root.path(), "intel_pt").unwrap();
-    assert!(matches!(pack(&pmu, &PtOptions::default()), Err(PtConfigError::BadType { .. })));
+    assert!(matches!(
+        pack(&pmu, &PtOptions::default()),
+        Err(PtConfigError::BadType { .. })
+    ));
 }
 
 #[test]

@@ -154,8 +154,11 @@ pub fn parse_sample(sample_type: u64, body: &[u8]) -> Option<Sample> {
     Some(s)
 }
 
-/// The `sample_id_all` trailer of a non-sample record: (pid, tid, time).
-pub fn id_trailer(sample_type: u64, body: &[u8]) -> Option<(Option<(u32, u32)>, Option<u64>)> {
+/// The (pid, tid) and time of a `sample_id_all` trailer, each when present.
+pub type IdTrailer = (Option<(u32, u32)>, Option<u64>);
+
+/// The `sample_id_all` trailer of a non-sample record.
+pub fn id_trailer(sample_type: u64, body: &[u8]) -> Option<IdTrailer> {
     let fields = [
         SAMPLE_TID,
         SAMPLE_TIME,
@@ -166,9 +169,20 @@ pub fn id_trailer(sample_type: u64, body: &[u8]) -> Option<(Option<(u32, u32)>, 
     ];
     let n = fields.iter().filter(|&&f| sample_type & f != 0).count();
     let start = body.len().checked_sub(n * 8)?;
-    let mut c = Cursor { bytes: body, at: start };
-    let pid_tid = if sample_type & SAMPLE_TID != 0 { Some(c.pair()?) } else { None };
-    let time = if sample_type & SAMPLE_TIME != 0 { Some(c.u64()?) } else { None };
+    let mut c = Cursor {
+        bytes: body,
+        at: start,
+    };
+    let pid_tid = if sample_type & SAMPLE_TID != 0 {
+        Some(c.pair()?)
+    } else {
+        None
+    };
+    let time = if sample_type & SAMPLE_TIME != 0 {
+        Some(c.u64()?)
+    } else {
+        None
+    };
     Some((pid_tid, time))
 }
 
@@ -207,7 +221,8 @@ impl StreamSummary {
                 PERF_RECORD_FORK => {
                     // pid, ppid, tid, ptid: the new task's process.
                     if let Some(b) = rec.body.get(..4) {
-                        self.pids.insert(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                        self.pids
+                            .insert(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
                     }
                 }
                 PERF_RECORD_LOST => {
@@ -242,25 +257,32 @@ mod tests {
         w.iter().flat_map(|v| v.to_le_bytes()).collect()
     }
 
-    const ST: u64 = SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CALLCHAIN | SAMPLE_CPU | SAMPLE_PERIOD;
+    const ST: u64 =
+        SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CALLCHAIN | SAMPLE_CPU | SAMPLE_PERIOD;
 
     #[test]
     fn samples_parse_with_callchains() {
         let body = words(&[
-            0x401000,
-            (7u64 << 32) | 5,
+            0x0040_1000,
+            (7u64 << 32) | 0x5,
             1000,
             1,
             10_000,
             3,
             PERF_CONTEXT_USER,
-            0x401000,
-            0x401234,
+            0x0040_1000,
+            0x0040_1234,
         ]);
         let s = parse_sample(ST, &body).unwrap();
-        assert_eq!((s.ip, s.pid, s.tid, s.time), (Some(0x401000), Some(5), Some(7), Some(1000)));
+        assert_eq!(
+            (s.ip, s.pid, s.tid, s.time),
+            (Some(0x0040_1000), Some(5), Some(7), Some(1000))
+        );
         assert_eq!((s.cpu, s.period), (Some(1), Some(10_000)));
-        assert_eq!(s.user_callchain().collect::<Vec<_>>(), vec![0x401000, 0x401234]);
+        assert_eq!(
+            s.user_callchain().collect::<Vec<_>>(),
+            vec![0x0040_1000, 0x0040_1234]
+        );
         // Truncated bodies and absurd callchain lengths are None, not panics.
         for cut in 0..body.len() {
             let _ = parse_sample(ST, &body[..cut]);
@@ -273,9 +295,18 @@ mod tests {
 
     #[test]
     fn summary_counts_samples_forks_and_losses() {
-        let mut stream = rec(PERF_RECORD_SAMPLE, &words(&[1, (11u64 << 32) | 10, 500, 0, 1, 0]));
-        stream.extend(rec(PERF_RECORD_SAMPLE, &words(&[2, (12u64 << 32) | 10, 900, 0, 1, 0])));
-        stream.extend(rec(PERF_RECORD_FORK, &words(&[(10u64 << 32) | 20, (10u64 << 32) | 20, 700])));
+        let mut stream = rec(
+            PERF_RECORD_SAMPLE,
+            &words(&[1, (11u64 << 32) | 0xa, 500, 0, 1, 0]),
+        );
+        stream.extend(rec(
+            PERF_RECORD_SAMPLE,
+            &words(&[2, (12u64 << 32) | 0xa, 900, 0, 1, 0]),
+        ));
+        stream.extend(rec(
+            PERF_RECORD_FORK,
+            &words(&[(0xau64 << 32) | 0x14, (0xau64 << 32) | 0x14, 700]),
+        ));
         stream.extend(rec(PERF_RECORD_LOST, &words(&[1, 4])));
         stream.extend(rec(PERF_RECORD_LOST_SAMPLES, &words(&[3])));
         stream.extend([0xff; 5]); // trailing garbage ends the stream
@@ -291,7 +322,7 @@ mod tests {
     fn id_trailers_read_from_the_end() {
         let st = SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU;
         let mut body = b"comm\0\0\0\0".to_vec();
-        body.extend(words(&[(3u64 << 32) | 2, 99, 1]));
+        body.extend(words(&[(3u64 << 32) | 0x2, 99, 1]));
         assert_eq!(id_trailer(st, &body), Some((Some((2, 3)), Some(99))));
         assert_eq!(id_trailer(st, &body[..8]), None);
     }

@@ -86,7 +86,7 @@ pub fn walk_backward(data: &[u8], head: u64) -> RingCopy {
         records: 0,
         stop,
     };
-    if size == 0 || size % 8 != 0 {
+    if size == 0 || !size.is_multiple_of(8) {
         return empty(WalkStop::Empty);
     }
     // `head` counts down from 0; its position in the ring is head mod size.
@@ -146,7 +146,7 @@ pub fn walk_backward(data: &[u8], head: u64) -> RingCopy {
 /// why it stopped.
 pub fn drain_forward(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>) -> (u64, WalkStop) {
     let size = data.len();
-    if size == 0 || size % 8 != 0 {
+    if size == 0 || !size.is_multiple_of(8) {
         return (head, WalkStop::Empty);
     }
     // A head more than one ring ahead means the kernel overwrote unread data: skip to the
@@ -155,11 +155,23 @@ pub fn drain_forward(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>) -> (u
     while pos < head {
         let at = usize::try_from(pos % size as u64).unwrap_or(0);
         let Some((_, rec_size)) = header_at(data, at) else {
-            return (head, WalkStop::BadHeader { offset: at as u64, size: 0 });
+            return (
+                head,
+                WalkStop::BadHeader {
+                    offset: at as u64,
+                    size: 0,
+                },
+            );
         };
         let len = u64::from(rec_size);
         if !valid_record_size(rec_size, size) || pos + len > head {
-            return (head, WalkStop::BadHeader { offset: at as u64, size: rec_size });
+            return (
+                head,
+                WalkStop::BadHeader {
+                    offset: at as u64,
+                    size: rec_size,
+                },
+            );
         }
         copy_wrapped(data, at, usize::from(rec_size), out);
         pos += len;
@@ -270,7 +282,8 @@ impl PerfRing {
     /// A copy of the whole data area (the ring should be paused or disabled).
     fn data_copy(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        self.map.copy_out(self.data_offset, self.data_size, &mut out);
+        self.map
+            .copy_out(self.data_offset, self.data_size, &mut out);
         out
     }
 
@@ -295,20 +308,24 @@ impl PerfRing {
 
     /// The TSC conversion of the metadata page, read under its seqlock (`lock`).
     pub fn clock(&self) -> PageClock {
+        // `lock` (u32) shares its 8-byte word with `index`.
+        let lock = || {
+            let word = self.map.read_u64(OFF_LOCK & !7).unwrap_or(0);
+            word.to_le_bytes()[OFF_LOCK % 8..OFF_LOCK % 8 + 4].to_vec()
+        };
         for _ in 0..1000 {
-            let seq = self.map.read_u64(OFF_LOCK & !7).unwrap_or(0) >> ((OFF_LOCK % 8) * 8);
+            let seq = lock();
             fence(Ordering::Acquire);
             let caps = self.map.read_u64(OFF_CAPS).unwrap_or(0);
-            let word = self.map.read_u64(OFF_PMC_WIDTH).unwrap_or(0);
+            let word = self.map.read_u64(OFF_PMC_WIDTH).unwrap_or(0).to_le_bytes();
             let time_zero = self.map.read_u64(OFF_TIME_ZERO).unwrap_or(0);
             fence(Ordering::Acquire);
-            let again = self.map.read_u64(OFF_LOCK & !7).unwrap_or(0) >> ((OFF_LOCK % 8) * 8);
-            if seq as u32 == again as u32 {
+            if seq == lock() {
                 // pmc_width: u16, time_shift: u16, time_mult: u32 share one word.
                 return PageClock {
                     time_zero,
-                    time_shift: (word >> 16) as u16,
-                    time_mult: (word >> 32) as u32,
+                    time_shift: u16::from_le_bytes([word[2], word[3]]),
+                    time_mult: u32::from_le_bytes([word[4], word[5], word[6], word[7]]),
                     valid: caps & CAP_USER_TIME_ZERO != 0,
                 };
             }

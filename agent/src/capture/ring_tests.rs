@@ -134,7 +134,9 @@ fn degenerate_rings_do_not_panic() {
         WalkStop::BadHeader { offset: 3, .. }
     ));
     // Garbage everywhere: must terminate.
-    let garbage: Vec<u8> = (0..4096u32).map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()[1]).collect();
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()[1])
+        .collect();
     for head in [0u64, 8, 4088, u64::MAX - 7] {
         let _ = walk_backward(&garbage, head);
     }
@@ -210,7 +212,7 @@ fn perf_ring_forward_drain_commits_the_tail() {
 #[test]
 fn page_clock_reads_the_published_conversion() {
     let mut ring = fake_ring(&[0u8; 64], 0);
-    let word = (0x5555_5555u64 << 32) | (31u64 << 16) | 48;
+    let word = (0x5555_5555u64 << 32) | (31u64 << 16) | 0x30;
     ring.fake_write(OFF_PMC_WIDTH, &word.to_le_bytes());
     ring.fake_write(OFF_TIME_ZERO, &123u64.to_le_bytes());
     ring.fake_write(OFF_CAPS, &CAP_USER_TIME_ZERO.to_le_bytes());

@@ -40,7 +40,11 @@ impl CpuRing for PerfRing {
 }
 
 /// The `perf_event_attr` of the sampling event.
-pub fn sampling_attr(event: SamplingEvent, frequency: u64, include_kernel: bool) -> perf_event_attr {
+pub fn sampling_attr(
+    event: SamplingEvent,
+    frequency: u64,
+    include_kernel: bool,
+) -> perf_event_attr {
     let (type_, config) = match event {
         SamplingEvent::Cycles => (PERF_TYPE_HARDWARE, u64::from(PERF_COUNT_HW_CPU_CYCLES)),
         SamplingEvent::CpuClock => (PERF_TYPE_SOFTWARE, u64::from(PERF_COUNT_SW_CPU_CLOCK)),
@@ -126,7 +130,11 @@ impl SamplingRecorder {
     fn pause_all(&mut self, paused: bool) -> Result<(), CaptureError> {
         for (_, ring) in self.events.rings() {
             perf::pause_output(ring.fd(), paused).map_err(|source| CaptureError::Syscall {
-                what: if paused { "pausing a sample ring" } else { "resuming a sample ring" },
+                what: if paused {
+                    "pausing a sample ring"
+                } else {
+                    "resuming a sample ring"
+                },
                 source,
             })?;
         }
@@ -250,12 +258,26 @@ mod tests {
         let freq = unsafe { attr.__bindgen_anon_1.sample_freq };
         assert_eq!(freq, 10_000);
         assert_eq!(
-            (attr.freq(), attr.inherit(), attr.write_backward(), attr.exclude_kernel()),
+            (
+                attr.freq(),
+                attr.inherit(),
+                attr.write_backward(),
+                attr.exclude_kernel()
+            ),
             (1, 1, 1, 1)
         );
-        assert_eq!((attr.mmap2(), attr.comm(), attr.task(), attr.sample_id_all()), (1, 1, 1, 1));
-        assert_eq!((attr.use_clockid(), attr.clockid), (1, libc::CLOCK_MONOTONIC));
+        assert_eq!(
+            (attr.mmap2(), attr.comm(), attr.task(), attr.sample_id_all()),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(
+            (attr.use_clockid(), attr.clockid),
+            (1, libc::CLOCK_MONOTONIC)
+        );
         let kernel = sampling_attr(SamplingEvent::Cycles, 0, true);
-        assert_eq!((kernel.type_, kernel.exclude_kernel()), (PERF_TYPE_HARDWARE, 0));
+        assert_eq!(
+            (kernel.type_, kernel.exclude_kernel()),
+            (PERF_TYPE_HARDWARE, 0)
+        );
     }
 }

@@ -40,8 +40,12 @@ fn libipt_sideband_files_walk_like_the_pevent_reader() {
     let mut kinds = std::collections::BTreeSet::new();
     for entry in std::fs::read_dir(&dir).expect("read pevent dir") {
         let path = entry.expect("entry").path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_owned();
-        if !name.ends_with(".sb") {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_owned();
+        if path.extension().is_none_or(|e| e != "sb") {
             continue;
         }
         let sample_type = sample_type_of(&name).expect("sample-type in the name");
@@ -78,7 +82,10 @@ fn libipt_sideband_files_walk_like_the_pevent_reader() {
     // MMAP, LOST, COMM, EXIT, FORK, AUX, ITRACE_START, LOST_SAMPLES, SWITCH,
     // SWITCH_CPU_WIDE (the corpus has no MMAP2; its layout is tested in pevent_tests).
     for kind in [1, 2, 3, 4, 7, 11, 12, 13, 14, 15] {
-        assert!(kinds.contains(&kind), "record type {kind} not covered: {kinds:?}");
+        assert!(
+            kinds.contains(&kind),
+            "record type {kind} not covered: {kinds:?}"
+        );
     }
     println!("libipt sideband corpus: {files} files, {total} records, types {kinds:?}");
 }

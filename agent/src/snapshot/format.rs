@@ -49,9 +49,13 @@ pub enum SnapshotError {
     },
     #[error("writing the snapshot")]
     Stream(#[source] io::Error),
-    #[error("not a lookback snapshot (starts with {found:02x?}; an .lbsnap starts with 89 4c 42 53 4e 41 50 0a)")]
+    #[error(
+        "not a lookback snapshot (starts with {found:02x?}; an .lbsnap starts with 89 4c 42 53 4e 41 50 0a)"
+    )]
     NotASnapshot { found: Vec<u8> },
-    #[error("snapshot format version {found} is newer than this lookback reads (up to {supported}): upgrade lookback")]
+    #[error(
+        "snapshot format version {found} is newer than this lookback reads (up to {supported}): upgrade lookback"
+    )]
     NewerVersion { found: u32, supported: u32 },
     #[error("snapshot format version 0 is invalid")]
     ZeroVersion,
@@ -69,7 +73,9 @@ pub enum SnapshotError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("section descriptor at byte {offset} is {len} bytes (more than {MAX_DESCRIPTOR}): corrupt file")]
+    #[error(
+        "section descriptor at byte {offset} is {len} bytes (more than {MAX_DESCRIPTOR}): corrupt file"
+    )]
     DescriptorTooLarge { offset: u64, len: u32 },
     #[error("snapshot ends after {sections} sections without its end marker: truncated")]
     MissingEnd { sections: u64 },
@@ -84,12 +90,7 @@ fn json<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-fn write_section(
-    w: &mut impl Write,
-    kind: u32,
-    descriptor: &[u8],
-    data: &[u8],
-) -> io::Result<()> {
+fn write_section(w: &mut impl Write, kind: u32, descriptor: &[u8], data: &[u8]) -> io::Result<()> {
     let desc_len = u32::try_from(descriptor.len()).map_err(io::Error::other)?;
     w.write_all(&kind.to_le_bytes())?;
     w.write_all(&desc_len.to_le_bytes())?;
@@ -142,12 +143,15 @@ pub fn to_bytes(snap: &Snapshot) -> Vec<u8> {
 /// Writes `snap` to `path` atomically: a temporary file (mode 0600) in the same directory,
 /// synced, then renamed over `path`.
 pub fn write_atomic(path: &Path, snap: &Snapshot) -> Result<(), SnapshotError> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let name = path.file_name().map_or_else(
         || "snapshot".to_owned(),
         |n| n.to_string_lossy().into_owned(),
     );
-    static SEQ: AtomicU64 = AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     let tmp = dir.join(format!(".{name}.tmp-{}-{seq}", std::process::id()));
     let err = |source| SnapshotError::Write {
@@ -226,7 +230,11 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(word))
     }
 
-    fn json<T: DeserializeOwned>(&mut self, what: &'static str, len: u64) -> Result<T, SnapshotError> {
+    fn json<T: DeserializeOwned>(
+        &mut self,
+        what: &'static str,
+        len: u64,
+    ) -> Result<T, SnapshotError> {
         let offset = self.at as u64;
         let bytes = self.take(what, len)?;
         serde_json::from_slice(bytes).map_err(|source| SnapshotError::BadJson {
@@ -332,7 +340,8 @@ pub fn parse(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
                 snap.sideband.push(sb);
             }
             KIND_MAPS => {
-                snap.maps.push(c.json::<ProcessMaps>("process maps", desc_len)?);
+                snap.maps
+                    .push(c.json::<ProcessMaps>("process maps", desc_len)?);
                 c.take("process maps data", data_len)?;
             }
             KIND_CODE => {

@@ -143,7 +143,10 @@ fn every_truncation_is_an_error() {
 #[test]
 fn foreign_newer_and_trailing_data_are_explained() {
     let err = parse(b"\x7fELF\x02\x01\x01\0 not a snapshot").unwrap_err();
-    assert!(err.to_string().starts_with("not a lookback snapshot"), "{err}");
+    assert!(
+        err.to_string().starts_with("not a lookback snapshot"),
+        "{err}"
+    );
     let mut bytes = to_bytes(&sample_snapshot());
     bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
     let err = parse(&bytes).unwrap_err();
@@ -197,9 +200,11 @@ fn random_bytes_and_bit_flips_never_panic() {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..2_000 {
         let len = usize::try_from(noise(&mut seed) % 512).unwrap();
-        let mut bytes: Vec<u8> = (0..len).map(|_| noise(&mut seed).to_le_bytes()[0]).collect();
+        let mut bytes: Vec<u8> = (0..len)
+            .map(|_| noise(&mut seed).to_le_bytes()[0])
+            .collect();
         // Half the time, start like a real snapshot to get past the magic.
-        if noise(&mut seed) % 2 == 0 {
+        if noise(&mut seed).is_multiple_of(2) {
             let keep = good.len().min(24 + len);
             bytes.splice(0..0, good[..keep].iter().copied());
         }

@@ -97,12 +97,14 @@ impl Mapping {
 
     /// The 8-byte aligned word at `offset`, when it lies inside the mapping.
     fn word_ptr(&self, offset: usize) -> Option<*mut u64> {
-        if offset % 8 != 0 || offset.checked_add(8)? > self.len {
+        if !offset.is_multiple_of(8) || offset.checked_add(8)? > self.len {
             return None;
         }
-        // SAFETY: `offset + 8 <= len`, so the pointer stays inside the mapping; the
-        // mapping is page aligned and `offset` a multiple of 8, so it is aligned for u64.
-        Some(unsafe { self.ptr.as_ptr().add(offset) }.cast::<u64>())
+        // SAFETY: `offset + 8 <= len`, so the pointer stays inside the mapping.
+        let ptr = unsafe { self.ptr.as_ptr().add(offset) };
+        // The mapping is page aligned and `offset` a multiple of 8: aligned for u64.
+        #[expect(clippy::cast_ptr_alignment, reason = "alignment checked just above")]
+        Some(ptr.cast::<u64>())
     }
 
     /// A volatile load of the `u64` at `offset` (8-byte aligned); `None` outside the map.
@@ -155,14 +157,20 @@ impl Mapping {
 
     /// Writes `bytes` at `offset` (fakes in tests); `false` when outside or read-only.
     pub fn copy_in(&mut self, offset: usize, bytes: &[u8]) -> bool {
-        let fits = offset.checked_add(bytes.len()).is_some_and(|end| end <= self.len);
+        let fits = offset
+            .checked_add(bytes.len())
+            .is_some_and(|end| end <= self.len);
         if !self.writable || !fits {
             return false;
         }
         // SAFETY: the range is inside the writable mapping (checked above) and `bytes`
         // is ordinary memory that cannot overlap a mapping we own exclusively.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.as_ptr().add(offset), bytes.len());
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.ptr.as_ptr().add(offset),
+                bytes.len(),
+            );
         }
         true
     }

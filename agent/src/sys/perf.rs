@@ -129,7 +129,8 @@ pub fn disable(fd: BorrowedFd<'_>) -> Result<(), SyscallError> {
 /// records that would have been written are dropped (counted as lost).
 pub fn pause_output(fd: BorrowedFd<'_>, paused: bool) -> Result<(), SyscallError> {
     // SAFETY: `fd` is a live descriptor; PAUSE_OUTPUT takes an integer, no pointer.
-    let ret = unsafe { perf_event_open_sys::ioctls::PAUSE_OUTPUT(fd.as_raw_fd(), u32::from(paused)) };
+    let ret =
+        unsafe { perf_event_open_sys::ioctls::PAUSE_OUTPUT(fd.as_raw_fd(), u32::from(paused)) };
     if ret < 0 {
         Err(SyscallError::last("ioctl(PERF_EVENT_IOC_PAUSE_OUTPUT)"))
     } else {
@@ -141,7 +142,8 @@ pub fn pause_output(fd: BorrowedFd<'_>, paused: bool) -> Result<(), SyscallError
 /// CPU, same clock, same `write_backward`).
 pub fn set_output(fd: BorrowedFd<'_>, target: BorrowedFd<'_>) -> Result<(), SyscallError> {
     // SAFETY: both descriptors are live; SET_OUTPUT takes an fd number, no pointer.
-    let ret = unsafe { perf_event_open_sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), target.as_raw_fd()) };
+    let ret =
+        unsafe { perf_event_open_sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), target.as_raw_fd()) };
     if ret < 0 {
         Err(SyscallError::last("ioctl(PERF_EVENT_IOC_SET_OUTPUT)"))
     } else {
