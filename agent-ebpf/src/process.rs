@@ -2,6 +2,7 @@
 //! `FLAG_FOLLOW_FORKS`, in the kernel, before the child runs its first instruction.
 //! `sched_process_fork`: `TP_PROTO(struct task_struct *parent, struct task_struct *child)`.
 use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
+use aya_log_ebpf::debug;
 
 use crate::maps::{TARGET_TGIDS, config, task_u32};
 
@@ -28,6 +29,8 @@ fn try_process_fork(ctx: &RawTracePointContext) -> Option<()> {
     let mask = unsafe { TARGET_TGIDS.get(parent_tgid) }.copied()? & config.follow_fork_rules;
     if mask != 0 {
         TARGET_TGIDS.insert(child_tgid, mask, 0).ok()?;
+        // Rare (forks of targets only): tell the agent through aya-log.
+        debug!(ctx, "following fork {} -> {}", parent_tgid, child_tgid);
     }
     Some(())
 }

@@ -13,6 +13,9 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::util::{BuildEnv, run};
 
+/// The libipt corpus conformance tests (they print `libipt ... corpus: N passed, ...`).
+const CORPUS_TESTS: &str = "decode::pt::conformance";
+
 #[derive(Debug, Default)]
 struct Totals {
     passed: u64,
@@ -30,10 +33,34 @@ pub fn test(env: &BuildEnv, extra: &[String]) -> Result<()> {
     let mut totals = Totals::default();
     let mut failures = Vec::new();
     let mut unit = env.cargo();
-    unit.args(["test", "--workspace", "--exclude", "lookback-tests", "--"])
-        .args(extra);
+    unit.args([
+        "test",
+        "--workspace",
+        "--exclude",
+        "lookback-tests",
+        "--exclude",
+        "lookback-ebpf",
+    ])
+    .args(["--", "--skip", CORPUS_TESTS])
+    .args(extra);
     if let Err(e) = run_counted(&mut unit, &mut totals) {
         failures.push(format!("unit tests: {e:#}"));
+    }
+    // The corpus conformance tests print their pass counts: show them.
+    let mut corpus = env.cargo();
+    corpus
+        .args([
+            "test",
+            "-p",
+            "lookback",
+            "--lib",
+            CORPUS_TESTS,
+            "--",
+            "--nocapture",
+        ])
+        .args(extra);
+    if let Err(e) = run_counted(&mut corpus, &mut totals) {
+        failures.push(format!("corpus tests: {e:#}"));
     }
     let mut integration = env.cargo();
     integration
@@ -98,15 +125,18 @@ pub fn lint(env: &BuildEnv) -> Result<()> {
     run(env.cargo().args([
         "clippy",
         "--workspace",
+        "--exclude",
+        "lookback-ebpf",
         "--all-targets",
         "--",
         "-D",
         "warnings",
     ]))?;
     // The eBPF crate is linted on its own: feature unification would pull std into it.
-    let mut ebpf = env.cargo();
+    let mut ebpf = Command::new("rustup");
     ebpf.current_dir(env.root.join("agent-ebpf"))
-        .arg(format!("+{}", env.ebpf_toolchain))
+        .env("PATH", &env.path)
+        .args(["run", &env.ebpf_toolchain, "cargo"])
         .args([
             "clippy",
             "--release",

@@ -180,6 +180,10 @@ pub struct MachineReport {
     pub raw_tracepoints: Probe,
     pub tracefs: TracefsReport,
     pub uprobes: UprobesReport,
+    /// Whether this kernel turns a uprobe on a 5-byte NOP into a call (x86-64, Linux ≥ 6.18):
+    /// ~0.35 µs per hit instead of a ~7 µs trap. Decided from the version and architecture;
+    /// each attached probe's kind is reported by `run`/`attach` (`probe_kind`).
+    pub uprobe_nop5_optimization: Probe,
     /// `/proc/sys/kernel/perf_event_paranoid`; `None` when unreadable.
     pub perf_event_paranoid: Option<i32>,
     pub capabilities: Capabilities,
@@ -220,6 +224,7 @@ pub fn probe_at(paths: &Paths) -> MachineReport {
     let raw_tracepoints = bpf::probe_raw_tracepoints();
     let tracefs = tracefs::probe(paths);
     let uprobes = uprobe::probe(paths);
+    let uprobe_nop5_optimization = nop5_optimization(&kernel);
     let perf_event_paranoid = privileges::read_perf_event_paranoid(paths);
     let capabilities = privileges::read_capabilities(paths);
     let pmus = pmu::list_pmus(paths);
@@ -238,6 +243,7 @@ pub fn probe_at(paths: &Paths) -> MachineReport {
         raw_tracepoints,
         tracefs,
         uprobes,
+        uprobe_nop5_optimization,
         perf_event_paranoid,
         capabilities,
         pmus,
@@ -251,6 +257,30 @@ pub fn probe_at(paths: &Paths) -> MachineReport {
         bpf_triggers_usable,
         backend_usable,
         ok: bpf_triggers_usable && backend_usable,
+    }
+}
+
+/// First kernel that optimizes uprobes on 5-byte NOPs into calls (x86-64).
+pub const UPROBE_NOP5_VERSION: KernelVersion = KernelVersion {
+    major: 6,
+    minor: 18,
+    patch: 0,
+};
+
+/// Whether uprobes on NOP5 function entries will be optimized on this kernel.
+pub fn nop5_optimization(kernel: &KernelInfo) -> Probe {
+    let x86_64 = kernel.machine.as_deref() == Some("x86_64");
+    match kernel.version {
+        Some(v) if x86_64 && v >= UPROBE_NOP5_VERSION => Probe::pass(
+            "uprobes on 5-byte NOP entries become calls (~0.35 µs/hit instead of a ~7 µs trap); \
+             build hot code with -pg -mfentry -mnop-mcount (see README)",
+        ),
+        Some(_) if !x86_64 => {
+            Probe::fail("uprobe optimization exists only on x86-64: every uprobe is a trap")
+        }
+        _ => Probe::fail(format!(
+            "kernel older than {UPROBE_NOP5_VERSION}: every uprobe is a trap (~7 µs per hit)"
+        )),
     }
 }
 
@@ -442,5 +472,18 @@ mod tests {
             report.ok,
             report.bpf_triggers_usable && report.backend_usable
         );
+    }
+}
+
+#[cfg(test)]
+mod nop5_tests {
+    use super::{KernelInfo, nop5_optimization};
+
+    #[test]
+    fn nop5_optimization_needs_x86_64_and_6_18() {
+        assert!(nop5_optimization(&KernelInfo::from_release("6.18.44-fc", "x86_64")).ok);
+        assert!(!nop5_optimization(&KernelInfo::from_release("6.17.1", "x86_64")).ok);
+        assert!(!nop5_optimization(&KernelInfo::from_release("6.18.0", "aarch64")).ok);
+        assert!(!nop5_optimization(&KernelInfo::from_release("garbage", "x86_64")).ok);
     }
 }

@@ -144,6 +144,11 @@ pub fn render(report: &MachineReport) -> String {
     row(&mut out, "raw tracepoints", &report.raw_tracepoints);
     row(&mut out, "tracefs", &report.tracefs.status);
     row(&mut out, "uprobes", &report.uprobes.status);
+    row(
+        &mut out,
+        "uprobe NOP5 opt",
+        &report.uprobe_nop5_optimization,
+    );
     row(&mut out, "privileges", &privileges(report));
     row(&mut out, "intel_pt", &intel_pt_row(report));
     row(&mut out, "aux_pause", &report.aux_pause.status);

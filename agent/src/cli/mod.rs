@@ -117,10 +117,11 @@ pub fn main() -> ExitCode {
 }
 
 fn init_logger(verbose: u8, quiet: bool) {
+    // aya's own debug output (relocations, map creation) only at -vv.
     let level = match (quiet, verbose) {
         (true, _) => "error",
         (false, 0) => "info",
-        (false, 1) => "debug",
+        (false, 1) => "debug,aya=info,aya_obj=info",
         (false, _) => "trace",
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))

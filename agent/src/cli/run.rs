@@ -24,6 +24,10 @@ pub struct CommonArgs {
     /// syscall:openat=ENOENT,EACCES, signal:SIGSEGV,SIGABRT. Durations: 500us, 2ms, 1.5s.
     #[arg(long = "trigger", value_name = "SPEC", value_parser = parse_trigger)]
     pub triggers: Vec<Trigger>,
+    /// Rules file (YAML): the trigger and snapshot parts of each rule apply to the
+    /// process(es) given here; `target` is ignored.
+    #[arg(long, value_name = "FILE")]
+    pub rules: Option<PathBuf>,
     /// Print each trigger instead of recording (the recorders are not built yet).
     #[arg(long)]
     pub dry_run: bool,
@@ -71,11 +75,20 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     rules::parse_duration(s).map_err(|e| e.to_string())
 }
 
-/// The rules the `--trigger` options describe, with ids in order.
+/// The rules the `--rules` file and the `--trigger` options describe, with ids in order.
 fn engine_rules(common: &CommonArgs) -> Result<Vec<EngineRule>, CliError> {
-    if common.triggers.is_empty() {
+    let from_file = match &common.rules {
+        Some(path) => {
+            rules::RuleSet::from_file(path)
+                .map_err(CliError::usage)?
+                .rules
+        }
+        None => Vec::new(),
+    };
+    if common.triggers.is_empty() && from_file.is_empty() {
         return Err(CliError::usage(anyhow!(
-            "no trigger given: add --trigger SPEC (e.g. --trigger 'func:handle_request>2ms')"
+            "no trigger given: add --trigger SPEC (e.g. --trigger 'func:handle_request>2ms') \
+             or --rules FILE"
         )));
     }
     if !common.dry_run {
@@ -85,21 +98,32 @@ fn engine_rules(common: &CommonArgs) -> Result<Vec<EngineRule>, CliError> {
         )));
     }
     let max = lookback_common::MAX_RULES as usize;
-    if common.triggers.len() > max {
-        return Err(CliError::usage(anyhow!("at most {max} triggers")));
+    if common.triggers.len() + from_file.len() > max {
+        return Err(CliError::usage(anyhow!(
+            "at most {max} rules and triggers together"
+        )));
     }
-    Ok(common
-        .triggers
-        .iter()
+    let follow_forks = !common.no_follow_forks;
+    let file_rules = from_file.into_iter().map(|rule| EngineRule {
+        id: 0,
+        name: rule.name,
+        trigger: rule.trigger,
+        cooldown: rule.snapshot.cooldown,
+        max_per_hour: rule.snapshot.max_per_hour,
+        follow_forks,
+    });
+    let cli_rules = common.triggers.iter().map(|trigger| EngineRule {
+        id: 0,
+        name: trigger.describe(),
+        trigger: trigger.clone(),
+        cooldown: common.cooldown,
+        max_per_hour: common.max_per_hour,
+        follow_forks,
+    });
+    Ok(file_rules
+        .chain(cli_rules)
         .zip(0u32..)
-        .map(|(trigger, id)| EngineRule {
-            id,
-            name: trigger.describe(),
-            trigger: trigger.clone(),
-            cooldown: common.cooldown,
-            max_per_hour: common.max_per_hour,
-            follow_forks: !common.no_follow_forks,
-        })
+        .map(|(rule, id)| EngineRule { id, ..rule })
         .collect())
 }
 

@@ -1,154 +1,356 @@
-//! TEMPORARY stub of the rules model (replaced by the real one from the `rules` branch).
-use std::{path::PathBuf, time::Duration};
+//! Rules: the first pipeline stage. In: a rules file (YAML, `version: 1`, see contract.md) or
+//! `--trigger` specs. Out: validated domain types — a [`RuleSet`] of [`Rule`]s, each a
+//! [`Target`], a [`Trigger`] and its capture/snapshot/output policies with defaults merged in.
+//!
+//! Parsing goes through `Raw*` structs (`raw`) whose leaf values (`leaf`) validate themselves while
+//! `serde_yaml` still knows their position; checks across values (`validate`) locate their
+//! node afterwards (`locate`). Every content error is reported as `FILE:LINE:COL: message`.
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+mod error;
+mod guard;
+mod leaf;
+mod locate;
+mod names;
+mod raw;
+mod spec;
+mod syscalls;
+mod units;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_good;
+#[cfg(test)]
+mod tests_robust;
+
+pub use error::{RulesError, SpecError};
+pub use names::{
+    errno_name, errno_number, signal_name, signal_number, syscall_name, syscall_number,
+};
+pub use spec::parse_trigger_spec;
+pub use units::{UnitError, format_duration, format_size, parse_duration, parse_size};
+
+/// Largest rules file read, in bytes; a bigger file is rejected before parsing.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// The rules of one file, in file order, names unique.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleSet {
+    pub rules: Vec<Rule>,
+}
+
+impl RuleSet {
+    /// Reads and validates a rules file. Files over [`MAX_FILE_BYTES`] and files that are
+    /// not UTF-8 are rejected with a position like any other content error.
+    pub fn from_file(path: &Path) -> Result<RuleSet, RulesError> {
+        validate::load_file(path)
+    }
+
+    /// Validates rules from `text`; `file_name` is the name used in messages.
+    pub fn from_str(text: &str, file_name: &str) -> Result<RuleSet, RulesError> {
+        validate::load_str(text, file_name)
+    }
+}
+
+/// One rule: which processes, what condition, and what to record and keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// `[a-z0-9_-]{1,63}`, unique in its file; the `rule` metric label.
+    pub name: String,
+    pub target: Target,
+    pub trigger: Trigger,
+    pub capture: Capture,
+    pub snapshot: SnapshotPolicy,
+    pub output: OutputPolicy,
+}
+
+/// Which processes a rule applies to; every field given must match, at least one is given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    pub pid: Option<u32>,
+    /// `/proc/PID/comm`, exact (at most 15 bytes, as the kernel truncates).
+    pub comm: Option<String>,
+    /// `/proc/PID/exe`, resolved absolute path inside the process's root.
+    pub exe: Option<PathBuf>,
+    /// Prefix of the process's cgroup v2 path, starting with `/`.
+    pub cgroup: Option<String>,
+    pub kubernetes: Option<KubernetesSelector>,
+}
+
+/// Pods and containers a rule applies to; every field given must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubernetesSelector {
+    pub namespace: Option<String>,
+    pub pod_labels: BTreeMap<String, String>,
+    pub container: Option<String>,
+}
+
+/// The condition, decided in the kernel, that freezes the recording.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Trigger {
     Function(FunctionTrigger),
     Syscall(SyscallTrigger),
     Signal(SignalTrigger),
 }
+
+/// A function entry, or a return after more than `min_duration`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FunctionTrigger {
     pub symbol: String,
+    /// The binary defining `symbol`; `None` means the target's `exe` (or, for `--trigger`,
+    /// the traced program).
     pub binary: Option<PathBuf>,
+    /// `None`: fire on entry.
     pub min_duration: Option<Duration>,
 }
+
+/// Which syscalls a syscall trigger watches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SyscallSet {
     Any,
+    /// x86-64 syscall numbers, in the order given, without repeats.
     Numbers(Vec<u32>),
 }
+
+/// A syscall returning after more than `min_duration` and/or failing with one of `errnos`
+/// (both must hold when both are given; neither: every return fires).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyscallTrigger {
     pub syscalls: SyscallSet,
     pub min_duration: Option<Duration>,
+    /// Positive errno values (the syscall returned `-errno`); empty: any result.
     pub errnos: Vec<u32>,
 }
+
+/// Delivery of one of `signals` (numbers, 1–64) to the target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignalTrigger {
     pub signals: Vec<u32>,
 }
-impl Trigger {
-    pub fn describe(&self) -> String {
-        format!("{self:?}")
-    }
+
+/// The recorder backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Intel PT where usable, else sampling (`lookback check` says which and why).
+    #[default]
+    Auto,
+    IntelPt,
+    Sampling,
 }
-#[derive(Debug)]
-pub struct SpecError(pub String);
-impl std::fmt::Display for SpecError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for SpecError {}
-pub fn parse_trigger_spec(spec: &str) -> Result<Trigger, SpecError> {
-    let (kind, rest) = spec
-        .split_once(':')
-        .ok_or_else(|| SpecError("no kind".into()))?;
-    let (body, dur) = match rest.split_once('>') {
-        Some((b, d)) => (
-            b,
-            Some(Duration::from_millis(
-                d.trim_end_matches("ms")
-                    .parse()
-                    .map_err(|_| SpecError("dur".into()))?,
-            )),
-        ),
-        None => (rest, None),
-    };
-    match kind {
-        "func" => Ok(Trigger::Function(FunctionTrigger {
-            symbol: body.to_owned(),
-            binary: None,
-            min_duration: dur,
-        })),
-        "syscall" => {
-            let (names, errnos) = match body.split_once('=') {
-                Some((n, e)) => (
-                    n,
-                    e.split(',')
-                        .map(|e| match e {
-                            "ENOENT" => 2,
-                            "EIO" => 5,
-                            _ => 0,
-                        })
-                        .collect(),
-                ),
-                None => (body, Vec::new()),
-            };
-            let set = if names == "any" {
-                SyscallSet::Any
-            } else {
-                SyscallSet::Numbers(
-                    names
-                        .split(',')
-                        .map(|n| syscall_number(n).unwrap_or(9999))
-                        .collect(),
-                )
-            };
-            Ok(Trigger::Syscall(SyscallTrigger {
-                syscalls: set,
-                min_duration: dur,
-                errnos,
-            }))
+
+impl Backend {
+    /// The spelling used in files, flags and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::IntelPt => "intel-pt",
+            Self::Sampling => "sampling",
         }
-        "signal" => Ok(Trigger::Signal(SignalTrigger {
-            signals: body
-                .split(',')
-                .map(|s| signal_number(s).unwrap_or(0))
-                .collect(),
-        })),
-        _ => Err(SpecError("kind".into())),
     }
 }
-pub fn syscall_number(name: &str) -> Option<u32> {
-    Some(match name {
-        "fsync" => 74,
-        "nanosleep" => 35,
-        "openat" => 257,
-        "getpid" => 39,
-        "clock_nanosleep" => 230,
-        _ => return None,
-    })
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
-pub fn syscall_name(nr: u32) -> Option<&'static str> {
-    Some(match nr {
-        74 => "fsync",
-        35 => "nanosleep",
-        257 => "openat",
-        39 => "getpid",
-        230 => "clock_nanosleep",
-        _ => return None,
-    })
+
+/// `auto`, `intel-pt` or `sampling` did not match.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown backend `{0}`: expected auto, intel-pt or sampling")]
+pub struct ParseBackendError(String);
+
+impl FromStr for Backend {
+    type Err = ParseBackendError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        [Self::Auto, Self::IntelPt, Self::Sampling]
+            .into_iter()
+            .find(|backend| backend.as_str() == text)
+            .ok_or_else(|| ParseBackendError(error::snippet(text)))
+    }
 }
-pub fn signal_number(name: &str) -> Option<u32> {
-    Some(match name {
-        "SIGSEGV" => 11,
-        "SIGABRT" => 6,
-        "SIGKILL" => 9,
-        "SIGUSR1" => 10,
-        _ => return None,
-    })
+
+/// What to record. Defaults: `auto`, 4 MiB, 10 000 Hz, user space only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capture {
+    pub backend: Backend,
+    /// PT AUX buffer per traced thread/CPU, bytes; a power of two, at least 4 KiB.
+    pub buffer_size: u64,
+    /// Hz, sampling backend; at least 1.
+    pub sample_frequency: u32,
+    pub include_kernel: bool,
 }
-pub fn signal_name(nr: u32) -> Option<&'static str> {
-    Some(match nr {
-        11 => "SIGSEGV",
-        6 => "SIGABRT",
-        9 => "SIGKILL",
-        10 => "SIGUSR1",
-        _ => return None,
-    })
+
+impl Default for Capture {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Auto,
+            buffer_size: 4 << 20,
+            sample_frequency: 10_000,
+            include_kernel: false,
+        }
+    }
 }
-pub fn errno_name(nr: u32) -> Option<&'static str> {
-    Some(match nr {
-        2 => "ENOENT",
-        5 => "EIO",
-        _ => return None,
-    })
+
+/// When to take snapshots. Defaults: 10 s cooldown, 60 per hour, no post-trigger recording.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotPolicy {
+    /// Minimum time between two snapshots of one rule.
+    pub cooldown: Duration,
+    /// At least 1.
+    pub max_per_hour: u32,
+    /// Keep recording this long after the trigger.
+    pub post_trigger: Duration,
 }
-pub fn parse_duration(s: &str) -> Result<Duration, SpecError> {
-    s.trim_end_matches("ms")
-        .parse()
-        .map(Duration::from_millis)
-        .map_err(|_| SpecError("dur".into()))
+
+impl Default for SnapshotPolicy {
+    fn default() -> Self {
+        Self {
+            cooldown: Duration::from_secs(10),
+            max_per_hour: 60,
+            post_trigger: Duration::ZERO,
+        }
+    }
+}
+
+/// The trace file format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum OutputFormat {
+    /// Fuchsia trace format (Perfetto, magic-trace), gzipped.
+    #[default]
+    Fxt,
+    /// Chrome trace JSON (`chrome://tracing`, speedscope), gzipped.
+    ChromeJson,
+}
+
+impl OutputFormat {
+    /// The spelling used in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fxt => "fxt",
+            Self::ChromeJson => "chrome-json",
+        }
+    }
+}
+
+impl fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `fxt` or `chrome-json` did not match.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown output format `{0}`: expected fxt or chrome-json")]
+pub struct ParseOutputFormatError(String);
+
+impl FromStr for OutputFormat {
+    type Err = ParseOutputFormatError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        [Self::Fxt, Self::ChromeJson]
+            .into_iter()
+            .find(|format| format.as_str() == text)
+            .ok_or_else(|| ParseOutputFormatError(error::snippet(text)))
+    }
+}
+
+/// Where and how snapshots are written. Defaults: no directory (the agent's
+/// `--output-dir` or its own default applies), FXT, raw snapshot kept, 200 files / 2 GiB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputPolicy {
+    pub dir: Option<PathBuf>,
+    pub format: OutputFormat,
+    /// Also keep the raw `.lbsnap`.
+    pub keep_raw: bool,
+    pub retention: Retention,
+}
+
+impl Default for OutputPolicy {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            format: OutputFormat::Fxt,
+            keep_raw: true,
+            retention: Retention::default(),
+        }
+    }
+}
+
+/// How much of a rule's output to keep; the oldest files go first. Defaults: 200 files,
+/// 2 GiB. Both at least 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    pub max_files: u32,
+    pub max_bytes: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            max_files: 200,
+            max_bytes: 2 << 30,
+        }
+    }
+}
+
+impl Target {
+    /// Whether no field is given (such a target is rejected by the rules file).
+    pub fn is_empty(&self) -> bool {
+        self.pid.is_none()
+            && self.comm.is_none()
+            && self.exe.is_none()
+            && self.cgroup.is_none()
+            && self
+                .kubernetes
+                .as_ref()
+                .is_none_or(KubernetesSelector::is_empty)
+    }
+}
+
+impl KubernetesSelector {
+    /// Whether no field is given.
+    pub fn is_empty(&self) -> bool {
+        self.namespace.is_none() && self.pod_labels.is_empty() && self.container.is_none()
+    }
+}
+
+/// `pid=1234 comm=myserver exe=/usr/bin/myserver cgroup=/kubepods.slice
+/// k8s:namespace=prod,app=api,container=server`.
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(pid) = self.pid {
+            parts.push(format!("pid={pid}"));
+        }
+        if let Some(comm) = &self.comm {
+            parts.push(format!("comm={comm}"));
+        }
+        if let Some(exe) = &self.exe {
+            parts.push(format!("exe={}", exe.display()));
+        }
+        if let Some(cgroup) = &self.cgroup {
+            parts.push(format!("cgroup={cgroup}"));
+        }
+        if let Some(k8s) = &self.kubernetes {
+            let mut fields = Vec::new();
+            if let Some(namespace) = &k8s.namespace {
+                fields.push(format!("namespace={namespace}"));
+            }
+            fields.extend(k8s.pod_labels.iter().map(|(k, v)| format!("{k}={v}")));
+            if let Some(container) = &k8s.container {
+                fields.push(format!("container={container}"));
+            }
+            parts.push(format!("k8s:{}", fields.join(",")));
+        }
+        f.write_str(&parts.join(" "))
+    }
 }

@@ -1,0 +1,161 @@
+//! The rules file as serde reads it: `Raw*` structs with `deny_unknown_fields` and an
+//! `expecting` text each, built from the self-checking leaf types of `leaf`. Checks across
+//! values, and the conversion into domain types, happen in `validate`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::leaf::{
+    AbsolutePath, BufferSize, CgroupPath, Comm, Errno, HumanDuration, List, Positive, RuleName,
+    Signal, Size, Symbol, SyscallNames, Text, Version,
+};
+use super::{Backend, OutputFormat};
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a rules file: a mapping with `version: 1` and `rules:`"
+)]
+pub(super) struct RawFile {
+    #[expect(
+        dead_code,
+        reason = "checked while deserializing; only version 1 exists"
+    )]
+    pub version: Version,
+    pub defaults: Option<RawDefaults>,
+    pub rules: Vec<RawRule>,
+}
+
+/// `defaults:`, merged field by field into every rule.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of capture, snapshot, output"
+)]
+pub(super) struct RawDefaults {
+    pub capture: Option<RawCapture>,
+    pub snapshot: Option<RawSnapshot>,
+    pub output: Option<RawOutput>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a rule: a mapping with name, target, trigger"
+)]
+pub(super) struct RawRule {
+    pub name: RuleName,
+    pub target: RawTarget,
+    pub trigger: RawTrigger,
+    pub capture: Option<RawCapture>,
+    pub snapshot: Option<RawSnapshot>,
+    pub output: Option<RawOutput>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a target: a mapping of pid, comm, exe, cgroup, kubernetes"
+)]
+pub(super) struct RawTarget {
+    pub pid: Option<Positive>,
+    pub comm: Option<Comm>,
+    pub exe: Option<AbsolutePath>,
+    pub cgroup: Option<CgroupPath>,
+    pub kubernetes: Option<RawKubernetes>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of namespace, pod_labels, container"
+)]
+pub(super) struct RawKubernetes {
+    pub namespace: Option<Text>,
+    pub pod_labels: Option<BTreeMap<String, String>>,
+    pub container: Option<Text>,
+}
+
+/// `trigger:`; `validate` checks that exactly one kind is given.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a trigger: a mapping with one of function, syscall, signal"
+)]
+pub(super) struct RawTrigger {
+    pub function: Option<RawFunction>,
+    pub syscall: Option<RawSyscall>,
+    pub signal: Option<RawSignal>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with symbol and optional binary, min_duration"
+)]
+pub(super) struct RawFunction {
+    pub symbol: Symbol,
+    pub binary: Option<AbsolutePath>,
+    pub min_duration: Option<HumanDuration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping with names and optional min_duration, errno"
+)]
+pub(super) struct RawSyscall {
+    pub names: SyscallNames,
+    pub min_duration: Option<HumanDuration>,
+    pub errno: Option<List<Errno>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping with signals")]
+pub(super) struct RawSignal {
+    pub signals: List<Signal>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of backend, buffer_size, sample_frequency, include_kernel"
+)]
+pub(super) struct RawCapture {
+    pub backend: Option<Backend>,
+    pub buffer_size: Option<BufferSize>,
+    pub sample_frequency: Option<Positive>,
+    pub include_kernel: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of cooldown, max_per_hour, post_trigger"
+)]
+pub(super) struct RawSnapshot {
+    pub cooldown: Option<HumanDuration>,
+    pub max_per_hour: Option<Positive>,
+    pub post_trigger: Option<HumanDuration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a mapping of dir, format, keep_raw, retention"
+)]
+pub(super) struct RawOutput {
+    pub dir: Option<Text>,
+    pub format: Option<OutputFormat>,
+    pub keep_raw: Option<bool>,
+    pub retention: Option<RawRetention>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a mapping of max_files, max_bytes")]
+pub(super) struct RawRetention {
+    pub max_files: Option<Positive>,
+    pub max_bytes: Option<Size>,
+}
