@@ -17,6 +17,7 @@ use lookback::capture::{
     records::{self, PERF_RECORD_SAMPLE, Sample},
     sampling::SAMPLE_TYPE,
 };
+use lookback::snapshot;
 use lookback_tests::workload;
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
@@ -294,4 +295,50 @@ fn a_missing_process_is_an_error_and_intel_pt_is_refused_here() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn a_real_capture_round_trips_through_an_lbsnap_file() {
+    if !can_run("a_real_capture_round_trips_through_an_lbsnap_file") {
+        return;
+    }
+    let mut child = spawn(&["spin", "600", "1"]);
+    sleep(Duration::from_millis(30));
+    let pid = child.id();
+    let trigger_time_ns = capture::monotonic_ns();
+    let data = record(&mut child, Duration::from_millis(200));
+    child.kill().ok();
+    child.wait().ok();
+    let trigger = snapshot::TriggerMeta {
+        rule: "manual".to_owned(),
+        kind: "manual".to_owned(),
+        detail: "test".to_owned(),
+        pid,
+        tid: pid,
+        comm: "workload".to_owned(),
+        trigger_time_ns,
+    };
+    let snap = snapshot::Snapshot::from_captured(data, Some(trigger));
+    assert!(
+        snap.meta
+            .trigger_to_freeze_ns
+            .is_some_and(|ns| ns >= 200_000_000)
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("real.lbsnap");
+    snapshot::write_atomic(&path, &snap).expect("write");
+    let back = snapshot::read(&path).expect("read back");
+    assert_eq!(back, snap);
+    let samples = back
+        .rings
+        .iter()
+        .flat_map(|r| records::records(&r.data).collect::<Vec<_>>())
+        .filter(|r| r.kind == PERF_RECORD_SAMPLE)
+        .count();
+    assert!(samples > 50, "{samples} samples after the round trip");
+    assert!(back.maps.iter().any(|m| m.pid == pid && !m.maps.is_empty()));
+    assert!(
+        back.code.iter().any(|c| c.path == "[vdso]"),
+        "vdso code embedded"
+    );
 }
