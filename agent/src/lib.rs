@@ -5,9 +5,11 @@
 //! `writer` → `daemon`, with `cli` (one module per subcommand), `check` (what this machine
 //! supports) and `sys` (the only place that makes raw syscalls).
 
+pub mod capture;
 pub mod check;
 pub mod cli;
 pub mod decode;
 pub mod rules;
+pub mod snapshot;
 pub mod sys;
 pub mod triggers;

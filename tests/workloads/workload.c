@@ -17,6 +17,9 @@
  *     loopnop N                N calls of lb_noop_nop5() (NOP5 entry); prints ns_per_op=
  *     segv | abort | usr1      die by SIGSEGV / SIGABRT, or raise SIGUSR1 (handled) once
  *     fork N SLOW_US           fork a child that calls lb_work(SLOW_US) N times; parent waits
+ *     spin MS THREADS          each thread busy-loops in lb_spin() for MS ms (on-CPU work for
+ *                              sampling tests)
+ *     forkspin MS              fork a child that runs lb_spin(MS); the parent waits
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -53,6 +56,18 @@ __attribute__((noinline)) void lb_noop_nop5(long i) {
     __asm__ volatile(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00");
     sink += i;
 }
+
+static long long now_ns(void);
+
+/* Busy for `ms` milliseconds, calling lb_noop so the samples have a two-deep user stack. */
+__attribute__((noinline)) void lb_spin(long ms) {
+    long long end = now_ns() + ms * 1000000LL;
+    long i = 0;
+    while (now_ns() < end)
+        for (int k = 0; k < 1000; k++) lb_noop(i++);
+}
+
+static void *spin_thread(void *p) { lb_spin(*(long *)p); return NULL; }
 
 struct calls { long n, slow_every, slow_us, fast_us; };
 
@@ -92,6 +107,18 @@ int main(int argc, char **argv) {
         pthread_t t[64];
         for (long i = 0; i < threads && i < 64; i++) pthread_create(&t[i], NULL, calls_thread, &c);
         for (long i = 0; i < threads && i < 64; i++) pthread_join(t[i], NULL);
+    } else if (!strcmp(mode, "spin")) {
+        long ms = ARG(0), threads = ARG(1) > 0 ? ARG(1) : 1;
+        pthread_t t[64];
+        for (long i = 0; i < threads && i < 64; i++) pthread_create(&t[i], NULL, spin_thread, &ms);
+        for (long i = 0; i < threads && i < 64; i++) pthread_join(t[i], NULL);
+    } else if (!strcmp(mode, "forkspin")) {
+        pid_t child = fork();
+        if (child == 0) {
+            lb_spin(ARG(0));
+            _exit(0);
+        }
+        waitpid(child, NULL, 0);
     } else if (!strcmp(mode, "recurse")) {
         lb_recurse((int)ARG(0), ARG(1));
     } else if (!strcmp(mode, "lib")) {

@@ -130,7 +130,7 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// A capture backend, as named on the command line and in rules files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Backend {
     IntelPt,
@@ -147,7 +147,7 @@ impl Backend {
 }
 
 /// The perf event the sampling backend samples on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SamplingEvent {
     /// `PERF_COUNT_HW_CPU_CYCLES`, where a hardware PMU exists.
@@ -281,6 +281,29 @@ pub fn nop5_optimization(kernel: &KernelInfo) -> Probe {
         _ => Probe::fail(format!(
             "kernel older than {UPROBE_NOP5_VERSION}: every uprobe is a trap (~7 µs per hit)"
         )),
+    }
+}
+
+/// Only the capture-backend probes (`intel_pt`, cycles, cpu-clock; no BPF): what
+/// `--backend auto` picks and why. The capture stage calls this when it opens a recorder.
+pub fn probe_backend(paths: &Paths) -> BackendChoice {
+    let intel_pt = pmu::probe_intel_pt(paths);
+    choose_backend(
+        &intel_pt,
+        &pmu::probe_hardware_cycles(),
+        &pmu::probe_cpu_clock(),
+    )
+}
+
+/// The event the sampling backend uses here: cycles with a hardware PMU, else cpu-clock;
+/// `None` when neither opens.
+pub fn probe_sampling_event() -> Option<SamplingEvent> {
+    if pmu::probe_hardware_cycles().ok {
+        Some(SamplingEvent::Cycles)
+    } else if pmu::probe_cpu_clock().ok {
+        Some(SamplingEvent::CpuClock)
+    } else {
+        None
     }
 }
 

@@ -6,6 +6,7 @@
 use std::{ffi::CStr, io};
 
 pub mod bpf;
+pub mod mmap;
 pub mod perf;
 pub mod process;
 
@@ -96,6 +97,34 @@ pub fn page_size() -> Option<usize> {
     // SAFETY: `sysconf` only reads a configuration value; no memory is passed.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     usize::try_from(size).ok().filter(|&s| s > 0)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (the clock of `bpf_ktime_get_ns`); 0 if the call fails.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) } != 0 {
+        return 0;
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+}
+
+/// The time stamp counter (`rdtsc`); `None` off x86-64.
+pub fn read_tsc() -> Option<u64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` exists on every x86-64 CPU, reads a counter, touches no memory.
+        Some(unsafe { core::arch::x86_64::_rdtsc() })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
 }
 
 /// A `c_char` array (NUL-terminated or not) as a lossily decoded string.

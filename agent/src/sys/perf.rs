@@ -124,6 +124,33 @@ pub fn disable(fd: BorrowedFd<'_>) -> Result<(), SyscallError> {
     }
 }
 
+/// `PERF_EVENT_IOC_PAUSE_OUTPUT` (Linux 4.7): stop (`true`) or restart (`false`) writing
+/// into the event's ring buffer, and every event that shares it. The events keep counting;
+/// records that would have been written are dropped (counted as lost).
+pub fn pause_output(fd: BorrowedFd<'_>, paused: bool) -> Result<(), SyscallError> {
+    // SAFETY: `fd` is a live descriptor; PAUSE_OUTPUT takes an integer, no pointer.
+    let ret =
+        unsafe { perf_event_open_sys::ioctls::PAUSE_OUTPUT(fd.as_raw_fd(), u32::from(paused)) };
+    if ret < 0 {
+        Err(SyscallError::last("ioctl(PERF_EVENT_IOC_PAUSE_OUTPUT)"))
+    } else {
+        Ok(())
+    }
+}
+
+/// `PERF_EVENT_IOC_SET_OUTPUT`: `fd` writes its records into `target`'s ring buffer (same
+/// CPU, same clock, same `write_backward`).
+pub fn set_output(fd: BorrowedFd<'_>, target: BorrowedFd<'_>) -> Result<(), SyscallError> {
+    // SAFETY: both descriptors are live; SET_OUTPUT takes an fd number, no pointer.
+    let ret =
+        unsafe { perf_event_open_sys::ioctls::SET_OUTPUT(fd.as_raw_fd(), target.as_raw_fd()) };
+    if ret < 0 {
+        Err(SyscallError::last("ioctl(PERF_EVENT_IOC_SET_OUTPUT)"))
+    } else {
+        Ok(())
+    }
+}
+
 /// Reads the counter value of an event opened with `read_format = 0`.
 pub fn read_count(fd: BorrowedFd<'_>) -> Result<u64, SyscallError> {
     let mut value = [0u8; 8];

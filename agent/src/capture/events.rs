@@ -1,0 +1,206 @@
+//! Which perf events a recorder opens: one per (traced thread, online CPU), `inherit = 1`,
+//! and one ring per CPU that every event of that CPU writes into (`SET_OUTPUT`).
+//!
+//! perf refuses to `mmap` an inherited per-task event with `cpu = -1` (all children would
+//! write into one buffer from every CPU), hence per-CPU events even for one thread. Threads
+//! and processes created later by a traced thread inherit its events and write into the
+//! same per-CPU rings; threads that already exist are found in `/proc/PID/task`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
+    path::Path,
+};
+
+use super::CaptureError;
+use crate::sys::perf::{self, Target, perf_event_attr};
+
+/// A per-CPU ring that other events on the CPU redirect their output to.
+pub(super) trait CpuRing {
+    /// The event whose ring this is.
+    fn output_fd(&self) -> BorrowedFd<'_>;
+}
+
+/// One perf event to open for every (thread, CPU).
+pub(super) struct EventSpec {
+    pub name: &'static str,
+    pub attr: perf_event_attr,
+}
+
+/// The events of a recorder and its per-CPU rings.
+pub(super) struct EventSet<R> {
+    cpus: Vec<u32>,
+    rings: BTreeMap<u32, R>,
+    /// Every event that does not own a ring, with the index of its spec.
+    followers: Vec<(usize, OwnedFd)>,
+    tids: BTreeSet<u32>,
+}
+
+impl<R: CpuRing> EventSet<R> {
+    pub fn new(cpus: Vec<u32>) -> Self {
+        Self {
+            cpus,
+            rings: BTreeMap::new(),
+            followers: Vec::new(),
+            tids: BTreeSet::new(),
+        }
+    }
+
+    pub fn rings(&self) -> impl Iterator<Item = (u32, &R)> {
+        self.rings.iter().map(|(&cpu, r)| (cpu, r))
+    }
+
+    pub fn rings_mut(&mut self) -> impl Iterator<Item = (u32, &mut R)> {
+        self.rings.iter_mut().map(|(&cpu, r)| (cpu, r))
+    }
+
+    /// The follower events opened from spec `index` (ring owners are not included).
+    pub fn followers_of(&self, index: usize) -> impl Iterator<Item = BorrowedFd<'_>> {
+        self.followers
+            .iter()
+            .filter(move |(i, _)| *i == index)
+            .map(|(_, fd)| fd.as_fd())
+    }
+
+    /// Opens `specs` for `tid` on every CPU. The first spec's first event on a CPU becomes
+    /// that CPU's ring (`make_ring`); every other event redirects its output there.
+    /// A thread already traced is skipped; `Ok(false)` when the thread is gone.
+    pub fn add_thread(
+        &mut self,
+        tid: u32,
+        specs: &[EventSpec],
+        make_ring: &mut dyn FnMut(OwnedFd, u32) -> Result<R, CaptureError>,
+    ) -> Result<bool, CaptureError> {
+        if self.tids.contains(&tid) {
+            return Ok(true);
+        }
+        let pid = libc::pid_t::try_from(tid).map_err(|_| CaptureError::NoProcess { pid: tid })?;
+        for &cpu in &self.cpus {
+            for (index, spec) in specs.iter().enumerate() {
+                let fd =
+                    match perf::perf_event_open(&spec.attr, Target::Pid(pid), Some(cpu), None, 0) {
+                        Ok(fd) => fd,
+                        Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(false),
+                        Err(source) => {
+                            return Err(CaptureError::Open {
+                                event: spec.name,
+                                tid,
+                                cpu,
+                                source,
+                            });
+                        }
+                    };
+                if index == 0 && !self.rings.contains_key(&cpu) {
+                    let ring = make_ring(fd, cpu)?;
+                    self.rings.insert(cpu, ring);
+                    continue;
+                }
+                let Some(ring) = self.rings.get(&cpu) else {
+                    // The ring owner is always opened first (index 0).
+                    continue;
+                };
+                perf::set_output(fd.as_fd(), ring.output_fd()).map_err(|source| {
+                    CaptureError::Syscall {
+                        what: "redirecting an event into its CPU's ring",
+                        source,
+                    }
+                })?;
+                self.followers.push((index, fd));
+            }
+        }
+        self.tids.insert(tid);
+        Ok(true)
+    }
+
+    /// Opens `specs` for every thread of process `pid` (`/proc/PID/task`).
+    pub fn add_process(
+        &mut self,
+        pid: u32,
+        specs: &[EventSpec],
+        make_ring: &mut dyn FnMut(OwnedFd, u32) -> Result<R, CaptureError>,
+    ) -> Result<(), CaptureError> {
+        let tids = threads_of(pid)?;
+        let mut opened = 0usize;
+        for tid in tids {
+            if self.add_thread(tid, specs, make_ring)? {
+                opened += 1;
+            }
+        }
+        if opened == 0 {
+            return Err(CaptureError::NoProcess { pid });
+        }
+        Ok(())
+    }
+}
+
+/// The thread ids of `pid`, from `/proc/PID/task`.
+pub(super) fn threads_of(pid: u32) -> Result<Vec<u32>, CaptureError> {
+    let dir = format!("/proc/{pid}/task");
+    let entries = std::fs::read_dir(&dir).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            CaptureError::NoProcess { pid }
+        } else {
+            CaptureError::Io {
+                path: dir.clone().into(),
+                source,
+            }
+        }
+    })?;
+    let mut tids: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    Ok(tids)
+}
+
+/// The online CPUs (`/sys/devices/system/cpu/online`, e.g. `0-3,6`).
+pub(super) fn online_cpus() -> Result<Vec<u32>, CaptureError> {
+    let path = Path::new("/sys/devices/system/cpu/online");
+    let text = std::fs::read_to_string(path).map_err(|source| CaptureError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_cpu_list(&text).ok_or_else(|| CaptureError::Io {
+        path: path.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a CPU list"),
+    })
+}
+
+/// Parses a kernel CPU list (`0-3,6`); `None` when malformed or empty.
+pub(super) fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let (lo, hi): (u32, u32) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
+        if lo > hi || hi - lo > 65_536 {
+            return None;
+        }
+        cpus.extend(lo..=hi);
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse() {
+        assert_eq!(parse_cpu_list("0-3,6\n"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        for bad in ["", "a", "3-1", "0-", ",", "0-999999"] {
+            assert_eq!(parse_cpu_list(bad), None, "{bad:?}");
+        }
+        assert!(!online_cpus().unwrap().is_empty());
+    }
+
+    #[test]
+    fn threads_of_self_and_of_nobody() {
+        let me = std::process::id();
+        assert!(threads_of(me).unwrap().contains(&me));
+        assert!(matches!(
+            threads_of(u32::MAX),
+            Err(CaptureError::NoProcess { .. })
+        ));
+    }
+}

@@ -1,0 +1,390 @@
+//! The Intel PT recorder: branch trace into an overwrite-mode AUX area per CPU, with a
+//! sideband data ring (MMAP2, COMM, FORK/EXIT, SWITCH, `ITRACE_START`, AUX, LOST) fed by
+//! the PT events and by a dummy tracking event, as `perf record -e intel_pt//` does.
+//!
+//! In: [`CaptureOptions`] (PT options packed by [`super::pt_config`] from the PMU's sysfs
+//! `format/` and `caps/`). Out: per CPU, the AUX bytes oldest first ([`super::aux`]) and
+//! the sideband records; the TSC conversion from the perf mmap page (`time_zero`,
+//! `time_mult`, `time_shift`) plus a TSC/`CLOCK_MONOTONIC` pair taken at freeze.
+//!
+//! Freeze = `PERF_EVENT_IOC_DISABLE` on the PT events (it reaches inherited children), read
+//! `aux_head`, copy, drain the sideband; resume = `PERF_EVENT_IOC_ENABLE`. The sideband
+//! ring is a normal (consumed) ring: call [`Recorder::poll`] now and then so it never
+//! fills. `aux_pause` (Linux 6.13: pause PT in the kernel from another event of its group)
+//! is detected by `lookback check` but not used yet: the triggers are uprobes and raw
+//! tracepoints with BPF, not perf events in the PT group.
+//!
+//! Never run on PT hardware: see docs/verification.md.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::fd::{BorrowedFd, OwnedFd},
+};
+
+use perf_event_open_sys::bindings::{PERF_COUNT_SW_DUMMY, PERF_TYPE_SOFTWARE};
+
+use super::{
+    Backend, CaptureError, CaptureOptions, CapturedData, ClockConversion, EmbedCode, Recorder,
+    RecorderParams, RingData, RingKind, SidebandData,
+    aux::AuxArea,
+    events::{CpuRing, EventSet, EventSpec, online_cpus},
+    pages_for, procmaps,
+    pt_config::{self, PtConfig},
+    records::{self, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_TID, SAMPLE_TIME},
+    ring::PerfRing,
+};
+use crate::{
+    check::{PmuReadError, read_pmu},
+    sys::perf::{self, perf_event_attr},
+};
+
+/// The sample fields appended to every sideband record (`sample_id_all`).
+pub const SIDEBAND_SAMPLE_TYPE: u64 = SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_IDENTIFIER;
+/// Sideband data ring size per CPU.
+const SIDEBAND_RING_BYTES: usize = 512 << 10;
+/// Sideband kept per CPU between snapshots; beyond this the oldest records are dropped.
+const SIDEBAND_RETAINED_BYTES: usize = 8 << 20;
+
+/// One CPU's rings: the sideband data ring (owned by the first PT event on the CPU) and
+/// its AUX area.
+pub struct PtCpuRing {
+    ring: PerfRing,
+    aux: AuxArea,
+    sideband: Vec<u8>,
+    dropped_bytes: u64,
+}
+
+impl CpuRing for PtCpuRing {
+    fn output_fd(&self) -> BorrowedFd<'_> {
+        self.ring.fd()
+    }
+}
+
+impl PtCpuRing {
+    /// Maps the data ring (read-write) and the AUX area (read-only: overwrite mode).
+    fn map(fd: OwnedFd, data_pages: usize, aux_size: usize) -> Result<Self, CaptureError> {
+        let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
+        let mut ring = PerfRing::map(fd, data_pages, false)?;
+        let aux_offset = ((1 + data_pages) * page) as u64;
+        if !ring.set_aux_area(aux_offset, aux_size as u64) {
+            return Err(CaptureError::BadBufferSize { bytes: aux_size });
+        }
+        let aux = AuxArea::map(ring.fd(), aux_offset, aux_size)?;
+        Ok(Self {
+            ring,
+            aux,
+            sideband: Vec::new(),
+            dropped_bytes: 0,
+        })
+    }
+
+    /// Moves new sideband records out of the data ring, keeping at most
+    /// [`SIDEBAND_RETAINED_BYTES`] (oldest dropped whole, counted).
+    fn drain(&mut self) {
+        let stop = self.ring.drain(&mut self.sideband);
+        if let super::WalkStop::BadHeader { offset, size } = stop {
+            log::warn!("intel_pt sideband: bad record header (size {size}) at {offset}");
+        }
+        if self.sideband.len() > SIDEBAND_RETAINED_BYTES {
+            let mut cut = 0usize;
+            for rec in records::records(&self.sideband) {
+                cut += 8 + rec.body.len();
+                if self.sideband.len() - cut <= SIDEBAND_RETAINED_BYTES / 2 {
+                    break;
+                }
+            }
+            self.sideband.drain(..cut);
+            self.dropped_bytes += cut as u64;
+        }
+    }
+}
+
+fn pt_attr(cfg: &PtConfig, include_kernel: bool) -> perf_event_attr {
+    let mut attr = perf_event_attr {
+        type_: cfg.pmu_type,
+        config: cfg.config,
+        sample_type: SIDEBAND_SAMPLE_TYPE,
+        ..perf_event_attr::default()
+    };
+    attr.set_inherit(1);
+    attr.set_sample_id_all(1);
+    attr.set_exclude_kernel(u64::from(!include_kernel));
+    attr.set_exclude_hv(1);
+    attr
+}
+
+/// The tracking event perf adds next to PT: maps, comms, tasks and context switches.
+fn tracking_attr(include_kernel: bool) -> perf_event_attr {
+    let mut attr = perf_event_attr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: u64::from(PERF_COUNT_SW_DUMMY),
+        sample_type: SIDEBAND_SAMPLE_TYPE,
+        ..perf_event_attr::default()
+    };
+    attr.set_inherit(1);
+    attr.set_sample_id_all(1);
+    attr.set_exclude_kernel(u64::from(!include_kernel));
+    attr.set_exclude_hv(1);
+    attr.set_mmap(1);
+    attr.set_mmap2(1);
+    attr.set_comm(1);
+    attr.set_comm_exec(1);
+    attr.set_task(1);
+    attr.set_context_switch(1);
+    attr
+}
+
+/// Intel PT into per-CPU overwrite AUX areas.
+pub struct PtRecorder {
+    events: EventSet<PtCpuRing>,
+    specs: [EventSpec; 2],
+    data_pages: usize,
+    aux_size: usize,
+    params: RecorderParams,
+    embed_code: EmbedCode,
+    pids: BTreeSet<u32>,
+    known_maps: BTreeMap<u32, procmaps::ProcessMaps>,
+    disabled: bool,
+}
+
+impl PtRecorder {
+    /// Reads the `intel_pt` PMU from `opts.event_sources`, packs the config. Fails with
+    /// [`CaptureError::IntelPtNotFound`] where there is no PT (VMs, AMD, ARM).
+    pub fn open(opts: &CaptureOptions) -> Result<Self, CaptureError> {
+        let pmu = read_pmu(&opts.event_sources, "intel_pt").map_err(|err| match err {
+            PmuReadError::NotFound { dir } => CaptureError::IntelPtNotFound { dir },
+            PmuReadError::Io { dir, source } => CaptureError::Io { path: dir, source },
+        })?;
+        let cfg = pt_config::pack(&pmu, &opts.pt)?;
+        for note in &cfg.notes {
+            log::info!("intel_pt: {note}");
+        }
+        let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
+        let aux_pages = pages_for(opts.buffer_size)?;
+        let cpus = online_cpus()?;
+        let params = RecorderParams {
+            event: "intel_pt".to_owned(),
+            perf_type: cfg.pmu_type,
+            config: cfg.config,
+            config_fields: cfg.fields.clone(),
+            sample_type: SIDEBAND_SAMPLE_TYPE,
+            sample_id_all: true,
+            sample_frequency: None,
+            buffer_size: (aux_pages * page) as u64,
+            include_kernel: opts.include_kernel,
+            clockid: None,
+            cpus: cpus.clone(),
+            aux_pause: false,
+        };
+        Ok(Self {
+            events: EventSet::new(cpus),
+            specs: [
+                EventSpec {
+                    name: "intel_pt",
+                    attr: pt_attr(&cfg, opts.include_kernel),
+                },
+                EventSpec {
+                    name: "dummy (tracking)",
+                    attr: tracking_attr(opts.include_kernel),
+                },
+            ],
+            data_pages: pages_for(SIDEBAND_RING_BYTES)?,
+            aux_size: aux_pages * page,
+            params,
+            embed_code: opts.embed_code,
+            pids: BTreeSet::new(),
+            known_maps: BTreeMap::new(),
+            disabled: false,
+        })
+    }
+
+    /// Every PT event: the ring owners and the PT followers (not the tracking events).
+    fn set_enabled(&mut self, enabled: bool) -> Result<(), CaptureError> {
+        let owners: Vec<BorrowedFd<'_>> = self.events.rings().map(|(_, r)| r.ring.fd()).collect();
+        for fd in owners.into_iter().chain(self.events.followers_of(0)) {
+            let result = if enabled {
+                perf::enable(fd)
+            } else {
+                perf::disable(fd)
+            };
+            result.map_err(|source| CaptureError::Syscall {
+                what: if enabled {
+                    "enabling Intel PT"
+                } else {
+                    "disabling Intel PT"
+                },
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn collect_maps(&mut self) -> Vec<procmaps::ProcessMaps> {
+        let now = super::monotonic_ns();
+        let mut out = Vec::new();
+        for &pid in &self.pids {
+            match procmaps::read_process(pid, now) {
+                Ok(maps) => {
+                    self.known_maps.insert(pid, maps.clone());
+                    out.push(maps);
+                }
+                Err(_) => out.extend(self.known_maps.get(&pid).map(|m| procmaps::ProcessMaps {
+                    at_freeze: false,
+                    ..m.clone()
+                })),
+            }
+        }
+        out
+    }
+}
+
+impl Recorder for PtRecorder {
+    fn backend(&self) -> Backend {
+        Backend::IntelPt
+    }
+
+    fn params(&self) -> &RecorderParams {
+        &self.params
+    }
+
+    fn add_process(&mut self, pid: u32) -> Result<(), CaptureError> {
+        let (data_pages, aux_size) = (self.data_pages, self.aux_size);
+        let mut make_ring = |fd: OwnedFd, _cpu: u32| PtCpuRing::map(fd, data_pages, aux_size);
+        self.events.add_process(pid, &self.specs, &mut make_ring)?;
+        if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
+            self.known_maps.insert(pid, maps);
+        }
+        self.pids.insert(pid);
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<(), CaptureError> {
+        for (_, cpu_ring) in self.events.rings_mut() {
+            cpu_ring.drain();
+        }
+        Ok(())
+    }
+
+    fn freeze(&mut self) -> Result<CapturedData, CaptureError> {
+        let before = super::monotonic_ns();
+        self.set_enabled(false)?;
+        self.disabled = true;
+        let freeze_time_ns = super::monotonic_ns();
+        let tsc_at_freeze = crate::sys::read_tsc();
+        let (mut rings, mut sideband, mut clock) = (Vec::new(), Vec::new(), None);
+        for (cpu, r) in self.events.rings_mut() {
+            let head = r.ring.aux_head();
+            let copy = r.aux.copy(head);
+            r.drain();
+            let page = r.ring.clock();
+            clock.get_or_insert(ClockConversion {
+                time_zero: page.time_zero,
+                time_mult: page.time_mult,
+                time_shift: page.time_shift,
+                valid: page.valid,
+                tsc_at_freeze,
+                monotonic_ns_at_freeze: freeze_time_ns,
+            });
+            rings.push(RingData {
+                kind: RingKind::Aux,
+                cpu: Some(cpu),
+                tid: None,
+                wrapped: copy.wrapped,
+                records: 0,
+                stop: None,
+                data: copy.data,
+            });
+            sideband.push(SidebandData {
+                cpu: Some(cpu),
+                dropped_bytes: r.dropped_bytes,
+                data: r.sideband.clone(),
+            });
+        }
+        let processes = self.collect_maps();
+        let code = processes
+            .iter()
+            .filter(|p| p.at_freeze)
+            .flat_map(|p| procmaps::read_code(p, self.embed_code))
+            .collect();
+        Ok(CapturedData {
+            backend: Backend::IntelPt,
+            params: self.params.clone(),
+            freeze_time_ns,
+            pause_duration_ns: freeze_time_ns.saturating_sub(before),
+            rings,
+            sideband,
+            clock,
+            processes,
+            code,
+            window: None,
+        })
+    }
+
+    fn resume(&mut self) -> Result<(), CaptureError> {
+        if self.disabled {
+            self.set_enabled(true)?;
+            self.disabled = false;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::PtOptions;
+
+    #[test]
+    fn attrs_follow_the_packed_config() {
+        let cfg = PtConfig {
+            pmu_type: 8,
+            config: 0x2401,
+            fields: BTreeMap::new(),
+            notes: Vec::new(),
+        };
+        let attr = pt_attr(&cfg, false);
+        assert_eq!((attr.type_, attr.config), (8, 0x2401));
+        assert_eq!(
+            (attr.inherit(), attr.sample_id_all(), attr.exclude_kernel()),
+            (1, 1, 1)
+        );
+        assert_eq!(attr.aux_start_paused_bits(), 0);
+        let tracking = tracking_attr(true);
+        assert_eq!(tracking.config, u64::from(PERF_COUNT_SW_DUMMY));
+        assert_eq!(
+            (
+                tracking.mmap2(),
+                tracking.comm(),
+                tracking.task(),
+                tracking.context_switch()
+            ),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(tracking.exclude_kernel(), 0);
+    }
+
+    trait AuxBits {
+        fn aux_start_paused_bits(&self) -> u32;
+    }
+
+    impl AuxBits for perf_event_attr {
+        fn aux_start_paused_bits(&self) -> u32 {
+            // SAFETY: `aux_action` and its bitfield view are both a plain u32.
+            unsafe { self.__bindgen_anon_5.aux_action }
+        }
+    }
+
+    #[test]
+    fn open_fails_cleanly_without_the_pmu() {
+        let root = tempfile::tempdir().unwrap();
+        let opts = CaptureOptions {
+            event_sources: root.path().to_owned(),
+            pt: PtOptions::default(),
+            ..CaptureOptions::default()
+        };
+        let Err(err) = PtRecorder::open(&opts) else {
+            panic!("opened intel_pt in an empty tempdir");
+        };
+        assert!(matches!(err, CaptureError::IntelPtNotFound { .. }), "{err}");
+    }
+}

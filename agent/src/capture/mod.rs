@@ -1,0 +1,402 @@
+//! Capture: the flight recorders. A [`Recorder`] keeps the last moments of what the traced
+//! processes did in perf ring buffers that overwrite themselves, and on a trigger
+//! [`freeze`](Recorder::freeze)s them and copies them out as [`CapturedData`].
+//!
+//! In: [`CaptureOptions`] (backend, buffer size, frequency, kernel or not, PT options) and
+//! process ids; new threads and children are followed by `inherit`. Out: [`CapturedData`]:
+//! the raw bytes of every ring (per CPU), sideband records, the clock conversion, the freeze
+//! time, and the traced processes' memory maps (with build-ids and, where needed, code
+//! bytes). The snapshot stage turns that into an `.lbsnap` bundle.
+//!
+//! Backends:
+//! - [`sampling`]: cpu-clock (or cycles) samples with callchains into `write_backward`
+//!   rings (Linux 4.7); freeze = `PERF_EVENT_IOC_PAUSE_OUTPUT`. Works on any machine.
+//! - [`intel_pt`]: Intel PT into read-only (overwrite) AUX areas plus a sideband ring;
+//!   freeze = disable the PT events, copy oldest first, re-enable.
+//!
+//! Event topology (both backends): perf refuses `mmap` on inherited per-task events with
+//! `cpu = -1`, so each traced thread gets one event per online CPU with `inherit = 1`, and
+//! all events of one CPU write into one ring (`PERF_EVENT_IOC_SET_OUTPUT`), as `perf
+//! record -p` does. Children and threads created later inherit the events.
+
+pub mod aux;
+mod events;
+pub mod intel_pt;
+pub mod procmaps;
+pub mod pt_config;
+pub mod records;
+pub mod ring;
+pub mod sampling;
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::check::{Backend, SamplingEvent};
+use crate::{
+    check::{self, Paths},
+    decode::pt::TscConversion,
+    sys::SyscallError,
+};
+pub use procmaps::{CodeRegion, MapEntry, ProcessMaps};
+pub use pt_config::{PtConfigError, PtOptions};
+pub use ring::WalkStop;
+
+/// `--backend`: which recorder to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendRequest {
+    /// Intel PT when it works here, else sampling (with a log line saying why).
+    #[default]
+    Auto,
+    IntelPt,
+    Sampling,
+}
+
+/// Which executable mappings get their bytes embedded in the snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EmbedCode {
+    /// Anonymous (JIT), deleted and `[vdso]` mappings: code no other machine can find.
+    #[default]
+    Auto,
+    /// Every executable mapping (`--embed-code`; for PT decoding elsewhere).
+    All,
+    None,
+}
+
+/// What to record and how (the domain form of `--backend`, `--buffer-size`,
+/// `--sample-frequency`, `--include-kernel` and the rule's `capture` section).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureOptions {
+    pub backend: BackendRequest,
+    /// Bytes per ring (per CPU): the sampling data ring, or the PT AUX area. Rounded up to
+    /// a power of two of pages.
+    pub buffer_size: usize,
+    /// Samples per second per thread (sampling backend).
+    pub sample_frequency: u64,
+    /// Record kernel code too (PT kernel trace, kernel callchains).
+    pub include_kernel: bool,
+    pub pt: PtOptions,
+    pub embed_code: EmbedCode,
+    /// Where the PMUs are described (`/sys/bus/event_source/devices`; fixtures in tests).
+    pub event_sources: PathBuf,
+}
+
+impl Default for CaptureOptions {
+    fn default() -> Self {
+        Self {
+            backend: BackendRequest::Auto,
+            buffer_size: 4 << 20,
+            sample_frequency: 10_000,
+            include_kernel: false,
+            pt: PtOptions::default(),
+            embed_code: EmbedCode::Auto,
+            event_sources: Paths::default().event_sources(),
+        }
+    }
+}
+
+/// How a recorder was set up: everything a decoder needs to read the raw bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RecorderParams {
+    /// `cpu-clock`, `cycles` or `intel_pt`.
+    pub event: String,
+    /// `perf_event_attr.type` and `.config` of the recording event.
+    pub perf_type: u32,
+    pub config: u64,
+    /// The named config fields that were set (PT: `branch`, `tsc`, `mtc_period`, ...).
+    pub config_fields: BTreeMap<String, u64>,
+    /// `perf_event_attr.sample_type` of the records in the rings (and, with
+    /// `sample_id_all`, of the id trailer of non-sample records).
+    pub sample_type: u64,
+    pub sample_id_all: bool,
+    /// Samples per second (sampling backend).
+    pub sample_frequency: Option<u64>,
+    /// Bytes per ring (data ring for sampling, AUX area for PT).
+    pub buffer_size: u64,
+    pub include_kernel: bool,
+    /// `perf_event_attr.clockid` of the record timestamps (`None`: perf's default clock).
+    pub clockid: Option<i32>,
+    /// The online CPUs, one ring each.
+    pub cpus: Vec<u32>,
+    /// PT: the kernel can pause the trace from another event (`aux_pause`, Linux 6.13).
+    pub aux_pause: bool,
+}
+
+/// What a ring held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RingKind {
+    /// perf records (`perf_event_header` + body), oldest first.
+    PerfRecords,
+    /// Intel PT trace bytes (the AUX area), oldest first.
+    Aux,
+}
+
+/// The bytes of one ring, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingData {
+    pub kind: RingKind,
+    pub cpu: Option<u32>,
+    pub tid: Option<u32>,
+    /// The ring had wrapped: older data was overwritten (the window is full).
+    pub wrapped: bool,
+    /// perf records: how many; AUX: 0.
+    pub records: u64,
+    /// perf records: why the walk stopped.
+    pub stop: Option<WalkStop>,
+    #[serde(skip)]
+    pub data: Vec<u8>,
+}
+
+/// Sideband records (MMAP2, COMM, `ITRACE_START`, SWITCH, AUX, LOST, ...) of one CPU's
+/// data ring, in ring order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SidebandData {
+    pub cpu: Option<u32>,
+    /// Records dropped because the retained sideband exceeded its limit.
+    pub dropped_bytes: u64,
+    #[serde(skip)]
+    pub data: Vec<u8>,
+}
+
+/// perf time ↔ TSC, from the perf mmap page, plus a TSC ↔ `CLOCK_MONOTONIC` pair read
+/// at freeze time (the trigger timestamps are `CLOCK_MONOTONIC`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClockConversion {
+    pub time_zero: u64,
+    pub time_mult: u32,
+    pub time_shift: u16,
+    /// `cap_user_time_zero` was set: the three values above are valid.
+    pub valid: bool,
+    /// `rdtsc` and `CLOCK_MONOTONIC` read back to back at freeze time (x86-64 only).
+    pub tsc_at_freeze: Option<u64>,
+    pub monotonic_ns_at_freeze: u64,
+}
+
+impl ClockConversion {
+    /// The perf-clock conversion, when the mmap page published one.
+    pub fn tsc_conversion(&self) -> Option<TscConversion> {
+        (self.valid && self.time_mult != 0).then_some(TscConversion {
+            time_zero: self.time_zero,
+            time_mult: self.time_mult,
+            time_shift: self.time_shift,
+        })
+    }
+
+    /// A TSC value as `CLOCK_MONOTONIC` ns (the trigger clock): the TSC distance to the
+    /// freeze-time pair, scaled with the perf conversion. `None` without both.
+    pub fn tsc_to_monotonic_ns(&self, tsc: u64) -> Option<u64> {
+        let conv = self.tsc_conversion()?;
+        let at_freeze = conv.tsc_to_ns(self.tsc_at_freeze?);
+        let then = conv.tsc_to_ns(tsc);
+        let delta = i128::from(then) - i128::from(at_freeze);
+        u64::try_from(i128::from(self.monotonic_ns_at_freeze) + delta).ok()
+    }
+}
+
+/// What a freeze copied out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapturedData {
+    pub backend: Backend,
+    pub params: RecorderParams,
+    /// `CLOCK_MONOTONIC` right after the rings stopped.
+    pub freeze_time_ns: u64,
+    /// How long stopping the rings took (ns).
+    pub pause_duration_ns: u64,
+    pub rings: Vec<RingData>,
+    pub sideband: Vec<SidebandData>,
+    pub clock: Option<ClockConversion>,
+    /// Memory maps of the traced processes at freeze time (or when last seen alive).
+    pub processes: Vec<ProcessMaps>,
+    pub code: Vec<CodeRegion>,
+    /// First and last sample time in the rings (`CLOCK_MONOTONIC` ns), when known.
+    pub window: Option<(u64, u64)>,
+}
+
+impl CapturedData {
+    /// Raw recorder bytes (rings + sideband).
+    pub fn raw_bytes(&self) -> u64 {
+        let rings: usize = self.rings.iter().map(|r| r.data.len()).sum();
+        let sb: usize = self.sideband.iter().map(|s| s.data.len()).sum();
+        (rings + sb) as u64
+    }
+}
+
+/// A flight recorder over a set of processes.
+pub trait Recorder: Send {
+    fn backend(&self) -> Backend;
+    /// How the recorder was set up.
+    fn params(&self) -> &RecorderParams;
+    /// Starts recording `pid` (all its threads, and later its new threads and children).
+    fn add_process(&mut self, pid: u32) -> Result<(), CaptureError>;
+    /// Consumes what must be consumed continuously (PT sideband); call it now and then.
+    fn poll(&mut self) -> Result<(), CaptureError> {
+        Ok(())
+    }
+    /// Stops the rings and copies them out. Recording stays stopped until
+    /// [`resume`](Self::resume).
+    fn freeze(&mut self) -> Result<CapturedData, CaptureError>;
+    /// Restarts recording after a freeze.
+    fn resume(&mut self) -> Result<(), CaptureError>;
+}
+
+/// Why a recorder could not be set up or frozen.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("intel_pt PMU not found: {} missing (a VM or a non-Intel CPU); use --backend sampling", dir.display())]
+    IntelPtNotFound { dir: PathBuf },
+    #[error("intel_pt PMU unusable: {reason}")]
+    IntelPtUnusable { reason: String },
+    #[error("Intel PT configuration")]
+    PtConfig(#[from] PtConfigError),
+    #[error("no backend can record here: {reason}")]
+    NoBackend { reason: String },
+    #[error("opening the {event} event for thread {tid} on CPU {cpu}")]
+    Open {
+        event: &'static str,
+        tid: u32,
+        cpu: u32,
+        #[source]
+        source: SyscallError,
+    },
+    #[error("{what}")]
+    Syscall {
+        what: &'static str,
+        #[source]
+        source: SyscallError,
+    },
+    #[error("process {pid} not found")]
+    NoProcess { pid: u32 },
+    #[error("cannot read {}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("buffer size {bytes} bytes: must be a power of two number of pages")]
+    BadBufferSize { bytes: usize },
+    #[error("cannot determine the page size")]
+    PageSize,
+}
+
+/// Opens the recorder `opts` asks for and starts it on `pids`.
+pub fn open_recorder(
+    opts: &CaptureOptions,
+    pids: &[u32],
+) -> Result<Box<dyn Recorder>, CaptureError> {
+    let mut recorder: Box<dyn Recorder> = match opts.backend {
+        BackendRequest::IntelPt => Box::new(intel_pt::PtRecorder::open(opts)?),
+        BackendRequest::Sampling => {
+            let event = check::probe_sampling_event().ok_or_else(|| CaptureError::NoBackend {
+                reason: "neither cycles nor cpu-clock events open".to_owned(),
+            })?;
+            Box::new(sampling::SamplingRecorder::open(opts, event)?)
+        }
+        BackendRequest::Auto => {
+            let choice = check::probe_backend(&Paths::default());
+            match choice.backend {
+                Some(Backend::IntelPt) => {
+                    log::info!("backend auto: intel-pt ({})", choice.reason);
+                    Box::new(intel_pt::PtRecorder::open(opts)?)
+                }
+                Some(Backend::Sampling) => {
+                    log::info!("backend auto: sampling, because {}", choice.reason);
+                    let event = choice.sampling_event.unwrap_or(SamplingEvent::CpuClock);
+                    Box::new(sampling::SamplingRecorder::open(opts, event)?)
+                }
+                None => {
+                    return Err(CaptureError::NoBackend {
+                        reason: choice.reason,
+                    });
+                }
+            }
+        }
+    };
+    for &pid in pids {
+        recorder.add_process(pid)?;
+    }
+    Ok(recorder)
+}
+
+/// `CLOCK_MONOTONIC` in ns (the clock of BPF trigger timestamps and of sampling records).
+pub fn monotonic_ns() -> u64 {
+    crate::sys::monotonic_ns()
+}
+
+/// The buffer size rounded up to a power of two number of pages, as a page count.
+fn pages_for(bytes: usize) -> Result<usize, CaptureError> {
+    let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
+    bytes
+        .max(page)
+        .div_ceil(page)
+        .checked_next_power_of_two()
+        .filter(|pages| pages.checked_mul(page).is_some())
+        .ok_or(CaptureError::BadBufferSize { bytes })
+}
+
+#[cfg(test)]
+mod sideband_corpus;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tsc_maps_to_the_trigger_clock() {
+        // 3 GHz: mult / 2^shift = 1/3 ns per tick.
+        let clock = ClockConversion {
+            time_zero: 1_000,
+            time_mult: 0x5555_5555,
+            time_shift: 32,
+            valid: true,
+            tsc_at_freeze: Some(30_000_000_000),
+            monotonic_ns_at_freeze: 50_000_000_000,
+        };
+        // 3 million ticks (1 ms) before the freeze.
+        let ns = clock.tsc_to_monotonic_ns(29_997_000_000).unwrap();
+        assert!((49_998_999_990..=49_999_000_010).contains(&ns), "{ns}");
+        assert_eq!(
+            clock.tsc_to_monotonic_ns(30_000_000_000),
+            Some(50_000_000_000)
+        );
+        let perf_ns = clock.tsc_conversion().unwrap().tsc_to_ns(3_000);
+        assert!((1_999..=2_001).contains(&perf_ns), "{perf_ns}");
+        let invalid = ClockConversion {
+            valid: false,
+            ..clock
+        };
+        assert_eq!(invalid.tsc_to_monotonic_ns(1), None);
+        let no_pair = ClockConversion {
+            tsc_at_freeze: None,
+            ..clock
+        };
+        assert_eq!(no_pair.tsc_to_monotonic_ns(1), None);
+    }
+
+    #[test]
+    fn buffer_sizes_round_to_power_of_two_pages() {
+        let page = crate::sys::page_size().unwrap();
+        assert_eq!(pages_for(1).unwrap(), 1);
+        assert_eq!(pages_for(3 * page).unwrap(), 4);
+        assert_eq!(pages_for(4 << 20).unwrap(), (4 << 20) / page);
+        assert!(pages_for(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn intel_pt_request_without_the_pmu_is_a_clear_error() {
+        let root = tempfile::tempdir().unwrap();
+        let opts = CaptureOptions {
+            backend: BackendRequest::IntelPt,
+            event_sources: root.path().to_owned(),
+            ..CaptureOptions::default()
+        };
+        let err = open_recorder(&opts, &[])
+            .err()
+            .expect("no intel_pt in a tempdir");
+        let text = err.to_string();
+        assert!(text.starts_with("intel_pt PMU not found: "), "{text}");
+        assert!(text.contains("use --backend sampling"), "{text}");
+    }
+}

@@ -1,0 +1,329 @@
+//! Reading the perf record streams the rings are copied into: enough to know which
+//! processes and threads were sampled, over which time window, and what was lost; and a
+//! sample parser the sampling decoder and the tests use.
+//!
+//! In: a linear stream of `perf_event_header` records (oldest first, as
+//! [`super::ring::walk_backward`] returns them) and the `sample_type` they were written
+//! with. Out: [`RawRecord`]s, [`Sample`]s and a [`StreamSummary`]. Never panics: a bad
+//! header ends the stream, a short body yields `None`.
+
+use std::collections::BTreeSet;
+
+use super::ring::{HEADER_SIZE, valid_record_size};
+
+pub const PERF_RECORD_LOST: u32 = 2;
+pub const PERF_RECORD_COMM: u32 = 3;
+pub const PERF_RECORD_EXIT: u32 = 4;
+pub const PERF_RECORD_FORK: u32 = 7;
+pub const PERF_RECORD_SAMPLE: u32 = 9;
+pub const PERF_RECORD_MMAP2: u32 = 10;
+pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
+
+pub const SAMPLE_IP: u64 = 1 << 0;
+pub const SAMPLE_TID: u64 = 1 << 1;
+pub const SAMPLE_TIME: u64 = 1 << 2;
+pub const SAMPLE_ADDR: u64 = 1 << 3;
+pub const SAMPLE_READ: u64 = 1 << 4;
+pub const SAMPLE_CALLCHAIN: u64 = 1 << 5;
+pub const SAMPLE_ID: u64 = 1 << 6;
+pub const SAMPLE_CPU: u64 = 1 << 7;
+pub const SAMPLE_PERIOD: u64 = 1 << 8;
+pub const SAMPLE_STREAM_ID: u64 = 1 << 9;
+pub const SAMPLE_IDENTIFIER: u64 = 1 << 16;
+
+/// Callchain entries at or above this are context markers (`PERF_CONTEXT_*`), not
+/// addresses.
+pub const PERF_CONTEXT_MAX: u64 = (-4095i64).cast_unsigned();
+/// `PERF_CONTEXT_USER`: the user part of a callchain follows.
+pub const PERF_CONTEXT_USER: u64 = (-512i64).cast_unsigned();
+
+/// One record of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawRecord<'a> {
+    pub kind: u32,
+    pub misc: u16,
+    /// The bytes after the header.
+    pub body: &'a [u8],
+}
+
+/// The records of `stream`, in order; a bad header ends the iteration.
+pub fn records(stream: &[u8]) -> impl Iterator<Item = RawRecord<'_>> {
+    let mut rest = stream;
+    std::iter::from_fn(move || {
+        let h = rest.get(..HEADER_SIZE)?;
+        let kind = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+        let misc = u16::from_le_bytes([h[4], h[5]]);
+        let size = u16::from_le_bytes([h[6], h[7]]);
+        if !valid_record_size(size, rest.len()) {
+            rest = &[];
+            return None;
+        }
+        let (record, tail) = rest.split_at(usize::from(size));
+        rest = tail;
+        Some(RawRecord {
+            kind,
+            misc,
+            body: &record[HEADER_SIZE..],
+        })
+    })
+}
+
+/// A `PERF_RECORD_SAMPLE`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Sample {
+    pub ip: Option<u64>,
+    pub pid: Option<u32>,
+    pub tid: Option<u32>,
+    pub time: Option<u64>,
+    pub cpu: Option<u32>,
+    pub period: Option<u64>,
+    /// Callchain entries as recorded (addresses and `PERF_CONTEXT_*` markers).
+    pub callchain: Vec<u64>,
+}
+
+impl Sample {
+    /// The user-space addresses of the callchain (after `PERF_CONTEXT_USER`).
+    pub fn user_callchain(&self) -> impl Iterator<Item = u64> + '_ {
+        self.callchain
+            .iter()
+            .skip_while(|&&a| a != PERF_CONTEXT_USER)
+            .copied()
+            .filter(|&a| a < PERF_CONTEXT_MAX)
+    }
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn u64(&mut self) -> Option<u64> {
+        let b = self.bytes.get(self.at..self.at.checked_add(8)?)?;
+        self.at += 8;
+        Some(u64::from_le_bytes(b.try_into().ok()?))
+    }
+
+    /// Two u32 in one u64 slot (pid/tid, cpu/reserved).
+    fn pair(&mut self) -> Option<(u32, u32)> {
+        let v = self.u64()?;
+        Some(((v & 0xffff_ffff) as u32, (v >> 32) as u32))
+    }
+}
+
+/// Parses a sample body written with `sample_type`. `None` when the body is too short or
+/// the sample type has fields this parser does not know before the callchain (READ).
+pub fn parse_sample(sample_type: u64, body: &[u8]) -> Option<Sample> {
+    if sample_type & SAMPLE_READ != 0 {
+        return None;
+    }
+    let mut c = Cursor { bytes: body, at: 0 };
+    let mut s = Sample::default();
+    let has = |bit: u64| sample_type & bit != 0;
+    if has(SAMPLE_IDENTIFIER) {
+        c.u64()?;
+    }
+    if has(SAMPLE_IP) {
+        s.ip = Some(c.u64()?);
+    }
+    if has(SAMPLE_TID) {
+        let (pid, tid) = c.pair()?;
+        (s.pid, s.tid) = (Some(pid), Some(tid));
+    }
+    if has(SAMPLE_TIME) {
+        s.time = Some(c.u64()?);
+    }
+    for bit in [SAMPLE_ADDR, SAMPLE_ID, SAMPLE_STREAM_ID] {
+        if has(bit) {
+            c.u64()?;
+        }
+    }
+    if has(SAMPLE_CPU) {
+        s.cpu = Some(c.pair()?.0);
+    }
+    if has(SAMPLE_PERIOD) {
+        s.period = Some(c.u64()?);
+    }
+    if has(SAMPLE_CALLCHAIN) {
+        let nr = usize::try_from(c.u64()?).ok()?;
+        if nr > body.len() / 8 {
+            return None;
+        }
+        s.callchain = (0..nr).map(|_| c.u64()).collect::<Option<_>>()?;
+    }
+    Some(s)
+}
+
+/// The (pid, tid) and time of a `sample_id_all` trailer, each when present.
+pub type IdTrailer = (Option<(u32, u32)>, Option<u64>);
+
+/// The `sample_id_all` trailer of a non-sample record.
+pub fn id_trailer(sample_type: u64, body: &[u8]) -> Option<IdTrailer> {
+    let fields = [
+        SAMPLE_TID,
+        SAMPLE_TIME,
+        SAMPLE_ID,
+        SAMPLE_STREAM_ID,
+        SAMPLE_CPU,
+        SAMPLE_IDENTIFIER,
+    ];
+    let n = fields.iter().filter(|&&f| sample_type & f != 0).count();
+    let start = body.len().checked_sub(n * 8)?;
+    let mut c = Cursor {
+        bytes: body,
+        at: start,
+    };
+    let pid_tid = if sample_type & SAMPLE_TID != 0 {
+        Some(c.pair()?)
+    } else {
+        None
+    };
+    let time = if sample_type & SAMPLE_TIME != 0 {
+        Some(c.u64()?)
+    } else {
+        None
+    };
+    Some((pid_tid, time))
+}
+
+/// What a record stream holds, at a glance.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StreamSummary {
+    pub records: u64,
+    pub samples: u64,
+    pub pids: BTreeSet<u32>,
+    pub tids: BTreeSet<u32>,
+    /// Earliest and latest sample time.
+    pub first_time: Option<u64>,
+    pub last_time: Option<u64>,
+    /// Records the kernel reported lost (LOST, `LOST_SAMPLES`).
+    pub lost: u64,
+}
+
+impl StreamSummary {
+    /// Adds the records of `stream`.
+    pub fn add(&mut self, sample_type: u64, stream: &[u8]) {
+        for rec in records(stream) {
+            self.records += 1;
+            match rec.kind {
+                PERF_RECORD_SAMPLE => {
+                    let Some(s) = parse_sample(sample_type, rec.body) else {
+                        continue;
+                    };
+                    self.samples += 1;
+                    self.pids.extend(s.pid);
+                    self.tids.extend(s.tid);
+                    if let Some(t) = s.time {
+                        self.first_time = Some(self.first_time.map_or(t, |f| f.min(t)));
+                        self.last_time = Some(self.last_time.map_or(t, |l| l.max(t)));
+                    }
+                }
+                PERF_RECORD_FORK => {
+                    // pid, ppid, tid, ptid: the new task's process.
+                    if let Some(b) = rec.body.get(..4) {
+                        self.pids
+                            .insert(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    }
+                }
+                PERF_RECORD_LOST => {
+                    if let Some(b) = rec.body.get(8..16) {
+                        self.lost += u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+                    }
+                }
+                PERF_RECORD_LOST_SAMPLES => {
+                    if let Some(b) = rec.body.get(..8) {
+                        self.lost += u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(kind: u32, body: &[u8]) -> Vec<u8> {
+        let mut r = kind.to_le_bytes().to_vec();
+        r.extend(0u16.to_le_bytes());
+        r.extend(u16::try_from(8 + body.len()).unwrap().to_le_bytes());
+        r.extend(body);
+        r
+    }
+
+    fn words(w: &[u64]) -> Vec<u8> {
+        w.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    const ST: u64 =
+        SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CALLCHAIN | SAMPLE_CPU | SAMPLE_PERIOD;
+
+    #[test]
+    fn samples_parse_with_callchains() {
+        let body = words(&[
+            0x0040_1000,
+            (7u64 << 32) | 0x5,
+            1000,
+            1,
+            10_000,
+            3,
+            PERF_CONTEXT_USER,
+            0x0040_1000,
+            0x0040_1234,
+        ]);
+        let s = parse_sample(ST, &body).unwrap();
+        assert_eq!(
+            (s.ip, s.pid, s.tid, s.time),
+            (Some(0x0040_1000), Some(5), Some(7), Some(1000))
+        );
+        assert_eq!((s.cpu, s.period), (Some(1), Some(10_000)));
+        assert_eq!(
+            s.user_callchain().collect::<Vec<_>>(),
+            vec![0x0040_1000, 0x0040_1234]
+        );
+        // Truncated bodies and absurd callchain lengths are None, not panics.
+        for cut in 0..body.len() {
+            let _ = parse_sample(ST, &body[..cut]);
+        }
+        let mut huge = body.clone();
+        huge[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(parse_sample(ST, &huge), None);
+        assert_eq!(parse_sample(SAMPLE_READ, &body), None);
+    }
+
+    #[test]
+    fn summary_counts_samples_forks_and_losses() {
+        let mut stream = rec(
+            PERF_RECORD_SAMPLE,
+            &words(&[1, (11u64 << 32) | 0xa, 500, 0, 1, 0]),
+        );
+        stream.extend(rec(
+            PERF_RECORD_SAMPLE,
+            &words(&[2, (12u64 << 32) | 0xa, 900, 0, 1, 0]),
+        ));
+        stream.extend(rec(
+            PERF_RECORD_FORK,
+            &words(&[(0xau64 << 32) | 0x14, (0xau64 << 32) | 0x14, 700]),
+        ));
+        stream.extend(rec(PERF_RECORD_LOST, &words(&[1, 4])));
+        stream.extend(rec(PERF_RECORD_LOST_SAMPLES, &words(&[3])));
+        stream.extend([0xff; 5]); // trailing garbage ends the stream
+        let mut sum = StreamSummary::default();
+        sum.add(ST, &stream);
+        assert_eq!((sum.records, sum.samples, sum.lost), (5, 2, 7));
+        assert_eq!(sum.pids.into_iter().collect::<Vec<_>>(), vec![10, 20]);
+        assert_eq!(sum.tids.into_iter().collect::<Vec<_>>(), vec![11, 12]);
+        assert_eq!((sum.first_time, sum.last_time), (Some(500), Some(900)));
+    }
+
+    #[test]
+    fn id_trailers_read_from_the_end() {
+        let st = SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU;
+        let mut body = b"comm\0\0\0\0".to_vec();
+        body.extend(words(&[(3u64 << 32) | 0x2, 99, 1]));
+        assert_eq!(id_trailer(st, &body), Some((Some((2, 3)), Some(99))));
+        assert_eq!(id_trailer(st, &body[..8]), None);
+    }
+}

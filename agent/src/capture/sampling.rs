@@ -1,0 +1,283 @@
+//! The sampling recorder: timer (cpu-clock) or cycles samples with IP, TID, TIME, CPU,
+//! PERIOD and CALLCHAIN, plus MMAP2/COMM/FORK/EXIT tracking records, into one overwrite
+//! ring per CPU. Works on any Linux ≥ 4.7 (`write_backward`, `PAUSE_OUTPUT`), VMs included.
+//!
+//! Freeze = `PERF_EVENT_IOC_PAUSE_OUTPUT` on every ring (the events keep running, nothing
+//! is written), copy the rings newest-to-oldest into oldest-first streams, read the maps
+//! of every process seen in the samples. Resume = un-pause. Record timestamps use
+//! `CLOCK_MONOTONIC` (`use_clockid`), the clock of the BPF trigger timestamps.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::fd::{BorrowedFd, OwnedFd},
+};
+
+use perf_event_open_sys::bindings::{
+    PERF_COUNT_HW_CPU_CYCLES, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE,
+};
+
+use super::{
+    Backend, CaptureError, CaptureOptions, CapturedData, ClockConversion, EmbedCode, Recorder,
+    RecorderParams, RingData, RingKind, SamplingEvent,
+    events::{CpuRing, EventSet, EventSpec, online_cpus},
+    pages_for, procmaps,
+    records::{
+        SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IP, SAMPLE_PERIOD, SAMPLE_TID, SAMPLE_TIME,
+        StreamSummary,
+    },
+    ring::PerfRing,
+};
+use crate::sys::perf::{self, perf_event_attr};
+
+/// What the sampling recorder asks for in every sample.
+pub const SAMPLE_TYPE: u64 =
+    SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_PERIOD | SAMPLE_CALLCHAIN;
+
+impl CpuRing for PerfRing {
+    fn output_fd(&self) -> BorrowedFd<'_> {
+        self.fd()
+    }
+}
+
+/// The `perf_event_attr` of the sampling event.
+pub fn sampling_attr(
+    event: SamplingEvent,
+    frequency: u64,
+    include_kernel: bool,
+) -> perf_event_attr {
+    let (type_, config) = match event {
+        SamplingEvent::Cycles => (PERF_TYPE_HARDWARE, u64::from(PERF_COUNT_HW_CPU_CYCLES)),
+        SamplingEvent::CpuClock => (PERF_TYPE_SOFTWARE, u64::from(PERF_COUNT_SW_CPU_CLOCK)),
+    };
+    let mut attr = perf_event_attr {
+        type_,
+        config,
+        sample_type: SAMPLE_TYPE,
+        ..perf_event_attr::default()
+    };
+    attr.__bindgen_anon_1.sample_freq = frequency.max(1);
+    attr.set_freq(1);
+    attr.set_inherit(1);
+    attr.set_exclude_kernel(u64::from(!include_kernel));
+    attr.set_exclude_callchain_kernel(u64::from(!include_kernel));
+    attr.set_exclude_hv(1);
+    attr.set_mmap(1);
+    attr.set_mmap2(1);
+    attr.set_comm(1);
+    attr.set_comm_exec(1);
+    attr.set_task(1);
+    attr.set_sample_id_all(1);
+    attr.set_write_backward(1);
+    attr.set_use_clockid(1);
+    attr.clockid = libc::CLOCK_MONOTONIC;
+    attr
+}
+
+/// Samples into per-CPU overwrite rings.
+pub struct SamplingRecorder {
+    events: EventSet<PerfRing>,
+    spec: [EventSpec; 1],
+    data_pages: usize,
+    params: RecorderParams,
+    embed_code: EmbedCode,
+    /// Processes given to `add_process`, and the maps last read while they were alive.
+    pids: BTreeSet<u32>,
+    known_maps: BTreeMap<u32, procmaps::ProcessMaps>,
+    paused: bool,
+}
+
+// The recorder moves to the thread that freezes it: it must be `Send`.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<SamplingRecorder>();
+};
+
+impl SamplingRecorder {
+    /// Sets up (no process yet: see [`Recorder::add_process`]).
+    pub fn open(opts: &CaptureOptions, event: SamplingEvent) -> Result<Self, CaptureError> {
+        let data_pages = pages_for(opts.buffer_size)?;
+        let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
+        let attr = sampling_attr(event, opts.sample_frequency, opts.include_kernel);
+        let cpus = online_cpus()?;
+        let params = RecorderParams {
+            event: event.as_str().to_owned(),
+            perf_type: attr.type_,
+            config: attr.config,
+            sample_type: SAMPLE_TYPE,
+            sample_id_all: true,
+            sample_frequency: Some(opts.sample_frequency),
+            buffer_size: (data_pages * page) as u64,
+            include_kernel: opts.include_kernel,
+            clockid: Some(libc::CLOCK_MONOTONIC),
+            cpus: cpus.clone(),
+            ..RecorderParams::default()
+        };
+        Ok(Self {
+            events: EventSet::new(cpus),
+            spec: [EventSpec {
+                name: event.as_str(),
+                attr,
+            }],
+            data_pages,
+            params,
+            embed_code: opts.embed_code,
+            pids: BTreeSet::new(),
+            known_maps: BTreeMap::new(),
+            paused: false,
+        })
+    }
+
+    fn pause_all(&mut self, paused: bool) -> Result<(), CaptureError> {
+        for (_, ring) in self.events.rings() {
+            perf::pause_output(ring.fd(), paused).map_err(|source| CaptureError::Syscall {
+                what: if paused {
+                    "pausing a sample ring"
+                } else {
+                    "resuming a sample ring"
+                },
+                source,
+            })?;
+        }
+        self.paused = paused;
+        Ok(())
+    }
+
+    /// Maps of every process in `pids`, read now, or the last ones read when it is gone.
+    fn collect_maps(&mut self, pids: &BTreeSet<u32>) -> Vec<procmaps::ProcessMaps> {
+        let now = super::monotonic_ns();
+        let mut out = Vec::new();
+        for &pid in pids {
+            match procmaps::read_process(pid, now) {
+                Ok(maps) => {
+                    self.known_maps.insert(pid, maps.clone());
+                    out.push(maps);
+                }
+                Err(_) => {
+                    if let Some(old) = self.known_maps.get(&pid) {
+                        out.push(procmaps::ProcessMaps {
+                            at_freeze: false,
+                            ..old.clone()
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Recorder for SamplingRecorder {
+    fn backend(&self) -> Backend {
+        Backend::Sampling
+    }
+
+    fn params(&self) -> &RecorderParams {
+        &self.params
+    }
+
+    fn add_process(&mut self, pid: u32) -> Result<(), CaptureError> {
+        let pages = self.data_pages;
+        let mut make_ring = |fd: OwnedFd, _cpu: u32| PerfRing::map(fd, pages, true);
+        self.events.add_process(pid, &self.spec, &mut make_ring)?;
+        if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
+            self.known_maps.insert(pid, maps);
+        }
+        self.pids.insert(pid);
+        Ok(())
+    }
+
+    fn freeze(&mut self) -> Result<CapturedData, CaptureError> {
+        let before = super::monotonic_ns();
+        self.pause_all(true)?;
+        let freeze_time_ns = super::monotonic_ns();
+        let tsc_at_freeze = crate::sys::read_tsc();
+        let mut rings = Vec::new();
+        let mut summary = StreamSummary::default();
+        let mut clock = None;
+        for (cpu, ring) in self.events.rings() {
+            let copy = ring.copy_backward();
+            summary.add(SAMPLE_TYPE, &copy.data);
+            let page_clock = ring.clock();
+            clock.get_or_insert(ClockConversion {
+                time_zero: page_clock.time_zero,
+                time_mult: page_clock.time_mult,
+                time_shift: page_clock.time_shift,
+                valid: page_clock.valid,
+                tsc_at_freeze,
+                monotonic_ns_at_freeze: freeze_time_ns,
+            });
+            rings.push(RingData {
+                kind: RingKind::PerfRecords,
+                cpu: Some(cpu),
+                tid: None,
+                wrapped: copy.stop == super::WalkStop::Wrapped,
+                records: copy.records as u64,
+                stop: Some(copy.stop),
+                data: copy.data,
+            });
+        }
+        let pids: BTreeSet<u32> = self.pids.iter().chain(&summary.pids).copied().collect();
+        let processes = self.collect_maps(&pids);
+        let code = processes
+            .iter()
+            .filter(|p| p.at_freeze)
+            .flat_map(|p| procmaps::read_code(p, self.embed_code))
+            .collect();
+        Ok(CapturedData {
+            backend: Backend::Sampling,
+            params: self.params.clone(),
+            freeze_time_ns,
+            pause_duration_ns: freeze_time_ns.saturating_sub(before),
+            rings,
+            sideband: Vec::new(),
+            clock,
+            processes,
+            code,
+            window: summary.first_time.zip(summary.last_time),
+        })
+    }
+
+    fn resume(&mut self) -> Result<(), CaptureError> {
+        if self.paused {
+            self.pause_all(false)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attr_asks_for_callchains_in_an_overwrite_ring() {
+        let attr = sampling_attr(SamplingEvent::CpuClock, 10_000, false);
+        assert_eq!(attr.type_, PERF_TYPE_SOFTWARE);
+        assert_eq!(attr.sample_type, SAMPLE_TYPE);
+        // SAFETY: both members of the union are `u64`; every bit pattern is valid.
+        let freq = unsafe { attr.__bindgen_anon_1.sample_freq };
+        assert_eq!(freq, 10_000);
+        assert_eq!(
+            (
+                attr.freq(),
+                attr.inherit(),
+                attr.write_backward(),
+                attr.exclude_kernel()
+            ),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(
+            (attr.mmap2(), attr.comm(), attr.task(), attr.sample_id_all()),
+            (1, 1, 1, 1)
+        );
+        assert_eq!(
+            (attr.use_clockid(), attr.clockid),
+            (1, libc::CLOCK_MONOTONIC)
+        );
+        let kernel = sampling_attr(SamplingEvent::Cycles, 0, true);
+        assert_eq!(
+            (kernel.type_, kernel.exclude_kernel()),
+            (PERF_TYPE_HARDWARE, 0)
+        );
+    }
+}

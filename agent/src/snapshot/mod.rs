@@ -1,0 +1,133 @@
+//! Snapshot bundles (`.lbsnap`): everything a freeze captured plus what is needed to decode
+//! it later on another machine — recorder parameters, raw ring bytes per CPU, sideband
+//! records, the traced processes' memory maps with build-ids, embedded code, the clock
+//! conversion and the trigger that caused it.
+//!
+//! In: [`CapturedData`] from a recorder and the trigger's [`TriggerMeta`]
+//! ([`Snapshot::from_captured`]), or an `.lbsnap` file ([`read`]). Out: a [`Snapshot`], the
+//! seam every later stage (decode, stacks, symbols, writer) consumes, and files written
+//! atomically with mode 0600 ([`write_atomic`]).
+//!
+//! # Format (version 1; docs/snapshot-format.md has the full description)
+//!
+//! All integers little-endian.
+//!
+//! ```text
+//! header    magic "\x89LBSNAP\n" (8) | version u32 | flags u32 (0) | metadata length u64
+//! metadata  UTF-8 JSON (Metadata)
+//! section*  kind u32 | descriptor length u32 | data length u64 | descriptor JSON | data
+//! end       kind 0xFFFF_FFFF | 0 | 8 | number of sections before it (u64)
+//! ```
+//!
+//! Section kinds: 1 ring (descriptor [`RingData`], data the ring bytes oldest first),
+//! 2 sideband ([`SidebandData`], perf records), 3 process maps ([`ProcessMaps`], no data),
+//! 4 code ([`CodeRegion`], the bytes). Readers skip unknown kinds; a version they do not
+//! know is refused with a message saying to upgrade.
+#![forbid(unsafe_code)]
+
+mod format;
+
+use serde::{Deserialize, Serialize};
+
+use crate::capture::{
+    Backend, CapturedData, ClockConversion, CodeRegion, ProcessMaps, RecorderParams, RingData,
+    SidebandData,
+};
+pub use format::{
+    FORMAT_VERSION, MAGIC, SnapshotError, parse, read, to_bytes, write_atomic, write_to,
+};
+
+/// The trigger a snapshot was taken for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TriggerMeta {
+    /// The rule's name (`func:handle_request>5ms` for `--trigger` rules).
+    pub rule: String,
+    /// `function`, `syscall`, `signal`, or `manual` (Ctrl-C / exit without a trigger).
+    pub kind: String,
+    /// Human-readable detail (`return, duration 8.29ms`).
+    pub detail: String,
+    pub pid: u32,
+    pub tid: u32,
+    #[serde(default)]
+    pub comm: String,
+    /// Kernel timestamp of the trigger (`CLOCK_MONOTONIC` ns, `bpf_ktime_get_ns`).
+    pub trigger_time_ns: u64,
+}
+
+/// The JSON metadata block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Metadata {
+    /// `lookback` version that wrote the file.
+    pub lookback_version: String,
+    /// Kernel release of the recording machine.
+    #[serde(default)]
+    pub kernel: String,
+    pub backend: Backend,
+    pub recorder: RecorderParams,
+    #[serde(default)]
+    pub trigger: Option<TriggerMeta>,
+    /// `freeze_time_ns - trigger_time_ns`, when there was a trigger.
+    #[serde(default)]
+    pub trigger_to_freeze_ns: Option<u64>,
+    /// `CLOCK_MONOTONIC` when the rings stopped.
+    pub freeze_time_ns: u64,
+    /// How long stopping the rings took.
+    #[serde(default)]
+    pub pause_duration_ns: u64,
+    #[serde(default)]
+    pub clock: Option<ClockConversion>,
+    /// The recorded window (`CLOCK_MONOTONIC` ns): first and last sample, when known.
+    #[serde(default)]
+    pub window_start_ns: Option<u64>,
+    #[serde(default)]
+    pub window_end_ns: Option<u64>,
+}
+
+/// A snapshot bundle in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub meta: Metadata,
+    pub rings: Vec<RingData>,
+    pub sideband: Vec<SidebandData>,
+    pub maps: Vec<ProcessMaps>,
+    pub code: Vec<CodeRegion>,
+}
+
+impl Snapshot {
+    /// Bundles what a freeze returned with the trigger it was for.
+    pub fn from_captured(data: CapturedData, trigger: Option<TriggerMeta>) -> Self {
+        let trigger_to_freeze_ns = trigger
+            .as_ref()
+            .map(|t| data.freeze_time_ns.saturating_sub(t.trigger_time_ns));
+        let kernel = crate::sys::uname().map(|u| u.release).unwrap_or_default();
+        Self {
+            meta: Metadata {
+                lookback_version: env!("CARGO_PKG_VERSION").to_owned(),
+                kernel,
+                backend: data.backend,
+                recorder: data.params,
+                trigger,
+                trigger_to_freeze_ns,
+                freeze_time_ns: data.freeze_time_ns,
+                pause_duration_ns: data.pause_duration_ns,
+                clock: data.clock,
+                window_start_ns: data.window.map(|w| w.0),
+                window_end_ns: data.window.map(|w| w.1),
+            },
+            rings: data.rings,
+            sideband: data.sideband,
+            maps: data.processes,
+            code: data.code,
+        }
+    }
+
+    /// Raw recorder bytes (rings and sideband).
+    pub fn raw_bytes(&self) -> u64 {
+        let rings: usize = self.rings.iter().map(|r| r.data.len()).sum();
+        let sb: usize = self.sideband.iter().map(|s| s.data.len()).sum();
+        (rings + sb) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests;
