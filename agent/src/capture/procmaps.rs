@@ -159,6 +159,14 @@ fn mapped_file(pid: u32, entry: &MapEntry) -> PathBuf {
 pub fn read_process(pid: u32, now_ns: u64) -> io::Result<ProcessMaps> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let mut maps = parse_maps(&text);
+    if maps.is_empty() {
+        // An exiting process (zombie) still has a maps file, but no address space: keep
+        // whatever was read while it was alive instead.
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "process has no address space",
+        ));
+    }
     let mut ids: HashMap<String, Option<String>> = HashMap::new();
     for entry in maps.iter_mut().filter(|e| e.is_file()) {
         let id = ids
@@ -180,6 +188,23 @@ pub fn read_process(pid: u32, now_ns: u64) -> io::Result<ProcessMaps> {
         at_freeze: true,
         maps,
     })
+}
+
+/// The children of every thread of `pid` (`/proc/PID/task/*/children`, Linux 3.5 with
+/// `CONFIG_PROC_CHILDREN`); empty when unreadable.
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|text| {
+            text.split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// At most this many bytes of code per mapping are embedded.

@@ -83,6 +83,8 @@ pub struct SamplingRecorder {
     /// Processes given to `add_process`, and the maps last read while they were alive.
     pids: BTreeSet<u32>,
     known_maps: BTreeMap<u32, procmaps::ProcessMaps>,
+    /// The `/proc/PID/maps` text behind each `known_maps` entry (skip unchanged re-reads).
+    maps_text: BTreeMap<u32, String>,
     paused: bool,
 }
 
@@ -123,6 +125,7 @@ impl SamplingRecorder {
             embed_code: opts.embed_code,
             pids: BTreeSet::new(),
             known_maps: BTreeMap::new(),
+            maps_text: BTreeMap::new(),
             paused: false,
         })
     }
@@ -169,6 +172,30 @@ impl SamplingRecorder {
 impl Recorder for SamplingRecorder {
     fn backend(&self) -> Backend {
         Backend::Sampling
+    }
+
+    /// Keeps the maps of the traced processes (and their children) current while they are
+    /// alive, so a process that exits between its trigger and the freeze still has maps
+    /// in its snapshot. Unchanged maps cost one read of `/proc/PID/maps`.
+    fn poll(&mut self) -> Result<(), CaptureError> {
+        let mut pids: BTreeSet<u32> = self.pids.iter().copied().collect();
+        pids.extend(self.known_maps.keys().copied());
+        let children: Vec<u32> = pids.iter().flat_map(|&p| procmaps::children(p)).collect();
+        pids.extend(children);
+        let now = super::monotonic_ns();
+        for pid in pids {
+            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+                continue;
+            };
+            if self.maps_text.get(&pid) == Some(&text) {
+                continue;
+            }
+            if let Ok(maps) = procmaps::read_process(pid, now) {
+                self.known_maps.insert(pid, maps);
+                self.maps_text.insert(pid, text);
+            }
+        }
+        Ok(())
     }
 
     fn params(&self) -> &RecorderParams {

@@ -17,7 +17,10 @@ use tokio::{
     signal::unix::{SignalKind, signal},
 };
 
-use super::{CliError, CliResult};
+use super::{
+    CliError, CliResult,
+    record::{RecordOptions, Recording},
+};
 use crate::{
     rules::Trigger,
     sys::process::HeldProcess,
@@ -37,14 +40,16 @@ pub enum Target {
     Attach { pids: Vec<u32> },
 }
 
-/// A dry-run session.
+/// A `run`/`attach` session.
 #[derive(Debug)]
 pub struct Session {
     pub rules: Vec<EngineRule>,
     pub target: Target,
     pub json: bool,
-    /// Stop after this many events; 0 = no limit.
+    /// Stop after this many triggers (dry run) or snapshots; 0 = no limit.
     pub max_events: u64,
+    /// `None`: dry run (print triggers only).
+    pub record: Option<RecordOptions>,
 }
 
 pub fn run_session(session: Session) -> CliResult {
@@ -142,7 +147,7 @@ fn install_rules(
             Err(e) => log::error!("rule {}: {:#}", rule.name, anyhow::Error::from(e)),
         }
     }
-    if installed.is_empty() {
+    if installed.is_empty() && !rules.is_empty() {
         return Err(CliError::runtime(anyhow!("no rule could be installed")));
     }
     Ok(installed)
@@ -156,15 +161,27 @@ struct Live {
     held: Option<HeldProcess>,
     child_exit: Option<AsyncFd<RawFd>>,
     pids: Vec<u32>,
+    recording: Option<Recording>,
+    snapshots: u64,
 }
 
 async fn run_async(session: Session) -> CliResult {
     let mut live = start(&session)?;
-    let (seen, exit_status) = deliver(&session, &mut live).await?;
+    let exit_status = deliver(&session, &mut live).await?;
+    // Triggers still in the ring when the targets exited (a dry run prints them).
     for event in live.events.drain() {
-        if session.max_events == 0 || seen < session.max_events {
-            print_event(&session, &event);
+        let full = session.max_events != 0 && live.snapshots >= session.max_events;
+        if live.recording.is_some() || full {
+            break;
         }
+        print_event(&session, &event);
+        live.snapshots += 1;
+    }
+    if let Some(recording) = live.recording.as_mut()
+        && session.rules.is_empty()
+    {
+        // No trigger given: the snapshot is taken at exit or interrupt.
+        recording.snapshot(None)?;
     }
     report(
         &session,
@@ -223,6 +240,10 @@ fn start(session: &Session) -> Result<Live, CliError> {
             .add_target(pid, mask)
             .with_context(|| format!("adding target {pid}"))?;
     }
+    let recording = match &session.record {
+        Some(opts) => Some(Recording::start(opts.clone(), &pids)?),
+        None => None,
+    };
     let child_exit = match held.as_mut() {
         Some(h) => {
             h.release().context("starting the command")?;
@@ -246,53 +267,84 @@ fn start(session: &Session) -> Result<Live, CliError> {
         held,
         child_exit,
         pids,
+        recording,
+        snapshots: 0,
     })
 }
 
-/// Prints triggers until the targets exit, the limit is reached or we are interrupted;
-/// returns the number printed and the command's exit status if it exited.
-async fn deliver(
-    session: &Session,
-    live: &mut Live,
-) -> Result<(u64, Option<ExitStatus>), CliError> {
+/// Handles triggers until the targets exit, the limit is reached or we are interrupted;
+/// returns the command's exit status if it exited.
+async fn deliver(session: &Session, live: &mut Live) -> Result<Option<ExitStatus>, CliError> {
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut seen = 0u64;
     let mut poll = tokio::time::interval(Duration::from_millis(200));
+    let mut recorder_poll = tokio::time::interval(Duration::from_millis(20));
     loop {
         tokio::select! {
             batch = live.events.next_batch() => {
                 for event in batch.context("reading triggers")? {
-                    print_event(session, &event);
-                    seen += 1;
-                    if session.max_events != 0 && seen >= session.max_events {
-                        return Ok((seen, None));
+                    if on_trigger(session, live, &event).await? {
+                        return Ok(None);
                     }
+                }
+            }
+            _ = recorder_poll.tick(), if live.recording.is_some() => {
+                if let Some(r) = live.recording.as_mut() {
+                    r.poll();
                 }
             }
             () = wait_readable(live.child_exit.as_ref()), if live.child_exit.is_some() => {
                 if let Some(h) = live.held.as_mut()
                     && let Some(status) = h.try_wait().context("waiting for the command")?
                 {
-                    return Ok((seen, Some(status)));
+                    return Ok(Some(status));
                 }
             }
             _ = poll.tick(), if live.held.is_none() => {
                 if live.pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
                     log::info!("all target processes exited");
-                    return Ok((seen, None));
+                    return Ok(None);
                 }
             }
             _ = sigint.recv() => {
                 forward(live.held.as_ref(), libc::SIGINT);
-                return Ok((seen, None));
+                return Ok(None);
             }
             _ = sigterm.recv() => {
                 forward(live.held.as_ref(), libc::SIGTERM);
-                return Ok((seen, None));
+                return Ok(None);
             }
         }
     }
+}
+
+/// Handles one trigger: print it (dry run) or snapshot it. Returns whether the session's
+/// limit is reached.
+async fn on_trigger(
+    session: &Session,
+    live: &mut Live,
+    event: &TriggerEvent,
+) -> Result<bool, CliError> {
+    let Some(recording) = live.recording.as_mut() else {
+        print_event(session, event);
+        live.snapshots += 1;
+        return Ok(session.max_events != 0 && live.snapshots >= session.max_events);
+    };
+    let rule = rule_name(session, event.rule_id);
+    log::info!("trigger {rule}: {event}");
+    let post = recording.post_trigger();
+    if !post.is_zero() {
+        tokio::time::sleep(post).await;
+    }
+    let path = recording.snapshot(Some((rule, event)))?;
+    if session.json {
+        println!(
+            "{}",
+            json!({ "snapshot": path, "rule": rule, "trigger": event })
+        );
+    }
+    live.snapshots += 1;
+    Ok(session.max_events != 0 && live.snapshots >= session.max_events)
 }
 
 /// Waits until the pidfd says the command exited; never resolves without one.

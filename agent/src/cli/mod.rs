@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 pub mod check;
 mod live;
+mod record;
 pub mod rules;
 pub mod run;
 

@@ -10,8 +10,10 @@ use clap::Args;
 use super::{
     CliError, CliResult,
     live::{self, Session, Target},
+    record::RecordOptions,
 };
 use crate::{
+    capture::{BackendRequest, CaptureOptions},
     rules::{self, Trigger},
     triggers::EngineRule,
 };
@@ -19,6 +21,10 @@ use crate::{
 /// Options shared by `run` and `attach`.
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Triggers and output")]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent command-line flags"
+)]
 pub struct CommonArgs {
     /// When to snapshot (repeatable): func:SYMBOL, func:SYMBOL>2ms, syscall:fsync,fdatasync>50ms,
     /// syscall:openat=ENOENT,EACCES, signal:SIGSEGV,SIGABRT. Durations: 500us, 2ms, 1.5s.
@@ -28,9 +34,33 @@ pub struct CommonArgs {
     /// process(es) given here; `target` is ignored.
     #[arg(long, value_name = "FILE")]
     pub rules: Option<PathBuf>,
-    /// Print each trigger instead of recording (the recorders are not built yet).
+    /// Print each trigger instead of recording.
     #[arg(long)]
     pub dry_run: bool,
+    /// Recorder: intel-pt (Intel PT through perf AUX buffers), sampling (cpu-clock or
+    /// cycles with callchains; works everywhere), auto (intel-pt when `lookback check` says
+    /// it works).
+    #[arg(long, value_name = "BACKEND", default_value = "auto", value_parser = ["auto", "intel-pt", "sampling"])]
+    pub backend: String,
+    /// Ring size per CPU (PT AUX area or sample ring); rounded up to a power of two.
+    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_size)]
+    pub buffer_size: u64,
+    /// Samples per second per thread (sampling backend).
+    #[arg(long, value_name = "HZ", default_value_t = 10_000)]
+    pub sample_frequency: u64,
+    /// Record kernel code too (PT kernel trace, kernel callchains).
+    #[arg(long)]
+    pub include_kernel: bool,
+    /// Keep recording this long after a trigger before freezing.
+    #[arg(long, value_name = "DURATION", default_value = "0ms", value_parser = parse_duration)]
+    pub post_trigger: Duration,
+    /// Trace file; snapshots are written beside it with its stem (`trace.lbsnap`,
+    /// `trace-2.lbsnap`, ...). Until the trace writer lands, only the raw `.lbsnap` is written.
+    #[arg(short, long, value_name = "PATH", default_value = "trace.fxt.gz")]
+    pub output: PathBuf,
+    /// Also keep the raw `.lbsnap` snapshot (currently always written).
+    #[arg(long)]
+    pub keep_raw: bool,
     /// With --dry-run: one JSON object per trigger on stdout, then a summary object.
     #[arg(long)]
     pub json: bool,
@@ -71,6 +101,10 @@ fn parse_trigger(spec: &str) -> Result<Trigger, String> {
     rules::parse_trigger_spec(spec).map_err(|e| e.to_string())
 }
 
+fn parse_size(s: &str) -> Result<u64, String> {
+    rules::parse_size(s).map_err(|e| e.to_string())
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     rules::parse_duration(s).map_err(|e| e.to_string())
 }
@@ -85,16 +119,10 @@ fn engine_rules(common: &CommonArgs) -> Result<Vec<EngineRule>, CliError> {
         }
         None => Vec::new(),
     };
-    if common.triggers.is_empty() && from_file.is_empty() {
+    if common.triggers.is_empty() && from_file.is_empty() && common.dry_run {
         return Err(CliError::usage(anyhow!(
             "no trigger given: add --trigger SPEC (e.g. --trigger 'func:handle_request>2ms') \
              or --rules FILE"
-        )));
-    }
-    if !common.dry_run {
-        return Err(CliError::usage(anyhow!(
-            "recording is not available yet in this build: add --dry-run to print the triggers \
-             decided in the kernel"
         )));
     }
     let max = lookback_common::MAX_RULES as usize;
@@ -127,12 +155,35 @@ fn engine_rules(common: &CommonArgs) -> Result<Vec<EngineRule>, CliError> {
         .collect())
 }
 
+fn record_options(common: &CommonArgs) -> Option<RecordOptions> {
+    if common.dry_run {
+        return None;
+    }
+    let backend = match common.backend.as_str() {
+        "intel-pt" => BackendRequest::IntelPt,
+        "sampling" => BackendRequest::Sampling,
+        _ => BackendRequest::Auto,
+    };
+    Some(RecordOptions {
+        capture: CaptureOptions {
+            backend,
+            buffer_size: usize::try_from(common.buffer_size).unwrap_or(usize::MAX),
+            sample_frequency: common.sample_frequency,
+            include_kernel: common.include_kernel,
+            ..CaptureOptions::default()
+        },
+        output: common.output.clone(),
+        post_trigger: common.post_trigger,
+    })
+}
+
 fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
     Ok(Session {
         rules: engine_rules(common)?,
         target,
         json: common.json,
         max_events: common.max_snapshots,
+        record: record_options(common),
     })
 }
 

@@ -326,9 +326,17 @@ impl TriggerEngine {
     fn set_target(&mut self, tgid: u32, mask: u64) -> Result<(), TriggerError> {
         let mut map: BpfHashMap<_, u32, u64> = map_mut(&mut self.ebpf, "TARGET_TGIDS")?;
         if mask == 0 {
-            self.targets.remove(&tgid);
+            if self.targets.remove(&tgid).is_none() {
+                return Ok(());
+            }
             match map.remove(&tgid) {
                 Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+                // Already gone (e.g. removed by the kernel side): nothing to do.
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+                {
+                    Ok(())
+                }
                 Err(e) => Err(map_err("TARGET_TGIDS")(e)),
             }
         } else {

@@ -1,0 +1,284 @@
+//! Trigger → freeze → snapshot, end to end through the `lookback` binary with the sampling
+//! backend (real BPF triggers, real perf rings, real `.lbsnap` files). Needs root.
+use std::{
+    collections::BTreeSet,
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+};
+
+use lookback::{
+    capture::{
+        ProcessMaps, RingKind,
+        records::{self, PERF_RECORD_SAMPLE, Sample},
+    },
+    snapshot::{self, Snapshot},
+};
+use lookback_tests::{lookback_bin, workload};
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+
+fn samples(snap: &Snapshot) -> Vec<Sample> {
+    snap.rings
+        .iter()
+        .filter(|r| r.kind == RingKind::PerfRecords)
+        .flat_map(|r| records::records(&r.data).collect::<Vec<_>>())
+        .filter(|r| r.kind == PERF_RECORD_SAMPLE)
+        .map(|r| {
+            records::parse_sample(snap.meta.recorder.sample_type, r.body)
+                .expect("well-formed sample")
+        })
+        .collect()
+}
+
+/// Runtime address range of `symbol` of the workload in the process with `maps`.
+fn symbol_range(maps: &ProcessMaps, symbol: &str) -> Option<(u64, u64)> {
+    let bin = workload().canonicalize().expect("workload path");
+    let data = std::fs::read(&bin).expect("read workload");
+    let file = object::File::parse(&*data).expect("parse workload");
+    let sym = file.symbols().find(|s| s.name() == Ok(symbol))?;
+    let file_offset = file.segments().find_map(|seg| {
+        let delta = sym.address().checked_sub(seg.address())?;
+        (delta < seg.size()).then(|| seg.file_range().0 + delta)
+    })?;
+    let path = bin.to_string_lossy();
+    let entry = maps.maps.iter().find(|e| {
+        e.path == path
+            && e.executable()
+            && e.offset <= file_offset
+            && file_offset < e.offset + (e.end - e.start)
+    })?;
+    let start = entry.start + (file_offset - entry.offset);
+    Some((start, start + sym.size().max(1)))
+}
+
+/// Samples of process `pid` whose IP or callchain is inside `lb_spin` or the leaf it calls
+/// in its loop, `lb_noop` (a leaf without a frame of its own hides its caller from
+/// frame-pointer callchains).
+fn in_lb_spin(snap: &Snapshot, samples: &[Sample], pid: u32) -> usize {
+    let Some(maps) = snap.maps.iter().find(|m| m.pid == pid) else {
+        return 0;
+    };
+    let ranges: Vec<_> = ["lb_spin", "lb_noop"]
+        .iter()
+        .filter_map(|s| symbol_range(maps, s))
+        .collect();
+    let hit = |a: u64| ranges.iter().any(|&(lo, hi)| (lo..hi).contains(&a));
+    samples
+        .iter()
+        .filter(|s| s.pid == Some(pid))
+        .filter(|s| s.ip.is_some_and(hit) || s.user_callchain().any(hit))
+        .count()
+}
+
+fn run_lookback(dir: &Path, extra: &[&str], args: &[&str]) -> Output {
+    let out = Command::new(lookback_bin())
+        .args(["run", "--backend", "sampling", "--keep-raw", "-o"])
+        .arg(dir.join("trace.fxt.gz"))
+        .args(extra)
+        .arg("--")
+        .arg(workload())
+        .args(args)
+        .output()
+        .expect("lookback");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn read_snapshot(path: &Path) -> Snapshot {
+    let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o600,
+        "snapshots are private"
+    );
+    snapshot::read(path).expect("a readable snapshot")
+}
+
+/// The window before the trigger is in the snapshot: samples of the spinning threads, in
+/// `lb_spin`, earlier than the trigger.
+fn assert_covers_window(snap: &Snapshot, pid: u32, threads: usize) {
+    let trigger = snap.meta.trigger.as_ref().expect("trigger metadata");
+    let samples = samples(snap);
+    let ours: Vec<_> = samples.iter().filter(|s| s.pid == Some(pid)).collect();
+    assert!(ours.len() >= 20, "only {} samples of {pid}", ours.len());
+    let tids: BTreeSet<_> = ours.iter().map(|s| s.tid).collect();
+    assert!(tids.len() >= threads, "tids {tids:?}");
+    let earliest = ours
+        .iter()
+        .filter_map(|s| s.time)
+        .min()
+        .expect("timestamps");
+    assert!(
+        earliest + 10_000_000 < trigger.trigger_time_ns,
+        "the window starts {} ns before the trigger",
+        trigger.trigger_time_ns.saturating_sub(earliest)
+    );
+    let spin = in_lb_spin(snap, &samples, pid);
+    assert!(
+        spin * 2 >= ours.len(),
+        "{spin} of {} samples in lb_spin",
+        ours.len()
+    );
+    assert!(snap.meta.trigger_to_freeze_ns.is_some());
+}
+
+#[test]
+fn run_freezes_the_window_before_a_slow_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_lookback(
+        dir.path(),
+        &["--trigger", "func:lb_spin>20ms"],
+        &["spin", "40", "2"],
+    );
+    let snap = read_snapshot(&dir.path().join("trace.lbsnap"));
+    let trigger = snap.meta.trigger.clone().expect("trigger");
+    assert_eq!(
+        (trigger.rule.as_str(), trigger.kind.as_str()),
+        ("func:lb_spin>20ms", "function")
+    );
+    assert_covers_window(&snap, trigger.pid, 2);
+    assert!(
+        !dir.path().join("trace-2.lbsnap").exists(),
+        "--max-snapshots defaults to 1"
+    );
+}
+
+#[test]
+fn a_target_that_exits_right_after_the_trigger_still_yields_its_snapshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The workload exits as soon as lb_spin returns; the freeze comes 100 ms later.
+    run_lookback(
+        dir.path(),
+        &["--post-trigger", "100ms", "--trigger", "func:lb_spin>20ms"],
+        &["spin", "40", "1"],
+    );
+    let snap = read_snapshot(&dir.path().join("trace.lbsnap"));
+    let pid = snap.meta.trigger.as_ref().expect("trigger").pid;
+    assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    assert_covers_window(&snap, pid, 1);
+}
+
+#[test]
+fn a_forked_child_is_recorded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_lookback(
+        dir.path(),
+        &["--trigger", "func:lb_spin>20ms"],
+        &["forkspin", "40"],
+    );
+    let snap = read_snapshot(&dir.path().join("trace.lbsnap"));
+    let trigger = snap.meta.trigger.clone().expect("trigger");
+    assert!(
+        snap.maps.iter().any(|m| m.pid == trigger.pid),
+        "the child's maps are captured"
+    );
+    assert_covers_window(&snap, trigger.pid, 1);
+}
+
+#[test]
+fn several_snapshots_are_numbered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run_lookback(
+        dir.path(),
+        &[
+            "--json",
+            "--max-snapshots",
+            "3",
+            "--trigger",
+            "func:lb_work>5ms",
+        ],
+        &["calls", "6", "2", "8000", "100", "1"],
+    );
+    let names: Vec<PathBuf> = ["trace.lbsnap", "trace-2.lbsnap", "trace-3.lbsnap"]
+        .iter()
+        .map(|n| dir.path().join(n))
+        .collect();
+    for name in &names {
+        let snap = read_snapshot(name);
+        assert_eq!(snap.meta.trigger.expect("trigger").rule, "func:lb_work>5ms");
+    }
+    assert!(!dir.path().join("trace-4.lbsnap").exists());
+    let lines = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        lines.lines().filter(|l| l.contains("\"snapshot\"")).count(),
+        3,
+        "{lines}"
+    );
+}
+
+#[test]
+fn attach_records_a_running_multithreaded_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut target = Command::new(workload())
+        .args(["--wait", "spin", "60", "3"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("workload");
+    let pid = target.id();
+    let mut lookback = Command::new(lookback_bin())
+        .args(["attach", "--backend", "sampling", "-o"])
+        .arg(dir.path().join("trace.fxt.gz"))
+        .args(["-p", &pid.to_string(), "--trigger", "func:lb_spin>30ms"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lookback");
+    let stderr = lookback.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    assert!(
+        lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|l| l.contains("waiting for triggers"))
+    );
+    target
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("release");
+    assert!(target.wait().expect("workload").success());
+    assert!(lookback.wait().expect("lookback").success());
+    let snap = read_snapshot(&dir.path().join("trace.lbsnap"));
+    assert_eq!(snap.meta.trigger.as_ref().expect("trigger").pid, pid);
+    assert_covers_window(&snap, pid, 3);
+}
+
+#[test]
+fn without_a_trigger_the_snapshot_is_taken_at_exit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_lookback(dir.path(), &[], &["spin", "40", "1"]);
+    let snap = read_snapshot(&dir.path().join("trace.lbsnap"));
+    assert_eq!(snap.meta.trigger.as_ref().expect("meta").kind, "manual");
+    let samples = samples(&snap);
+    assert!(samples.len() >= 20, "{} samples", samples.len());
+}
+
+#[test]
+fn intel_pt_is_refused_with_a_clear_message_where_it_does_not_exist() {
+    if Path::new("/sys/bus/event_source/devices/intel_pt").exists() {
+        return; // a PT machine: this check does not apply
+    }
+    let out = Command::new(lookback_bin())
+        .args([
+            "run",
+            "--backend",
+            "intel-pt",
+            "--trigger",
+            "syscall:getpid",
+            "--",
+            "/bin/true",
+        ])
+        .output()
+        .expect("lookback");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("intel_pt PMU not found") && err.contains("--backend sampling"),
+        "{err}"
+    );
+}
