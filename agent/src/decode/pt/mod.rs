@@ -11,17 +11,31 @@
 pub mod clock;
 pub mod cpu;
 pub mod decoder;
+pub mod evdec;
+mod evdec_cfe;
+mod evdec_ovf;
+pub mod events;
+pub mod flow;
+mod flow_events;
+mod flow_trailing;
+mod flow_walk;
+pub mod image;
+pub mod insn;
 pub mod last_ip;
 pub mod packet;
 pub mod parse;
 pub mod pevent;
 pub mod ptdump;
 pub mod ptdump_opts;
+pub mod ptxed;
+pub mod ptxed_opts;
 pub mod sync;
 pub mod timing;
 
 #[cfg(test)]
 mod conformance;
+#[cfg(test)]
+mod conformance_ptxed;
 
 pub use clock::{TimeTracker, TrackerOptions, TscConversion};
 pub use cpu::{Cpu, Errata};
