@@ -73,17 +73,14 @@ impl AddrFilter {
 pub(crate) type Read = (usize, Packet, usize);
 
 /// Reads the next packet as libipt's packet decoder would: the end of the trace (or a
-/// truncated packet) is [`FlowError::Eos`]; a corrupted packet is an error that does not
-/// move the position.
+/// truncated packet) is [`FlowError::Eos`]; packets libipt does not know (BBP/BIP/BEP)
+/// are errors that do not move the position. A packet an erratum corrupted
+/// ([`Packet::Corrupted`]) is returned and skipped by the layers above.
 pub(crate) fn read_packet(pkt: &mut PacketDecoder<'_>) -> Result<Read, FlowError> {
     let saved = pkt.clone();
     match pkt.next_decoded() {
         None => Err(FlowError::Eos),
         Some(Err(err)) => Err(packet_error(&err)),
-        Some(Ok((_, decoded))) if decoded.packet == Packet::Corrupted => {
-            *pkt = saved;
-            Err(FlowError::BadPacket)
-        }
         Some(Ok((
             _,
             super::parse::Decoded {
@@ -394,7 +391,7 @@ impl<'a> EventDecoder<'a> {
             Packet::Evd(evd) => self.decode_evd(evd),
             Packet::Trig(trig) => self.decode_trig(trig),
             Packet::Bbp(_) | Packet::Bip(_) | Packet::Bep { .. } => Err(FlowError::BadOpcode),
-            Packet::Corrupted => Err(FlowError::BadPacket),
+            Packet::Corrupted => Ok(Step::More),
         }
     }
 

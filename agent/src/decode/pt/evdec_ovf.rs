@@ -29,7 +29,8 @@ fn find_header_fup(pkt: &PacketDecoder<'_>) -> Result<Option<IpPayload>, FlowErr
             | Packet::Tma { .. }
             | Packet::Mtc { .. }
             | Packet::Cyc { .. }
-            | Packet::Pad => {}
+            | Packet::Pad
+            | Packet::Corrupted => {}
             Packet::PsbEnd | Packet::Ovf => return Ok(None),
             _ => return Err(FlowError::BadContext),
         }
@@ -52,7 +53,8 @@ fn find_ovf_fup(pkt: &PacketDecoder<'_>) -> Result<usize, FlowError> {
             | Packet::Tsc { .. }
             | Packet::Tma { .. }
             | Packet::Mtc { .. }
-            | Packet::Cyc { .. } => {}
+            | Packet::Cyc { .. }
+            | Packet::Corrupted => {}
             Packet::PsbEnd
             | Packet::Tip(_)
             | Packet::TipPgd(_)
@@ -169,7 +171,7 @@ impl<'a> EventDecoder<'a> {
                     }
                     return Ok(Step::More);
                 }
-                Packet::Pad => {}
+                Packet::Pad | Packet::Corrupted => {}
                 _ => return Err(FlowError::BadContext),
             }
         }
@@ -396,7 +398,11 @@ impl<'a> EventDecoder<'a> {
             }
             left -= size;
             match packet {
-                Packet::ModeExec(_) | Packet::ModeTsx(_) | Packet::Pip(_) | Packet::Vmcs { .. } => {
+                Packet::ModeExec(_)
+                | Packet::ModeTsx(_)
+                | Packet::Pip(_)
+                | Packet::Vmcs { .. }
+                | Packet::Corrupted => {
                     return Err(FlowError::Internal);
                 }
                 _ if is_timing(&packet) => self.apply_timing(&packet, false)?,
@@ -435,7 +441,8 @@ impl<'a> EventDecoder<'a> {
                 | Packet::Mwait(_)
                 | Packet::Exstop { ip: true }
                 | Packet::Ptw(super::packet::Ptw { ip: true, .. })
-                | Packet::Cfe(super::packet::Cfe { ip: true, .. }) => return Ok(None),
+                | Packet::Cfe(super::packet::Cfe { ip: true, .. })
+                | Packet::Corrupted => return Ok(None),
                 Packet::ModeTsx(_) if tsx.is_some() => return Ok(None),
                 Packet::ModeTsx(mode) => tsx = Some((mode.intx, mode.abrt)),
                 Packet::TipPgd(_) => return Ok(Some(self.recover_ovf_disabled(ahead, read))),
@@ -506,7 +513,8 @@ impl<'a> EventDecoder<'a> {
                 | Packet::Tip(_)
                 | Packet::TipPgd(_)
                 | Packet::PsbEnd
-                | Packet::Ovf => return Ok(None),
+                | Packet::Ovf
+                | Packet::Corrupted => return Ok(None),
                 Packet::Psb => {
                     return match find_header_fup(&pkt) {
                         Ok(None) => self.recover_ovf_at_offset(offset).map(Some),

@@ -79,6 +79,8 @@ pub enum InsnKind {
     Eretu,
     MovCr3,
     Ptwrite,
+    /// APX JMPABS: direct, but traced with a TIP like an indirect jump.
+    Jmpabs,
 }
 
 /// A decoded instruction.
@@ -204,6 +206,9 @@ fn classify(
     ip: u64,
     mode: ExecMode,
 ) -> Result<(u8, InsnClass, InsnKind, Option<i64>), Undecodable> {
+    if let Some(jmpabs) = jmpabs(bytes, mode) {
+        return jmpabs;
+    }
     let mut decoder = Decoder::with_ip(bitness(mode), bytes, ip, DecoderOptions::NO_INVALID_CHECK);
     let mut instr = Instruction::default();
     decoder.decode_out(&mut instr);
@@ -223,6 +228,24 @@ fn classify(
         _ => None,
     };
     Ok((size, class, kind, displacement))
+}
+
+/// JMPABS (`REX2 A1 imm64` with map 0 and W=0, 64-bit mode), which iced-x86 does not
+/// decode.
+fn jmpabs(
+    bytes: &[u8],
+    mode: ExecMode,
+) -> Option<Result<(u8, InsnClass, InsnKind, Option<i64>), Undecodable>> {
+    let [0xd5, rex2, 0xa1, ..] = *bytes else {
+        return None;
+    };
+    if mode != ExecMode::Bits64 || rex2 & 0x88 != 0 {
+        return None;
+    }
+    if bytes.len() < 11 {
+        return Some(Err(Undecodable::NeedMore));
+    }
+    Some(Ok((11, InsnClass::Jump, InsnKind::Jmpabs, None)))
 }
 
 fn class_of(instr: &Instruction) -> (InsnClass, InsnKind) {
