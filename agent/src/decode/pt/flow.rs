@@ -199,6 +199,11 @@ impl<'a> BlockDecoder<'a> {
         self.evdec.offset()
     }
 
+    /// The offset of the PSB the decoder last synchronized at.
+    pub fn sync_offset(&self) -> usize {
+        self.evdec.sync_offset()
+    }
+
     /// The time of the last event: `(tsc, lost_mtc, lost_cyc)`; the TSC is relative to
     /// an unknown start until the trace had a TSC packet.
     pub fn time(&self) -> (u64, bool, u32, u32) {

@@ -8,6 +8,7 @@
 //!
 //! Everything here is sans-IO: callers hand in byte slices and get values back.
 
+pub mod branches;
 pub mod clock;
 pub mod cpu;
 pub mod decoder;

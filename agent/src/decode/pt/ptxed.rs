@@ -18,6 +18,9 @@ use super::insn;
 use super::packet::ExecMode;
 use super::ptxed_opts::PtxedOptions;
 
+/// Errors in a row without trace progress after which a segment is given up.
+const MAX_REPEATED_ERRORS: u32 = 16;
+
 /// Counts ptxed reports with `--stat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PtxedStats {
@@ -91,9 +94,19 @@ enum End {
 impl<W: fmt::Write> Run<'_, '_, W> {
     fn decode(&mut self) -> fmt::Result {
         let mut sync = 0usize;
+        let mut synced: Option<usize> = None;
         loop {
             let status = match self.dec.sync_forward() {
-                Ok(status) => status,
+                Ok(status) => {
+                    // Never decode the same segment twice (errors inside PSB+ could
+                    // otherwise bring us back to it).
+                    let at = self.dec.sync_offset();
+                    if synced.is_some_and(|last| at <= last) {
+                        return Ok(());
+                    }
+                    synced = Some(at);
+                    status
+                }
                 Err(FlowError::Eos) => return Ok(()),
                 Err(err) => {
                     self.diagnose(0, "sync error", err)?;
@@ -115,12 +128,23 @@ impl<W: fmt::Write> Run<'_, '_, W> {
     /// Decodes from a sync point; false when the whole trace is done.
     fn segment(&mut self, mut status: Status) -> Result<bool, fmt::Error> {
         let mut block = Block::default();
+        // Errors that keep coming back at the same place end the segment.
+        let mut repeats = (usize::MAX, 0u32);
         loop {
             match self.blocks(status, &mut block)? {
                 End::Done => return Ok(false),
                 End::Error(err) => {
                     self.diagnose_block("error", err, &block)?;
                     if !self.opts.resync_on_error {
+                        return Ok(true);
+                    }
+                    let offset = self.dec.offset();
+                    repeats = if offset > repeats.0 || repeats.0 == usize::MAX {
+                        (offset, 0)
+                    } else {
+                        (repeats.0, repeats.1 + 1)
+                    };
+                    if repeats.1 > MAX_REPEATED_ERRORS {
                         return Ok(true);
                     }
                     match self.resync() {
@@ -155,6 +179,9 @@ impl<W: fmt::Write> Run<'_, '_, W> {
     }
 
     fn blocks(&mut self, mut status: Status, block: &mut Block) -> Result<End, fmt::Error> {
+        // Code that loops without producing trace (only in corrupt traces) would keep
+        // us here forever: give up on the segment after too many such instructions.
+        let mut stalled = (usize::MAX, 0u64);
         loop {
             while status.event_pending {
                 status = match self.one_event() {
@@ -182,6 +209,14 @@ impl<W: fmt::Write> Run<'_, '_, W> {
                 Err(FlowError::Eos) => return Ok(End::Done),
                 Err(err) => return Ok(End::Error(err)),
             };
+            if offset == stalled.0 && !status.event_pending {
+                stalled.1 += u64::from(block.ninsn) + 1;
+                if stalled.1 > super::branches::MAX_STALLED_INSNS {
+                    return Ok(End::Error(FlowError::NoSync));
+                }
+            } else {
+                stalled = (offset, 0);
+            }
         }
     }
 
