@@ -235,7 +235,10 @@ impl<'a> Branches<'a> {
                 Ok((event, status)) => {
                     self.counts.events += 1;
                     if let Some((kind, from, to)) = self.held.take()
-                        && !matches!(event.kind, EventKind::Disabled { .. } | EventKind::AsyncDisabled { .. })
+                        && !matches!(
+                            event.kind,
+                            EventKind::Disabled { .. } | EventKind::AsyncDisabled { .. }
+                        )
                     {
                         self.push(kind, from, to);
                     }
@@ -325,11 +328,18 @@ impl<'a> Branches<'a> {
             InsnClass::Call => BranchKind::Call,
             InsnClass::Return => BranchKind::Return,
             InsnClass::Jump => BranchKind::Jump,
-            InsnClass::FarCall | InsnClass::FarReturn | InsnClass::FarJump | InsnClass::Indirect | InsnClass::Unknown | InsnClass::CondJump => {
+            InsnClass::FarCall
+            | InsnClass::FarReturn
+            | InsnClass::FarJump
+            | InsnClass::Indirect
+            | InsnClass::Unknown
+            | InsnClass::CondJump => {
                 let insn = self.last_insn(block)?;
                 match far_kind(&insn) {
                     Some(kind) => kind,
-                    None if insn.class == InsnClass::CondJump && to != insn.end() => BranchKind::Jump,
+                    None if insn.class == InsnClass::CondJump && to != insn.end() => {
+                        BranchKind::Jump
+                    }
                     None if matches!(insn.class, InsnClass::Jump) => BranchKind::Jump,
                     None if insn.class == InsnClass::Call => BranchKind::Call,
                     None if insn.class == InsnClass::Return => BranchKind::Return,
@@ -344,7 +354,11 @@ impl<'a> Branches<'a> {
     fn last_insn(&self, block: &Block) -> Option<Insn> {
         if block.truncated {
             let mut one = Image::new();
-            one.add("", block.raw[..usize::from(block.size)].to_vec(), block.end_ip);
+            one.add(
+                "",
+                block.raw[..usize::from(block.size)].to_vec(),
+                block.end_ip,
+            );
             return insn::decode(&one, block.end_ip, block.mode).ok();
         }
         insn::decode(self.image, block.end_ip, block.mode).ok()
@@ -416,7 +430,11 @@ impl Iterator for BlockInsns<'_> {
         self.left -= 1;
         let decoded = if self.ip == self.block.end_ip && self.block.truncated {
             let mut one = Image::new();
-            one.add("", self.block.raw[..usize::from(self.block.size)].to_vec(), self.ip);
+            one.add(
+                "",
+                self.block.raw[..usize::from(self.block.size)].to_vec(),
+                self.ip,
+            );
             insn::decode(&one, self.ip, self.block.mode)
         } else {
             insn::decode(self.image, self.ip, self.block.mode)
@@ -428,7 +446,9 @@ impl Iterator for BlockInsns<'_> {
                 return Some(Err(err));
             }
         };
-        self.ip = insn.end().wrapping_add_signed(insn.displacement.unwrap_or(0));
+        self.ip = insn
+            .end()
+            .wrapping_add_signed(insn.displacement.unwrap_or(0));
         Some(Ok(insn))
     }
 }

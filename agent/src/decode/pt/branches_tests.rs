@@ -1,10 +1,16 @@
 //! Tests of the branch-event iterator: a hand-made trace over hand-made code, and
 //! pseudo-random traces and code that must end without panics.
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "random bytes are taken from the low bits of random words"
+)]
 
 use super::*;
 use crate::decode::pt::image::Image;
 
-const PSB: [u8; 16] = [2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82];
+const PSB: [u8; 16] = [
+    2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82,
+];
 
 /// 0x1000: call 0x1010; 0x1005: jmp rax; ...; 0x1010: ret.
 fn code() -> Image {
@@ -26,7 +32,8 @@ fn calls_compressed_returns_and_stops_become_branch_events() {
     trace.extend_from_slice(&[0x06, 0x01]);
     let image = code();
     let events: Vec<BranchEvent> = Branches::new(&trace, &image, FlowConfig::default()).collect();
-    let summary: Vec<(BranchKind, u64, u64)> = events.iter().map(|e| (e.kind, e.from, e.to)).collect();
+    let summary: Vec<(BranchKind, u64, u64)> =
+        events.iter().map(|e| (e.kind, e.from, e.to)).collect();
     assert_eq!(
         summary,
         vec![
@@ -170,7 +177,10 @@ fn random_packets_over_random_code_end_without_panics() {
         let mut out = String::new();
         crate::decode::pt::ptxed::ptxed(&trace, &image, &opts, &mut out).unwrap();
     }
-    assert!(started.elapsed().as_secs() < 120, "random decoding took too long");
+    assert!(
+        started.elapsed().as_secs() < 120,
+        "random decoding took too long"
+    );
 }
 
 #[test]
@@ -197,6 +207,8 @@ fn random_traces_over_random_code_end_without_panics() {
         let counts = decode_counts(&trace, &image, config);
         assert!(counts.blocks < 10_000_000);
     }
-    assert!(started.elapsed().as_secs() < 120, "random decoding took too long");
+    assert!(
+        started.elapsed().as_secs() < 120,
+        "random decoding took too long"
+    );
 }
-

@@ -25,7 +25,7 @@ pub struct EventConfig {
     pub keep_tcal_on_ovf: bool,
     /// Report RFLAGS.IF changes (`ptxed --event:iflags`).
     pub iflags_events: bool,
-    /// IP filter configuration (ADDRn_CFG/A/B), for erratum SKL014.
+    /// IP filter configuration (`ADDRn_CFG`/`A`/`B`), for erratum SKL014.
     pub filter: AddrFilter,
 }
 
@@ -38,7 +38,7 @@ impl EventConfig {
 /// The IP filter ranges of `IA32_RTIT_CTL`/`IA32_RTIT_ADDRn_A/B`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AddrFilter {
-    /// `ADDRn_CFG` for n = 0..4: 0 unused, 1 filter (trace inside), 2 TraceStop.
+    /// `ADDRn_CFG` for n = 0..4: 0 unused, 1 filter (trace inside), 2 `TraceStop`.
     pub cfg: [u8; 4],
     pub ranges: [(u64, u64); 4],
 }
@@ -50,7 +50,7 @@ impl AddrFilter {
     }
 
     /// Whether tracing is on at `ip`: inside a filter range (if there are any) and
-    /// outside every TraceStop range.
+    /// outside every `TraceStop` range.
     pub fn allows(&self, ip: u64) -> bool {
         let mut have_filter = false;
         let mut in_filter = false;
@@ -100,9 +100,9 @@ pub fn packet_error(err: &PacketError) -> FlowError {
     match err {
         PacketError::UnknownOpcode { .. } => FlowError::BadOpcode,
         PacketError::BadPayload { .. } => FlowError::BadPacket,
-        PacketError::Truncated { .. } | PacketError::NoSync { .. } | PacketError::OutOfRange { .. } => {
-            FlowError::Eos
-        }
+        PacketError::Truncated { .. }
+        | PacketError::NoSync { .. }
+        | PacketError::OutOfRange { .. } => FlowError::Eos,
     }
 }
 
@@ -326,15 +326,12 @@ impl<'a> EventDecoder<'a> {
                 });
                 Ok(self.publish_and_fetch(event))
             }
-            Packet::Pad => Ok(Step::More),
+            Packet::Pad | Packet::Corrupted => Ok(Step::More),
             Packet::Fup(ip) => self.decode_fup(ip),
             Packet::Tip(ip) => self.decode_tip(ip),
             Packet::TipPge(ip) => self.decode_tip_pge(ip),
             Packet::TipPgd(ip) => self.decode_tip_pgd(ip),
-            Packet::Tsc { .. }
-            | Packet::Tma { .. }
-            | Packet::Mtc { .. }
-            | Packet::Cyc { .. } => {
+            Packet::Tsc { .. } | Packet::Tma { .. } | Packet::Mtc { .. } | Packet::Cyc { .. } => {
                 self.apply_timing(&packet, false)?;
                 Ok(Step::More)
             }
@@ -391,13 +388,18 @@ impl<'a> EventDecoder<'a> {
             Packet::Evd(evd) => self.decode_evd(evd),
             Packet::Trig(trig) => self.decode_trig(trig),
             Packet::Bbp(_) | Packet::Bip(_) | Packet::Bep { .. } => Err(FlowError::BadOpcode),
-            Packet::Corrupted => Ok(Step::More),
         }
     }
 
     /// Applies a timing packet to time and calibration, inside (`header`) or outside PSB+.
     pub(crate) fn apply_timing(&mut self, packet: &Packet, header: bool) -> Result<(), FlowError> {
-        apply_timing(&mut self.time, &mut self.tcal, &self.config.timing, packet, header)
+        apply_timing(
+            &mut self.time,
+            &mut self.tcal,
+            &self.config.timing,
+            packet,
+            header,
+        )
     }
 
     fn decode_pwrx(&mut self, pwrx: super::packet::Pwrx) -> Step {
@@ -466,9 +468,8 @@ impl<'a> EventDecoder<'a> {
     fn decode_mode_exec(&mut self, mode: ModeExec) -> Result<Step, FlowError> {
         let bind = binding::TIP | binding::FUP_BOUND;
         let mut events = 0;
-        let changed = !self.exec.valid
-            || self.exec.bits.csl != mode.csl
-            || self.exec.bits.csd != mode.csd;
+        let changed =
+            !self.exec.valid || self.exec.bits.csl != mode.csl || self.exec.bits.csd != mode.csd;
         if changed {
             self.evq.enqueue(
                 bind,
@@ -524,7 +525,11 @@ impl<'a> EventDecoder<'a> {
         if self.evq.find(binding::TIP, is_async).is_some() {
             self.evq.enqueue(
                 binding::TIP,
-                EventKind::AsyncPaging { cr3, non_root, ip: 0 },
+                EventKind::AsyncPaging {
+                    cr3,
+                    non_root,
+                    ip: 0,
+                },
             )?;
             return Ok(Step::More);
         }

@@ -6,8 +6,8 @@
 //! and trigger events. An event with an IP binds to the FUP that follows; while tracing
 //! is on, one without waits for the FUP of the asynchronous branch it belongs to.
 
-use super::events::{Event, EventKind, FlowError, binding};
 use super::evdec::{EventDecoder, Step};
+use super::events::{Event, EventKind, FlowError, binding};
 use super::packet::{Cfe, Evd, Trig};
 
 /// How a CFE type binds when its packet has no IP.
@@ -21,7 +21,12 @@ enum NoIp {
 
 impl EventDecoder<'_> {
     /// Queues or publishes a CFE event built in `event`.
-    fn place_cfe(&mut self, mut event: Event, with_ip: bool, no_ip: NoIp) -> Result<Step, FlowError> {
+    fn place_cfe(
+        &mut self,
+        mut event: Event,
+        with_ip: bool,
+        no_ip: NoIp,
+    ) -> Result<Step, FlowError> {
         if with_ip {
             self.evq.push(binding::FUP_BOUND, event)?;
             return Ok(Step::More);
@@ -60,7 +65,11 @@ impl EventDecoder<'_> {
                 self.place_cfe(event, cfe.ip, NoIp::FupWhenEnabled)
             }
             0x02 => self.place_cfe(fresh(EventKind::Iret { ip: 0 })?, cfe.ip, NoIp::Standalone),
-            0x03 => self.place_cfe(fresh(EventKind::Smi { ip: 0 })?, cfe.ip, NoIp::FupWhenEnabled),
+            0x03 => self.place_cfe(
+                fresh(EventKind::Smi { ip: 0 })?,
+                cfe.ip,
+                NoIp::FupWhenEnabled,
+            ),
             0x04 | 0x05 => {
                 let kind = if cfe.kind == 0x04 {
                     EventKind::Rsm { ip: 0 }
@@ -74,8 +83,16 @@ impl EventDecoder<'_> {
                 event.ip_suppressed = true;
                 self.place_cfe(event, false, NoIp::FupWhenEnabled)
             }
-            0x06 => self.place_cfe(fresh(EventKind::Init { ip: 0 })?, cfe.ip, NoIp::FupWhenEnabled),
-            0x07 => self.place_cfe(fresh(EventKind::Vmentry { ip: 0 })?, cfe.ip, NoIp::Standalone),
+            0x06 => self.place_cfe(
+                fresh(EventKind::Init { ip: 0 })?,
+                cfe.ip,
+                NoIp::FupWhenEnabled,
+            ),
+            0x07 => self.place_cfe(
+                fresh(EventKind::Vmentry { ip: 0 })?,
+                cfe.ip,
+                NoIp::Standalone,
+            ),
             0x08 | 0x09 => {
                 let mut event = pending.unwrap_or(Event::new(EventKind::Vmexit {
                     vector: None,
@@ -91,7 +108,11 @@ impl EventDecoder<'_> {
                 }
                 self.place_cfe(event, cfe.ip, NoIp::FupWhenEnabled)
             }
-            0x0a => self.place_cfe(fresh(EventKind::Shutdown { ip: 0 })?, cfe.ip, NoIp::Standalone),
+            0x0a => self.place_cfe(
+                fresh(EventKind::Shutdown { ip: 0 })?,
+                cfe.ip,
+                NoIp::Standalone,
+            ),
             0x0c => self.place_cfe(
                 fresh(EventKind::Uintr { vector, ip: 0 })?,
                 cfe.ip,
@@ -103,7 +124,11 @@ impl EventDecoder<'_> {
                 cfe.ip,
                 NoIp::FupWhenEnabled,
             ),
-            0x0f => self.place_cfe(fresh(EventKind::Syscall { ip: 0 })?, cfe.ip, NoIp::Standalone),
+            0x0f => self.place_cfe(
+                fresh(EventKind::Syscall { ip: 0 })?,
+                cfe.ip,
+                NoIp::Standalone,
+            ),
             _ => {
                 // Unknown types add nothing essential; ignore them and their FUP.
                 if pending.is_some() {

@@ -8,8 +8,8 @@
 //! worked around here by reading ahead on a copy of the packet decoder, as libipt does.
 
 use super::decoder::PacketDecoder;
-use super::events::{Event, EventKind, FlowError, binding};
 use super::evdec::{EventDecoder, Read, Step, apply_timing, has_ip, read_packet};
+use super::events::{Event, EventKind, FlowError, binding};
 use super::packet::{IpPayload, Packet};
 use super::timing::{Time, TimeCal};
 
@@ -68,7 +68,11 @@ fn find_ovf_fup(pkt: &PacketDecoder<'_>) -> Result<usize, FlowError> {
 fn is_timing(packet: &Packet) -> bool {
     matches!(
         packet,
-        Packet::Tsc { .. } | Packet::Cbr { .. } | Packet::Tma { .. } | Packet::Mtc { .. } | Packet::Cyc { .. }
+        Packet::Tsc { .. }
+            | Packet::Cbr { .. }
+            | Packet::Tma { .. }
+            | Packet::Mtc { .. }
+            | Packet::Cyc { .. }
     )
 }
 
@@ -94,9 +98,10 @@ impl<'a> EventDecoder<'a> {
         self.ip.reset();
         self.enabled = false;
         // The enabled/disabled status goes first; which one it is shows at PSBEND.
-        let status = self
-            .evq
-            .push(binding::PSBEND, Self::status_event(EventKind::Disabled { ip: 0 }))?;
+        let status = self.evq.push(
+            binding::PSBEND,
+            Self::status_event(EventKind::Disabled { ip: 0 }),
+        )?;
         loop {
             self.fetch_packet();
             let Some((_, packet, _)) = self.packet else {
@@ -137,10 +142,15 @@ impl<'a> EventDecoder<'a> {
                 }
                 Packet::Cbr { ratio } => {
                     self.apply_timing(&packet, true)?;
-                    self.evq
-                        .push(binding::PSBEND, Self::status_event(EventKind::Cbr { ratio }))?;
+                    self.evq.push(
+                        binding::PSBEND,
+                        Self::status_event(EventKind::Cbr { ratio }),
+                    )?;
                 }
-                Packet::Tsc { .. } | Packet::Tma { .. } | Packet::Mtc { .. } | Packet::Cyc { .. } => {
+                Packet::Tsc { .. }
+                | Packet::Tma { .. }
+                | Packet::Mtc { .. }
+                | Packet::Cyc { .. } => {
                     self.apply_timing(&packet, true)?;
                 }
                 Packet::PsbEnd => {
@@ -277,7 +287,8 @@ impl<'a> EventDecoder<'a> {
         }
         // Publish other pending events unless tracing is on (they can't be placed then).
         while !self.enabled {
-            let bind = binding::FUP_BOUND | binding::FUP | binding::TIP | binding::EXSTOP | binding::PWRX;
+            let bind =
+                binding::FUP_BOUND | binding::FUP | binding::TIP | binding::EXSTOP | binding::PWRX;
             let Some(mut event) = self.evq.dequeue(bind) else {
                 break;
             };
@@ -473,7 +484,13 @@ impl<'a> EventDecoder<'a> {
                 }
                 Packet::PsbEnd => return Err(FlowError::BadContext),
                 _ if is_timing(&packet) => {
-                    apply_timing(&mut ahead.time, &mut ahead.tcal, &self.config.timing, &packet, false)?;
+                    apply_timing(
+                        &mut ahead.time,
+                        &mut ahead.tcal,
+                        &self.config.timing,
+                        &packet,
+                        false,
+                    )?;
                 }
                 _ => {}
             }
@@ -489,9 +506,19 @@ impl<'a> EventDecoder<'a> {
             match packet {
                 Packet::TipPgd(_) => return Ok(Some(self.recover_ovf_disabled(ahead, read))),
                 _ if is_timing(&packet) => {
-                    apply_timing(&mut ahead.time, &mut ahead.tcal, &self.config.timing, &packet, false)?;
+                    apply_timing(
+                        &mut ahead.time,
+                        &mut ahead.tcal,
+                        &self.config.timing,
+                        &packet,
+                        false,
+                    )?;
                 }
-                Packet::Pad | Packet::Mnt { .. } | Packet::Cfe(_) | Packet::Evd(_) | Packet::Trig(_) => {}
+                Packet::Pad
+                | Packet::Mnt { .. }
+                | Packet::Cfe(_)
+                | Packet::Evd(_)
+                | Packet::Trig(_) => {}
                 _ => return Ok(None),
             }
         }

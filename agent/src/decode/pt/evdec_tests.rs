@@ -3,7 +3,9 @@
 use super::*;
 use crate::decode::pt::events::EventKind;
 
-const PSB: [u8; 16] = [2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82];
+const PSB: [u8; 16] = [
+    2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82,
+];
 
 fn trace(tail: &[u8]) -> Vec<u8> {
     let mut t = PSB.to_vec();
@@ -18,10 +20,22 @@ fn psb_with_fup_reports_enabled_then_branches() {
     let mut dec = EventDecoder::new(&t, EventConfig::default());
     dec.sync_forward().unwrap();
     let ev = dec.next_event().unwrap();
-    assert_eq!(ev.kind, EventKind::Enabled { ip: 0x1000, resumed: false });
+    assert_eq!(
+        ev.kind,
+        EventKind::Enabled {
+            ip: 0x1000,
+            resumed: false
+        }
+    );
     assert!(ev.status_update);
-    assert_eq!(dec.next_event().unwrap().kind, EventKind::Tnt { bits: 1, size: 1 });
-    assert_eq!(dec.next_event().unwrap().kind, EventKind::Tip { ip: 0x2000 });
+    assert_eq!(
+        dec.next_event().unwrap().kind,
+        EventKind::Tnt { bits: 1, size: 1 }
+    );
+    assert_eq!(
+        dec.next_event().unwrap().kind,
+        EventKind::Tip { ip: 0x2000 }
+    );
     assert_eq!(dec.next_event(), Err(FlowError::Eos));
 }
 

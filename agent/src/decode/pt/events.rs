@@ -69,67 +69,171 @@ pub enum FlowError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
     /// Tracing was enabled at `ip`; `resumed` when it resumes where it was disabled.
-    Enabled { ip: u64, resumed: bool },
+    Enabled {
+        ip: u64,
+        resumed: bool,
+    },
     /// Tracing was disabled by the instruction before `ip` (a branch out of the filter).
-    Disabled { ip: u64 },
+    Disabled {
+        ip: u64,
+    },
     /// Tracing was disabled asynchronously at `at`; execution went on at `ip`.
-    AsyncDisabled { at: u64, ip: u64 },
+    AsyncDisabled {
+        at: u64,
+        ip: u64,
+    },
     /// An interrupt, exception or other asynchronous branch from `from` to `to`.
-    AsyncBranch { from: u64, to: u64 },
+    AsyncBranch {
+        from: u64,
+        to: u64,
+    },
     /// CR3 changed on the next instruction that can change it.
-    Paging { cr3: u64, non_root: bool },
+    Paging {
+        cr3: u64,
+        non_root: bool,
+    },
     /// CR3 changed asynchronously at `ip`.
-    AsyncPaging { cr3: u64, non_root: bool, ip: u64 },
+    AsyncPaging {
+        cr3: u64,
+        non_root: bool,
+        ip: u64,
+    },
     /// The trace buffer overflowed; tracing resumed at `ip`.
-    Overflow { ip: u64 },
+    Overflow {
+        ip: u64,
+    },
     /// The execution mode changed at `ip`.
-    ExecMode { mode: ExecMode, ip: u64 },
+    ExecMode {
+        mode: ExecMode,
+        ip: u64,
+    },
     /// A transaction began (`speculative`), committed, or `aborted` at `ip`.
-    Tsx { speculative: bool, aborted: bool, ip: u64 },
-    /// Tracing stopped (TraceStop).
+    Tsx {
+        speculative: bool,
+        aborted: bool,
+        ip: u64,
+    },
+    /// Tracing stopped (`TraceStop`).
     Stop,
     /// The VMCS changed on the next instruction that can change it.
-    Vmcs { base: u64 },
+    Vmcs {
+        base: u64,
+    },
     /// The VMCS changed asynchronously at `ip`.
-    AsyncVmcs { base: u64, ip: u64 },
+    AsyncVmcs {
+        base: u64,
+        ip: u64,
+    },
     /// Execution stopped at `ip`.
-    Exstop { ip: u64 },
+    Exstop {
+        ip: u64,
+    },
     /// An MWAIT at `ip` completed.
-    Mwait { hints: u32, ext: u32, ip: u64 },
+    Mwait {
+        hints: u32,
+        ext: u32,
+        ip: u64,
+    },
     /// A power state was entered.
-    Pwre { state: u8, sub_state: u8, hw: bool },
+    Pwre {
+        state: u8,
+        sub_state: u8,
+        hw: bool,
+    },
     /// A power state was left.
-    Pwrx { last: u8, deepest: u8, interrupt: bool, store: bool, autonomous: bool },
+    Pwrx {
+        last: u8,
+        deepest: u8,
+        interrupt: bool,
+        store: bool,
+        autonomous: bool,
+    },
     /// A PTWRITE at `ip` wrote `payload` (`size` bytes).
-    Ptwrite { size: u8, payload: u64, ip: u64 },
+    Ptwrite {
+        size: u8,
+        payload: u64,
+        ip: u64,
+    },
     /// Time moved on at `ip` (synthesized by the flow layer on request).
-    Tick { ip: u64 },
+    Tick {
+        ip: u64,
+    },
     /// The core:bus ratio changed.
-    Cbr { ratio: u8 },
+    Cbr {
+        ratio: u8,
+    },
     /// A maintenance packet.
-    Mnt { payload: u64 },
+    Mnt {
+        payload: u64,
+    },
     /// The target of an indirect branch (consumed by the flow layer).
-    Tip { ip: u64 },
+    Tip {
+        ip: u64,
+    },
     /// Conditional branch outcomes, oldest at bit `size - 1` (consumed by the flow layer).
-    Tnt { bits: u64, size: u8 },
+    Tnt {
+        bits: u64,
+        size: u8,
+    },
     /// RFLAGS.IF changed at `ip`.
-    Iflags { iflag: bool, ip: u64 },
+    Iflags {
+        iflag: bool,
+        ip: u64,
+    },
     /// An interrupt or exception (with a page fault's CR2) at `ip`.
-    Interrupt { vector: u8, cr2: Option<u64>, ip: u64 },
-    Iret { ip: u64 },
-    Smi { ip: u64 },
-    Rsm { ip: u64 },
-    Sipi { vector: u8 },
-    Init { ip: u64 },
-    Vmentry { ip: u64 },
-    Vmexit { vector: Option<u8>, vmxr: Option<u64>, vmxq: Option<u64>, ip: u64 },
-    Shutdown { ip: u64 },
-    Uintr { vector: u8, ip: u64 },
-    Uiret { ip: u64 },
+    Interrupt {
+        vector: u8,
+        cr2: Option<u64>,
+        ip: u64,
+    },
+    Iret {
+        ip: u64,
+    },
+    Smi {
+        ip: u64,
+    },
+    Rsm {
+        ip: u64,
+    },
+    Sipi {
+        vector: u8,
+    },
+    Init {
+        ip: u64,
+    },
+    Vmentry {
+        ip: u64,
+    },
+    Vmexit {
+        vector: Option<u8>,
+        vmxr: Option<u64>,
+        vmxq: Option<u64>,
+        ip: u64,
+    },
+    Shutdown {
+        ip: u64,
+    },
+    Uintr {
+        vector: u8,
+        ip: u64,
+    },
+    Uiret {
+        ip: u64,
+    },
     /// A trigger: `icnt` instructions after `ip`.
-    Trig { trbv: u8, mult: bool, icnt: u16, ip: u64 },
-    Swintr { vector: u8, ip: u64 },
-    Syscall { ip: u64 },
+    Trig {
+        trbv: u8,
+        mult: bool,
+        icnt: u16,
+        ip: u64,
+    },
+    Swintr {
+        vector: u8,
+        ip: u64,
+    },
+    Syscall {
+        ip: u64,
+    },
     /// Internal: binds a packet without reporting anything.
     Ignore,
 }
@@ -320,19 +424,27 @@ mod tests {
     fn dequeue_takes_the_oldest_matching_event_and_keeps_order() {
         let mut q = EventQueue::default();
         q.enqueue(binding::TIP, EventKind::Stop).unwrap();
-        q.enqueue(binding::FUP, EventKind::Cbr { ratio: 1 }).unwrap();
-        q.enqueue(binding::TIP, EventKind::Cbr { ratio: 2 }).unwrap();
+        q.enqueue(binding::FUP, EventKind::Cbr { ratio: 1 })
+            .unwrap();
+        q.enqueue(binding::TIP, EventKind::Cbr { ratio: 2 })
+            .unwrap();
         assert!(q.pending(binding::FUP));
         assert_eq!(
             q.dequeue(binding::FUP).map(|e| e.kind),
             Some(EventKind::Cbr { ratio: 1 })
         );
-        assert_eq!(q.dequeue(binding::TIP).map(|e| e.kind), Some(EventKind::Stop));
+        assert_eq!(
+            q.dequeue(binding::TIP).map(|e| e.kind),
+            Some(EventKind::Stop)
+        );
         assert!(!q.pending(binding::FUP));
         for _ in 0..13 {
             q.enqueue(binding::TIP, EventKind::Stop).unwrap();
         }
-        assert_eq!(q.enqueue(binding::TIP, EventKind::Stop), Err(FlowError::NoMemory));
+        assert_eq!(
+            q.enqueue(binding::TIP, EventKind::Stop),
+            Err(FlowError::NoMemory)
+        );
     }
 
     #[test]

@@ -133,10 +133,6 @@ pub(crate) struct Bound {
 }
 
 /// Decodes a trace into blocks and events.
-#[expect(
-    clippy::struct_excessive_bools,
-    reason = "the decoder's independent state flags"
-)]
 pub struct BlockDecoder<'a> {
     pub(crate) evdec: EventDecoder<'a>,
     pub(crate) image: &'a dyn ImageProvider,
@@ -364,18 +360,16 @@ impl<'a> BlockDecoder<'a> {
             EventKind::Tnt { .. } => {
                 // A deferred TIP may hide behind the TNT in progress: look ahead.
                 let saved = self.evdec.clone();
-                match self.evdec.next_event() {
-                    Ok(Event {
-                        kind: EventKind::Tip { ip },
-                        ..
-                    }) => {
-                        self.ip = ip;
-                        Ok(())
-                    }
-                    _ => {
-                        self.evdec = saved;
-                        Err(FlowError::BadQuery)
-                    }
+                if let Ok(Event {
+                    kind: EventKind::Tip { ip },
+                    ..
+                }) = self.evdec.next_event()
+                {
+                    self.ip = ip;
+                    Ok(())
+                } else {
+                    self.evdec = saved;
+                    Err(FlowError::BadQuery)
                 }
             }
             _ => Err(FlowError::BadQuery),
@@ -392,7 +386,9 @@ impl<'a> BlockDecoder<'a> {
         }
         *size -= 1;
         // The next event is fetched once the bit is used, to allow a tick first.
-        Ok(bits.checked_shr(u32::from(*size)).is_some_and(|b| b & 1 == 1))
+        Ok(bits
+            .checked_shr(u32::from(*size))
+            .is_some_and(|b| b & 1 == 1))
     }
 
     /// The next block, and what follows it (or the error that ended it; the block
@@ -439,7 +435,10 @@ impl<'a> BlockDecoder<'a> {
 
     /// Adds the instruction at `ip` to `block`. `None` when it does not fit (the block
     /// is full, ends in a truncated instruction, or the code is in another section).
-    pub(crate) fn proceed_one_insn(&mut self, block: &mut Block) -> Result<Option<Insn>, FlowError> {
+    pub(crate) fn proceed_one_insn(
+        &mut self,
+        block: &mut Block,
+    ) -> Result<Option<Insn>, FlowError> {
         if block.ninsn == u16::MAX || block.truncated {
             return Ok(None);
         }
@@ -561,7 +560,10 @@ impl<'a> BlockDecoder<'a> {
                     return Err(FlowError::Internal);
                 }
             }
-            InsnClass::FarCall | InsnClass::FarReturn | InsnClass::FarJump | InsnClass::Indirect => {}
+            InsnClass::FarCall
+            | InsnClass::FarReturn
+            | InsnClass::FarJump
+            | InsnClass::Indirect => {}
             InsnClass::PtWrite | InsnClass::Other => return Err(FlowError::Internal),
             InsnClass::Unknown => return Err(FlowError::BadInsn),
         }

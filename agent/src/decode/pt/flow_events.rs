@@ -85,12 +85,20 @@ impl BlockDecoder<'_> {
                 self.proceed_to_ip(block, ip)
             }
             EventKind::Ptwrite { ip, .. } if self.enabled => {
-                return self.bind_past(block, ev.ip_suppressed, ip, |i| i.class == insn::InsnClass::PtWrite, |b| {
-                    b.bound.ptwrite = true;
-                });
+                return self.bind_past(
+                    block,
+                    ev.ip_suppressed,
+                    ip,
+                    |i| i.class == insn::InsnClass::PtWrite,
+                    |b| {
+                        b.bound.ptwrite = true;
+                    },
+                );
             }
             EventKind::Iret { ip } if self.enabled => {
-                return self.bind_past(block, ev.ip_suppressed, ip, Insn::is_iret, |b| b.bound.iret = true);
+                return self.bind_past(block, ev.ip_suppressed, ip, Insn::is_iret, |b| {
+                    b.bound.iret = true
+                });
             }
             EventKind::Vmentry { ip } if self.enabled => {
                 return self.bind_past(block, ev.ip_suppressed, ip, Insn::is_vmentry, |b| {
@@ -98,12 +106,20 @@ impl BlockDecoder<'_> {
                 });
             }
             EventKind::Uiret { ip } if self.enabled => {
-                return self.bind_past(block, ev.ip_suppressed, ip, |i| i.kind == insn::InsnKind::Uiret, |b| {
-                    b.bound.uiret = true;
-                });
+                return self.bind_past(
+                    block,
+                    ev.ip_suppressed,
+                    ip,
+                    |i| i.kind == insn::InsnKind::Uiret,
+                    |b| {
+                        b.bound.uiret = true;
+                    },
+                );
             }
             EventKind::Swintr { ip, .. } if self.enabled => {
-                return self.bind_at(block, ev.ip_suppressed, ip, Insn::is_swint, |b| b.bound.swintr = true);
+                return self.bind_at(block, ev.ip_suppressed, ip, Insn::is_swint, |b| {
+                    b.bound.swintr = true
+                });
             }
             EventKind::Syscall { ip } if self.enabled => {
                 return self.bind_at(block, ev.ip_suppressed, ip, Insn::is_syscall, |b| {
@@ -271,7 +287,14 @@ impl BlockDecoder<'_> {
         let (icnt, anchor) = self.trig_state();
         if !self.enabled {
             // With tracing off, the IP is already precise.
-            return (if icnt == 0 { Err(FlowError::Internal) } else { Ok(true) }, None);
+            return (
+                if icnt == 0 {
+                    Err(FlowError::Internal)
+                } else {
+                    Ok(true)
+                },
+                None,
+            );
         }
         let reached = self.proceed_to_ip(block, anchor);
         if !matches!(reached.0, Ok(true)) {

@@ -14,7 +14,10 @@ use super::packet::ExecMode;
 
 impl BlockDecoder<'_> {
     /// Checks whether the next event binds at the current IP.
-    pub(crate) fn proceed_trailing_event(&mut self, block: Option<&Block>) -> Result<Status, FlowError> {
+    pub(crate) fn proceed_trailing_event(
+        &mut self,
+        block: Option<&Block>,
+    ) -> Result<Status, FlowError> {
         if let Err(err) = self.status {
             self.proceed_postponed()?;
             // Let the caller ask for the error as an event, unless it is the end.
@@ -25,7 +28,8 @@ impl BlockDecoder<'_> {
         let enabled = self.enabled;
         match ev.kind {
             EventKind::Tnt { size, .. } => {
-                let tick = self.config.tick_events && block.is_some() && ev.has_tsc && ev.tsc != self.tsc;
+                let tick =
+                    self.config.tick_events && block.is_some() && ev.has_tsc && ev.tsc != self.tsc;
                 if !tick {
                     if size != 0 {
                         return self.finish_trailing();
@@ -79,24 +83,36 @@ impl BlockDecoder<'_> {
                 |i| i.class == InsnClass::PtWrite,
                 ev.ip_suppressed,
             ),
-            EventKind::Iret { .. } => {
-                self.bind_trailing(enabled, |b| &mut b.bound.iret, Insn::is_iret, ev.ip_suppressed)
-            }
-            EventKind::Vmentry { .. } => {
-                self.bind_trailing(enabled, |b| &mut b.bound.vmentry, Insn::is_vmentry, ev.ip_suppressed)
-            }
+            EventKind::Iret { .. } => self.bind_trailing(
+                enabled,
+                |b| &mut b.bound.iret,
+                Insn::is_iret,
+                ev.ip_suppressed,
+            ),
+            EventKind::Vmentry { .. } => self.bind_trailing(
+                enabled,
+                |b| &mut b.bound.vmentry,
+                Insn::is_vmentry,
+                ev.ip_suppressed,
+            ),
             EventKind::Uiret { .. } => self.bind_trailing(
                 enabled,
                 |b| &mut b.bound.uiret,
                 |i| i.kind == InsnKind::Uiret,
                 ev.ip_suppressed,
             ),
-            EventKind::Swintr { .. } => {
-                self.bind_trailing(enabled, |b| &mut b.bound.swintr, Insn::is_swint, ev.ip_suppressed)
-            }
-            EventKind::Syscall { .. } => {
-                self.bind_trailing(enabled, |b| &mut b.bound.syscall, Insn::is_syscall, ev.ip_suppressed)
-            }
+            EventKind::Swintr { .. } => self.bind_trailing(
+                enabled,
+                |b| &mut b.bound.swintr,
+                Insn::is_swint,
+                ev.ip_suppressed,
+            ),
+            EventKind::Syscall { .. } => self.bind_trailing(
+                enabled,
+                |b| &mut b.bound.syscall,
+                Insn::is_syscall,
+                ev.ip_suppressed,
+            ),
             _ => {
                 // Events that do not bind to an instruction: first proceed past one
                 // that is postponed.
@@ -160,12 +176,12 @@ impl BlockDecoder<'_> {
             }
             EventKind::AsyncBranch { from, .. } => self.ip == from,
             EventKind::AsyncPaging { ip, .. } | EventKind::AsyncVmcs { ip, .. } => here(ip),
-            EventKind::ExecMode { ip, .. } => on_or_here(ip),
             EventKind::Tsx { .. } => !self.postpone_trailing_tsx(block),
             EventKind::Exstop { ip } | EventKind::Mwait { ip, .. } => {
                 ev.ip_suppressed || !self.enabled || ip == self.ip
             }
-            EventKind::Iflags { ip, .. }
+            EventKind::ExecMode { ip, .. }
+            | EventKind::Iflags { ip, .. }
             | EventKind::Interrupt { ip, .. }
             | EventKind::Smi { ip }
             | EventKind::Init { ip }
@@ -249,30 +265,31 @@ impl BlockDecoder<'_> {
                 if enabled && !ip_matches(ev, ip, current) {
                     return Err(FlowError::BadQuery);
                 }
-                if ev.status_update && enabled && self.mode != ExecMode::Unknown && self.mode != mode {
+                if ev.status_update
+                    && enabled
+                    && self.mode != ExecMode::Unknown
+                    && self.mode != mode
+                {
                     return Err(FlowError::BadStatusUpdate);
                 }
                 self.mode = mode;
             }
-            EventKind::Tsx { speculative, ip, .. } => {
+            EventKind::Tsx {
+                speculative, ip, ..
+            } => {
                 if !ip_matches(ev, ip, current) {
                     return Err(FlowError::BadQuery);
                 }
                 self.speculative = speculative;
             }
-            EventKind::Stop => {
-                if ev.status_update || enabled {
-                    return Err(FlowError::BadContext);
-                }
-            }
-            EventKind::Exstop { ip } | EventKind::Mwait { ip, .. } => {
-                if enabled && !ip_matches(ev, ip, current) {
-                    return Err(FlowError::BadQuery);
-                }
+            EventKind::Stop if ev.status_update || enabled => {
+                return Err(FlowError::BadContext);
             }
             EventKind::Cbr { ratio } => self.cbr = Some(ratio),
             EventKind::Tip { .. } => return Err(FlowError::BadQuery),
-            EventKind::Iflags { ip, .. }
+            EventKind::Exstop { ip }
+            | EventKind::Mwait { ip, .. }
+            | EventKind::Iflags { ip, .. }
             | EventKind::Interrupt { ip, .. }
             | EventKind::Smi { ip }
             | EventKind::Init { ip }
@@ -281,10 +298,10 @@ impl BlockDecoder<'_> {
             | EventKind::Uintr { ip, .. }
             | EventKind::Trig { ip, .. }
             | EventKind::Swintr { ip, .. }
-            | EventKind::Syscall { ip } => {
-                if enabled && !ip_matches(ev, ip, current) {
-                    return Err(FlowError::BadQuery);
-                }
+            | EventKind::Syscall { ip }
+                if enabled && !ip_matches(ev, ip, current) =>
+            {
+                return Err(FlowError::BadQuery);
             }
             EventKind::Rsm { .. } | EventKind::Sipi { .. } if !ev.ip_suppressed => {
                 return Err(FlowError::Internal);

@@ -91,9 +91,8 @@ impl BlockDecoder<'_> {
 
     /// Proceeds to the next decision point, using the cache where the code is mapped.
     pub(crate) fn proceed_no_event(&mut self, block: &mut Block) -> Result<(), FlowError> {
-        let mapping = match self.image.read(self.ip, &mut [0u8; 1]) {
-            Ok((_, mapping)) => mapping,
-            Err(_) => return self.proceed_no_event_uncached(block),
+        let Ok((_, mapping)) = self.image.read(self.ip, &mut [0u8; 1]) else {
+            return self.proceed_no_event_uncached(block);
         };
         if mapping.isid != block.isid {
             if block.ninsn != 0 {
@@ -212,7 +211,12 @@ impl BlockDecoder<'_> {
 
     /// Decodes the next instruction, fills the cache from there (recursively, up to
     /// `steps` instructions) and adds an entry for this one on the way back.
-    fn fill_cache(&mut self, block: &mut Block, mapping: Mapping, steps: usize) -> Result<(), FlowError> {
+    fn fill_cache(
+        &mut self,
+        block: &mut Block,
+        mapping: Mapping,
+        steps: usize,
+    ) -> Result<(), FlowError> {
         let Some(insn) = self.proceed_one_insn(block)? else {
             return Ok(());
         };
@@ -278,20 +282,21 @@ impl BlockDecoder<'_> {
             return Ok(());
         }
         let displacement = point.wrapping_sub(insn.ip).cast_signed();
-        match (entry.ninsn.checked_add(1), i16::try_from(displacement)) {
-            (Some(ninsn), Ok(displacement)) => self.cache_add(
-                insn.ip,
-                CacheEntry {
-                    displacement,
-                    ninsn,
-                    ..entry
-                },
-            ),
-            _ => {
-                self.add_trampoline(insn.ip, next, insn.mode);
-                return Ok(());
-            }
-        }
+        // When a field overflows, go there through a trampoline to the next one.
+        let (Some(ninsn), Ok(displacement)) =
+            (entry.ninsn.checked_add(1), i16::try_from(displacement))
+        else {
+            self.add_trampoline(insn.ip, next, insn.mode);
+            return Ok(());
+        };
+        self.cache_add(
+            insn.ip,
+            CacheEntry {
+                displacement,
+                ninsn,
+                ..entry
+            },
+        );
         // Filling may have extended the block already.
         if filled {
             return Ok(());

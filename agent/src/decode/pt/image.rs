@@ -255,7 +255,10 @@ mod tests {
     #[test]
     fn raw_specs_take_optional_ranges() {
         let spec = RawSpec::parse("code.bin:0x100000").unwrap();
-        assert_eq!((spec.path.as_str(), spec.offset, spec.addr), ("code.bin", 0, 0x100000));
+        assert_eq!(
+            (spec.path.as_str(), spec.offset, spec.addr),
+            ("code.bin", 0, 0x0010_0000)
+        );
         let spec = RawSpec::parse("t.bin:0x2:0x1002").unwrap();
         assert_eq!((spec.offset, spec.end, spec.addr), (2, None, 0x1002));
         assert_eq!(spec.slice(&[1, 2, 3, 4]), &[3, 4]);

@@ -32,9 +32,9 @@ pub enum InsnClass {
     Return,
     /// Near unconditional jump.
     Jump,
-    /// Near conditional jump (Jcc, JrCXZ, LOOP*).
+    /// Near conditional jump (`Jcc`, `JrCXZ`, `LOOPcc`).
     CondJump,
-    /// Far call, software interrupt, SYSCALL/SYSENTER, VMCALL.
+    /// Far call, software interrupt, `SYSCALL`/`SYSENTER`, `VMCALL`.
     FarCall,
     /// Far return, IRET, SYSRET/SYSEXIT, VMLAUNCH/VMRESUME, UIRET, ERETS/ERETU.
     FarReturn,
@@ -163,7 +163,11 @@ impl Insn {
     pub fn is_iret(&self) -> bool {
         matches!(
             self.kind,
-            InsnKind::Iret | InsnKind::Sysret | InsnKind::Sysexit | InsnKind::Erets | InsnKind::Eretu
+            InsnKind::Iret
+                | InsnKind::Sysret
+                | InsnKind::Sysexit
+                | InsnKind::Erets
+                | InsnKind::Eretu
         )
     }
 
@@ -192,6 +196,9 @@ fn bitness(mode: ExecMode) -> u32 {
     }
 }
 
+/// Size, class, kind and direct displacement of a decoded instruction.
+type Classified = (u8, InsnClass, InsnKind, Option<i64>);
+
 /// Why `classify` could not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Undecodable {
@@ -201,11 +208,7 @@ enum Undecodable {
 }
 
 /// Decodes the instruction at the start of `bytes`: size, class, kind, displacement.
-fn classify(
-    bytes: &[u8],
-    ip: u64,
-    mode: ExecMode,
-) -> Result<(u8, InsnClass, InsnKind, Option<i64>), Undecodable> {
+fn classify(bytes: &[u8], ip: u64, mode: ExecMode) -> Result<Classified, Undecodable> {
     if let Some(jmpabs) = jmpabs(bytes, mode) {
         return jmpabs;
     }
@@ -222,9 +225,16 @@ fn classify(
     let size = u8::try_from(instr.len()).map_err(|_| Undecodable::Invalid)?;
     let (class, kind) = class_of(&instr);
     let displacement = match kind {
-        InsnKind::Jcc | InsnKind::Jrcxz | InsnKind::Loop | InsnKind::CallDirect | InsnKind::JmpDirect => {
-            Some(instr.near_branch_target().wrapping_sub(instr.next_ip()).cast_signed())
-        }
+        InsnKind::Jcc
+        | InsnKind::Jrcxz
+        | InsnKind::Loop
+        | InsnKind::CallDirect
+        | InsnKind::JmpDirect => Some(
+            instr
+                .near_branch_target()
+                .wrapping_sub(instr.next_ip())
+                .cast_signed(),
+        ),
         _ => None,
     };
     Ok((size, class, kind, displacement))
@@ -232,10 +242,7 @@ fn classify(
 
 /// JMPABS (`REX2 A1 imm64` with map 0 and W=0, 64-bit mode), which iced-x86 does not
 /// decode.
-fn jmpabs(
-    bytes: &[u8],
-    mode: ExecMode,
-) -> Option<Result<(u8, InsnClass, InsnKind, Option<i64>), Undecodable>> {
+fn jmpabs(bytes: &[u8], mode: ExecMode) -> Option<Result<Classified, Undecodable>> {
     let [0xd5, rex2, 0xa1, ..] = *bytes else {
         return None;
     };
@@ -338,10 +345,10 @@ pub fn decode(image: &dyn ImageProvider, ip: u64, mode: ExecMode) -> Result<Insn
                     return Err(FlowError::BadInsn);
                 }
                 let next = ip.wrapping_add(len as u64);
-                let (more, _) = image
+                let (extra, _) = image
                     .read(next, &mut raw[len..])
                     .map_err(|_| FlowError::BadInsn)?;
-                len += more;
+                len += extra;
                 truncated = true;
             }
         }
@@ -363,9 +370,15 @@ mod tests {
     fn classifies_branches_and_event_anchors() {
         let m = ExecMode::Bits64;
         let call = at(&[0xe8, 0x10, 0, 0, 0], m);
-        assert_eq!((call.class, call.size, call.next_ip()), (InsnClass::Call, 5, Ok(0x1015)));
+        assert_eq!(
+            (call.class, call.size, call.next_ip()),
+            (InsnClass::Call, 5, Ok(0x1015))
+        );
         let jcc = at(&[0x74, 0xfe], m);
-        assert_eq!((jcc.class, jcc.displacement), (InsnClass::CondJump, Some(-2)));
+        assert_eq!(
+            (jcc.class, jcc.displacement),
+            (InsnClass::CondJump, Some(-2))
+        );
         assert_eq!(jcc.next_ip(), Err(FlowError::BadQuery));
         assert_eq!(at(&[0xff, 0xd0], m).kind, InsnKind::CallIndirect);
         assert_eq!(at(&[0xc3], m).class, InsnClass::Return);
@@ -388,7 +401,13 @@ mod tests {
         assert!(insn.truncated && insn.size == 5);
         let mut image = Image::new();
         image.add("a", vec![0xe8, 0x00], 0x1000);
-        assert_eq!(decode(&image, 0x1000, ExecMode::Bits64), Err(FlowError::BadInsn));
-        assert_eq!(decode(&image, 0x2000, ExecMode::Bits64), Err(FlowError::NoMap));
+        assert_eq!(
+            decode(&image, 0x1000, ExecMode::Bits64),
+            Err(FlowError::BadInsn)
+        );
+        assert_eq!(
+            decode(&image, 0x2000, ExecMode::Bits64),
+            Err(FlowError::NoMap)
+        );
     }
 }

@@ -259,7 +259,10 @@ impl<W: fmt::Write> Run<'_, '_, W> {
         } else {
             insn::decode(self.image, ip, block.mode).ok()?
         };
-        Some(insn.end().wrapping_add_signed(insn.displacement.unwrap_or(0)))
+        Some(
+            insn.end()
+                .wrapping_add_signed(insn.displacement.unwrap_or(0)),
+        )
     }
 
     fn print_block(&mut self, block: &Block, offset: usize) -> fmt::Result {
@@ -285,13 +288,11 @@ impl<W: fmt::Write> Run<'_, '_, W> {
             if left == 0 {
                 break;
             }
-            match self.next_ip(block, ip) {
-                Some(next) => ip = next,
-                None => {
-                    self.diagnose(ip, "reconstruct error", FlowError::BadInsn)?;
-                    return Ok(());
-                }
-            }
+            let Some(next) = self.next_ip(block, ip) else {
+                self.diagnose(ip, "reconstruct error", FlowError::BadInsn)?;
+                return Ok(());
+            };
+            ip = next;
         }
         if block.ninsn != 0 && ip != block.end_ip {
             self.diagnose(ip, "reconstruct error", FlowError::NoSync)?;
@@ -314,6 +315,10 @@ impl<W: fmt::Write> Run<'_, '_, W> {
 }
 
 /// An event as ptxed prints it (without brackets).
+#[expect(
+    clippy::too_many_lines,
+    reason = "one arm per event type, each its ptxed format; splitting hides the table"
+)]
 pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
     let ip = |text: &mut String, ip: u64| {
         if with_ip && !event.ip_suppressed {
@@ -348,10 +353,22 @@ pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
             }
         }
         EventKind::Paging { cr3, non_root } => {
-            let _ = write!(text, "paging, cr3: {cr3:016x}{}", if non_root { ", nr" } else { "" });
+            let _ = write!(
+                text,
+                "paging, cr3: {cr3:016x}{}",
+                if non_root { ", nr" } else { "" }
+            );
         }
-        EventKind::AsyncPaging { cr3, non_root, ip: at } => {
-            let _ = write!(text, "paging, cr3: {cr3:016x}{}", if non_root { ", nr" } else { "" });
+        EventKind::AsyncPaging {
+            cr3,
+            non_root,
+            ip: at,
+        } => {
+            let _ = write!(
+                text,
+                "paging, cr3: {cr3:016x}{}",
+                if non_root { ", nr" } else { "" }
+            );
             if with_ip {
                 let _ = write!(text, ", ip: {at:016x}");
             }
@@ -364,7 +381,11 @@ pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
             let _ = write!(text, "exec mode: {}", exec_mode_name(mode));
             ip(text, at);
         }
-        EventKind::Tsx { speculative, aborted, ip: at } => {
+        EventKind::Tsx {
+            speculative,
+            aborted,
+            ip: at,
+        } => {
             text.push_str(if aborted {
                 "aborted"
             } else if speculative {
@@ -392,7 +413,11 @@ pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
             let _ = write!(text, "mwait {hints:x} {ext:x}");
             ip(text, at);
         }
-        EventKind::Pwre { state, sub_state, hw } => {
+        EventKind::Pwre {
+            state,
+            sub_state,
+            hw,
+        } => {
             let _ = write!(
                 text,
                 "pwre c{}.{}{}",
@@ -401,7 +426,13 @@ pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
                 if hw { " hw" } else { "" }
             );
         }
-        EventKind::Pwrx { last, deepest, interrupt, store, autonomous } => {
+        EventKind::Pwrx {
+            last,
+            deepest,
+            interrupt,
+            store,
+            autonomous,
+        } => {
             text.push_str("pwrx ");
             for (on, what) in [(interrupt, "int: "), (store, "st: "), (autonomous, "hw: ")] {
                 if on {
@@ -410,7 +441,9 @@ pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
             }
             let _ = write!(text, "c{} (c{})", (last + 1) & 0xf, (deepest + 1) & 0xf);
         }
-        EventKind::Ptwrite { payload, ip: at, .. } => {
+        EventKind::Ptwrite {
+            payload, ip: at, ..
+        } => {
             let _ = write!(text, "ptwrite: {payload:x}");
             ip(text, at);
         }
@@ -434,10 +467,18 @@ pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
             }
         }
         EventKind::Iflags { iflag, ip: at } => {
-            let _ = write!(text, "interrupts {}", if iflag { "enabled" } else { "disabled" });
+            let _ = write!(
+                text,
+                "interrupts {}",
+                if iflag { "enabled" } else { "disabled" }
+            );
             ip(text, at);
         }
-        EventKind::Interrupt { vector, cr2, ip: at } => {
+        EventKind::Interrupt {
+            vector,
+            cr2,
+            ip: at,
+        } => {
             let _ = write!(text, "interrupt {vector}");
             if let Some(cr2) = cr2 {
                 let _ = write!(text, ", cr2: {cr2:016x}");
@@ -452,7 +493,12 @@ pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
         }
         EventKind::Init { ip: at } => named(text, "init", at, &ip),
         EventKind::Vmentry { ip: at } => named(text, "vmentry", at, &ip),
-        EventKind::Vmexit { vector, vmxr, vmxq, ip: at } => {
+        EventKind::Vmexit {
+            vector,
+            vmxr,
+            vmxq,
+            ip: at,
+        } => {
             text.push_str("vmexit");
             if let Some(vector) = vector {
                 let _ = write!(text, ", intr: {vector}");
@@ -471,7 +517,12 @@ pub fn event_text(event: &Event, with_ip: bool, text: &mut String) {
             ip(text, at);
         }
         EventKind::Uiret { ip: at } => named(text, "uiret", at, &ip),
-        EventKind::Trig { trbv, mult, icnt, ip: at } => {
+        EventKind::Trig {
+            trbv,
+            mult,
+            icnt,
+            ip: at,
+        } => {
             let _ = write!(text, "trig {trbv:02x}");
             if mult {
                 text.push_str(", mult");

@@ -81,7 +81,14 @@ fn number<T: TryFrom<u64>>(option: &str, value: &str) -> Result<T, PtxedArgsErro
 }
 
 /// Options that only matter for instruction disassembly, which lookback does not print.
-const IGNORED_FLAGS: &[&str] = &["--no-inst", "--check", "--att", "--raw-insn", "-v", "--verbose"];
+const IGNORED_FLAGS: &[&str] = &[
+    "--no-inst",
+    "--check",
+    "--att",
+    "--raw-insn",
+    "-v",
+    "--verbose",
+];
 
 impl PtxedOptions {
     /// Parses ptxed's options.
@@ -127,7 +134,11 @@ impl PtxedOptions {
                 }
                 "--cpu" => {
                     let cpu = value()?;
-                    opts.cpu = if cpu == "none" { None } else { Some(cpu.parse()?) };
+                    opts.cpu = if cpu == "none" {
+                        None
+                    } else {
+                        Some(cpu.parse()?)
+                    };
                 }
                 "--mtc-freq" => flow.events.timing.mtc_freq = number(arg, value()?)?,
                 "--nom-freq" => flow.events.timing.nom_freq = number(arg, value()?)?,
@@ -203,7 +214,9 @@ mod tests {
         let args: Vec<&str> = args.split_whitespace().collect();
         let opts = PtxedOptions::from_args(&args).unwrap();
         assert_eq!(opts.raw[0].addr, 0x1000);
-        assert!(opts.flow.tick_events && opts.print_event_time && opts.flow.events.keep_tcal_on_ovf);
+        assert!(
+            opts.flow.tick_events && opts.print_event_time && opts.flow.events.keep_tcal_on_ovf
+        );
         assert_eq!(opts.flow.events.timing.mtc_freq, 4);
         assert_eq!(opts.flow.events.filter.cfg[0], 1);
         assert_eq!(opts.flow.events.filter.ranges[0], (0x1000, 0x10ff));
