@@ -21,6 +21,10 @@ const BDM64_MAX_STEPS: usize = 0x100;
 
 impl BlockDecoder<'_> {
     /// Proceeds to where the current event binds; reports it as pending when reached.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one arm per event type: the binding rules read best as one table"
+    )]
     pub(crate) fn proceed_event(&mut self, block: &mut Block) -> Result<Status, FlowError> {
         let ev = self.event;
         let reached: Reached = match ev.kind {
@@ -97,7 +101,7 @@ impl BlockDecoder<'_> {
             }
             EventKind::Iret { ip } if self.enabled => {
                 return self.bind_past(block, ev.ip_suppressed, ip, Insn::is_iret, |b| {
-                    b.bound.iret = true
+                    b.bound.iret = true;
                 });
             }
             EventKind::Vmentry { ip } if self.enabled => {
@@ -118,7 +122,7 @@ impl BlockDecoder<'_> {
             }
             EventKind::Swintr { ip, .. } if self.enabled => {
                 return self.bind_at(block, ev.ip_suppressed, ip, Insn::is_swint, |b| {
-                    b.bound.swintr = true
+                    b.bound.swintr = true;
                 });
             }
             EventKind::Syscall { ip } if self.enabled => {
