@@ -38,6 +38,12 @@ mod conformance;
 #[cfg(test)]
 mod conformance_ptxed;
 
+/// The libipt corpus directory, for tests elsewhere that want real traces.
+#[cfg(test)]
+pub(crate) fn conformance_dir() -> Option<std::path::PathBuf> {
+    conformance::corpus_dir()
+}
+
 pub use clock::{TimeTracker, TrackerOptions, TscConversion};
 pub use cpu::{Cpu, Errata};
 pub use decoder::PacketDecoder;
