@@ -385,8 +385,8 @@ mod tests {
             &[],
             0,
             &counts,
-            Default::default(),
-            Default::default(),
+            std::time::Duration::ZERO,
+            std::time::Duration::ZERO,
         )
         .unwrap();
         assert!(

@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod decoder;
 pub mod evdec;
 mod evdec_cfe;
+mod evdec_ip;
 mod evdec_ovf;
 pub mod events;
 pub mod flow;
