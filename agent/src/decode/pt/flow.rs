@@ -609,3 +609,7 @@ impl<'a> BlockDecoder<'a> {
         };
     }
 }
+
+#[cfg(test)]
+#[path = "flow_tests.rs"]
+mod tests;
