@@ -134,6 +134,11 @@ pub fn run(args: &DecodeArgs) -> CliResult {
         return run_ptdump(&trace, args);
     }
     let mut opts = PtxedOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
+    if !opts.pevent.is_empty() {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "perf sideband (--pevent) is only supported with --ptdump so far"
+        )));
+    }
     let mut specs = Vec::new();
     for raw in &args.raw {
         specs.push(RawSpec::parse(raw).map_err(CliError::usage)?);

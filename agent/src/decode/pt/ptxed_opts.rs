@@ -80,7 +80,9 @@ fn number<T: TryFrom<u64>>(option: &str, value: &str) -> Result<T, PtxedArgsErro
         })
 }
 
-/// Options that only matter for instruction disassembly, which lookback does not print.
+/// Options that only matter for instruction disassembly, which lookback does not print
+/// (`--check` compares libipt's instruction classes with XED's; ours come from iced-x86
+/// in the first place).
 const IGNORED_FLAGS: &[&str] = &[
     "--no-inst",
     "--check",
