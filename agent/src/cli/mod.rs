@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod check;
+pub mod decode;
 mod live;
 mod record;
 pub mod rules;
@@ -85,6 +86,8 @@ pub enum Command {
     Attach(run::AttachArgs),
     /// Work with rules files.
     Rules(rules::RulesArgs),
+    /// Decode a snapshot or raw Intel PT into a trace (debug modes: --ptdump, --ptxed, --stats)
+    Decode(decode::DecodeArgs),
 }
 
 /// Parses the command line, runs the subcommand, prints errors with their causes.
@@ -107,6 +110,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Attach(args) => run::attach(args),
         Command::Rules(args) => rules::run(&args),
+        Command::Decode(args) => decode::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -20,7 +20,7 @@ use super::ptdump_opts::PtdumpOptions;
 /// Cases deliberately not run, each with its reason.
 const SKIPPED: &[(&str, &str)] = &[];
 
-fn corpus_dir() -> Option<PathBuf> {
+pub(super) fn corpus_dir() -> Option<PathBuf> {
     let shared = std::env::var_os("LOOKBACK_SHARED_DIR").map_or_else(
         || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
         PathBuf::from,
@@ -29,7 +29,7 @@ fn corpus_dir() -> Option<PathBuf> {
     dir.join("core/MANIFEST.tsv").is_file().then_some(dir)
 }
 
-fn has_extension(file: &str, ext: &str) -> bool {
+pub(super) fn has_extension(file: &str, ext: &str) -> bool {
     Path::new(file).extension().is_some_and(|e| e == ext)
 }
 
@@ -49,7 +49,7 @@ fn manifest(suite: &Path) -> HashMap<String, String> {
 }
 
 /// `diff -b`: runs of whitespace compare equal, trailing whitespace is ignored.
-fn normalize(text: &str) -> Vec<String> {
+pub(super) fn normalize(text: &str) -> Vec<String> {
     text.lines()
         .filter(|line| !line.starts_with('#') && !line.starts_with(';'))
         .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
@@ -57,7 +57,7 @@ fn normalize(text: &str) -> Vec<String> {
 }
 
 /// The ptdump arguments libipt's test script passes for the sideband files of `name`.
-fn sideband_args(suite: &Path, name: &str) -> Vec<(String, Vec<String>)> {
+pub(super) fn sideband_args(suite: &Path, name: &str) -> Vec<(String, Vec<String>)> {
     let prefix = format!("{name}-pevent-");
     let mut files: Vec<String> = fs::read_dir(suite)
         .expect("read corpus dir")
@@ -121,7 +121,7 @@ fn run_case(suite: &Path, name: &str, args: &[String]) -> Result<String, String>
 }
 
 /// A few lines around the first difference.
-fn short_diff(expected: &[String], actual: &[String]) -> String {
+pub(super) fn short_diff(expected: &[String], actual: &[String]) -> String {
     let first = expected
         .iter()
         .zip(actual)
@@ -146,12 +146,8 @@ fn short_diff(expected: &[String], actual: &[String]) -> String {
     text
 }
 
-#[test]
-fn libipt_ptdump_corpus() {
-    let Some(corpus) = corpus_dir() else {
-        println!("libipt ptdump corpus: skipped, corpus not found (set LOOKBACK_SHARED_DIR)");
-        return;
-    };
+/// Runs every ptdump case; returns (passed, failed, skipped) and the failure report.
+fn run_ptdump(corpus: &Path, verbose: bool) -> (usize, usize, usize, String) {
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     let mut report = String::new();
     for suite_name in ["core", "pevent"] {
@@ -170,7 +166,9 @@ fn libipt_ptdump_corpus() {
             };
             let (name, variant) = (&stem[..at], &stem[at + "-ptdump".len()..]);
             if let Some((_, why)) = SKIPPED.iter().find(|(case, _)| *case == stem) {
-                println!("  skip {suite_name}/{stem}: {why}");
+                if verbose {
+                    println!("  skip {suite_name}/{stem}: {why}");
+                }
                 skipped += 1;
                 continue;
             }
@@ -202,6 +200,22 @@ fn libipt_ptdump_corpus() {
             }
         }
     }
+    (passed, failed, skipped, report)
+}
+
+/// The ptdump counts, for the combined corpus line.
+pub(super) fn ptdump_counts(corpus: &Path) -> (usize, usize, usize) {
+    let (passed, failed, skipped, _) = run_ptdump(corpus, false);
+    (passed, failed, skipped)
+}
+
+#[test]
+fn libipt_ptdump_corpus() {
+    let Some(corpus) = corpus_dir() else {
+        println!("libipt ptdump corpus: skipped, corpus not found (set LOOKBACK_SHARED_DIR)");
+        return;
+    };
+    let (passed, failed, skipped, report) = run_ptdump(&corpus, true);
     print!("{report}");
     println!("libipt ptdump corpus: {passed} passed, {failed} failed, {skipped} skipped");
     assert_eq!(failed, 0, "{failed} libipt ptdump cases failed");

@@ -65,6 +65,11 @@ impl<'a> PacketDecoder<'a> {
         self.pos.unwrap_or(0)
     }
 
+    /// The offset of the last PSB synced to or decoded.
+    pub fn last_sync(&self) -> Option<usize> {
+        self.sync
+    }
+
     /// Moves to the next PSB after the current position (a PSB the last packet partly
     /// overlapped counts) and returns its offset.
     pub fn sync_forward(&mut self) -> Result<usize, PacketError> {

@@ -1,0 +1,402 @@
+//! `lookback decode`: decode a snapshot or raw Intel PT into a trace.
+//!
+//! For now only raw Intel PT is decoded (`--pt FILE` with the code given by `--raw
+//! FILE[:OFFSET[-END]]:ADDR`); snapshots (`.lbsnap`) come with the snapshot stage. The
+//! debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
+//! `--ptxed` (instructions and events, like Intel's `ptxed --no-inst`) and `--stats`
+//! (counts and throughput, like `ptxed --stat --stat:insn`). Without a mode, the branch
+//! events are listed. Options of Intel's tools go after `--`.
+
+use std::fmt;
+use std::fs;
+use std::io::{self, BufWriter};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use clap::Args;
+
+use super::{CliError, CliResult};
+use crate::decode::pt::branches::{BranchKind, Branches, DecodeCounts};
+use crate::decode::pt::decoder::PacketDecoder;
+use crate::decode::pt::image::{Image, RawSpec};
+use crate::decode::pt::pevent::SidebandStream;
+use crate::decode::pt::ptdump::ptdump_with_sideband;
+use crate::decode::pt::ptdump_opts::PtdumpOptions;
+use crate::decode::pt::ptxed::ptxed;
+use crate::decode::pt::ptxed_opts::PtxedOptions;
+use crate::decode::pt::{Cpu, Errata};
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+lookback decode --pt trace.pt --raw code.bin:0x400000 --stats\n  \
+lookback decode --pt trace.pt --raw code.bin:0x400000 --ptxed -- --event:ip --block:show-blocks\n  \
+lookback decode --pt trace.pt --ptdump -- --lastip --time")]
+pub struct DecodeArgs {
+    /// A snapshot (.lbsnap) to decode (not implemented yet; use --pt).
+    pub input: Option<PathBuf>,
+    /// A raw Intel PT trace (the AUX data, oldest byte first).
+    #[arg(long, value_name = "FILE")]
+    pub pt: Option<PathBuf>,
+    /// Code to decode with: FILE[:OFFSET[-END]]:ADDR maps the file (or a part of it) at
+    /// ADDR. May be given more than once; later files shadow earlier ones.
+    #[arg(long, value_name = "FILE:ADDR")]
+    pub raw: Vec<String>,
+    /// The CPU that recorded the trace, for its errata: FAMILY/MODEL[/STEPPING].
+    #[arg(long, value_name = "F/M[/S]")]
+    pub cpu: Option<String>,
+    /// Print the packets, like Intel's ptdump.
+    #[arg(long, group = "mode")]
+    pub ptdump: bool,
+    /// Print instructions and events, like Intel's `ptxed --no-inst`.
+    #[arg(long, group = "mode")]
+    pub ptxed: bool,
+    /// Decode without printing each instruction; report counts and throughput.
+    #[arg(long, group = "mode")]
+    pub stats: bool,
+    /// Options of ptdump or ptxed (e.g. `--event:ip`, `--mtc-freq 4`), after `--`.
+    #[arg(last = true, value_name = "TOOL-OPTIONS")]
+    pub tool_args: Vec<String>,
+}
+
+/// `fmt::Write` over a buffered stdout, so dumps stream instead of piling up.
+struct Out<W: io::Write> {
+    inner: W,
+    error: Option<io::Error>,
+}
+
+impl<W: io::Write> fmt::Write for Out<W> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.inner.write_all(s.as_bytes()).map_err(|err| {
+            self.error = Some(err);
+            fmt::Error
+        })
+    }
+}
+
+fn stdout() -> Out<BufWriter<io::StdoutLock<'static>>> {
+    Out {
+        inner: BufWriter::new(io::stdout().lock()),
+        error: None,
+    }
+}
+
+fn finish<W: io::Write>(mut out: Out<W>, result: fmt::Result) -> Result<(), CliError> {
+    let flushed = out.inner.flush();
+    match (out.error.take(), result, flushed) {
+        // A closed pipe (`| head`) is not an error.
+        (Some(err), _, _) | (None, _, Err(err)) if err.kind() == io::ErrorKind::BrokenPipe => {
+            Ok(())
+        }
+        (Some(err), _, _) | (None, _, Err(err)) => Err(CliError::runtime(
+            anyhow::Error::new(err).context("writing the output"),
+        )),
+        (None, Err(_), Ok(())) => Err(CliError::runtime(anyhow::anyhow!(
+            "formatting the output failed"
+        ))),
+        (None, Ok(()), Ok(())) => Ok(()),
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, CliError> {
+    fs::read(path)
+        .with_context(|| format!("reading {}", path.display()))
+        .map_err(CliError::runtime)
+}
+
+/// The tool arguments with `--cpu` in front, when given.
+fn tool_args(args: &DecodeArgs) -> Vec<String> {
+    let mut all = Vec::new();
+    if let Some(cpu) = &args.cpu {
+        all.extend(["--cpu".to_owned(), cpu.clone()]);
+    }
+    all.extend(args.tool_args.iter().cloned());
+    all
+}
+
+pub fn run(args: &DecodeArgs) -> CliResult {
+    if args.input.is_some() {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "decoding .lbsnap snapshots is not implemented yet; decode raw Intel PT with --pt FILE --raw FILE:ADDR"
+        )));
+    }
+    let Some(pt) = &args.pt else {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "nothing to decode: give --pt FILE"
+        )));
+    };
+    if let Some(cpu) = &args.cpu {
+        cpu.parse::<Cpu>().map_err(CliError::usage)?;
+    }
+    let trace = read(pt)?;
+    if args.ptdump {
+        return run_ptdump(&trace, args);
+    }
+    let mut opts = PtxedOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
+    if !opts.pevent.is_empty() {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "perf sideband (--pevent) is only supported with --ptdump so far"
+        )));
+    }
+    let mut specs = Vec::new();
+    for raw in &args.raw {
+        specs.push(RawSpec::parse(raw).map_err(CliError::usage)?);
+    }
+    specs.append(&mut opts.raw);
+    let mut image = Image::new();
+    for spec in &specs {
+        let bytes = read(Path::new(&spec.path))?;
+        image.add(&spec.path, spec.slice(&bytes).to_vec(), spec.addr);
+    }
+    if args.ptxed {
+        let mut out = stdout();
+        let result = ptxed(&trace, &image, &opts, &mut out).map(|_| ());
+        finish(out, result)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(cpu) = opts.cpu {
+        opts.flow.events.timing.errata = Errata::for_cpu(cpu).map_err(CliError::usage)?;
+    }
+    if args.stats {
+        run_stats(&trace, &image, &opts)
+    } else {
+        run_branches(&trace, &image, &opts)
+    }
+}
+
+fn run_ptdump(trace: &[u8], args: &DecodeArgs) -> CliResult {
+    let (opts, files) = PtdumpOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
+    let mut data = Vec::new();
+    for file in &files {
+        let bytes = read(Path::new(&file.path))?;
+        let from = usize::try_from(file.range.0)
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let to = file
+            .range
+            .1
+            .map_or(bytes.len(), |to| usize::try_from(to).unwrap_or(usize::MAX))
+            .clamp(from, bytes.len());
+        data.push(bytes[from..to].to_vec());
+    }
+    let streams = files
+        .iter()
+        .zip(&data)
+        .map(|(file, data)| SidebandStream {
+            name: file.path.clone(),
+            data,
+            config: file.config.clone(),
+            primary: file.primary,
+        })
+        .collect();
+    let mut out = stdout();
+    let result = ptdump_with_sideband(trace, streams, &opts, &mut out);
+    finish(out, result)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_branches(trace: &[u8], image: &Image, opts: &PtxedOptions) -> CliResult {
+    let mut out = stdout();
+    let mut result = Ok(());
+    for event in Branches::new(trace, image, opts.flow) {
+        let time = if event.has_tsc {
+            format!("{:016x}", event.tsc)
+        } else {
+            format!("{:>16}", "-")
+        };
+        result = match event.error {
+            Some(err) => fmt::Write::write_fmt(
+                &mut out,
+                format_args!("{time}  error at offset {:#x}: {err}\n", event.offset),
+            ),
+            None => fmt::Write::write_fmt(
+                &mut out,
+                format_args!(
+                    "{time}  {:<11} {:#018x} -> {:#018x}\n",
+                    event.kind.name(),
+                    event.from,
+                    event.to
+                ),
+            ),
+        };
+        if result.is_err() {
+            break;
+        }
+    }
+    finish(out, result)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Packets by type, and packet-level errors.
+fn count_packets(trace: &[u8], opts: &PtxedOptions) -> (Vec<(&'static str, u64)>, u64) {
+    let mut counts: Vec<(&'static str, u64)> = Vec::new();
+    let mut errors = 0;
+    for item in PacketDecoder::new(trace, opts.flow.events.timing.errata) {
+        match item {
+            Ok((_, packet)) => {
+                let name = packet.kind().name();
+                match counts.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, count)) => *count += 1,
+                    None => counts.push((name, 1)),
+                }
+            }
+            Err(_) => errors += 1,
+        }
+    }
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    (counts, errors)
+}
+
+fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions) -> CliResult {
+    let started = Instant::now();
+    let (packets, packet_errors) = count_packets(trace, opts);
+    let packet_time = started.elapsed();
+    let started = Instant::now();
+    let mut branches = Branches::new(trace, image, opts.flow);
+    for _ in branches.by_ref() {}
+    let decode_time = started.elapsed();
+    let counts: &DecodeCounts = branches.counts();
+    let mut out = stdout();
+    let result = write_stats(
+        &mut out,
+        trace.len(),
+        &packets,
+        packet_errors,
+        counts,
+        packet_time,
+        decode_time,
+    );
+    finish(out, result)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "throughput figures are approximate by nature"
+)]
+fn write_stats(
+    out: &mut impl fmt::Write,
+    bytes: usize,
+    packets: &[(&'static str, u64)],
+    packet_errors: u64,
+    counts: &DecodeCounts,
+    packet_time: std::time::Duration,
+    decode_time: std::time::Duration,
+) -> fmt::Result {
+    let mb = bytes as f64 / 1e6;
+    let rate = |secs: f64| if secs > 0.0 { mb / secs } else { 0.0 };
+    writeln!(out, "trace: {bytes} bytes")?;
+    writeln!(
+        out,
+        "packets: {} ({packet_errors} errors), {:.3} s, {:.1} MB/s",
+        packets.iter().map(|(_, n)| n).sum::<u64>(),
+        packet_time.as_secs_f64(),
+        rate(packet_time.as_secs_f64())
+    )?;
+    for (name, count) in packets {
+        writeln!(out, "  {name:<10} {count}")?;
+    }
+    writeln!(out, "insn: {}.", counts.instructions)?;
+    writeln!(out, "blocks: {}.", counts.blocks)?;
+    writeln!(out, "events: {}.", counts.events)?;
+    writeln!(out, "branches:")?;
+    for kind in BranchKind::ALL {
+        writeln!(out, "  {:<11} {}", kind.name(), counts.branches_of(kind))?;
+    }
+    writeln!(out, "errors: {}", counts.errors.len())?;
+    for (offset, err) in counts.errors.iter().take(20) {
+        writeln!(out, "  offset {offset:#x}: {err}")?;
+    }
+    if counts.errors.len() > 20 {
+        writeln!(out, "  ... {} more", counts.errors.len() - 20)?;
+    }
+    let secs = decode_time.as_secs_f64();
+    writeln!(
+        out,
+        "decode: {secs:.3} s, {:.1} MB/s, {:.1} M insn/s",
+        rate(secs),
+        if secs > 0.0 {
+            counts.instructions as f64 / secs / 1e6
+        } else {
+            0.0
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: DecodeArgs,
+    }
+
+    #[test]
+    fn modes_exclude_each_other_and_tool_options_go_after_dashes() {
+        let parsed = Wrapper::try_parse_from([
+            "x",
+            "--pt",
+            "t.pt",
+            "--raw",
+            "c.bin:0x1000",
+            "--ptxed",
+            "--",
+            "--event:ip",
+        ])
+        .unwrap();
+        assert!(parsed.args.ptxed && parsed.args.tool_args == ["--event:ip"]);
+        assert!(Wrapper::try_parse_from(["x", "--pt", "t", "--ptxed", "--stats"]).is_err());
+    }
+
+    #[test]
+    fn snapshots_are_refused_with_a_clear_error() {
+        let parsed = Wrapper::try_parse_from(["x", "snap.lbsnap"]).unwrap();
+        let err = run(&parsed.args).unwrap_err();
+        assert!(format!("{:#}", err.error).contains("not implemented yet"));
+    }
+
+    #[test]
+    fn decodes_a_corpus_trace_in_every_mode() {
+        let Some(dir) = crate::decode::pt::conformance_dir() else {
+            return;
+        };
+        let pt = dir.join("core/call_direct-ret_compressed.pt");
+        let bin = format!(
+            "{}:0x100000",
+            dir.join("core/call_direct-ret_compressed.bin").display()
+        );
+        if !pt.is_file() {
+            return;
+        }
+        let mut image = Image::new();
+        let spec = RawSpec::parse(&bin).unwrap();
+        image.add("c", fs::read(&spec.path).unwrap(), spec.addr);
+        let trace = fs::read(&pt).unwrap();
+        let opts = PtxedOptions::default();
+        let mut text = String::new();
+        let counts = {
+            let mut b = Branches::new(&trace, &image, opts.flow);
+            for _ in b.by_ref() {}
+            b.counts().clone()
+        };
+        write_stats(
+            &mut text,
+            trace.len(),
+            &[],
+            0,
+            &counts,
+            std::time::Duration::ZERO,
+            std::time::Duration::ZERO,
+        )
+        .unwrap();
+        assert!(
+            text.contains("insn: ") && counts.errors.is_empty(),
+            "{text}"
+        );
+    }
+}
