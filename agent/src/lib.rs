@@ -11,5 +11,8 @@ pub mod cli;
 pub mod decode;
 pub mod rules;
 pub mod snapshot;
+pub mod stacks;
+pub mod symbols;
 pub mod sys;
 pub mod triggers;
+pub mod writer;

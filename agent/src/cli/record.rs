@@ -77,6 +77,7 @@ impl Recording {
                 tid: 0,
                 comm: String::new(),
                 trigger_time_ns: monotonic_ns(),
+                duration_ns: None,
             },
         };
         let snap = Snapshot::from_captured(data, Some(meta));
@@ -116,6 +117,7 @@ fn trigger_meta(rule: &str, event: &TriggerEvent) -> TriggerMeta {
         tid: event.tid,
         comm: event.comm.clone(),
         trigger_time_ns: event.timestamp_ns,
+        duration_ns: event.duration_ns,
     }
 }
 

@@ -52,6 +52,9 @@ pub struct TriggerMeta {
     pub comm: String,
     /// Kernel timestamp of the trigger (`CLOCK_MONOTONIC` ns, `bpf_ktime_get_ns`).
     pub trigger_time_ns: u64,
+    /// How long the call or syscall took (latency triggers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
 }
 
 /// The JSON metadata block.

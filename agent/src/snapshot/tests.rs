@@ -92,6 +92,7 @@ fn sample_snapshot() -> Snapshot {
         tid: 43,
         comm: "workload".to_owned(),
         trigger_time_ns: 4_990_000,
+        duration_ns: Some(8_290_000),
     };
     Snapshot::from_captured(data, Some(trigger))
 }

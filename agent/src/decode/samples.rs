@@ -1,0 +1,155 @@
+//! Decode, sampling half: the perf records of a sampling snapshot → per-thread stacks.
+//!
+//! In: a [`Snapshot`] whose rings hold perf records (`RingKind::PerfRecords`). Out:
+//! [`ThreadSamples`] per (pid, tid), in time order, each stack outermost frame first with
+//! user-space addresses only. Caller frames (return addresses) are moved back one byte so
+//! they fall inside the call instruction; the leaf is the sampled IP. Thread names come
+//! from `PERF_RECORD_COMM` records, else the process's comm. Never panics on record bytes:
+//! malformed samples are counted and skipped.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use crate::capture::RingKind;
+use crate::capture::records::{self, PERF_RECORD_COMM, PERF_RECORD_SAMPLE};
+use crate::snapshot::Snapshot;
+
+/// One sampled stack of a thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackAt {
+    pub time_ns: u64,
+    /// Outermost frame first.
+    pub addrs: Vec<u64>,
+}
+
+/// The samples of one thread.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ThreadSamples {
+    pub pid: u32,
+    pub tid: u32,
+    /// From a COMM record, when the snapshot has one for this thread.
+    pub comm: Option<String>,
+    pub stacks: Vec<StackAt>,
+}
+
+/// All threads' samples and what could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Sampled {
+    pub threads: BTreeMap<(u32, u32), ThreadSamples>,
+    /// Sample records that could not be parsed or had no pid/tid/time.
+    pub malformed: u64,
+}
+
+/// The user stack of `sample`, outermost first, return addresses moved into their call.
+fn user_stack(sample: &records::Sample) -> Vec<u64> {
+    let mut leaf_first: Vec<u64> = sample.user_callchain().collect();
+    if leaf_first.is_empty() {
+        // No callchain (or a kernel-only one): the IP alone, when it is a user address.
+        leaf_first.extend(
+            sample
+                .ip
+                .filter(|&ip| sample.callchain.is_empty() && ip < 1 << 63),
+        );
+    }
+    for caller in leaf_first.iter_mut().skip(1) {
+        *caller = caller.saturating_sub(1);
+    }
+    leaf_first.reverse();
+    leaf_first
+}
+
+/// `PERF_RECORD_COMM` body: pid u32, tid u32, NUL-terminated name.
+fn comm_record(body: &[u8]) -> Option<(u32, u32, String)> {
+    let pid = u32::from_le_bytes(body.get(0..4)?.try_into().ok()?);
+    let tid = u32::from_le_bytes(body.get(4..8)?.try_into().ok()?);
+    let name = body.get(8..)?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Some((pid, tid, String::from_utf8_lossy(&name[..end]).into_owned()))
+}
+
+/// Reads every sample of `snap`'s perf-record rings.
+pub fn read(snap: &Snapshot) -> Sampled {
+    let sample_type = snap.meta.recorder.sample_type;
+    let mut out = Sampled::default();
+    let mut comms = BTreeMap::new();
+    let streams = snap
+        .rings
+        .iter()
+        .filter(|r| r.kind == RingKind::PerfRecords)
+        .map(|r| r.data.as_slice())
+        .chain(snap.sideband.iter().map(|s| s.data.as_slice()));
+    for stream in streams {
+        for record in records::records(stream) {
+            match record.kind {
+                PERF_RECORD_SAMPLE => {
+                    let Some(s) = records::parse_sample(sample_type, record.body) else {
+                        out.malformed += 1;
+                        continue;
+                    };
+                    let (Some(pid), Some(tid), Some(time_ns)) = (s.pid, s.tid, s.time) else {
+                        out.malformed += 1;
+                        continue;
+                    };
+                    let thread = out
+                        .threads
+                        .entry((pid, tid))
+                        .or_insert_with(|| ThreadSamples {
+                            pid,
+                            tid,
+                            ..ThreadSamples::default()
+                        });
+                    thread.stacks.push(StackAt {
+                        time_ns,
+                        addrs: user_stack(&s),
+                    });
+                }
+                PERF_RECORD_COMM => {
+                    if let Some((pid, tid, name)) = comm_record(record.body) {
+                        comms.insert((pid, tid), name);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    for (key, thread) in &mut out.threads {
+        thread.stacks.sort_by_key(|s| s.time_ns);
+        thread.comm = comms.remove(key);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{comm_record, user_stack};
+    use crate::capture::records::{PERF_CONTEXT_USER, Sample};
+
+    #[test]
+    fn user_stacks_are_outermost_first_with_callers_moved_into_the_call() {
+        let s = Sample {
+            ip: Some(0x1010),
+            callchain: vec![PERF_CONTEXT_USER, 0x1010, 0x2005, 0x3005],
+            ..Sample::default()
+        };
+        assert_eq!(user_stack(&s), [0x3004, 0x2004, 0x1010]);
+    }
+
+    #[test]
+    fn without_a_callchain_the_ip_is_the_stack() {
+        let s = Sample {
+            ip: Some(0x1010),
+            ..Sample::default()
+        };
+        assert_eq!(user_stack(&s), [0x1010]);
+    }
+
+    #[test]
+    fn comm_records_parse_and_short_ones_do_not() {
+        let mut body = Vec::new();
+        body.extend(7u32.to_le_bytes());
+        body.extend(8u32.to_le_bytes());
+        body.extend(b"worker\0\0");
+        assert_eq!(comm_record(&body), Some((7, 8, "worker".to_owned())));
+        assert_eq!(comm_record(&body[..6]), None);
+    }
+}

@@ -1,0 +1,214 @@
+//! Stacks stage: consecutive sampled call stacks of one thread → properly nested duration
+//! slices.
+//!
+//! In: one thread's samples in time order, each a stack with the outermost frame first,
+//! and the sample period. Out: [`StackEvent`]s — `Begin`/`End` pairs that nest — for the
+//! writer.
+//!
+//! Rules: a frame lasts while consecutive samples have the same function (as the caller's
+//! `same` says) at the same depth, with the same function at every depth above it (so
+//! recursion and a change at depth 2 under an unchanged depth 1 come out right). When a
+//! frame disappears between samples `a` and `b`, its slice ends at the midpoint of `a` and
+//! `b`, or at `a` + one period when the samples are more than two periods apart (the thread
+//! was not running, or samples were lost); frames that appear in `b` begin at that same
+//! midpoint, or at `b` itself after such a gap. Frames present in the first sample begin at
+//! its time; frames still open after the last sample end one period after it, so a single
+//! sample becomes slices one period long.
+#![forbid(unsafe_code)]
+
+/// One sample: when, and the stack (outermost frame first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackSample<F> {
+    pub time_ns: u64,
+    pub frames: Vec<F>,
+}
+
+/// A slice boundary. Ends always close the innermost open slice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StackEvent<F> {
+    Begin { ts: u64, frame: F },
+    End { ts: u64 },
+}
+
+/// Where slices that leave between a sample at `prev` and one at `next` end, and where the
+/// ones that arrive begin.
+fn boundary(prev: u64, next: u64, period_ns: u64) -> (u64, u64) {
+    let gap = next.saturating_sub(prev);
+    if gap > period_ns.saturating_mul(2) {
+        (prev.saturating_add(period_ns), next)
+    } else {
+        let mid = prev + gap / 2;
+        (mid, mid)
+    }
+}
+
+/// The slices of one thread's `samples` (in time order; out-of-order samples are clamped
+/// to the previous time). `same` says whether two frames are the same function.
+pub fn slices<F: Clone>(
+    samples: &[StackSample<F>],
+    period_ns: u64,
+    same: impl Fn(&F, &F) -> bool,
+) -> Vec<StackEvent<F>> {
+    let mut events = Vec::new();
+    let mut open: Vec<F> = Vec::new();
+    let mut prev: Option<u64> = None;
+    for sample in samples {
+        let time = prev.map_or(sample.time_ns, |p| sample.time_ns.max(p));
+        let common = open
+            .iter()
+            .zip(&sample.frames)
+            .take_while(|(a, b)| same(a, b))
+            .count();
+        let (end_ts, begin_ts) = prev.map_or((time, time), |p| boundary(p, time, period_ns));
+        for _ in common..open.len() {
+            events.push(StackEvent::End { ts: end_ts });
+        }
+        open.truncate(common);
+        for frame in &sample.frames[common..] {
+            events.push(StackEvent::Begin {
+                ts: begin_ts,
+                frame: frame.clone(),
+            });
+            open.push(frame.clone());
+        }
+        prev = Some(time);
+    }
+    if let Some(last) = prev {
+        let end = last.saturating_add(period_ns);
+        events.extend(open.iter().map(|_| StackEvent::End { ts: end }));
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{StackEvent, StackSample, slices};
+
+    fn sample(time_ns: u64, frames: &[&'static str]) -> StackSample<&'static str> {
+        StackSample {
+            time_ns,
+            frames: frames.to_vec(),
+        }
+    }
+
+    /// The events as text: `+name@ts` and `-@ts`.
+    fn run(samples: &[StackSample<&'static str>], period: u64) -> Vec<String> {
+        slices(samples, period, |a, b| a == b)
+            .into_iter()
+            .map(|e| match e {
+                StackEvent::Begin { ts, frame } => format!("+{frame}@{ts}"),
+                StackEvent::End { ts } => format!("-@{ts}"),
+            })
+            .collect()
+    }
+
+    /// Every End closes a Begin, and nothing stays open.
+    fn assert_nested(events: &[String]) {
+        let mut depth = 0i32;
+        for e in events {
+            depth += if e.starts_with('+') { 1 } else { -1 };
+            assert!(depth >= 0, "{events:?}");
+        }
+        assert_eq!(depth, 0, "{events:?}");
+    }
+
+    #[test]
+    fn single_sample_lasts_one_period() {
+        let ev = run(&[sample(100, &["main", "work"])], 10);
+        assert_eq!(ev, ["+main@100", "+work@100", "-@110", "-@110"]);
+    }
+
+    #[test]
+    fn nesting_frames_end_at_the_midpoint() {
+        let ev = run(
+            &[
+                sample(100, &["main", "a", "b"]),
+                sample(110, &["main", "a", "b"]),
+                sample(120, &["main", "a"]),
+                sample(130, &["main"]),
+            ],
+            10,
+        );
+        assert_eq!(
+            ev,
+            ["+main@100", "+a@100", "+b@100", "-@115", "-@125", "-@140"]
+        );
+        assert_nested(&ev);
+    }
+
+    #[test]
+    fn a_change_at_depth_two_keeps_depth_one() {
+        let ev = run(
+            &[
+                sample(0, &["main", "loop", "read"]),
+                sample(10, &["main", "loop", "parse"]),
+                sample(20, &["main", "loop", "read"]),
+            ],
+            10,
+        );
+        assert_eq!(
+            ev,
+            [
+                "+main@0", "+loop@0", "+read@0", "-@5", "+parse@5", "-@15", "+read@15", "-@30",
+                "-@30", "-@30"
+            ]
+        );
+        assert_nested(&ev);
+    }
+
+    #[test]
+    fn recursion_is_one_slice_per_depth() {
+        let ev = run(
+            &[
+                sample(0, &["main", "fib", "fib", "fib"]),
+                sample(10, &["main", "fib", "fib"]),
+                sample(20, &["main", "fib", "fib", "fib"]),
+            ],
+            10,
+        );
+        assert_eq!(
+            ev,
+            [
+                "+main@0", "+fib@0", "+fib@0", "+fib@0", "-@5", "+fib@15", "-@30", "-@30", "-@30",
+                "-@30"
+            ]
+        );
+        assert_nested(&ev);
+    }
+
+    #[test]
+    fn a_function_changing_above_ends_everything_below() {
+        let ev = run(
+            &[
+                sample(0, &["main", "a", "x"]),
+                sample(10, &["main", "b", "x"]),
+            ],
+            10,
+        );
+        assert_eq!(
+            ev,
+            [
+                "+main@0", "+a@0", "+x@0", "-@5", "-@5", "+b@5", "+x@5", "-@20", "-@20", "-@20"
+            ]
+        );
+    }
+
+    #[test]
+    fn after_a_gap_slices_end_one_period_after_the_last_sample() {
+        let ev = run(
+            &[sample(0, &["main", "a"]), sample(100, &["main", "b"])],
+            10,
+        );
+        assert_eq!(ev, ["+main@0", "+a@0", "-@10", "+b@100", "-@110", "-@110"]);
+    }
+
+    #[test]
+    fn empty_stacks_and_no_samples() {
+        assert!(run(&[], 10).is_empty());
+        let ev = run(
+            &[sample(0, &["main"]), sample(10, &[]), sample(20, &["main"])],
+            10,
+        );
+        assert_eq!(ev, ["+main@0", "-@5", "+main@15", "-@30"]);
+    }
+}

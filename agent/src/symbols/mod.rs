@@ -1,0 +1,224 @@
+//! Symbols stage: addresses of a snapshot's processes → function names and source lines,
+//! with blazesym.
+//!
+//! In: the snapshot's [`ProcessMaps`] and (pid, address) pairs. Out: a [`Frame`] per
+//! address — the demangled function name, its module, `file:line` when the file has DWARF
+//! — or an unknown frame named `[unknown] 0xADDR (module)` (the reason is kept). Only the
+//! mapped files are read (through `/proc/PID/root` when the process is still alive, so
+//! containers resolve; else the path as recorded), so this works after the process exited
+//! and on another machine that has the same files. Addresses become file offsets
+//! (`address - map.start + map.offset`), which blazesym turns into ELF addresses with the
+//! program headers. Results are cached per (module, file offset); misses are counted.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use blazesym::symbolize::source::{Elf, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
+
+use crate::capture::{MapEntry, ProcessMaps};
+
+/// A symbolized address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Demangled function name, or `[unknown] 0xADDR (module)`.
+    pub name: String,
+    /// The mapped file (as recorded in the maps), when the address is in one.
+    pub module: Option<String>,
+    /// `file:line` of the address, when DWARF has it.
+    pub location: Option<String>,
+    /// Why the address has no name (`None` when it has one).
+    pub unknown: Option<String>,
+}
+
+/// Symbolizes addresses of the processes in a snapshot.
+pub struct Symbolizer<'a> {
+    blaze: Blaze,
+    maps: HashMap<u32, &'a ProcessMaps>,
+    cache: HashMap<(String, u64), Rc<Frame>>,
+    /// The file blazesym reads for each recorded path (`None`: none found).
+    files: HashMap<(u32, String), Option<PathBuf>>,
+    /// Addresses that got no name.
+    pub misses: u64,
+}
+
+fn unknown(addr: u64, module: Option<&str>, reason: String) -> Frame {
+    let name = match module {
+        Some(m) => format!("[unknown] {addr:#x} ({})", short(m)),
+        None => format!("[unknown] {addr:#x}"),
+    };
+    Frame {
+        name,
+        module: module.map(str::to_owned),
+        location: None,
+        unknown: Some(reason),
+    }
+}
+
+/// The file name of a module path.
+fn short(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The file to read for `entry` of process `pid`.
+fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
+    if !entry.is_file() || entry.path.ends_with(" (deleted)") {
+        return None;
+    }
+    let in_root = PathBuf::from(format!("/proc/{pid}/root{}", entry.path));
+    [in_root, PathBuf::from(&entry.path)]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+impl<'a> Symbolizer<'a> {
+    pub fn new(processes: &'a [ProcessMaps]) -> Self {
+        Self {
+            blaze: Blaze::new(),
+            maps: processes.iter().map(|p| (p.pid, p)).collect(),
+            cache: HashMap::new(),
+            files: HashMap::new(),
+            misses: 0,
+        }
+    }
+
+    /// The frame of `addr` in process `pid`.
+    pub fn frame(&mut self, pid: u32, addr: u64) -> Rc<Frame> {
+        let frame = self.lookup(pid, addr);
+        if frame.unknown.is_some() {
+            self.misses += 1;
+        }
+        frame
+    }
+
+    fn lookup(&mut self, pid: u32, addr: u64) -> Rc<Frame> {
+        let Some(maps) = self.maps.get(&pid).copied() else {
+            return Rc::new(unknown(addr, None, format!("no maps of process {pid}")));
+        };
+        let Some(entry) = maps.maps.iter().find(|m| (m.start..m.end).contains(&addr)) else {
+            return Rc::new(unknown(addr, None, "not in a mapping".to_owned()));
+        };
+        let offset = addr - entry.start + entry.offset;
+        let key = (entry.path.clone(), offset);
+        if let Some(frame) = self.cache.get(&key) {
+            return Rc::clone(frame);
+        }
+        let file = self
+            .files
+            .entry((pid, entry.path.clone()))
+            .or_insert_with(|| locate(pid, entry))
+            .clone();
+        let frame = Rc::new(match file {
+            Some(file) => self.symbolize(&file, entry, addr, offset),
+            None => unknown(addr, Some(&entry.path), "file not found".to_owned()),
+        });
+        self.cache.insert(key, Rc::clone(&frame));
+        frame
+    }
+
+    fn symbolize(&self, file: &Path, entry: &MapEntry, addr: u64, offset: u64) -> Frame {
+        let src = Source::Elf(Elf::new(file));
+        let result = self
+            .blaze
+            .symbolize(&src, Input::FileOffset(&[offset]))
+            .map(|mut v| v.pop());
+        match result {
+            Ok(Some(Symbolized::Sym(sym))) => {
+                let location = sym.code_info.as_ref().map(|ci| {
+                    let path = ci.to_path();
+                    match ci.line {
+                        Some(line) => format!("{}:{line}", path.display()),
+                        None => path.display().to_string(),
+                    }
+                });
+                Frame {
+                    name: sym.name.into_owned(),
+                    module: Some(entry.path.clone()),
+                    location,
+                    unknown: None,
+                }
+            }
+            Ok(Some(Symbolized::Unknown(reason))) => {
+                unknown(addr, Some(&entry.path), reason.to_string())
+            }
+            Ok(None) => unknown(addr, Some(&entry.path), "no result".to_owned()),
+            Err(e) => unknown(addr, Some(&entry.path), format!("{e:#}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Symbolizer, short};
+    use crate::capture::{MapEntry, ProcessMaps};
+
+    /// Maps of this test process, read from /proc/self/maps.
+    fn own_maps() -> ProcessMaps {
+        let text = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        let maps = text
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let (range, perms, offset, dev, inode) =
+                    (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
+                let (start, end) = range.split_once('-')?;
+                Some(MapEntry {
+                    start: u64::from_str_radix(start, 16).ok()?,
+                    end: u64::from_str_radix(end, 16).ok()?,
+                    perms: perms.to_owned(),
+                    offset: u64::from_str_radix(offset, 16).ok()?,
+                    dev: dev.to_owned(),
+                    inode: inode.parse().ok()?,
+                    path: it.collect::<Vec<_>>().join(" "),
+                    build_id: None,
+                })
+            })
+            .collect();
+        ProcessMaps {
+            pid: std::process::id(),
+            comm: String::new(),
+            exe: None,
+            read_at_ns: 0,
+            at_freeze: true,
+            maps,
+        }
+    }
+
+    #[inline(never)]
+    #[unsafe(no_mangle)]
+    fn lookback_symbols_test_marker() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn a_function_of_this_binary_resolves_by_file_offset() {
+        let maps = [own_maps()];
+        let mut s = Symbolizer::new(&maps);
+        let addr = lookback_symbols_test_marker as *const () as u64;
+        assert_eq!(lookback_symbols_test_marker(), 42);
+        let frame = s.frame(std::process::id(), addr);
+        assert!(
+            frame.name.contains("lookback_symbols_test_marker"),
+            "{frame:?}"
+        );
+        assert!(frame.unknown.is_none());
+        // The second lookup is cached: the very same frame.
+        let again = s.frame(std::process::id(), addr);
+        assert!(std::rc::Rc::ptr_eq(&frame, &again));
+        assert_eq!(s.misses, 0);
+    }
+
+    #[test]
+    fn unmapped_and_unknown_processes_are_unknown_frames() {
+        let maps = [own_maps()];
+        let mut s = Symbolizer::new(&maps);
+        let f = s.frame(std::process::id(), 8);
+        assert_eq!(f.name, "[unknown] 0x8");
+        let f = s.frame(u32::MAX, 0x1000);
+        assert!(f.unknown.as_deref().is_some_and(|r| r.contains("no maps")));
+        assert_eq!(s.misses, 2);
+        assert_eq!(short("/usr/lib/libc.so.6"), "libc.so.6");
+    }
+}

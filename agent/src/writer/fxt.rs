@@ -1,0 +1,378 @@
+//! Writer stage, FXT half: the Fuchsia trace format
+//! (<https://fuchsia.dev/fuchsia-src/reference/tracing/trace-format>), which ui.perfetto.dev
+//! and magic-trace.org open.
+//!
+//! In: [`TraceSink`] calls (tracks, duration begin/end, instants with args). Out: FXT records
+//! streamed to any `Write`: the magic record, provider info, initialization (1 tick = 1 ns),
+//! then string and thread records as names and threads first appear (their 15-bit and 8-bit
+//! tables are refilled from index 1 when full), kernel-object records naming processes and
+//! threads, and event records that refer to the tables.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+use super::{Arg, ArgValue, TraceSink};
+
+/// The magic number record: `0x0016547846040010`.
+const MAGIC: u64 = 0x0016_5478_4604_0010;
+const PROVIDER_ID: u64 = 1;
+const PROVIDER_NAME: &str = "lookback";
+/// Longest string an FXT string record or inline string can hold (the format's limit).
+const MAX_STRING: usize = 32_000;
+const MAX_STRING_INDEX: u16 = 0x7fff;
+const MAX_THREAD_INDEX: u8 = 0xff;
+
+const RECORD_METADATA: u64 = 0;
+const RECORD_INITIALIZATION: u64 = 1;
+const RECORD_STRING: u64 = 2;
+const RECORD_THREAD: u64 = 3;
+const RECORD_EVENT: u64 = 4;
+const RECORD_KERNEL_OBJECT: u64 = 7;
+
+const EVENT_INSTANT: u64 = 0;
+const EVENT_BEGIN: u64 = 2;
+const EVENT_END: u64 = 3;
+
+const ARG_INT64: u64 = 3;
+const ARG_UINT64: u64 = 4;
+const ARG_STRING: u64 = 6;
+const ARG_POINTER: u64 = 7;
+const ARG_KOID: u64 = 8;
+
+const OBJ_PROCESS: u64 = 1;
+const OBJ_THREAD: u64 = 2;
+
+/// `s` cut to at most `MAX_STRING` bytes on a character boundary.
+fn clip(s: &str) -> &str {
+    if s.len() <= MAX_STRING {
+        return s;
+    }
+    let mut end = MAX_STRING;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Words (8 bytes) that `len` bytes of string data take, padded.
+fn words(len: usize) -> u64 {
+    len.div_ceil(8) as u64
+}
+
+/// Streams FXT records to `W`.
+pub struct FxtWriter<W: Write> {
+    out: W,
+    strings: HashMap<String, u16>,
+    next_string: u16,
+    /// Bumped each time the string table is refilled.
+    generation: u64,
+    threads: HashMap<(u32, u32), u8>,
+    next_thread: u8,
+}
+
+impl<W: Write> FxtWriter<W> {
+    /// Writes the file preamble (magic, provider, 1 ns ticks).
+    pub fn new(out: W) -> io::Result<Self> {
+        let mut w = Self {
+            out,
+            strings: HashMap::new(),
+            next_string: 1,
+            generation: 0,
+            threads: HashMap::new(),
+            next_thread: 1,
+        };
+        w.word(MAGIC)?;
+        let name = PROVIDER_NAME.as_bytes();
+        let header = RECORD_METADATA
+            | ((1 + words(name.len())) << 4)
+            | (1 << 16) // provider info
+            | (PROVIDER_ID << 20)
+            | ((name.len() as u64) << 52);
+        w.word(header)?;
+        w.padded(name)?;
+        w.word(RECORD_INITIALIZATION | (2 << 4))?;
+        w.word(1_000_000_000)?;
+        w.string("lookback")?;
+        Ok(w)
+    }
+
+    fn word(&mut self, v: u64) -> io::Result<()> {
+        self.out.write_all(&v.to_le_bytes())
+    }
+
+    fn padded(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.out.write_all(bytes)?;
+        let pad = (8 - bytes.len() % 8) % 8;
+        self.out.write_all(&[0u8; 8][..pad])
+    }
+
+    /// The string-table index of `s`, writing a string record the first time. The empty
+    /// string is index 0.
+    fn string(&mut self, s: &str) -> io::Result<u16> {
+        let s = clip(s);
+        if s.is_empty() {
+            return Ok(0);
+        }
+        if let Some(&i) = self.strings.get(s) {
+            return Ok(i);
+        }
+        if self.next_string > MAX_STRING_INDEX {
+            // Table full: start over; records after this refer to the new definitions.
+            self.strings.clear();
+            self.next_string = 1;
+            self.generation += 1;
+        }
+        let index = self.next_string;
+        self.next_string += 1;
+        let header = RECORD_STRING
+            | ((1 + words(s.len())) << 4)
+            | (u64::from(index) << 16)
+            | ((s.len() as u64) << 32);
+        self.word(header)?;
+        self.padded(s.as_bytes())?;
+        self.strings.insert(s.to_owned(), index);
+        Ok(index)
+    }
+
+    /// The thread-table index of (pid, tid), writing a thread record the first time.
+    fn thread(&mut self, pid: u32, tid: u32) -> io::Result<u8> {
+        if let Some(&i) = self.threads.get(&(pid, tid)) {
+            return Ok(i);
+        }
+        if self.next_thread == 0 {
+            self.threads.clear();
+            self.next_thread = 1;
+        }
+        let index = self.next_thread;
+        self.next_thread = if index == MAX_THREAD_INDEX {
+            0
+        } else {
+            index + 1
+        };
+        self.word(RECORD_THREAD | (3 << 4) | (u64::from(index) << 16))?;
+        self.word(u64::from(pid))?;
+        self.word(u64::from(tid))?;
+        self.threads.insert((pid, tid), index);
+        Ok(index)
+    }
+
+    /// Interns the names of `args`, returning them with their size in words.
+    fn intern_args(&mut self, args: &[Arg<'_>]) -> io::Result<(Vec<u16>, u64)> {
+        let mut names = Vec::with_capacity(args.len());
+        let mut size = 0;
+        for arg in args {
+            names.push(self.string(arg.name)?);
+            if let ArgValue::Str(s) = &arg.value {
+                self.string(s)?;
+            }
+            size += if matches!(arg.value, ArgValue::Str(_)) {
+                1
+            } else {
+                2
+            };
+        }
+        Ok((names, size))
+    }
+
+    fn write_args(&mut self, args: &[Arg<'_>], names: &[u16]) -> io::Result<()> {
+        for (arg, &name) in args.iter().zip(names) {
+            let name = u64::from(name) << 16;
+            match &arg.value {
+                ArgValue::Str(s) => {
+                    let value = u64::from(self.string(s)?);
+                    self.word(ARG_STRING | (1 << 4) | name | (value << 32))?;
+                }
+                ArgValue::U64(v) => {
+                    self.word(ARG_UINT64 | (2 << 4) | name)?;
+                    self.word(*v)?;
+                }
+                ArgValue::I64(v) => {
+                    self.word(ARG_INT64 | (2 << 4) | name)?;
+                    self.word(v.cast_unsigned())?;
+                }
+                ArgValue::Pointer(v) => {
+                    self.word(ARG_POINTER | (2 << 4) | name)?;
+                    self.word(*v)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn event(
+        &mut self,
+        kind: u64,
+        (pid, tid): (u32, u32),
+        ts: u64,
+        name: &str,
+        args: &[Arg<'_>],
+    ) -> io::Result<()> {
+        // At most 15 args fit the header; more are dropped (none of ours has that many).
+        let args = &args[..args.len().min(15)];
+        let thread = self.thread(pid, tid)?;
+        // Intern until no refill of the string table happened in between, so every index
+        // this record uses is current.
+        let (name, names, arg_words, category) = loop {
+            let generation = self.generation;
+            let name = self.string(name)?;
+            let (names, arg_words) = self.intern_args(args)?;
+            let category = self.string("lookback")?;
+            if generation == self.generation {
+                break (name, names, arg_words, category);
+            }
+        };
+        let header = RECORD_EVENT
+            | ((2 + arg_words) << 4)
+            | (kind << 16)
+            | ((args.len() as u64) << 20)
+            | (u64::from(thread) << 24)
+            | (u64::from(category) << 32)
+            | (u64::from(name) << 48);
+        self.word(header)?;
+        self.word(ts)?;
+        self.write_args(args, &names)
+    }
+
+    fn kernel_object(
+        &mut self,
+        kind: u64,
+        koid: u64,
+        name: &str,
+        process: Option<u64>,
+    ) -> io::Result<()> {
+        let name = self.string(name)?;
+        let arg_name = if process.is_some() {
+            self.string("process")?
+        } else {
+            0
+        };
+        let nargs = u64::from(process.is_some());
+        let header = RECORD_KERNEL_OBJECT
+            | ((2 + 2 * nargs) << 4)
+            | (kind << 16)
+            | (u64::from(name) << 24)
+            | (nargs << 40);
+        self.word(header)?;
+        self.word(koid)?;
+        if let Some(pid) = process {
+            self.word(ARG_KOID | (2 << 4) | (u64::from(arg_name) << 16))?;
+            self.word(pid)?;
+        }
+        Ok(())
+    }
+
+    /// Flushes and returns the inner writer.
+    pub fn into_inner(mut self) -> io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+impl<W: Write> TraceSink for FxtWriter<W> {
+    fn process(&mut self, pid: u32, name: &str) -> io::Result<()> {
+        self.kernel_object(OBJ_PROCESS, u64::from(pid), name, None)
+    }
+
+    fn thread(&mut self, pid: u32, tid: u32, name: &str) -> io::Result<()> {
+        self.kernel_object(OBJ_THREAD, u64::from(tid), name, Some(u64::from(pid)))?;
+        FxtWriter::thread(self, pid, tid).map(drop)
+    }
+
+    fn begin(
+        &mut self,
+        thread: (u32, u32),
+        ts: u64,
+        name: &str,
+        args: &[Arg<'_>],
+    ) -> io::Result<()> {
+        self.event(EVENT_BEGIN, thread, ts, name, args)
+    }
+
+    fn end(&mut self, thread: (u32, u32), ts: u64, name: &str) -> io::Result<()> {
+        self.event(EVENT_END, thread, ts, name, &[])
+    }
+
+    fn instant(
+        &mut self,
+        thread: (u32, u32),
+        ts: u64,
+        name: &str,
+        args: &[Arg<'_>],
+    ) -> io::Result<()> {
+        self.event(EVENT_INSTANT, thread, ts, name, args)
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    fn u64s(bytes: &[u8]) -> Vec<u64> {
+        bytes
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn preamble_is_magic_provider_and_ns_ticks() {
+        let w = FxtWriter::new(Vec::new()).unwrap();
+        let words = u64s(&w.into_inner().unwrap());
+        assert_eq!(words[0], MAGIC);
+        assert_eq!(words[1] & 0xf, RECORD_METADATA);
+        assert_eq!(
+            (words[1] >> 4) & 0xfff,
+            3,
+            "header + 'lookback' (8 bytes) = 2 words?"
+        );
+        assert_eq!(&words[2].to_le_bytes(), b"lookback");
+        assert_eq!(words[3], RECORD_INITIALIZATION | (2 << 4));
+        assert_eq!(words[4], 1_000_000_000);
+        // The category string record.
+        assert_eq!(words[5] & 0xf, RECORD_STRING);
+    }
+
+    #[test]
+    fn strings_are_interned_once_and_every_record_size_is_exact() {
+        let mut w = FxtWriter::new(Vec::new()).unwrap();
+        let args = [
+            Arg::new("address", ArgValue::Pointer(0x1234)),
+            Arg::new("file", ArgValue::Str("a.c:3")),
+        ];
+        w.begin((1, 2), 10, "main", &args).unwrap();
+        w.begin((1, 2), 11, "main", &args).unwrap();
+        w.end((1, 2), 12, "main").unwrap();
+        let words = u64s(&w.into_inner().unwrap());
+        // Walk the records by their size field: it must land exactly on the end.
+        let mut at = 1; // after the magic
+        let mut strings = 0;
+        let mut events = 0;
+        while at < words.len() {
+            let size = usize::try_from((words[at] >> 4) & 0xfff).unwrap();
+            assert!(size > 0);
+            match words[at] & 0xf {
+                RECORD_STRING => strings += 1,
+                RECORD_EVENT => events += 1,
+                _ => {}
+            }
+            at += size;
+        }
+        assert_eq!(at, words.len());
+        assert_eq!(events, 3);
+        // lookback, main, address, file, a.c:3
+        assert_eq!(strings, 5);
+    }
+
+    #[test]
+    fn long_strings_are_clipped_on_a_char_boundary() {
+        let s = "é".repeat(20_000);
+        let c = clip(&s);
+        assert!(c.len() <= MAX_STRING);
+        assert!(s.is_char_boundary(c.len()));
+    }
+}

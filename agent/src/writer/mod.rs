@@ -1,0 +1,350 @@
+//! Writer stage: a sampling snapshot → a trace file (FXT or Chrome JSON, gzipped when the
+//! name ends in `.gz`).
+//!
+//! In: a [`Snapshot`] and an output path. Out: the file, written atomically (temp file +
+//! rename, mode 0600) and streamed: records go out as slices are found, only the current
+//! thread's stacks are held. One track per thread named `comm [pid] [tid]`, nested slices
+//! named by demangled function (args `address`, `location` = file:line, `module`), and the
+//! trigger as an instant `trigger: <rule>` (args rule, kind, detail, pid, tid, `duration_ns`)
+//! on the trigger thread's track.
+//!
+//! Timestamps are absolute `CLOCK_MONOTONIC` nanoseconds, the clock of the samples and of
+//! `trigger_time_ns` (FXT: 1 tick = 1 ns; JSON: microseconds with a fraction), so a trace
+//! lines up with logs and the snapshot's metadata; viewers show them relative to the start.
+//!
+//! `fxt` and `json` are the two encoders behind [`TraceSink`]; the pipeline here calls
+//! `decode::samples` → `symbols` → `stacks` and feeds the sink.
+#![forbid(unsafe_code)]
+
+pub mod fxt;
+pub mod json;
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
+
+use crate::capture::Backend;
+use crate::decode::samples::{self, ThreadSamples};
+use crate::snapshot::{Snapshot, TriggerMeta};
+use crate::stacks::{self, StackEvent, StackSample};
+use crate::symbols::{Frame, Symbolizer};
+
+pub use fxt::FxtWriter;
+pub use json::JsonWriter;
+
+/// An argument value of an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgValue<'a> {
+    Str(&'a str),
+    U64(u64),
+    I64(i64),
+    /// An address (FXT pointer; JSON hex string).
+    Pointer(u64),
+}
+
+/// A named argument of an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arg<'a> {
+    pub name: &'a str,
+    pub value: ArgValue<'a>,
+}
+
+impl<'a> Arg<'a> {
+    pub fn new(name: &'a str, value: ArgValue<'a>) -> Self {
+        Self { name, value }
+    }
+}
+
+/// What a trace encoder accepts. A thread is (pid, tid); timestamps are ns.
+pub trait TraceSink {
+    /// Names a process.
+    fn process(&mut self, pid: u32, name: &str) -> io::Result<()>;
+    /// Names a thread (its track).
+    fn thread(&mut self, pid: u32, tid: u32, name: &str) -> io::Result<()>;
+    fn begin(
+        &mut self,
+        thread: (u32, u32),
+        ts: u64,
+        name: &str,
+        args: &[Arg<'_>],
+    ) -> io::Result<()>;
+    /// Ends the innermost open slice of `thread`, which is named `name`.
+    fn end(&mut self, thread: (u32, u32), ts: u64, name: &str) -> io::Result<()>;
+    fn instant(
+        &mut self,
+        thread: (u32, u32),
+        ts: u64,
+        name: &str,
+        args: &[Arg<'_>],
+    ) -> io::Result<()>;
+    /// Completes the document and flushes.
+    fn finish(&mut self) -> io::Result<()>;
+}
+
+/// The trace file formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Fxt,
+    ChromeJson,
+}
+
+impl Format {
+    /// `.json`/`.json.gz` → Chrome JSON, anything else FXT; gzip when the name ends `.gz`.
+    pub fn from_path(path: &Path) -> (Self, bool) {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_ascii_lowercase())
+            .unwrap_or_default();
+        let gz = name.ends_with(".gz");
+        let base = name.strip_suffix(".gz").unwrap_or(&name);
+        let format = if base.ends_with(".json") {
+            Self::ChromeJson
+        } else {
+            Self::Fxt
+        };
+        (format, gz)
+    }
+}
+
+/// Why a trace could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterError {
+    #[error("PT snapshot decoding to a trace is not implemented yet")]
+    PtNotImplemented,
+    #[error("cannot write {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What went into a trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceSummary {
+    pub threads: usize,
+    pub samples: u64,
+    pub slices: u64,
+    /// Addresses without a symbol.
+    pub unknown_frames: u64,
+    /// Sample records that could not be read.
+    pub malformed_samples: u64,
+}
+
+/// Writes the trace of `snap` to `path` (format and compression from the name).
+pub fn write_trace(snap: &Snapshot, path: &Path) -> Result<TraceSummary, WriterError> {
+    if snap.meta.backend == Backend::IntelPt {
+        return Err(WriterError::PtNotImplemented);
+    }
+    let (format, gz) = Format::from_path(path);
+    let tmp = temp_path(path);
+    let err = |source| WriterError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let result = write_file(snap, &tmp, format, gz).and_then(|summary| {
+        fs::rename(&tmp, path)?;
+        Ok(summary)
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+fn temp_path(path: &Path) -> PathBuf {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .map_or_else(|| "trace".to_owned(), |n| n.to_string_lossy().into_owned());
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    path.with_file_name(format!(".{name}.tmp-{}-{seq}", std::process::id()))
+}
+
+fn write_file(snap: &Snapshot, tmp: &Path, format: Format, gz: bool) -> io::Result<TraceSummary> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(tmp)?;
+    let mut out = BufWriter::new(file);
+    let summary = if gz {
+        let mut enc = GzEncoder::new(&mut out, Compression::default());
+        let summary = encode(snap, &mut enc, format)?;
+        enc.finish()?;
+        summary
+    } else {
+        encode(snap, &mut out, format)?
+    };
+    let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
+    file.sync_all()?;
+    Ok(summary)
+}
+
+/// Encodes the trace of `snap` into `out` in `format`.
+pub fn encode<W: Write>(snap: &Snapshot, out: W, format: Format) -> io::Result<TraceSummary> {
+    match format {
+        Format::Fxt => {
+            let mut sink = FxtWriter::new(out)?;
+            let summary = emit(snap, &mut sink)?;
+            sink.finish()?;
+            Ok(summary)
+        }
+        Format::ChromeJson => {
+            let mut sink = JsonWriter::new(out)?;
+            let summary = emit(snap, &mut sink)?;
+            sink.finish()?;
+            Ok(summary)
+        }
+    }
+}
+
+/// The sample period: from the frequency, else the median gap between samples, else 1 ms.
+fn period_ns(snap: &Snapshot, threads: &[&ThreadSamples]) -> u64 {
+    if let Some(hz) = snap.meta.recorder.sample_frequency.filter(|&hz| hz > 0) {
+        return (1_000_000_000 / hz).max(1);
+    }
+    let mut gaps: Vec<u64> = threads
+        .iter()
+        .flat_map(|t| t.stacks.windows(2).map(|w| w[1].time_ns - w[0].time_ns))
+        .filter(|&g| g > 0)
+        .collect();
+    gaps.sort_unstable();
+    gaps.get(gaps.len() / 2).copied().unwrap_or(1_000_000)
+}
+
+/// A frame of a stack: the symbol, and the address it was sampled at.
+#[derive(Debug, Clone)]
+struct At {
+    frame: Rc<Frame>,
+    addr: u64,
+}
+
+/// Feeds the whole trace of `snap` to `sink` (without [`TraceSink::finish`]).
+pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
+    let sampled = samples::read(snap);
+    let threads: Vec<&ThreadSamples> = sampled.threads.values().collect();
+    let period = period_ns(snap, &threads);
+    let mut symbols = Symbolizer::new(&snap.maps);
+    let mut summary = TraceSummary {
+        threads: threads.len(),
+        malformed_samples: sampled.malformed,
+        ..TraceSummary::default()
+    };
+    let trigger = snap.meta.trigger.as_ref().filter(|t| t.pid != 0);
+    let comm_of = |pid: u32| {
+        snap.maps
+            .iter()
+            .find(|m| m.pid == pid)
+            .map(|m| m.comm.clone())
+            .filter(|c| !c.is_empty())
+    };
+    let mut named = std::collections::BTreeSet::new();
+    for thread in &threads {
+        if named.insert(thread.pid) {
+            let comm = comm_of(thread.pid).unwrap_or_else(|| "?".to_owned());
+            sink.process(thread.pid, &format!("{comm} [{}]", thread.pid))?;
+        }
+    }
+    let mut trigger_done = false;
+    for thread in &threads {
+        let comm = thread
+            .comm
+            .clone()
+            .or_else(|| comm_of(thread.pid))
+            .unwrap_or_else(|| "?".to_owned());
+        let key = (thread.pid, thread.tid);
+        sink.thread(key.0, key.1, &format!("{comm} [{}] [{}]", key.0, key.1))?;
+        let stacks: Vec<StackSample<At>> = thread
+            .stacks
+            .iter()
+            .map(|s| StackSample {
+                time_ns: s.time_ns,
+                frames: s
+                    .addrs
+                    .iter()
+                    .map(|&addr| At {
+                        frame: symbols.frame(thread.pid, addr),
+                        addr,
+                    })
+                    .collect(),
+            })
+            .collect();
+        summary.samples += stacks.len() as u64;
+        let events = stacks::slices(&stacks, period, |a, b| a.frame.name == b.frame.name);
+        let mut pending = trigger.filter(|t| (t.pid, t.tid) == key);
+        let mut open: Vec<Rc<Frame>> = Vec::new();
+        for event in events {
+            let ts = match &event {
+                StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts,
+            };
+            if let Some(t) = pending.filter(|t| t.trigger_time_ns < ts) {
+                trigger_instant(sink, t)?;
+                pending = None;
+            }
+            match event {
+                StackEvent::Begin { ts, frame } => {
+                    summary.slices += 1;
+                    begin(sink, key, ts, &frame)?;
+                    open.push(frame.frame);
+                }
+                StackEvent::End { ts } => {
+                    let name = open.pop().map(|f| f.name.clone()).unwrap_or_default();
+                    sink.end(key, ts, &name)?;
+                }
+            }
+        }
+        if let Some(t) = pending {
+            trigger_instant(sink, t)?;
+        }
+        trigger_done |= trigger.is_some_and(|t| (t.pid, t.tid) == key);
+    }
+    if let Some(t) = trigger.filter(|_| !trigger_done) {
+        // The trigger thread was never sampled: give it its own track.
+        let comm = if t.comm.is_empty() { "?" } else { &t.comm };
+        sink.thread(t.pid, t.tid, &format!("{comm} [{}] [{}]", t.pid, t.tid))?;
+        trigger_instant(sink, t)?;
+    }
+    summary.unknown_frames = symbols.misses;
+    Ok(summary)
+}
+
+fn begin(sink: &mut impl TraceSink, key: (u32, u32), ts: u64, at: &At) -> io::Result<()> {
+    let mut args = vec![Arg::new("address", ArgValue::Pointer(at.addr))];
+    if let Some(loc) = &at.frame.location {
+        args.push(Arg::new("location", ArgValue::Str(loc)));
+    }
+    if let Some(module) = &at.frame.module {
+        args.push(Arg::new("module", ArgValue::Str(module)));
+    }
+    sink.begin(key, ts, &at.frame.name, &args)
+}
+
+fn trigger_instant(sink: &mut impl TraceSink, t: &TriggerMeta) -> io::Result<()> {
+    let mut args = vec![
+        Arg::new("rule", ArgValue::Str(&t.rule)),
+        Arg::new("kind", ArgValue::Str(&t.kind)),
+        Arg::new("detail", ArgValue::Str(&t.detail)),
+        Arg::new("pid", ArgValue::U64(u64::from(t.pid))),
+        Arg::new("tid", ArgValue::U64(u64::from(t.tid))),
+    ];
+    if let Some(d) = t.duration_ns {
+        args.push(Arg::new("duration_ns", ArgValue::U64(d)));
+    }
+    sink.instant(
+        (t.pid, t.tid),
+        t.trigger_time_ns,
+        &format!("trigger: {}", t.rule),
+        &args,
+    )
+}
+
+#[cfg(test)]
+mod tests;

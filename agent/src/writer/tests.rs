@@ -1,0 +1,250 @@
+//! The whole back half on a hand-made snapshot: samples of this test process (so its own
+//! functions symbolize) → trace, read back as Chrome JSON and walked as FXT records.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::*;
+use crate::capture::records::{
+    PERF_CONTEXT_USER, PERF_RECORD_SAMPLE, SAMPLE_CALLCHAIN, SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME,
+};
+use crate::capture::{CapturedData, MapEntry, ProcessMaps, RecorderParams, RingData, RingKind};
+
+#[inline(never)]
+#[unsafe(no_mangle)]
+fn lookback_writer_outer() -> u64 {
+    std::hint::black_box(1)
+}
+
+#[inline(never)]
+#[unsafe(no_mangle)]
+fn lookback_writer_inner() -> u64 {
+    std::hint::black_box(2)
+}
+
+fn own_maps() -> ProcessMaps {
+    let text = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let maps = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (start, end) = f.first()?.split_once('-')?;
+            Some(MapEntry {
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                perms: (*f.get(1)?).to_owned(),
+                offset: u64::from_str_radix(f.get(2)?, 16).ok()?,
+                dev: (*f.get(3)?).to_owned(),
+                inode: f.get(4)?.parse().ok()?,
+                path: f.get(5..).map(|p| p.join(" ")).unwrap_or_default(),
+                build_id: None,
+            })
+        })
+        .collect();
+    ProcessMaps {
+        pid: std::process::id(),
+        comm: "writer-test".to_owned(),
+        exe: None,
+        read_at_ns: 0,
+        at_freeze: true,
+        maps,
+    }
+}
+
+/// A `PERF_RECORD_SAMPLE` with IP, TID, TIME and a user callchain (leaf first).
+fn sample_record(pid: u32, tid: u32, time: u64, chain: &[u64]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend(chain[0].to_le_bytes());
+    body.extend((u64::from(tid) << 32 | u64::from(pid)).to_le_bytes());
+    body.extend(time.to_le_bytes());
+    body.extend((chain.len() as u64 + 1).to_le_bytes());
+    body.extend(PERF_CONTEXT_USER.to_le_bytes());
+    for a in chain {
+        body.extend(a.to_le_bytes());
+    }
+    let size = u16::try_from(body.len() + 8).expect("small record");
+    let mut rec = Vec::new();
+    rec.extend(PERF_RECORD_SAMPLE.to_le_bytes());
+    rec.extend(2u16.to_le_bytes());
+    rec.extend(size.to_le_bytes());
+    rec.extend(body);
+    rec
+}
+
+fn snapshot() -> Snapshot {
+    let pid = std::process::id();
+    let outer = lookback_writer_outer as *const () as u64;
+    let inner = lookback_writer_inner as *const () as u64;
+    assert_eq!(lookback_writer_outer() + lookback_writer_inner(), 3);
+    // outer (a return address inside it) → inner, for three samples; then outer alone.
+    let mut data = Vec::new();
+    for i in 0..3 {
+        data.extend(sample_record(
+            pid,
+            pid,
+            1_000_000 + i * 100_000,
+            &[inner + 1, outer + 5],
+        ));
+    }
+    data.extend(sample_record(pid, pid, 1_300_000, &[outer + 2]));
+    let captured = CapturedData {
+        backend: Backend::Sampling,
+        params: RecorderParams {
+            event: "cpu-clock".to_owned(),
+            perf_type: 1,
+            config: 0,
+            config_fields: BTreeMap::new(),
+            sample_type: SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CALLCHAIN,
+            sample_id_all: true,
+            sample_frequency: Some(10_000),
+            buffer_size: 1 << 20,
+            include_kernel: false,
+            clockid: Some(1),
+            cpus: vec![0],
+            aux_pause: false,
+        },
+        freeze_time_ns: 2_000_000,
+        pause_duration_ns: 0,
+        rings: vec![RingData {
+            kind: RingKind::PerfRecords,
+            cpu: Some(0),
+            tid: None,
+            wrapped: false,
+            records: 4,
+            stop: None,
+            data,
+        }],
+        sideband: vec![],
+        clock: None,
+        processes: vec![own_maps()],
+        code: vec![],
+        window: Some((1_000_000, 1_300_000)),
+    };
+    let trigger = TriggerMeta {
+        rule: "func:lookback_writer_inner>1ms".to_owned(),
+        kind: "function".to_owned(),
+        detail: "return, duration 1.2ms".to_owned(),
+        pid,
+        tid: pid,
+        comm: "writer-test".to_owned(),
+        trigger_time_ns: 1_250_000,
+        duration_ns: Some(1_200_000),
+    };
+    Snapshot::from_captured(captured, Some(trigger))
+}
+
+#[test]
+fn chrome_json_has_the_nested_functions_and_the_trigger() {
+    let snap = snapshot();
+    let mut out = Vec::new();
+    let summary = encode(&snap, &mut out, Format::ChromeJson).expect("encode");
+    assert_eq!(summary.samples, 4);
+    assert_eq!(summary.unknown_frames, 0);
+    let doc: Value = serde_json::from_slice(&out).expect("one JSON document");
+    let events = doc["traceEvents"].as_array().expect("traceEvents");
+    let seq: Vec<String> = events
+        .iter()
+        .filter(|e| e["ph"] != "M")
+        .map(|e| {
+            format!(
+                "{}{}",
+                e["ph"].as_str().unwrap_or("?"),
+                e["name"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    assert_eq!(
+        seq,
+        [
+            "Blookback_writer_outer",
+            "Blookback_writer_inner",
+            "Itrigger: func:lookback_writer_inner>1ms"
+                .replace('I', "i")
+                .as_str(),
+            "Elookback_writer_inner",
+            "Elookback_writer_outer"
+        ]
+    );
+    let pid = std::process::id();
+    let name = format!("writer-test [{pid}] [{pid}]");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["name"] == "thread_name" && e["args"]["name"] == name.as_str())
+    );
+    let inner_end = events
+        .iter()
+        .find(|e| e["ph"] == "E" && e["name"] == "lookback_writer_inner");
+    // Inner leaves between the samples at 1.2 ms and 1.3 ms: the midpoint.
+    assert_eq!(
+        inner_end.map(|e| e["ts"].clone()),
+        Some(serde_json::json!(1250.0))
+    );
+    let trig = events.iter().find(|e| e["ph"] == "i").expect("instant");
+    assert_eq!(trig["args"]["duration_ns"], 1_200_000);
+    assert_eq!(trig["args"]["kind"], "function");
+}
+
+#[test]
+fn fxt_records_are_well_formed() {
+    let snap = snapshot();
+    let mut out = Vec::new();
+    encode(&snap, &mut out, Format::Fxt).expect("encode");
+    assert_eq!(out.len() % 8, 0);
+    let words: Vec<u64> = out
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect();
+    let mut at = 1;
+    let mut kinds = BTreeMap::new();
+    while at < words.len() {
+        let size = usize::try_from((words[at] >> 4) & 0xfff).unwrap_or(0);
+        assert!(size > 0, "zero-size record at word {at}");
+        *kinds.entry(words[at] & 0xf).or_insert(0) += 1;
+        at += size;
+    }
+    assert_eq!(at, words.len());
+    // 4 begin/end + 1 instant event records; process and thread kernel objects.
+    assert_eq!(kinds.get(&4), Some(&5));
+    assert_eq!(kinds.get(&7), Some(&2));
+}
+
+#[test]
+fn files_are_gzipped_by_name_and_private() {
+    use std::io::Read as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let snap = snapshot();
+    let path = dir.path().join("t.json.gz");
+    write_trace(&snap, &path).expect("write");
+    let meta = std::fs::metadata(&path).expect("written");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(&path).expect("open"))
+        .read_to_string(&mut text)
+        .expect("gzip");
+    assert!(text.starts_with("{\"traceEvents\":["));
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("dir").count(),
+        1,
+        "no temp file left"
+    );
+    assert_eq!(
+        Format::from_path(Path::new("a.fxt.gz")),
+        (Format::Fxt, true)
+    );
+    assert_eq!(
+        Format::from_path(Path::new("a.JSON")),
+        (Format::ChromeJson, false)
+    );
+}
+
+#[test]
+fn pt_snapshots_are_refused() {
+    let mut snap = snapshot();
+    snap.meta.backend = Backend::IntelPt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = write_trace(&snap, &dir.path().join("x.fxt")).expect_err("PT");
+    assert!(matches!(err, WriterError::PtNotImplemented));
+}
