@@ -187,7 +187,6 @@ mod tests {
     }
 
     #[inline(never)]
-    #[unsafe(no_mangle)]
     fn lookback_symbols_test_marker() -> u64 {
         std::hint::black_box(42)
     }

@@ -325,11 +325,7 @@ mod tests {
         let words = u64s(&w.into_inner().unwrap());
         assert_eq!(words[0], MAGIC);
         assert_eq!(words[1] & 0xf, RECORD_METADATA);
-        assert_eq!(
-            (words[1] >> 4) & 0xfff,
-            3,
-            "header + 'lookback' (8 bytes) = 2 words?"
-        );
+        assert_eq!((words[1] >> 4) & 0xfff, 2, "header + 'lookback' (8 bytes)");
         assert_eq!(&words[2].to_le_bytes(), b"lookback");
         assert_eq!(words[3], RECORD_INITIALIZATION | (2 << 4));
         assert_eq!(words[4], 1_000_000_000);
