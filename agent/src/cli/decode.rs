@@ -1,8 +1,9 @@
 //! `lookback decode`: decode a snapshot or raw Intel PT into a trace.
 //!
-//! For now only raw Intel PT is decoded (`--pt FILE` with the code given by `--raw
-//! FILE[:OFFSET[-END]]:ADDR`); snapshots (`.lbsnap`) come with the snapshot stage. The
-//! debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
+//! `lookback decode SNAPSHOT.lbsnap [-o OUT]` writes the trace of a sampling snapshot (FXT
+//! by default, `OUT` = the input's stem + `.fxt.gz`; `.json`/`.json.gz` → Chrome JSON); PT
+//! snapshots are refused for now. Raw Intel PT is decoded with `--pt FILE` and the code
+//! given by `--raw FILE[:OFFSET[-END]]:ADDR`. Its debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
 //! `--ptxed` (instructions and events, like Intel's `ptxed --no-inst`) and `--stats`
 //! (counts and throughput, like `ptxed --stat --stat:insn`). Without a mode, the branch
 //! events are listed. Options of Intel's tools go after `--`.
@@ -30,12 +31,19 @@ use crate::decode::pt::{Cpu, Errata};
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
+lookback decode trace.lbsnap                      # → trace.fxt.gz\n  \
+lookback decode trace.lbsnap -o trace.json.gz\n  \
 lookback decode --pt trace.pt --raw code.bin:0x400000 --stats\n  \
 lookback decode --pt trace.pt --raw code.bin:0x400000 --ptxed -- --event:ip --block:show-blocks\n  \
 lookback decode --pt trace.pt --ptdump -- --lastip --time")]
 pub struct DecodeArgs {
-    /// A snapshot (.lbsnap) to decode (not implemented yet; use --pt).
+    /// A snapshot (.lbsnap) to turn into a trace file.
+    #[arg(conflicts_with_all = ["pt", "raw", "ptdump", "ptxed", "stats"])]
     pub input: Option<PathBuf>,
+    /// The trace file for INPUT: `.fxt`/`.fxt.gz` (FXT) or `.json`/`.json.gz` (Chrome
+    /// JSON), gzipped when it ends in `.gz`. Default: INPUT's stem + `.fxt.gz`.
+    #[arg(short, long, value_name = "OUT", requires = "input")]
+    pub output: Option<PathBuf>,
     /// A raw Intel PT trace (the AUX data, oldest byte first).
     #[arg(long, value_name = "FILE")]
     pub pt: Option<PathBuf>,
@@ -115,11 +123,47 @@ fn tool_args(args: &DecodeArgs) -> Vec<String> {
     all
 }
 
+/// `x/name.lbsnap` → `x/name.fxt.gz`.
+fn default_output(input: &Path) -> PathBuf {
+    let name = input
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name.strip_suffix(".lbsnap").unwrap_or(&name);
+    input.with_file_name(format!("{stem}.fxt.gz"))
+}
+
+fn run_snapshot(input: &Path, output: Option<&Path>) -> CliResult {
+    let snap = crate::snapshot::read(input)
+        .with_context(|| format!("reading {}", input.display()))
+        .map_err(CliError::runtime)?;
+    let out = output.map_or_else(|| default_output(input), Path::to_owned);
+    let started = Instant::now();
+    let summary = crate::writer::write_trace(&snap, &out)
+        .with_context(|| format!("decoding {}", input.display()))
+        .map_err(CliError::runtime)?;
+    log::info!(
+        "{}: {} threads, {} samples, {} slices, {} unknown frames, {:.1?}",
+        out.display(),
+        summary.threads,
+        summary.samples,
+        summary.slices,
+        summary.unknown_frames,
+        started.elapsed()
+    );
+    #[expect(
+        clippy::print_stdout,
+        reason = "the CLI edge: the file written, for scripts"
+    )]
+    {
+        println!("{}", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(args: &DecodeArgs) -> CliResult {
-    if args.input.is_some() {
-        return Err(CliError::usage(anyhow::anyhow!(
-            "decoding .lbsnap snapshots is not implemented yet; decode raw Intel PT with --pt FILE --raw FILE:ADDR"
-        )));
+    if let Some(input) = &args.input {
+        return run_snapshot(input, args.output.as_deref());
     }
     let Some(pt) = &args.pt else {
         return Err(CliError::usage(anyhow::anyhow!(
@@ -354,10 +398,16 @@ mod tests {
     }
 
     #[test]
-    fn snapshots_are_refused_with_a_clear_error() {
-        let parsed = Wrapper::try_parse_from(["x", "snap.lbsnap"]).unwrap();
+    fn a_missing_snapshot_is_a_runtime_error_naming_it() {
+        let parsed = Wrapper::try_parse_from(["x", "/nonexistent/snap.lbsnap"]).unwrap();
         let err = run(&parsed.args).unwrap_err();
-        assert!(format!("{:#}", err.error).contains("not implemented yet"));
+        assert_eq!(err.code, 1);
+        assert!(format!("{:#}", err.error).contains("/nonexistent/snap.lbsnap"));
+        assert!(Wrapper::try_parse_from(["x", "a.lbsnap", "--pt", "b"]).is_err());
+        assert_eq!(
+            default_output(Path::new("/d/run-2.lbsnap")),
+            Path::new("/d/run-2.fxt.gz")
+        );
     }
 
     #[test]

@@ -336,11 +336,11 @@ async fn on_trigger(
     if !post.is_zero() {
         tokio::time::sleep(post).await;
     }
-    let path = recording.snapshot(Some((rule, event)))?;
+    let files = recording.snapshot(Some((rule, event)))?;
     if session.json {
         println!(
             "{}",
-            json!({ "snapshot": path, "rule": rule, "trigger": event })
+            json!({ "snapshot": files.raw, "trace": files.trace, "rule": rule, "trigger": event })
         );
     }
     live.snapshots += 1;

@@ -1,8 +1,10 @@
 //! The recording half of `run`/`attach`: a recorder on the targets, frozen on each trigger
 //! (after `post_trigger`), its snapshot written next to `-o`, then resumed.
 //!
-//! Until the trace writer exists (decode → stacks → symbols → writer), every snapshot is
-//! written as the raw `.lbsnap` bundle; `lookback decode` will turn it into a trace.
+//! Each snapshot is first written as the raw `.lbsnap` bundle, then turned into the trace
+//! file at `-o` (decode → stacks → symbols → writer; numbered `trace.fxt.gz`,
+//! `trace-2.fxt.gz`, ...); the `.lbsnap` stays only with `--keep-raw`, or when no trace
+//! could be written (PT snapshots for now), so `lookback decode` can retry later.
 use std::{
     path::{Path, PathBuf},
     time::Duration,
@@ -14,6 +16,7 @@ use crate::{
     capture::{CaptureOptions, Recorder, monotonic_ns, open_recorder},
     snapshot::{self, Snapshot, TriggerMeta},
     triggers::{TriggerEvent, TriggerKind, event::format_ns},
+    writer,
 };
 
 /// How to record and where snapshots go.
@@ -25,6 +28,17 @@ pub struct RecordOptions {
     pub output: PathBuf,
     /// Keep recording this long after a trigger before freezing.
     pub post_trigger: Duration,
+    /// Keep the `.lbsnap` next to the trace.
+    pub keep_raw: bool,
+}
+
+/// The files one snapshot left on disk.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SnapshotFiles {
+    /// The trace file, when one was written.
+    pub trace: Option<PathBuf>,
+    /// The raw snapshot, when kept.
+    pub raw: Option<PathBuf>,
 }
 
 /// A live recorder and the snapshots written so far.
@@ -64,8 +78,11 @@ impl Recording {
     }
 
     /// Freezes, writes the snapshot for `trigger` (`None`: at exit or on Ctrl-C), resumes.
-    /// Returns the file written.
-    pub fn snapshot(&mut self, trigger: Option<(&str, &TriggerEvent)>) -> anyhow::Result<PathBuf> {
+    /// Returns the files written.
+    pub fn snapshot(
+        &mut self,
+        trigger: Option<(&str, &TriggerEvent)>,
+    ) -> anyhow::Result<SnapshotFiles> {
         let data = self.recorder.freeze().context("freezing the recorder")?;
         let meta = match trigger {
             Some((rule, event)) => trigger_meta(rule, event),
@@ -98,8 +115,53 @@ impl Recording {
                 .trigger_to_freeze_ns
                 .map_or_else(|| "-".to_owned(), format_ns)
         );
+        let files = self.write_trace(&snap, path);
         resumed.context("resuming the recorder")?;
-        Ok(path)
+        Ok(files)
+    }
+
+    /// Writes the trace of `snap` (the `.lbsnap` at `raw` is already on disk) and removes
+    /// `raw` unless it is to be kept or no trace could be written.
+    fn write_trace(&self, snap: &Snapshot, raw: PathBuf) -> SnapshotFiles {
+        let trace = numbered_trace(&self.opts.output, self.written);
+        let started = std::time::Instant::now();
+        match writer::write_trace(snap, &trace) {
+            Ok(summary) => {
+                log::info!(
+                    "trace {}: {} threads, {} samples, {} slices, {} unknown frames, written in {:.1?}",
+                    trace.display(),
+                    summary.threads,
+                    summary.samples,
+                    summary.slices,
+                    summary.unknown_frames,
+                    started.elapsed()
+                );
+                if self.opts.keep_raw {
+                    return SnapshotFiles {
+                        trace: Some(trace),
+                        raw: Some(raw),
+                    };
+                }
+                if let Err(e) = std::fs::remove_file(&raw) {
+                    log::warn!("removing {}: {e}", raw.display());
+                }
+                SnapshotFiles {
+                    trace: Some(trace),
+                    raw: None,
+                }
+            }
+            Err(e) => {
+                log::error!(
+                    "{:#}; the raw snapshot {} is kept",
+                    anyhow::Error::new(e),
+                    raw.display()
+                );
+                SnapshotFiles {
+                    trace: None,
+                    raw: Some(raw),
+                }
+            }
+        }
     }
 }
 
@@ -121,17 +183,27 @@ fn trigger_meta(rule: &str, event: &TriggerEvent) -> TriggerMeta {
     }
 }
 
-/// `trace.fxt.gz` → `trace.lbsnap`; the n-th (n ≥ 2) → `trace-n.lbsnap`.
-pub fn numbered(output: &Path, n: u32) -> PathBuf {
+/// The stem and the extension (with its dot, possibly empty) of a trace path's name.
+fn split_name(output: &Path) -> (String, &'static str) {
     let name = output
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let stem = [".fxt.gz", ".json.gz", ".json", ".fxt", ".lbsnap"]
+    let (stem, ext) = [".fxt.gz", ".json.gz", ".json", ".fxt", ".lbsnap"]
         .iter()
-        .find_map(|ext| name.strip_suffix(ext))
-        .unwrap_or(&name);
-    let stem = if stem.is_empty() { "trace" } else { stem };
+        .find_map(|ext| name.strip_suffix(ext).map(|s| (s.to_owned(), *ext)))
+        .unwrap_or_else(|| (name.clone(), ""));
+    let stem = if stem.is_empty() {
+        "trace".to_owned()
+    } else {
+        stem
+    };
+    (stem, ext)
+}
+
+/// `trace.fxt.gz` → `trace.lbsnap`; the n-th (n ≥ 2) → `trace-n.lbsnap`.
+pub fn numbered(output: &Path, n: u32) -> PathBuf {
+    let (stem, _) = split_name(output);
     let file = if n <= 1 {
         format!("{stem}.lbsnap")
     } else {
@@ -140,11 +212,32 @@ pub fn numbered(output: &Path, n: u32) -> PathBuf {
     output.with_file_name(file)
 }
 
+/// The n-th trace file: `trace.fxt.gz` itself, then `trace-2.fxt.gz`, ...
+pub fn numbered_trace(output: &Path, n: u32) -> PathBuf {
+    if n <= 1 {
+        return output.to_owned();
+    }
+    let (stem, ext) = split_name(output);
+    output.with_file_name(format!("{stem}-{n}{ext}"))
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
-    use super::numbered;
+    use super::{numbered, numbered_trace};
+
+    #[test]
+    fn trace_names_are_numbered_before_the_extension() {
+        let p = Path::new("/d/trace.fxt.gz");
+        assert_eq!(numbered_trace(p, 1), p);
+        assert_eq!(numbered_trace(p, 2), Path::new("/d/trace-2.fxt.gz"));
+        assert_eq!(
+            numbered_trace(Path::new("x.json"), 3),
+            Path::new("x-3.json")
+        );
+        assert_eq!(numbered_trace(Path::new("plain"), 2), Path::new("plain-2"));
+    }
 
     #[test]
     fn snapshot_names_follow_the_output_path() {

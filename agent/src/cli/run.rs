@@ -54,11 +54,12 @@ pub struct CommonArgs {
     /// Keep recording this long after a trigger before freezing.
     #[arg(long, value_name = "DURATION", default_value = "0ms", value_parser = parse_duration)]
     pub post_trigger: Duration,
-    /// Trace file; snapshots are written beside it with its stem (`trace.lbsnap`,
-    /// `trace-2.lbsnap`, ...). Until the trace writer lands, only the raw `.lbsnap` is written.
+    /// Trace file: FXT (`.fxt`, `.fxt.gz`) or Chrome JSON (`.json`, `.json.gz`), gzipped
+    /// when the name ends in `.gz`; later snapshots go to `trace-2.fxt.gz`, ... Raw
+    /// snapshots (`--keep-raw`) take its stem (`trace.lbsnap`, `trace-2.lbsnap`, ...).
     #[arg(short, long, value_name = "PATH", default_value = "trace.fxt.gz")]
     pub output: PathBuf,
-    /// Also keep the raw `.lbsnap` snapshot (currently always written).
+    /// Also keep the raw `.lbsnap` snapshot (`lookback decode` turns it into a trace).
     #[arg(long)]
     pub keep_raw: bool,
     /// With --dry-run: one JSON object per trigger on stdout, then a summary object.
@@ -174,6 +175,7 @@ fn record_options(common: &CommonArgs) -> Option<RecordOptions> {
         },
         output: common.output.clone(),
         post_trigger: common.post_trigger,
+        keep_raw: common.keep_raw,
     })
 }
 

@@ -308,7 +308,6 @@ impl<W: Write> TraceSink for FxtWriter<W> {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 

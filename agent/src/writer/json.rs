@@ -1,4 +1,4 @@
-//! Writer stage, Chrome trace JSON half (the Trace Event Format that chrome://tracing,
+//! Writer stage, Chrome trace JSON half (the Trace Event Format that `chrome://tracing`,
 //! ui.perfetto.dev and speedscope read).
 //!
 //! In: [`TraceSink`] calls. Out: `{"traceEvents":[...]}` streamed to any `Write`, one event
@@ -103,7 +103,6 @@ impl<W: Write> TraceSink for JsonWriter<W> {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 

@@ -4,7 +4,7 @@
 //! In: a [`Snapshot`] and an output path. Out: the file, written atomically (temp file +
 //! rename, mode 0600) and streamed: records go out as slices are found, only the current
 //! thread's stacks are held. One track per thread named `comm [pid] [tid]`, nested slices
-//! named by demangled function (args `address`, `location` = file:line, `module`), and the
+//! named by demangled function (args `address`, `location` = `file:line`, `module`), and the
 //! trigger as an instant `trigger: <rule>` (args rule, kind, detail, pid, tid, `duration_ns`)
 //! on the trigger thread's track.
 //!
@@ -96,6 +96,10 @@ pub enum Format {
 
 impl Format {
     /// `.json`/`.json.gz` → Chrome JSON, anything else FXT; gzip when the name ends `.gz`.
+    #[expect(
+        clippy::case_sensitive_file_extension_comparisons,
+        reason = "the name is lowercased first"
+    )]
     pub fn from_path(path: &Path) -> (Self, bool) {
         let name = path
             .file_name()
