@@ -3,7 +3,10 @@
 //! - `rust-src` for the toolchain that builds the eBPF crate (`-Z build-std=core`);
 //! - bpf-linker 0.13, linked against that toolchain's own libLLVM (Debian's LLVM is too old,
 //!   see shared/docs/build-chain.md), into `.tools/bin`; rebuilt when the libLLVM changes;
-//! - tracefs mounted at /sys/kernel/tracing (root only).
+//! - tracefs mounted at /sys/kernel/tracing (root only);
+//! - the PyPI `fxt` parser into `.tools/python` (`pip install --target`), which
+//!   tests/scripts/check_fxt.py uses to read our FXT traces independently of the writer
+//!   (skipped with a warning when python3 or pip is missing).
 use std::{fs, path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
@@ -12,6 +15,8 @@ use crate::util::{BuildEnv, is_root, output, run, workspace_root};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const TRACEFS: &str = "/sys/kernel/tracing";
+/// The independent FXT reader the trace tests check our files with.
+const FXT_VERSION: &str = "0.3.0";
 
 pub fn setup() -> Result<BuildEnv> {
     let root = workspace_root()?;
@@ -21,6 +26,7 @@ pub fn setup() -> Result<BuildEnv> {
         .context("installing rust-src (needed to build core for the BPF target)")?;
     let tools = root.join(".tools");
     install_bpf_linker(&tools, &toolchain)?;
+    install_fxt(&tools);
     let is_root = is_root();
     if is_root {
         mount_tracefs()?;
@@ -111,6 +117,37 @@ fn install_bpf_linker(tools: &Path, toolchain: &str) -> Result<()> {
     .context("building bpf-linker")?;
     fs::write(&stamp, want).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(())
+}
+
+/// `pip install --target .tools/python fxt==FXT_VERSION`, once.
+fn install_fxt(tools: &Path) {
+    let target = tools.join("python");
+    let marker = target.join(format!("fxt-{FXT_VERSION}.dist-info"));
+    if marker.is_dir() {
+        return;
+    }
+    println!(
+        "xtask: installing the fxt Python package {FXT_VERSION} into {}",
+        target.display()
+    );
+    let installed = run(Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--root-user-action=ignore",
+        ])
+        .args(["--upgrade", "--target"])
+        .arg(&target)
+        .arg(format!("fxt=={FXT_VERSION}")));
+    if let Err(e) = installed {
+        eprintln!(
+            "xtask: warning: cannot install the fxt Python package ({e:#}); the FXT trace \
+             test will fail under CI and skip otherwise"
+        );
+    }
 }
 
 fn mount_tracefs() -> Result<()> {

@@ -1,0 +1,215 @@
+//! Trigger → snapshot → trace file, end to end through the `lookback` binary with the
+//! sampling backend (needs root), and the trace read back by parsers that share no code
+//! with the writer: the PyPI `fxt` package (tests/scripts/check_fxt.py, installed into
+//! `.tools/python` by `cargo xtask setup`) for FXT, `serde_json` for Chrome JSON.
+use std::{
+    path::Path,
+    process::{Command, Output},
+};
+
+use lookback_tests::{lookback_bin, workload, workspace_root};
+use serde_json::Value;
+
+const RULE: &str = "func:lb_spin>20ms";
+
+fn run_lookback(out: &Path, extra: &[&str]) -> Output {
+    let output = Command::new(lookback_bin())
+        .args([
+            "run",
+            "--backend",
+            "sampling",
+            "--json",
+            "--trigger",
+            RULE,
+            "-o",
+        ])
+        .arg(out)
+        .args(extra)
+        .arg("--")
+        .arg(workload())
+        .args(["spin", "40", "2"])
+        .output()
+        .expect("lookback");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// The `{"snapshot": ..., "trace": ...}` line `--json` printed.
+fn snapshot_line(out: &Output) -> Value {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v.get("trace").is_some())
+        .expect("a JSON line for the snapshot")
+}
+
+/// `python3 tests/scripts/check_fxt.py TRACE` → its JSON, or `None` (skip) without python3.
+fn read_fxt(trace: &Path) -> Option<Value> {
+    if Command::new("python3").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 is missing on CI: the FXT trace cannot be checked"
+        );
+        eprintln!("skipped: python3 is missing, the FXT trace cannot be checked");
+        return None;
+    }
+    let script = workspace_root().join("tests/scripts/check_fxt.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(trace)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "check_fxt.py failed (exit 3: run `cargo xtask setup` to install the fxt package): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).expect("check_fxt.py prints JSON"))
+}
+
+fn is_spin(name: &str) -> bool {
+    name == "lb_spin" || name == "lb_noop"
+}
+
+#[test]
+fn fxt_trace_has_the_workload_functions_and_the_trigger() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("trace.fxt.gz");
+    let out = run_lookback(&trace, &[]);
+    let line = snapshot_line(&out);
+    assert_eq!(line["trace"].as_str(), trace.to_str());
+    assert!(line["snapshot"].is_null(), "no .lbsnap without --keep-raw");
+    assert!(!dir.path().join("trace.lbsnap").exists());
+    let Some(doc) = read_fxt(&trace) else { return };
+
+    let instants = doc["instants"].as_array().expect("instants");
+    let trigger = instants
+        .iter()
+        .find(|i| i["name"] == format!("trigger: {RULE}").as_str())
+        .unwrap_or_else(|| panic!("no trigger instant in {instants:?}"));
+    assert_eq!(trigger["args"]["rule"], RULE);
+    assert_eq!(trigger["args"]["kind"], "function");
+    assert!(trigger["args"]["duration_ns"].as_u64() > Some(20_000_000));
+
+    let threads = doc["threads"].as_array().expect("threads");
+    let bin = workload().canonicalize().expect("workload");
+    let bin = bin.to_string_lossy();
+    let mut spinning = 0;
+    for thread in threads {
+        let name = thread["name"].as_str().expect("thread name");
+        let (pid, tid) = (&thread["pid"], &thread["tid"]);
+        assert_eq!(name, format!("workload [{pid}] [{tid}]"));
+        let slices = thread["slices"].as_array().expect("slices");
+        if slices
+            .iter()
+            .any(|s| is_spin(s["name"].as_str().unwrap_or("")) && s["parent"] == "spin_thread")
+        {
+            spinning += 1;
+        }
+        for s in slices {
+            let name = s["name"].as_str().unwrap_or("");
+            if s["args"]["module"].as_str() == Some(&*bin) {
+                assert!(
+                    !name.starts_with("[unknown]"),
+                    "unresolved workload address: {s}"
+                );
+                assert!(
+                    s["args"]["location"]
+                        .as_str()
+                        .is_some_and(|l| l.contains("workload.c:")),
+                    "no file:line: {s}"
+                );
+            }
+        }
+    }
+    assert!(
+        spinning >= 2,
+        "lb_spin/lb_noop under spin_thread on {spinning} threads: {threads:#?}"
+    );
+}
+
+fn chrome_events(doc: &Value) -> &Vec<Value> {
+    doc["traceEvents"].as_array().expect("traceEvents")
+}
+
+/// B/E balance per thread, and the names of the slices directly under `parent`.
+fn children_of(events: &[Value], parent: &str) -> Vec<String> {
+    let mut stacks: std::collections::HashMap<(u64, u64), Vec<String>> = Default::default();
+    let mut children = Vec::new();
+    for e in events {
+        let key = (
+            e["pid"].as_u64().unwrap_or(0),
+            e["tid"].as_u64().unwrap_or(0),
+        );
+        let name = e["name"].as_str().unwrap_or("").to_owned();
+        let stack = stacks.entry(key).or_default();
+        match e["ph"].as_str() {
+            Some("B") => {
+                if stack.last().map(String::as_str) == Some(parent) {
+                    children.push(name.clone());
+                }
+                stack.push(name);
+            }
+            Some("E") => assert_eq!(stack.pop().as_deref(), Some(name.as_str()), "E matches B"),
+            _ => {}
+        }
+    }
+    assert!(stacks.values().all(Vec::is_empty), "every B has its E");
+    children
+}
+
+#[test]
+fn chrome_json_trace_and_decode_of_the_kept_snapshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("trace.json");
+    let out = run_lookback(&trace, &["--keep-raw"]);
+    let raw = dir.path().join("trace.lbsnap");
+    assert_eq!(snapshot_line(&out)["snapshot"].as_str(), raw.to_str());
+    for doc in [
+        serde_json::from_slice::<Value>(&std::fs::read(&trace).expect("trace.json"))
+            .expect("one JSON document"),
+        {
+            // The same snapshot, decoded offline into gzipped JSON.
+            let again = dir.path().join("again.json.gz");
+            let status = Command::new(lookback_bin())
+                .arg("decode")
+                .arg(&raw)
+                .arg("-o")
+                .arg(&again)
+                .status()
+                .expect("lookback decode");
+            assert!(status.success());
+            let file = std::fs::File::open(&again).expect("again.json.gz");
+            serde_json::from_reader(flate2::read::GzDecoder::new(file)).expect("gzipped JSON")
+        },
+    ] {
+        let events = chrome_events(&doc);
+        assert!(
+            events
+                .iter()
+                .any(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| e["ph"] == "i" && e["name"] == format!("trigger: {RULE}").as_str())
+        );
+        let under = children_of(events, "spin_thread");
+        assert!(
+            under.iter().any(|n| is_spin(n)),
+            "under spin_thread: {under:?}"
+        );
+    }
+    // Default output of decode: the stem + .fxt.gz.
+    let status = Command::new(lookback_bin())
+        .arg("decode")
+        .arg(&raw)
+        .status()
+        .expect("lookback decode");
+    assert!(status.success());
+    assert!(dir.path().join("trace.fxt.gz").is_file());
+}
