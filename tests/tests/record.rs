@@ -221,7 +221,7 @@ fn attach_records_a_running_multithreaded_process() {
         .expect("workload");
     let pid = target.id();
     let mut lookback = Command::new(lookback_bin())
-        .args(["attach", "--backend", "sampling", "-o"])
+        .args(["attach", "--backend", "sampling", "--keep-raw", "-o"])
         .arg(dir.path().join("trace.fxt.gz"))
         .args(["-p", &pid.to_string(), "--trigger", "func:lb_spin>30ms"])
         .stderr(Stdio::piped())
@@ -243,6 +243,10 @@ fn attach_records_a_running_multithreaded_process() {
         .expect("release");
     assert!(target.wait().expect("workload").success());
     assert!(lookback.wait().expect("lookback").success());
+    assert!(
+        dir.path().join("trace.fxt.gz").is_file(),
+        "the trace beside it"
+    );
     let snap = read_snapshot(&dir.path().join("trace.lbsnap"));
     assert_eq!(snap.meta.trigger.as_ref().expect("trigger").pid, pid);
     assert_covers_window(&snap, pid, 3);

@@ -1,6 +1,6 @@
 //! Trigger → snapshot → trace file, end to end through the `lookback` binary with the
 //! sampling backend (needs root), and the trace read back by parsers that share no code
-//! with the writer: the PyPI `fxt` package (tests/scripts/check_fxt.py, installed into
+//! with the writer: the `PyPI` `fxt` package (`tests/scripts/check_fxt.py`, installed into
 //! `.tools/python` by `cargo xtask setup`) for FXT, `serde_json` for Chrome JSON.
 use std::{
     path::Path,
@@ -54,7 +54,10 @@ fn read_fxt(trace: &Path) -> Option<Value> {
             std::env::var_os("CI").is_none(),
             "python3 is missing on CI: the FXT trace cannot be checked"
         );
-        eprintln!("skipped: python3 is missing, the FXT trace cannot be checked");
+        #[expect(clippy::print_stderr, reason = "a skipped test says why")]
+        {
+            eprintln!("skipped: python3 is missing, the FXT trace cannot be checked");
+        }
         return None;
     }
     let script = workspace_root().join("tests/scripts/check_fxt.py");
@@ -138,7 +141,8 @@ fn chrome_events(doc: &Value) -> &Vec<Value> {
 
 /// B/E balance per thread, and the names of the slices directly under `parent`.
 fn children_of(events: &[Value], parent: &str) -> Vec<String> {
-    let mut stacks: std::collections::HashMap<(u64, u64), Vec<String>> = Default::default();
+    let mut stacks: std::collections::HashMap<(u64, u64), Vec<String>> =
+        std::collections::HashMap::new();
     let mut children = Vec::new();
     for e in events {
         let key = (

@@ -4,8 +4,8 @@
 //! - bpf-linker 0.13, linked against that toolchain's own libLLVM (Debian's LLVM is too old,
 //!   see shared/docs/build-chain.md), into `.tools/bin`; rebuilt when the libLLVM changes;
 //! - tracefs mounted at /sys/kernel/tracing (root only);
-//! - the PyPI `fxt` parser into `.tools/python` (`pip install --target`), which
-//!   tests/scripts/check_fxt.py uses to read our FXT traces independently of the writer
+//! - the `PyPI` `fxt` parser into `.tools/python` (`pip install --target`), which
+//!   `tests/scripts/check_fxt.py` uses to read our FXT traces independently of the writer
 //!   (skipped with a warning when python3 or pip is missing).
 use std::{fs, path::Path, process::Command};
 
