@@ -1,5 +1,6 @@
-//! `cargo xtask demo`: builds lookback and a small C workload, then runs lookback on it with
-//! a latency trigger, so a newcomer sees the whole product in one command.
+//! `cargo xtask demo`: builds lookback and a small C workload, then records it with the
+//! sampling backend and a latency trigger and writes `target/demo/demo.fxt.gz`, so a
+//! newcomer sees the whole product in one command.
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
@@ -16,31 +17,57 @@ pub fn demo(env: &BuildEnv) -> Result<()> {
     let workload = out.join("demo-workload");
     let source = env.root.join("tests/workloads/demo.c");
     run(Command::new("cc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-mno-omit-leaf-frame-pointer",
+        ])
+        .args(["-pthread", "-o"])
         .arg(&workload)
         .arg(&source))
     .context("building the demo workload (needs a C compiler)")?;
+    let trace = out.join("demo.fxt.gz");
     println!();
-    println!("xtask demo: the workload calls handle_request() 40 times; a few calls take 8 ms,");
-    println!("the rest under 1 ms. lookback's uretprobe measures each call in the kernel and");
-    println!("only the slow ones reach userspace:");
+    println!("xtask demo: the workload calls handle_request() 40 times; a few calls take 8 ms");
+    println!("(a CPU-bound cold-cache scan), the rest under 1 ms. lookback samples the workload's");
+    println!("stacks into a ring buffer; its uretprobe measures each call in the kernel, and the");
+    println!("first slow one freezes the ring and turns the last milliseconds into a trace:");
     println!();
     println!(
-        "$ lookback run --dry-run --max-snapshots 0 --trigger 'func:handle_request>5ms' -- {}",
+        "$ lookback run --backend sampling --trigger 'func:handle_request>5ms' -o {} -- {}",
+        trace.display(),
         workload.display()
     );
+    let _ = std::fs::remove_file(&trace);
     run(Command::new(env.release_bin())
         .args([
             "run",
-            "--dry-run",
-            "--max-snapshots",
-            "0",
+            "--backend",
+            "sampling",
             "--trigger",
             "func:handle_request>5ms",
-            "--",
+            "-o",
         ])
+        .arg(&trace)
+        .arg("--")
         .arg(&workload))?;
+    let size = std::fs::metadata(&trace)
+        .with_context(|| format!("lookback wrote no {}", trace.display()))?
+        .len();
     println!();
-    println!("Each line above is one trigger decided in the kernel (rule, pid/tid, duration).");
+    println!(
+        "Wrote {} ({size} bytes): one track per thread, nested",
+        trace.display()
+    );
+    println!("slices per function (handle_request → query_database → scan_cold_cache →");
+    println!("hash_row) and an instant `trigger: func:handle_request>5ms` where the slow call");
+    println!("returned. To look at it:");
+    println!(
+        "  - https://ui.perfetto.dev → Open trace file → {}",
+        trace.display()
+    );
+    println!("  - https://magic-trace.org → open the same file");
+    println!("  - lookback run ... -o demo.json gives Chrome JSON (chrome://tracing, speedscope)");
     Ok(())
 }

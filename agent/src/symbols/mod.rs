@@ -114,6 +114,9 @@ impl<'a> Symbolizer<'a> {
             Some(file) => self.symbolize(&file, entry, addr, offset),
             None => unknown(addr, Some(&entry.path), "file not found".to_owned()),
         });
+        if let Some(reason) = &frame.unknown {
+            log::debug!("{addr:#x} ({} +{offset:#x}): {reason}", entry.path);
+        }
         self.cache.insert(key, Rc::clone(&frame));
         frame
     }
