@@ -8,17 +8,23 @@
 //! containers resolve; else the path as recorded), so this works after the process exited
 //! and on another machine that has the same files. Addresses become file offsets
 //! (`address - map.start + map.offset`), which blazesym turns into ELF addresses with the
-//! program headers. Results are cached per (module, file offset); misses are counted.
+//! program headers. Code the snapshot embeds because no file holds it (`[vdso]`) is written
+//! to a private temporary file, removed on drop, and read from there. Results are cached
+//! per (module, file offset); misses are counted.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
+use std::fs::{self, OpenOptions};
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::rc::Rc;
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
 
-use crate::capture::{MapEntry, ProcessMaps};
+use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
 
 /// A symbolized address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +43,9 @@ pub struct Frame {
 pub struct Symbolizer<'a> {
     blaze: Blaze,
     maps: HashMap<u32, &'a ProcessMaps>,
+    code: &'a [CodeRegion],
+    /// Embedded code written out for blazesym; removed on drop.
+    temp_files: Vec<PathBuf>,
     cache: HashMap<(String, u64), Rc<Frame>>,
     /// The file blazesym reads for each recorded path (`None`: none found).
     files: HashMap<(u32, String), Option<PathBuf>>,
@@ -74,10 +83,13 @@ fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
 }
 
 impl<'a> Symbolizer<'a> {
-    pub fn new(processes: &'a [ProcessMaps]) -> Self {
+    /// Symbolizes in the processes of `processes`, with the embedded `code` of the snapshot.
+    pub fn new(processes: &'a [ProcessMaps], code: &'a [CodeRegion]) -> Self {
         Self {
             blaze: Blaze::new(),
             maps: processes.iter().map(|p| (p.pid, p)).collect(),
+            code,
+            temp_files: Vec::new(),
             cache: HashMap::new(),
             files: HashMap::new(),
             misses: 0,
@@ -105,11 +117,14 @@ impl<'a> Symbolizer<'a> {
         if let Some(frame) = self.cache.get(&key) {
             return Rc::clone(frame);
         }
-        let file = self
-            .files
-            .entry((pid, entry.path.clone()))
-            .or_insert_with(|| locate(pid, entry))
-            .clone();
+        let file = match self.files.get(&(pid, entry.path.clone())) {
+            Some(file) => file.clone(),
+            None => {
+                let file = locate(pid, entry).or_else(|| self.embedded(pid, entry));
+                self.files.insert((pid, entry.path.clone()), file.clone());
+                file
+            }
+        };
         let frame = Rc::new(match file {
             Some(file) => self.symbolize(&file, entry, addr, offset),
             None => unknown(addr, Some(&entry.path), "file not found".to_owned()),
@@ -119,6 +134,36 @@ impl<'a> Symbolizer<'a> {
         }
         self.cache.insert(key, Rc::clone(&frame));
         frame
+    }
+
+    /// A temporary file holding the snapshot's copy of `entry` (`[vdso]`), when it has one.
+    fn embedded(&mut self, pid: u32, entry: &MapEntry) -> Option<PathBuf> {
+        let region = self
+            .code
+            .iter()
+            .find(|c| c.pid == pid && c.start == entry.start && c.path == entry.path)?;
+        if !region.data.starts_with(b"\x7fELF") || entry.offset != 0 {
+            return None;
+        }
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "lookback-code-{}-{seq}.elf",
+            std::process::id()
+        ));
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(&region.data));
+        if let Err(e) = written {
+            log::debug!("writing {}: {e}", path.display());
+            let _ = fs::remove_file(&path);
+            return None;
+        }
+        self.temp_files.push(path.clone());
+        Some(path)
     }
 
     fn symbolize(&self, file: &Path, entry: &MapEntry, addr: u64, offset: u64) -> Frame {
@@ -155,7 +200,7 @@ impl<'a> Symbolizer<'a> {
 #[cfg(test)]
 mod tests {
     use super::{Symbolizer, short};
-    use crate::capture::{MapEntry, ProcessMaps};
+    use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
 
     /// Maps of this test process, read from /proc/self/maps.
     fn own_maps() -> ProcessMaps {
@@ -197,7 +242,7 @@ mod tests {
     #[test]
     fn a_function_of_this_binary_resolves_by_file_offset() {
         let maps = [own_maps()];
-        let mut s = Symbolizer::new(&maps);
+        let mut s = Symbolizer::new(&maps, &[]);
         let addr = lookback_symbols_test_marker as *const () as u64;
         assert_eq!(lookback_symbols_test_marker(), 42);
         let frame = s.frame(std::process::id(), addr);
@@ -215,12 +260,41 @@ mod tests {
     #[test]
     fn unmapped_and_unknown_processes_are_unknown_frames() {
         let maps = [own_maps()];
-        let mut s = Symbolizer::new(&maps);
+        let mut s = Symbolizer::new(&maps, &[]);
         let f = s.frame(std::process::id(), 8);
         assert_eq!(f.name, "[unknown] 0x8");
         let f = s.frame(u32::MAX, 0x1000);
         assert!(f.unknown.as_deref().is_some_and(|r| r.contains("no maps")));
         assert_eq!(s.misses, 2);
         assert_eq!(short("/usr/lib/libc.so.6"), "libc.so.6");
+    }
+}
+
+#[cfg(test)]
+mod vdso_tests {
+    use super::Symbolizer;
+    use crate::capture::procmaps;
+
+    #[test]
+    fn the_vdso_resolves_from_the_embedded_copy_and_the_temp_file_goes_away() {
+        let pid = std::process::id();
+        let Ok(maps) = procmaps::read_process(pid, 0) else {
+            return;
+        };
+        let code = procmaps::read_code(&maps, crate::capture::EmbedCode::Auto);
+        let Some(vdso) = code.iter().find(|c| c.path == "[vdso]") else {
+            return;
+        };
+        let maps = [maps];
+        let mut s = Symbolizer::new(&maps, &code);
+        // Somewhere in the vDSO's text: any address that resolves to a named function.
+        let named = (0..vdso.data.len() as u64)
+            .step_by(16)
+            .map(|off| s.frame(pid, vdso.start + off))
+            .find(|f| f.unknown.is_none());
+        let temp = s.temp_files.clone();
+        drop(s);
+        assert!(named.is_some(), "no vDSO address resolved");
+        assert!(temp.iter().all(|p| !p.exists()), "temp files removed");
     }
 }

@@ -236,7 +236,7 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
     let sampled = samples::read(snap);
     let threads: Vec<&ThreadSamples> = sampled.threads.values().collect();
     let period = period_ns(snap, &threads);
-    let mut symbols = Symbolizer::new(&snap.maps);
+    let mut symbols = Symbolizer::new(&snap.maps, &snap.code);
     let mut summary = TraceSummary {
         threads: threads.len(),
         malformed_samples: sampled.malformed,
