@@ -203,6 +203,12 @@ fn several_snapshots_are_numbered() {
         assert_eq!(snap.meta.trigger.expect("trigger").rule, "func:lb_work>5ms");
     }
     assert!(!dir.path().join("trace-4.lbsnap").exists());
+    for name in ["trace.fxt.gz", "trace-2.fxt.gz", "trace-3.fxt.gz"] {
+        assert!(
+            dir.path().join(name).is_file(),
+            "{name} beside its snapshot"
+        );
+    }
     let lines = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         lines.lines().filter(|l| l.contains("\"snapshot\"")).count(),

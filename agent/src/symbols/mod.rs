@@ -18,8 +18,8 @@ use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
@@ -117,13 +117,12 @@ impl<'a> Symbolizer<'a> {
         if let Some(frame) = self.cache.get(&key) {
             return Rc::clone(frame);
         }
-        let file = match self.files.get(&(pid, entry.path.clone())) {
-            Some(file) => file.clone(),
-            None => {
-                let file = locate(pid, entry).or_else(|| self.embedded(pid, entry));
-                self.files.insert((pid, entry.path.clone()), file.clone());
-                file
-            }
+        let file = if let Some(file) = self.files.get(&(pid, entry.path.clone())) {
+            file.clone()
+        } else {
+            let file = locate(pid, entry).or_else(|| self.embedded(pid, entry));
+            self.files.insert((pid, entry.path.clone()), file.clone());
+            file
         };
         let frame = Rc::new(match file {
             Some(file) => self.symbolize(&file, entry, addr, offset),
@@ -138,6 +137,7 @@ impl<'a> Symbolizer<'a> {
 
     /// A temporary file holding the snapshot's copy of `entry` (`[vdso]`), when it has one.
     fn embedded(&mut self, pid: u32, entry: &MapEntry) -> Option<PathBuf> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
         let region = self
             .code
             .iter()
@@ -145,12 +145,9 @@ impl<'a> Symbolizer<'a> {
         if !region.data.starts_with(b"\x7fELF") || entry.offset != 0 {
             return None;
         }
-        static SEQ: AtomicU64 = AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "lookback-code-{}-{seq}.elf",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("lookback-code-{}-{seq}.elf", std::process::id()));
         let written = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -197,10 +194,18 @@ impl<'a> Symbolizer<'a> {
     }
 }
 
+impl Drop for Symbolizer<'_> {
+    fn drop(&mut self) {
+        for path in &self.temp_files {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Symbolizer, short};
-    use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
+    use crate::capture::{MapEntry, ProcessMaps};
 
     /// Maps of this test process, read from /proc/self/maps.
     fn own_maps() -> ProcessMaps {
