@@ -3,7 +3,7 @@
 //!
 //! In: the snapshot's [`ProcessMaps`] and (pid, address) pairs. Out: a [`Frame`] per
 //! address — the demangled function name, its module, `file:line` when the file has DWARF
-//! — or an unknown frame named `[unknown] 0xADDR (module)` (the reason is kept). Only the
+//! and the functions inlined there — or an unknown frame named `[unknown] 0xADDR (module)` (the reason is kept). Only the
 //! mapped files are read (through `/proc/PID/root` when the process is still alive, so
 //! containers resolve; else the path as recorded), so this works after the process exited
 //! and on another machine that has the same files. Addresses become file offsets
@@ -22,7 +22,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blazesym::symbolize::source::{Elf, Source};
-use blazesym::symbolize::{Input, Symbolized, Symbolizer as Blaze};
+use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as Blaze};
 
 use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
 
@@ -37,6 +37,18 @@ pub struct Frame {
     pub location: Option<String>,
     /// Why the address has no name (`None` when it has one).
     pub unknown: Option<String>,
+    /// Functions inlined at the address, outermost first (each called from the previous
+    /// one, the first from this function), when DWARF says so.
+    pub inlined: Vec<Frame>,
+}
+
+/// `file:line` (or just the file) of a code location.
+fn location(ci: &CodeInfo<'_>) -> String {
+    let path = ci.to_path();
+    match ci.line {
+        Some(line) => format!("{}:{line}", path.display()),
+        None => path.display().to_string(),
+    }
 }
 
 /// Symbolizes addresses of the processes in a snapshot.
@@ -63,6 +75,7 @@ fn unknown(addr: u64, module: Option<&str>, reason: String) -> Frame {
         module: module.map(str::to_owned),
         location: None,
         unknown: Some(reason),
+        inlined: Vec::new(),
     }
 }
 
@@ -171,18 +184,24 @@ impl<'a> Symbolizer<'a> {
             .map(|mut v| v.pop());
         match result {
             Ok(Some(Symbolized::Sym(sym))) => {
-                let location = sym.code_info.as_ref().map(|ci| {
-                    let path = ci.to_path();
-                    match ci.line {
-                        Some(line) => format!("{}:{line}", path.display()),
-                        None => path.display().to_string(),
-                    }
-                });
+                let module = Some(entry.path.clone());
+                let inlined = sym
+                    .inlined
+                    .iter()
+                    .map(|f| Frame {
+                        name: f.name.to_string(),
+                        module: module.clone(),
+                        location: f.code_info.as_ref().map(location),
+                        unknown: None,
+                        inlined: Vec::new(),
+                    })
+                    .collect();
                 Frame {
                     name: sym.name.into_owned(),
-                    module: Some(entry.path.clone()),
-                    location,
+                    module,
+                    location: sym.code_info.as_deref().map(location),
                     unknown: None,
+                    inlined,
                 }
             }
             Ok(Some(Symbolized::Unknown(reason))) => {

@@ -4,7 +4,7 @@
 //! In: a [`Snapshot`] and an output path. Out: the file, written atomically (temp file +
 //! rename, mode 0600) and streamed: records go out as slices are found, only the current
 //! thread's stacks are held. One track per thread named `comm [pid] [tid]`, nested slices
-//! named by demangled function (args `address`, `location` = `file:line`, `module`), and the
+//! named by demangled function (inlined functions nest inside their caller) (args `address`, `location` = `file:line`, `module`), and the
 //! trigger as an instant `trigger: <rule>` (args rule, kind, detail, pid, tid, `duration_ns`)
 //! on the trigger thread's track.
 //!
@@ -274,10 +274,7 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
                 frames: s
                     .addrs
                     .iter()
-                    .map(|&addr| At {
-                        frame: symbols.frame(thread.pid, addr),
-                        addr,
-                    })
+                    .flat_map(|&addr| expand(&symbols.frame(thread.pid, addr), addr))
                     .collect(),
             })
             .collect();
@@ -318,6 +315,19 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
     }
     summary.unknown_frames = symbols.misses;
     Ok(summary)
+}
+
+/// The frame of an address and the frames inlined there, outermost first.
+fn expand(frame: &Rc<Frame>, addr: u64) -> Vec<At> {
+    let mut all = vec![At {
+        frame: Rc::clone(frame),
+        addr,
+    }];
+    all.extend(frame.inlined.iter().map(|f| At {
+        frame: Rc::new(f.clone()),
+        addr,
+    }));
+    all
 }
 
 fn begin(sink: &mut impl TraceSink, key: (u32, u32), ts: u64, at: &At) -> io::Result<()> {
