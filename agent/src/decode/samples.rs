@@ -11,7 +11,9 @@
 use std::collections::BTreeMap;
 
 use crate::capture::RingKind;
-use crate::capture::records::{self, PERF_RECORD_COMM, PERF_RECORD_SAMPLE};
+use crate::capture::records::{
+    self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_SAMPLE,
+};
 use crate::snapshot::Snapshot;
 
 /// One sampled stack of a thread.
@@ -32,12 +34,38 @@ pub struct ThreadSamples {
     pub stacks: Vec<StackAt>,
 }
 
+/// Samples the kernel reported lost (`PERF_RECORD_LOST`, `PERF_RECORD_LOST_SAMPLES`), with
+/// the thread and time of the record when it carries them (`sample_id_all`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loss {
+    pub thread: Option<(u32, u32)>,
+    pub time_ns: Option<u64>,
+    pub count: u64,
+}
+
 /// All threads' samples and what could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Sampled {
     pub threads: BTreeMap<(u32, u32), ThreadSamples>,
     /// Sample records that could not be parsed or had no pid/tid/time.
     pub malformed: u64,
+    pub losses: Vec<Loss>,
+}
+
+/// The loss a LOST (id, lost) or `LOST_SAMPLES` (lost) record reports.
+fn loss(kind: u32, body: &[u8], sample_type: u64, id_all: bool) -> Option<Loss> {
+    let at = if kind == PERF_RECORD_LOST { 8 } else { 0 };
+    let count = u64::from_le_bytes(body.get(at..at + 8)?.try_into().ok()?);
+    let (thread, time_ns) = if id_all {
+        records::id_trailer(sample_type, body).unwrap_or((None, None))
+    } else {
+        (None, None)
+    };
+    Some(Loss {
+        thread,
+        time_ns,
+        count,
+    })
 }
 
 /// The user stack of `sample`, outermost first, return addresses moved into their call.
@@ -103,6 +131,11 @@ pub fn read(snap: &Snapshot) -> Sampled {
                         addrs: user_stack(&s),
                     });
                 }
+                PERF_RECORD_LOST | PERF_RECORD_LOST_SAMPLES => {
+                    let id_all = snap.meta.recorder.sample_id_all;
+                    out.losses
+                        .extend(loss(record.kind, record.body, sample_type, id_all));
+                }
                 PERF_RECORD_COMM => {
                     if let Some((pid, tid, name)) = comm_record(record.body) {
                         comms.insert((pid, tid), name);
@@ -121,8 +154,34 @@ pub fn read(snap: &Snapshot) -> Sampled {
 
 #[cfg(test)]
 mod tests {
-    use super::{comm_record, user_stack};
-    use crate::capture::records::{PERF_CONTEXT_USER, Sample};
+    use super::{Loss, comm_record, loss, user_stack};
+    use crate::capture::records::{
+        PERF_CONTEXT_USER, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, SAMPLE_TID, SAMPLE_TIME,
+        Sample,
+    };
+
+    #[test]
+    fn lost_records_say_how_many_and_where() {
+        let mut body = Vec::new();
+        body.extend(9u64.to_le_bytes()); // id
+        body.extend(5u64.to_le_bytes()); // lost
+        body.extend((7u64 << 32 | 3).to_le_bytes()); // pid 3, tid 7
+        body.extend(1234u64.to_le_bytes()); // time
+        let st = SAMPLE_TID | SAMPLE_TIME;
+        assert_eq!(
+            loss(PERF_RECORD_LOST, &body, st, true),
+            Some(Loss {
+                thread: Some((3, 7)),
+                time_ns: Some(1234),
+                count: 5
+            })
+        );
+        assert_eq!(
+            loss(PERF_RECORD_LOST_SAMPLES, &body[8..], st, false).map(|l| l.count),
+            Some(5)
+        );
+        assert_eq!(loss(PERF_RECORD_LOST, &body[..12], st, true), None);
+    }
 
     #[test]
     fn user_stacks_are_outermost_first_with_callers_moved_into_the_call() {

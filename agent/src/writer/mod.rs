@@ -6,7 +6,8 @@
 //! thread's stacks are held. One track per thread named `comm [pid] [tid]`, nested slices
 //! named by demangled function (inlined functions nest inside their caller) (args `address`, `location` = `file:line`, `module`), and the
 //! trigger as an instant `trigger: <rule>` (args rule, kind, detail, pid, tid, `duration_ns`)
-//! on the trigger thread's track.
+//! on the trigger thread's track; samples the kernel lost show as instants `[lost samples]`
+//! (arg `lost`).
 //!
 //! Timestamps are absolute `CLOCK_MONOTONIC` nanoseconds, the clock of the samples and of
 //! `trigger_time_ns` (FXT: 1 tick = 1 ns; JSON: microseconds with a fraction), so a trace
@@ -139,6 +140,8 @@ pub struct TraceSummary {
     pub unknown_frames: u64,
     /// Sample records that could not be read.
     pub malformed_samples: u64,
+    /// Samples the kernel reported lost (each loss is an instant `[lost samples]`).
+    pub lost_samples: u64,
 }
 
 /// Writes the trace of `snap` to `path` (format and compression from the name).
@@ -307,6 +310,10 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         }
         trigger_done |= trigger.is_some_and(|t| (t.pid, t.tid) == key);
     }
+    for loss in &sampled.losses {
+        summary.lost_samples += loss.count;
+        lost_instant(sink, snap, loss, threads.first().map(|t| (t.pid, t.tid)))?;
+    }
     if let Some(t) = trigger.filter(|_| !trigger_done) {
         // The trigger thread was never sampled: give it its own track.
         let comm = if t.comm.is_empty() { "?" } else { &t.comm };
@@ -339,6 +346,29 @@ fn begin(sink: &mut impl TraceSink, key: (u32, u32), ts: u64, at: &At) -> io::Re
         args.push(Arg::new("module", ArgValue::Str(module)));
     }
     sink.begin(key, ts, &at.frame.name, &args)
+}
+
+/// An instant `[lost samples]` on the loss's thread (else `fallback`'s), at its time (else
+/// the window's start).
+fn lost_instant(
+    sink: &mut impl TraceSink,
+    snap: &Snapshot,
+    loss: &samples::Loss,
+    fallback: Option<(u32, u32)>,
+) -> io::Result<()> {
+    let Some(thread) = loss.thread.or(fallback) else {
+        return Ok(());
+    };
+    let ts = loss
+        .time_ns
+        .or(snap.meta.window_start_ns)
+        .unwrap_or(snap.meta.freeze_time_ns);
+    sink.instant(
+        thread,
+        ts,
+        "[lost samples]",
+        &[Arg::new("lost", ArgValue::U64(loss.count))],
+    )
 }
 
 fn trigger_instant(sink: &mut impl TraceSink, t: &TriggerMeta) -> io::Result<()> {
