@@ -2,10 +2,11 @@
 //! name ends in `.gz`).
 //!
 //! In: a [`Snapshot`] and an output path. Out: the file, written atomically (temp file +
-//! rename, mode 0600) and streamed: records go out as slices are found, only the current
-//! thread's stacks are held. One track per thread named `comm [pid] [tid]`, nested slices
-//! named by demangled function (inlined functions nest inside their caller) (args `address`, `location` = `file:line`, `module`), and the
-//! trigger as an instant `trigger: <rule>` (args rule, kind, detail, pid, tid, `duration_ns`)
+//! rename, mode 0600) and streamed: the decoded samples are held (like the snapshot), but
+//! records go out as each thread's slices are found and the trace is never built in memory.
+//! One track per thread named `comm [pid] [tid]`; nested slices named by demangled function,
+//! inlined functions nested inside their caller (args `address`, `location` =
+//! `file:line`, `module`); the trigger as an instant `trigger: <rule>` (args rule, kind, detail, pid, tid, `duration_ns`)
 //! on the trigger thread's track; samples the kernel lost show as instants `[lost samples]`
 //! (arg `lost`).
 //!
