@@ -240,11 +240,17 @@ impl<W: Write> FxtWriter<W> {
         name: &str,
         process: Option<u64>,
     ) -> io::Result<()> {
-        let name = self.string(name)?;
-        let arg_name = if process.is_some() {
-            self.string("process")?
-        } else {
-            0
+        let (name, arg_name) = loop {
+            let generation = self.generation;
+            let name = self.string(name)?;
+            let arg_name = if process.is_some() {
+                self.string("process")?
+            } else {
+                0
+            };
+            if generation == self.generation {
+                break (name, arg_name);
+            }
         };
         let nargs = u64::from(process.is_some());
         let header = RECORD_KERNEL_OBJECT
@@ -361,6 +367,54 @@ mod tests {
         assert_eq!(events, 3);
         // lookback, main, address, file, a.c:3
         assert_eq!(strings, 5);
+    }
+
+    /// Reads back the name of every event record, resolving string references through the
+    /// string records seen so far (the table as a reader keeps it).
+    fn event_names(words: &[u64]) -> Vec<String> {
+        let mut table = HashMap::new();
+        let mut names = Vec::new();
+        let mut at = 1;
+        while at < words.len() {
+            let h = words[at];
+            let size = usize::try_from((h >> 4) & 0xfff).unwrap();
+            match h & 0xf {
+                RECORD_STRING => {
+                    let len = usize::try_from((h >> 32) & 0x7fff).unwrap();
+                    let bytes: Vec<u8> = words[at + 1..at + size]
+                        .iter()
+                        .flat_map(|w| w.to_le_bytes())
+                        .take(len)
+                        .collect();
+                    table.insert((h >> 16) & 0x7fff, String::from_utf8(bytes).unwrap());
+                }
+                RECORD_EVENT => names.push(table[&(h >> 48)].clone()),
+                _ => {}
+            }
+            at += size;
+        }
+        names
+    }
+
+    #[test]
+    fn a_full_string_table_is_refilled_and_references_stay_right() {
+        let mut w = FxtWriter::new(Vec::new()).unwrap();
+        let n = 40_000;
+        for i in 0..n {
+            w.instant((1, 1), i, &format!("f{i}"), &[]).unwrap();
+        }
+        // An early name again, after the refill: defined anew.
+        w.instant((1, 1), n, "f3", &[]).unwrap();
+        let words = u64s(&w.into_inner().unwrap());
+        let names = event_names(&words);
+        assert_eq!(names.len(), 40_001);
+        assert!(
+            names[..40_000]
+                .iter()
+                .enumerate()
+                .all(|(i, s)| *s == format!("f{i}"))
+        );
+        assert_eq!(names[40_000], "f3");
     }
 
     #[test]
