@@ -13,7 +13,8 @@
 //! was not running, or samples were lost); frames that appear in `b` begin at that same
 //! midpoint, or at `b` itself after such a gap. Frames present in the first sample begin at
 //! its time; frames still open after the last sample end one period after it, so a single
-//! sample becomes slices one period long.
+//! sample becomes slices one period long. Such a gap is a [`StackEvent::Gap`] of its own,
+//! nested in the frames both samples share.
 #![forbid(unsafe_code)]
 
 /// One sample: when, and the stack (outermost frame first).
@@ -26,8 +27,20 @@ pub struct StackSample<F> {
 /// A slice boundary. Ends always close the innermost open slice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StackEvent<F> {
-    Begin { ts: u64, frame: F },
-    End { ts: u64 },
+    Begin {
+        ts: u64,
+        frame: F,
+    },
+    End {
+        ts: u64,
+    },
+    /// No samples from `start` to `end` (more than two periods apart: the thread was off
+    /// the CPU, or samples were lost): a slice of its own inside the frames that are open,
+    /// which the writer names `[untraced]`.
+    Gap {
+        start: u64,
+        end: u64,
+    },
 }
 
 /// Where slices that leave between a sample at `prev` and one at `next` end, and where the
@@ -64,6 +77,12 @@ pub fn slices<F: Clone>(
             events.push(StackEvent::End { ts: end_ts });
         }
         open.truncate(common);
+        if begin_ts > end_ts {
+            events.push(StackEvent::Gap {
+                start: end_ts,
+                end: begin_ts,
+            });
+        }
         for frame in &sample.frames[common..] {
             events.push(StackEvent::Begin {
                 ts: begin_ts,
@@ -98,6 +117,7 @@ mod tests {
             .map(|e| match e {
                 StackEvent::Begin { ts, frame } => format!("+{frame}@{ts}"),
                 StackEvent::End { ts } => format!("-@{ts}"),
+                StackEvent::Gap { start, end } => format!("gap@{start}-{end}"),
             })
             .collect()
     }
@@ -105,7 +125,7 @@ mod tests {
     /// Every End closes a Begin, and nothing stays open.
     fn assert_nested(events: &[String]) {
         let mut depth = 0i32;
-        for e in events {
+        for e in events.iter().filter(|e| !e.starts_with("gap")) {
             depth += if e.starts_with('+') { 1 } else { -1 };
             assert!(depth >= 0, "{events:?}");
         }
@@ -199,7 +219,18 @@ mod tests {
             &[sample(0, &["main", "a"]), sample(100, &["main", "b"])],
             10,
         );
-        assert_eq!(ev, ["+main@0", "+a@0", "-@10", "+b@100", "-@110", "-@110"]);
+        assert_eq!(
+            ev,
+            [
+                "+main@0",
+                "+a@0",
+                "-@10",
+                "gap@10-100",
+                "+b@100",
+                "-@110",
+                "-@110"
+            ]
+        );
     }
 
     #[test]

@@ -1,22 +1,24 @@
 //! Symbols stage: addresses of a snapshot's processes → function names and source lines,
 //! with blazesym.
 //!
-//! In: the snapshot's [`ProcessMaps`] and (pid, address) pairs. Out: a [`Frame`] per
-//! address — the demangled function name, its module, `file:line` when the file has DWARF
-//! and the functions inlined there — or an unknown frame named `[unknown] 0xADDR (module)` (the reason is kept). Only the
-//! mapped files are read (through `/proc/PID/root` when the process is still alive, so
-//! containers resolve; else the path as recorded), so this works after the process exited
-//! and on another machine that has the same files. Addresses become file offsets
-//! (`address - map.start + map.offset`), which blazesym turns into ELF addresses with the
-//! program headers. Code the snapshot embeds because no file holds it (`[vdso]`) is written
-//! to a private temporary file, removed on drop, and read from there. Results are cached
-//! per (module, file offset); misses are counted.
+//! In: the snapshot's [`ProcessMaps`] and embedded code, and (pid, address) pairs. Out: a
+//! [`Frame`] per address — the demangled function name, its module, `file:line` when the
+//! file has DWARF, and the functions inlined there — or an unknown frame named
+//! `[unknown] 0xADDR (module)` (the reason is kept).
+//!
+//! Only the mapped files are read: the recorded path when it is the same inode, else
+//! through `/proc/PID/root` while the process lives (containers), else the recorded path;
+//! so this works after the process exited and on another machine with the same files.
+//! Addresses become file offsets (`address - map.start + map.offset`), which blazesym turns
+//! into ELF addresses with the program headers. Code the snapshot embeds because no file
+//! holds it (`[vdso]`) is written to a private temporary file, removed on drop, and read
+//! from there. Results are cached per (module, file offset); misses are counted.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,10 +91,14 @@ fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
     if !entry.is_file() || entry.path.ends_with(" (deleted)") {
         return None;
     }
+    let plain = PathBuf::from(&entry.path);
+    // The path as recorded, when it is the very file that was mapped (same inode): stable,
+    // unlike `/proc/PID/root/...`, which vanishes when the process exits.
+    if fs::metadata(&plain).is_ok_and(|m| m.is_file() && m.ino() == entry.inode) {
+        return Some(plain);
+    }
     let in_root = PathBuf::from(format!("/proc/{pid}/root{}", entry.path));
-    [in_root, PathBuf::from(&entry.path)]
-        .into_iter()
-        .find(|p| p.is_file())
+    [in_root, plain].into_iter().find(|p| p.is_file())
 }
 
 impl<'a> Symbolizer<'a> {

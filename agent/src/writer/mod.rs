@@ -8,7 +8,8 @@
 //! inlined functions nested inside their caller (args `address`, `location` =
 //! `file:line`, `module`); the trigger as an instant `trigger: <rule>` (args rule, kind, detail, pid, tid, `duration_ns`)
 //! on the trigger thread's track; samples the kernel lost show as instants `[lost samples]`
-//! (arg `lost`).
+//! (arg `lost`), stretches without samples (more than two periods) as slices `[untraced]`
+//! inside the frames around them.
 //!
 //! Timestamps are absolute `CLOCK_MONOTONIC` nanoseconds, the clock of the samples and of
 //! `trigger_time_ns` (FXT: 1 tick = 1 ns; JSON: microseconds with a fraction), so a trace
@@ -130,6 +131,9 @@ pub enum WriterError {
         source: io::Error,
     },
 }
+
+/// The slice name of a stretch without samples.
+pub const UNTRACED: &str = "[untraced]";
 
 /// What went into a trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -275,10 +279,14 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
             .iter()
             .map(|s| StackSample {
                 time_ns: s.time_ns,
+                // Outermost entries outside every mapping are what a frame-pointer walk
+                // reads past the end of the stack (0, small numbers): not frames.
                 frames: s
                     .addrs
                     .iter()
-                    .flat_map(|&addr| expand(&symbols.frame(thread.pid, addr), addr))
+                    .map(|&addr| (symbols.frame(thread.pid, addr), addr))
+                    .skip_while(|(frame, _)| frame.module.is_none())
+                    .flat_map(|(frame, addr)| expand(&frame, addr))
                     .collect(),
             })
             .collect();
@@ -288,7 +296,9 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         let mut open: Vec<Rc<Frame>> = Vec::new();
         for event in events {
             let ts = match &event {
-                StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts,
+                StackEvent::Begin { ts, .. }
+                | StackEvent::End { ts }
+                | StackEvent::Gap { start: ts, .. } => *ts,
             };
             if let Some(t) = pending.filter(|t| t.trigger_time_ns < ts) {
                 trigger_instant(sink, t)?;
@@ -303,6 +313,10 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
                 StackEvent::End { ts } => {
                     let name = open.pop().map(|f| f.name.clone()).unwrap_or_default();
                     sink.end(key, ts, &name)?;
+                }
+                StackEvent::Gap { start, end } => {
+                    sink.begin(key, start, UNTRACED, &[])?;
+                    sink.end(key, end, UNTRACED)?;
                 }
             }
         }
