@@ -243,93 +243,34 @@ struct At {
 pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
     let sampled = samples::read(snap);
     let threads: Vec<&ThreadSamples> = sampled.threads.values().collect();
-    let period = period_ns(snap, &threads);
     let mut symbols = Symbolizer::new(&snap.maps, &snap.code);
     let mut summary = TraceSummary {
         threads: threads.len(),
         malformed_samples: sampled.malformed,
         ..TraceSummary::default()
     };
-    let trigger = snap.meta.trigger.as_ref().filter(|t| t.pid != 0);
-    let comm_of = |pid: u32| {
-        snap.maps
-            .iter()
-            .find(|m| m.pid == pid)
-            .map(|m| m.comm.clone())
-            .filter(|c| !c.is_empty())
+    let ctx = Context {
+        snap,
+        period_ns: period_ns(snap, &threads),
+        trigger: snap.meta.trigger.as_ref().filter(|t| t.pid != 0),
     };
     let mut named = std::collections::BTreeSet::new();
     for thread in &threads {
         if named.insert(thread.pid) {
-            let comm = comm_of(thread.pid).unwrap_or_else(|| "?".to_owned());
+            let comm = ctx.comm_of(thread.pid).unwrap_or_else(|| "?".to_owned());
             sink.process(thread.pid, &format!("{comm} [{}]", thread.pid))?;
         }
     }
-    let mut trigger_done = false;
     for thread in &threads {
-        let comm = thread
-            .comm
-            .clone()
-            .or_else(|| comm_of(thread.pid))
-            .unwrap_or_else(|| "?".to_owned());
-        let key = (thread.pid, thread.tid);
-        sink.thread(key.0, key.1, &format!("{comm} [{}] [{}]", key.0, key.1))?;
-        let stacks: Vec<StackSample<At>> = thread
-            .stacks
-            .iter()
-            .map(|s| StackSample {
-                time_ns: s.time_ns,
-                // Outermost entries outside every mapping are what a frame-pointer walk
-                // reads past the end of the stack (0, small numbers): not frames.
-                frames: s
-                    .addrs
-                    .iter()
-                    .map(|&addr| (symbols.frame(thread.pid, addr), addr))
-                    .skip_while(|(frame, _)| frame.module.is_none())
-                    .flat_map(|(frame, addr)| expand(&frame, addr))
-                    .collect(),
-            })
-            .collect();
-        summary.samples += stacks.len() as u64;
-        let events = stacks::slices(&stacks, period, |a, b| a.frame.name == b.frame.name);
-        let mut pending = trigger.filter(|t| (t.pid, t.tid) == key);
-        let mut open: Vec<Rc<Frame>> = Vec::new();
-        for event in events {
-            let ts = match &event {
-                StackEvent::Begin { ts, .. }
-                | StackEvent::End { ts }
-                | StackEvent::Gap { start: ts, .. } => *ts,
-            };
-            if let Some(t) = pending.filter(|t| t.trigger_time_ns < ts) {
-                trigger_instant(sink, t)?;
-                pending = None;
-            }
-            match event {
-                StackEvent::Begin { ts, frame } => {
-                    summary.slices += 1;
-                    begin(sink, key, ts, &frame)?;
-                    open.push(frame.frame);
-                }
-                StackEvent::End { ts } => {
-                    let name = open.pop().map(|f| f.name.clone()).unwrap_or_default();
-                    sink.end(key, ts, &name)?;
-                }
-                StackEvent::Gap { start, end } => {
-                    sink.begin(key, start, UNTRACED, &[])?;
-                    sink.end(key, end, UNTRACED)?;
-                }
-            }
-        }
-        if let Some(t) = pending {
-            trigger_instant(sink, t)?;
-        }
-        trigger_done |= trigger.is_some_and(|t| (t.pid, t.tid) == key);
+        emit_thread(&ctx, sink, thread, &mut symbols, &mut summary)?;
     }
     for loss in &sampled.losses {
         summary.lost_samples += loss.count;
         lost_instant(sink, snap, loss, threads.first().map(|t| (t.pid, t.tid)))?;
     }
-    if let Some(t) = trigger.filter(|_| !trigger_done) {
+    let sampled_trigger_thread =
+        |t: &TriggerMeta| threads.iter().any(|th| (th.pid, th.tid) == (t.pid, t.tid));
+    if let Some(t) = ctx.trigger.filter(|t| !sampled_trigger_thread(t)) {
         // The trigger thread was never sampled: give it its own track.
         let comm = if t.comm.is_empty() { "?" } else { &t.comm };
         sink.thread(t.pid, t.tid, &format!("{comm} [{}] [{}]", t.pid, t.tid))?;
@@ -337,6 +278,98 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
     }
     summary.unknown_frames = symbols.misses;
     Ok(summary)
+}
+
+/// What every thread's part of the trace needs from the snapshot.
+struct Context<'a> {
+    snap: &'a Snapshot,
+    period_ns: u64,
+    /// The trigger, when it names a thread.
+    trigger: Option<&'a TriggerMeta>,
+}
+
+impl Context<'_> {
+    fn comm_of(&self, pid: u32) -> Option<String> {
+        self.snap
+            .maps
+            .iter()
+            .find(|m| m.pid == pid)
+            .map(|m| m.comm.clone())
+            .filter(|c| !c.is_empty())
+    }
+}
+
+/// The symbolized stacks of `thread`, outermost frame first. Outermost entries outside
+/// every mapping are what a frame-pointer walk reads past the end of the stack (0, small
+/// numbers): not frames, dropped.
+fn symbolized(thread: &ThreadSamples, symbols: &mut Symbolizer<'_>) -> Vec<StackSample<At>> {
+    thread
+        .stacks
+        .iter()
+        .map(|s| StackSample {
+            time_ns: s.time_ns,
+            frames: s
+                .addrs
+                .iter()
+                .map(|&addr| (symbols.frame(thread.pid, addr), addr))
+                .skip_while(|(frame, _)| frame.module.is_none())
+                .flat_map(|(frame, addr)| expand(&frame, addr))
+                .collect(),
+        })
+        .collect()
+}
+
+/// One thread's track: its name, its slices, and the trigger instant when it is the
+/// trigger's thread.
+fn emit_thread(
+    ctx: &Context<'_>,
+    sink: &mut impl TraceSink,
+    thread: &ThreadSamples,
+    symbols: &mut Symbolizer<'_>,
+    summary: &mut TraceSummary,
+) -> io::Result<()> {
+    let key = (thread.pid, thread.tid);
+    let comm = thread
+        .comm
+        .clone()
+        .or_else(|| ctx.comm_of(thread.pid))
+        .unwrap_or_else(|| "?".to_owned());
+    sink.thread(key.0, key.1, &format!("{comm} [{}] [{}]", key.0, key.1))?;
+    let stacks = symbolized(thread, symbols);
+    summary.samples += stacks.len() as u64;
+    let events = stacks::slices(&stacks, ctx.period_ns, |a, b| a.frame.name == b.frame.name);
+    let mut pending = ctx.trigger.filter(|t| (t.pid, t.tid) == key);
+    let mut open: Vec<Rc<Frame>> = Vec::new();
+    for event in events {
+        let ts = match &event {
+            StackEvent::Begin { ts, .. }
+            | StackEvent::End { ts }
+            | StackEvent::Gap { start: ts, .. } => *ts,
+        };
+        if let Some(t) = pending.filter(|t| t.trigger_time_ns < ts) {
+            trigger_instant(sink, t)?;
+            pending = None;
+        }
+        match event {
+            StackEvent::Begin { ts, frame } => {
+                summary.slices += 1;
+                begin(sink, key, ts, &frame)?;
+                open.push(frame.frame);
+            }
+            StackEvent::End { ts } => {
+                let name = open.pop().map(|f| f.name.clone()).unwrap_or_default();
+                sink.end(key, ts, &name)?;
+            }
+            StackEvent::Gap { start, end } => {
+                sink.begin(key, start, UNTRACED, &[])?;
+                sink.end(key, end, UNTRACED)?;
+            }
+        }
+    }
+    match pending {
+        Some(t) => trigger_instant(sink, t),
+        None => Ok(()),
+    }
 }
 
 /// The frame of an address and the frames inlined there, outermost first.
