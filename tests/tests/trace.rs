@@ -216,4 +216,22 @@ fn chrome_json_trace_and_decode_of_the_kept_snapshot() {
         .expect("lookback decode");
     assert!(status.success());
     assert!(dir.path().join("trace.fxt.gz").is_file());
+
+    // A PT snapshot (the same file relabelled) is refused with a clear message, exit 1.
+    let mut snap = lookback::snapshot::read(&raw).expect("readable snapshot");
+    snap.meta.backend = lookback::capture::Backend::IntelPt;
+    let pt = dir.path().join("pt.lbsnap");
+    lookback::snapshot::write_atomic(&pt, &snap).expect("write");
+    let out = Command::new(lookback_bin())
+        .arg("decode")
+        .arg(&pt)
+        .output()
+        .expect("lookback decode");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("PT snapshot decoding to a trace is not implemented yet"),
+        "{err}"
+    );
+    assert!(!dir.path().join("pt.fxt.gz").exists());
 }
