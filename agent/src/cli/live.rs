@@ -336,11 +336,16 @@ async fn on_trigger(
     if !post.is_zero() {
         tokio::time::sleep(post).await;
     }
-    let path = recording.snapshot(Some((rule, event)))?;
+    let written = recording.snapshot(Some((rule, event)))?;
     if session.json {
         println!(
             "{}",
-            json!({ "snapshot": path, "rule": rule, "trigger": event })
+            json!({
+                "snapshot": written.snapshot,
+                "trigger_to_freeze_ns": written.trigger_to_freeze_ns,
+                "rule": rule,
+                "trigger": event,
+            })
         );
     }
     live.snapshots += 1;

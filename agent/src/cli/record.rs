@@ -64,8 +64,7 @@ impl Recording {
     }
 
     /// Freezes, writes the snapshot for `trigger` (`None`: at exit or on Ctrl-C), resumes.
-    /// Returns the file written.
-    pub fn snapshot(&mut self, trigger: Option<(&str, &TriggerEvent)>) -> anyhow::Result<PathBuf> {
+    pub fn snapshot(&mut self, trigger: Option<(&str, &TriggerEvent)>) -> anyhow::Result<Written> {
         let data = self.recorder.freeze().context("freezing the recorder")?;
         let meta = match trigger {
             Some((rule, event)) => trigger_meta(rule, event),
@@ -98,8 +97,20 @@ impl Recording {
                 .map_or_else(|| "-".to_owned(), format_ns)
         );
         resumed.context("resuming the recorder")?;
-        Ok(path)
+        Ok(Written {
+            snapshot: path,
+            trigger_to_freeze_ns: snap.meta.trigger_to_freeze_ns,
+        })
     }
+}
+
+/// What one snapshot produced.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Written {
+    /// The `.lbsnap` bundle.
+    pub snapshot: PathBuf,
+    /// Kernel trigger timestamp to the rings stopping.
+    pub trigger_to_freeze_ns: Option<u64>,
 }
 
 fn trigger_meta(rule: &str, event: &TriggerEvent) -> TriggerMeta {
