@@ -70,7 +70,73 @@ pub fn bench(env: &BuildEnv) -> Result<()> {
             bt.transpose()?,
         );
     }
-    syscall_rows(&lookback, &workload, bpftrace.as_deref())
+    syscall_rows(&lookback, &workload, bpftrace.as_deref())?;
+    freeze_latency(env, &lookback, &workload)
+}
+
+/// Trigger → freeze latency of the sampling backend over 1000 triggers: the kernel's
+/// trigger timestamp to the moment the rings stopped, as recorded in each snapshot.
+fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path) -> Result<()> {
+    const TRIGGERS: usize = 1000;
+    let dir = env.root.join("target/bench/freeze");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // One slow call (10 ms) after another: each returns, triggers, and is frozen (and its
+    // snapshot written, ~3 ms here) before the next trigger, so queueing in lookback does
+    // not inflate the numbers. `-o *.lbsnap` writes raw snapshots only: turning each into a
+    // trace (symbolization) would take longer than the 10 ms between triggers.
+    let out = Command::new(lookback)
+        .args([
+            "-q",
+            "run",
+            "--backend",
+            "sampling",
+            "--json",
+            "--max-snapshots",
+            "0",
+        ])
+        .args(["--trigger", "func:lb_work>1ms", "-o"])
+        .arg(dir.join("trace.lbsnap"))
+        .arg("--")
+        .arg(workload)
+        .args(["calls", &TRIGGERS.to_string(), "1", "10000", "0", "1"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running lookback")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lat: Vec<u64> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.split("\"trigger_to_freeze_ns\":").nth(1)?;
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    if lat.is_empty() {
+        bail!("no trigger_to_freeze_ns in lookback's output");
+    }
+    lat.sort_unstable();
+    let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];
+    println!();
+    println!("| trigger → freeze (sampling) | triggers | p50 | p90 | p99 | max |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| `func:lb_work>1ms`, one every 10 ms | {} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs |",
+        lat.len(),
+        us(pct(50)),
+        us(pct(90)),
+        us(pct(99)),
+        us(lat[lat.len() - 1])
+    );
+    Ok(())
+}
+
+#[expect(clippy::cast_precision_loss, reason = "display only")]
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
 }
 
 fn syscall_rows(lookback: &Path, workload: &Path, bpftrace: Option<&Path>) -> Result<()> {

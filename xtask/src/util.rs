@@ -80,7 +80,14 @@ pub fn is_root() -> bool {
 
 /// Builds the workspace (debug, all targets) and, with `release`, the release binary.
 pub fn build(env: &BuildEnv, release: bool) -> Result<()> {
-    run(env.cargo().args(["build", "--workspace", "--all-targets"]))?;
+    // The eBPF crate builds only for the BPF target (agent/build.rs does that).
+    run(env.cargo().args([
+        "build",
+        "--workspace",
+        "--exclude",
+        "lookback-ebpf",
+        "--all-targets",
+    ]))?;
     if release {
         run(env.cargo().args(["build", "--release", "-p", "lookback"]))?;
     }

@@ -340,7 +340,13 @@ async fn on_trigger(
     if session.json {
         println!(
             "{}",
-            json!({ "snapshot": files.raw, "trace": files.trace, "rule": rule, "trigger": event })
+            json!({
+                "snapshot": files.raw,
+                "trace": files.trace,
+                "trigger_to_freeze_ns": files.trigger_to_freeze_ns,
+                "rule": rule,
+                "trigger": event,
+            })
         );
     }
     live.snapshots += 1;

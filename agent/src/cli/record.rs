@@ -39,6 +39,8 @@ pub struct SnapshotFiles {
     pub trace: Option<PathBuf>,
     /// The raw snapshot, when kept.
     pub raw: Option<PathBuf>,
+    /// Kernel trigger timestamp to the rings stopping, when there was a trigger.
+    pub trigger_to_freeze_ns: Option<u64>,
 }
 
 /// A live recorder and the snapshots written so far.
@@ -117,12 +119,22 @@ impl Recording {
         );
         let files = self.write_trace(&snap, path);
         resumed.context("resuming the recorder")?;
-        Ok(files)
+        Ok(SnapshotFiles {
+            trigger_to_freeze_ns: snap.meta.trigger_to_freeze_ns,
+            ..files
+        })
     }
 
     /// Writes the trace of `snap` (the `.lbsnap` at `raw` is already on disk) and removes
     /// `raw` unless it is to be kept or no trace could be written.
     fn write_trace(&self, snap: &Snapshot, raw: PathBuf) -> SnapshotFiles {
+        if raw_only(&self.opts.output) {
+            return SnapshotFiles {
+                trace: None,
+                raw: Some(raw),
+                trigger_to_freeze_ns: None,
+            };
+        }
         let trace = numbered_trace(&self.opts.output, self.written);
         let started = std::time::Instant::now();
         match writer::write_trace(snap, &trace) {
@@ -140,6 +152,7 @@ impl Recording {
                     return SnapshotFiles {
                         trace: Some(trace),
                         raw: Some(raw),
+                        trigger_to_freeze_ns: None,
                     };
                 }
                 if let Err(e) = std::fs::remove_file(&raw) {
@@ -148,6 +161,7 @@ impl Recording {
                 SnapshotFiles {
                     trace: Some(trace),
                     raw: None,
+                    trigger_to_freeze_ns: None,
                 }
             }
             Err(e) => {
@@ -159,6 +173,7 @@ impl Recording {
                 SnapshotFiles {
                     trace: None,
                     raw: Some(raw),
+                    trigger_to_freeze_ns: None,
                 }
             }
         }
@@ -212,6 +227,13 @@ pub fn numbered(output: &Path, n: u32) -> PathBuf {
     output.with_file_name(file)
 }
 
+/// `-o x.lbsnap`: raw snapshots only, no trace files.
+fn raw_only(output: &Path) -> bool {
+    output
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("lbsnap"))
+}
+
 /// The n-th trace file: `trace.fxt.gz` itself, then `trace-2.fxt.gz`, ...
 pub fn numbered_trace(output: &Path, n: u32) -> PathBuf {
     if n <= 1 {
@@ -225,7 +247,14 @@ pub fn numbered_trace(output: &Path, n: u32) -> PathBuf {
 mod tests {
     use std::path::Path;
 
-    use super::{numbered, numbered_trace};
+    use super::{numbered, numbered_trace, raw_only};
+
+    #[test]
+    fn an_lbsnap_output_means_snapshots_only() {
+        assert!(raw_only(Path::new("/d/run.lbsnap")));
+        assert!(!raw_only(Path::new("trace.fxt.gz")));
+        assert!(!raw_only(Path::new("trace.json")));
+    }
 
     #[test]
     fn trace_names_are_numbered_before_the_extension() {

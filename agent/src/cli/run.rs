@@ -57,6 +57,7 @@ pub struct CommonArgs {
     /// Trace file: FXT (`.fxt`, `.fxt.gz`) or Chrome JSON (`.json`, `.json.gz`), gzipped
     /// when the name ends in `.gz`; later snapshots go to `trace-2.fxt.gz`, ... Raw
     /// snapshots (`--keep-raw`) take its stem (`trace.lbsnap`, `trace-2.lbsnap`, ...).
+    /// `-o x.lbsnap` writes raw snapshots only.
     #[arg(short, long, value_name = "PATH", default_value = "trace.fxt.gz")]
     pub output: PathBuf,
     /// Also keep the raw `.lbsnap` snapshot (`lookback decode` turns it into a trace).
