@@ -150,7 +150,14 @@ pub struct Branches<'a> {
 }
 
 impl<'a> Branches<'a> {
+    /// Blocks end at every near call and jump here (whatever `config` says), so that
+    /// direct calls and jumps, which need no trace, are reported too.
     pub fn new(trace: &'a [u8], image: &'a dyn ImageProvider, config: FlowConfig) -> Self {
+        let config = FlowConfig {
+            end_on_call: true,
+            end_on_jump: true,
+            ..config
+        };
         Self {
             dec: BlockDecoder::new(trace, image, config),
             image,
