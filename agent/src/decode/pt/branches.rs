@@ -335,6 +335,13 @@ impl<'a> Branches<'a> {
             InsnClass::Call => BranchKind::Call,
             InsnClass::Return => BranchKind::Return,
             InsnClass::Jump => BranchKind::Jump,
+            // The block knows its last instruction's size: no need to decode it again.
+            InsnClass::CondJump if block.size != 0 && !block.truncated => {
+                if to == block.end_ip.wrapping_add(u64::from(block.size)) {
+                    return None;
+                }
+                BranchKind::Jump
+            }
             InsnClass::FarCall
             | InsnClass::FarReturn
             | InsnClass::FarJump
