@@ -1,7 +1,10 @@
 //! Writes a synthetic Intel PT trace and the code it runs over, for `cargo xtask
 //! bench-decode`: `pt_synth OUT_DIR MEGABYTES [SEED]` writes `OUT_DIR/synth.pt` and
 //! `OUT_DIR/synth.bin` (mapped at 0x400000), see `lookback::decode::pt::encode`.
-#![expect(clippy::print_stdout, reason = "a command-line tool reports what it wrote")]
+#![expect(
+    clippy::print_stdout,
+    reason = "a command-line tool reports what it wrote"
+)]
 
 use std::path::PathBuf;
 
@@ -10,7 +13,10 @@ use lookback::decode::pt::encode::{CODE_BASE, SynthProgram, encode};
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(args.next().context("usage: pt_synth OUT_DIR MEGABYTES [SEED]")?);
+    let dir = PathBuf::from(
+        args.next()
+            .context("usage: pt_synth OUT_DIR MEGABYTES [SEED]")?,
+    );
     let megabytes: usize = args
         .next()
         .context("missing MEGABYTES")?

@@ -46,13 +46,19 @@ pub fn bench_decode(env: &BuildEnv) -> Result<()> {
                 .args(["--raw", &raw]),
         )?;
         let run = Stats::parse(&text)?;
-        if stats.as_ref().is_none_or(|s: &Stats| run.decode_secs < s.decode_secs) {
+        if stats
+            .as_ref()
+            .is_none_or(|s: &Stats| run.decode_secs < s.decode_secs)
+        {
             stats = Some(run);
         }
     }
     let stats = stats.context("no runs")?;
     if stats.errors > 0 {
-        bail!("lookback reported {} decode errors on the synthetic trace", stats.errors);
+        bail!(
+            "lookback reported {} decode errors on the synthetic trace",
+            stats.errors
+        );
     }
     let reference = libipt(env, &pt, &code)?;
     print_table(&stats, reference.as_ref());

@@ -44,11 +44,20 @@ const FILLERS: [&[u8]; 7] = [
 enum Op {
     Plain,
     /// Conditional near jump; taken with probability `taken_per_256` / 256.
-    Jcc { target: u64, taken_per_256: u32 },
-    Jmp { target: u64 },
-    Call { target: u64 },
+    Jcc {
+        target: u64,
+        taken_per_256: u32,
+    },
+    Jmp {
+        target: u64,
+    },
+    Call {
+        target: u64,
+    },
     /// `call rax`, to one of `targets`.
-    CallIndirect { targets: Vec<u64> },
+    CallIndirect {
+        targets: Vec<u64>,
+    },
     Ret,
 }
 
@@ -138,7 +147,7 @@ impl Writer {
     }
 
     fn align(&mut self) {
-        while self.code.len() % 16 != 0 {
+        while !self.code.len().is_multiple_of(16) {
             self.code.push(0xcc);
             self.insns.push(None);
         }
@@ -205,7 +214,7 @@ fn write_function(w: &mut Writer, rng: &mut Rng, index: usize, starts: &[u64]) {
             0 | 1 => w.fill(rng, 4),
             2 => {
                 // if: jne over a few instructions (their length is known up front).
-                let picks: Vec<usize> = (0..1 + rng.below(4))
+                let picks: Vec<usize> = (0..=rng.below(4))
                     .map(|_| rng.below(FILLERS.len()))
                     .collect();
                 let skip: usize = picks.iter().map(|&i| FILLERS[i].len()).sum();
@@ -226,7 +235,7 @@ fn write_function(w: &mut Writer, rng: &mut Rng, index: usize, starts: &[u64]) {
                 w.rel32(&[0xe8], target, Op::Call { target });
             }
             5 if !callees.is_empty() => {
-                let targets = (0..1 + rng.below(3))
+                let targets = (0..=rng.below(3))
                     .map(|_| callees[rng.below(callees.len())])
                     .collect();
                 w.emit(&[0xff, 0xd0], Op::CallIndirect { targets });
@@ -269,10 +278,13 @@ impl Packets {
         let (bits, n) = (self.tnt, self.tnt_bits);
         match n {
             0 => return,
-            1..=6 => self.out.push(u8::try_from((1 << n | bits) << 1).unwrap_or(0)),
+            1..=6 => self
+                .out
+                .push(u8::try_from((1 << n | bits) << 1).unwrap_or(0)),
             _ => {
                 self.out.extend_from_slice(&[0x02, 0xa3]);
-                self.out.extend_from_slice(&(1 << n | bits).to_le_bytes()[..6]);
+                self.out
+                    .extend_from_slice(&(1 << n | bits).to_le_bytes()[..6]);
             }
         }
         self.tnt = 0;

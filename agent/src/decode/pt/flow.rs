@@ -163,7 +163,7 @@ pub struct BlockDecoder<'a> {
 }
 
 /// A fast hash for the block cache's keys (an address and a mode): one multiply per
-/// word instead of SipHash, which showed up at 7% of decode time. The keys come from
+/// word instead of `SipHash`, which showed up at 7% of decode time. The keys come from
 /// the trace, but a flooded cache only slows decoding down.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct IpHasher(u64);
@@ -180,7 +180,7 @@ impl Hasher for IpHasher {
     }
 
     fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7cc1_b727_220a_95);
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
 
     fn write_usize(&mut self, n: usize) {

@@ -72,7 +72,11 @@ impl CacheEntry {
     fn for_insn(insn: &Insn, qualifier: Qualifier) -> Self {
         Self {
             disp: insn.displacement.and_then(|d| i32::try_from(d).ok()),
-            ..Self::at_point(insn.mode, qualifier, if insn.size < 8 { insn.size } else { 0 })
+            ..Self::at_point(
+                insn.mode,
+                qualifier,
+                if insn.size < 8 { insn.size } else { 0 },
+            )
         }
     }
 }
@@ -89,7 +93,11 @@ impl BlockDecoder<'_> {
     ) -> bool {
         let call = entry.qualifier == Qualifier::DirectCall;
         let end = self.ip.wrapping_add(u64::from(entry.isize));
-        block.class = if call { InsnClass::Call } else { InsnClass::Jump };
+        block.class = if call {
+            InsnClass::Call
+        } else {
+            InsnClass::Jump
+        };
         block.size = entry.isize;
         if call && disp != 0 {
             self.retstack.push(end);
@@ -205,7 +213,10 @@ impl BlockDecoder<'_> {
                     if self.cond_branch()? {
                         let disp = match entry.disp {
                             Some(disp) => i64::from(disp),
-                            None => self.decode_in(ip, entry.mode, mapping)?.displacement.unwrap_or(0),
+                            None => self
+                                .decode_in(ip, entry.mode, mapping)?
+                                .displacement
+                                .unwrap_or(0),
                         };
                         target = ip.wrapping_add_signed(disp);
                     }
