@@ -77,8 +77,9 @@ impl BranchKind {
         }
     }
 
+    /// The position in [`Self::ALL`] (the declaration order).
     fn index(self) -> usize {
-        Self::ALL.iter().position(|&k| k == self).unwrap_or(0)
+        self as usize
     }
 }
 
