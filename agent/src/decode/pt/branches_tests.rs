@@ -215,7 +215,7 @@ fn random_traces_over_random_code_end_without_panics() {
 
 #[test]
 fn branch_kinds_count_in_the_order_of_all() {
-    for (i, kind) in super::BranchKind::ALL.iter().enumerate() {
+    for (i, kind) in BranchKind::ALL.iter().enumerate() {
         assert_eq!(kind.index(), i, "{kind:?}");
     }
 }
