@@ -8,8 +8,9 @@
 //! so a decoder that reproduces the branch list from the bytes and the trace agrees with
 //! it independently.
 //!
-//! What the trace holds, as Linux `perf record -e intel_pt//u` would write it with its
-//! defaults: PSB+ (PSB, TSC, MODE.Exec, FUP, PSBEND) about every 4 KiB, short and long
+//! What the trace holds, close to what Linux `perf record -e intel_pt//u` writes with its
+//! defaults less the MTC/TMA timing packets (time comes from TSC only): PSB+ (PSB, TSC,
+//! MODE.Exec, FUP, PSBEND) about every 4 KiB, short and long
 //! TNT for conditional branches and compressed returns, TIP with IP compression for
 //! indirect calls and for returns whose call was before the last PSB, and PAD up to the
 //! requested size. Return compression stack and last IP are reset at each PSB, as the
