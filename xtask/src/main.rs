@@ -11,6 +11,7 @@
 )]
 
 mod bench;
+mod bench_decode;
 mod demo;
 mod setup;
 mod test;
@@ -45,6 +46,8 @@ enum Command {
     Lint,
     /// Trigger overhead on the traced process, side by side with bpftrace (needs root).
     Bench,
+    /// Intel PT decode throughput on a synthetic 16 MiB trace, beside libipt if installed.
+    BenchDecode,
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo => setup::setup().and_then(|env| demo::demo(&env)),
         Command::Lint => setup::setup().and_then(|env| test::lint(&env)),
         Command::Bench => setup::setup().and_then(|env| bench::bench(&env)),
+        Command::BenchDecode => setup::setup().and_then(|env| bench_decode::bench_decode(&env)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -356,15 +356,21 @@ fn write_stats(
         writeln!(out, "  ... {} more", counts.errors.len() - 20)?;
     }
     let secs = decode_time.as_secs_f64();
-    writeln!(
-        out,
-        "decode: {secs:.3} s, {:.1} MB/s, {:.1} M insn/s",
-        rate(secs),
+    let per_sec = |n: u64| {
         if secs > 0.0 {
-            counts.instructions as f64 / secs / 1e6
+            n as f64 / secs / 1e6
         } else {
             0.0
         }
+    };
+    let packet_count = packets.iter().map(|(_, n)| n).sum::<u64>();
+    writeln!(
+        out,
+        "decode: {secs:.3} s, {:.1} MB/s, {:.2} M packets/s, {:.1} M insn/s, {:.2} M branches/s",
+        rate(secs),
+        per_sec(packet_count),
+        per_sec(counts.instructions),
+        per_sec(counts.branches.iter().sum())
     )
 }
 

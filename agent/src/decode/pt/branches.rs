@@ -77,8 +77,9 @@ impl BranchKind {
         }
     }
 
+    /// The position in [`Self::ALL`] (the declaration order).
     fn index(self) -> usize {
-        Self::ALL.iter().position(|&k| k == self).unwrap_or(0)
+        self as usize
     }
 }
 
@@ -150,7 +151,14 @@ pub struct Branches<'a> {
 }
 
 impl<'a> Branches<'a> {
+    /// Blocks end at every near call and jump here (whatever `config` says), so that
+    /// direct calls and jumps, which need no trace, are reported too.
     pub fn new(trace: &'a [u8], image: &'a dyn ImageProvider, config: FlowConfig) -> Self {
+        let config = FlowConfig {
+            end_on_call: true,
+            end_on_jump: true,
+            ..config
+        };
         Self {
             dec: BlockDecoder::new(trace, image, config),
             image,
@@ -328,6 +336,13 @@ impl<'a> Branches<'a> {
             InsnClass::Call => BranchKind::Call,
             InsnClass::Return => BranchKind::Return,
             InsnClass::Jump => BranchKind::Jump,
+            // The block knows its last instruction's size: no need to decode it again.
+            InsnClass::CondJump if block.size != 0 && !block.truncated => {
+                if to == block.end_ip.wrapping_add(u64::from(block.size)) {
+                    return None;
+                }
+                BranchKind::Jump
+            }
             InsnClass::FarCall
             | InsnClass::FarReturn
             | InsnClass::FarJump

@@ -212,3 +212,10 @@ fn random_traces_over_random_code_end_without_panics() {
         "random decoding took too long"
     );
 }
+
+#[test]
+fn branch_kinds_count_in_the_order_of_all() {
+    for (i, kind) in BranchKind::ALL.iter().enumerate() {
+        assert_eq!(kind.index(), i, "{kind:?}");
+    }
+}

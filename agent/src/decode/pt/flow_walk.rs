@@ -29,7 +29,11 @@ pub(crate) enum Qualifier {
     Return,
     /// An indirect jump or far transfer.
     Indirect,
-    /// Decode the instruction to know (direct calls, far direct jumps).
+    /// A near direct call (its displacement is in the entry).
+    DirectCall,
+    /// A near direct jump (its displacement is in the entry).
+    DirectJump,
+    /// Decode the instruction to know (far direct jumps, truncated instructions).
     Decode,
 }
 
@@ -44,6 +48,9 @@ pub(crate) struct CacheEntry {
     qualifier: Qualifier,
     /// The decision point's size when it fits 3 bits; 0 otherwise.
     isize: u8,
+    /// The decision point's branch displacement, for conditional and direct branches
+    /// (so that hot branches are not decoded again).
+    disp: Option<i32>,
 }
 
 /// Steps one fill of the cache may take before it leaves a trampoline.
@@ -57,11 +64,50 @@ impl CacheEntry {
             mode,
             qualifier,
             isize,
+            disp: None,
+        }
+    }
+
+    /// The entry for a decision point `insn` (branch displacement included).
+    fn for_insn(insn: &Insn, qualifier: Qualifier) -> Self {
+        Self {
+            disp: insn.displacement.and_then(|d| i32::try_from(d).ok()),
+            ..Self::at_point(
+                insn.mode,
+                qualifier,
+                if insn.size < 8 { insn.size } else { 0 },
+            )
         }
     }
 }
 
 impl BlockDecoder<'_> {
+    /// Proceeds past a cached near direct call or jump at `self.ip`; true when the
+    /// block ends there.
+    fn proceed_direct(
+        &mut self,
+        block: &mut Block,
+        entry: CacheEntry,
+        disp: i32,
+        mapping: Mapping,
+    ) -> bool {
+        let call = entry.qualifier == Qualifier::DirectCall;
+        let end = self.ip.wrapping_add(u64::from(entry.isize));
+        block.class = if call {
+            InsnClass::Call
+        } else {
+            InsnClass::Jump
+        };
+        block.size = entry.isize;
+        if call && disp != 0 {
+            self.retstack.push(end);
+        }
+        self.ip = end.wrapping_add_signed(i64::from(disp));
+        (call && self.config.end_on_call)
+            || (!call && self.config.end_on_jump)
+            || !mapping.contains(self.ip)
+    }
+
     fn cache_add(&mut self, ip: u64, entry: CacheEntry) {
         // An unknown mode makes an invalid entry.
         if entry.mode != ExecMode::Unknown {
@@ -91,7 +137,7 @@ impl BlockDecoder<'_> {
 
     /// Proceeds to the next decision point, using the cache where the code is mapped.
     pub(crate) fn proceed_no_event(&mut self, block: &mut Block) -> Result<(), FlowError> {
-        let Ok((_, mapping)) = self.image.read(self.ip, &mut [0u8; 1]) else {
+        let Ok(mapping) = self.image.mapping(self.ip) else {
             return self.proceed_no_event_uncached(block);
         };
         if mapping.isid != block.isid {
@@ -151,24 +197,43 @@ impl BlockDecoder<'_> {
                 Qualifier::Again => {
                     block.class = InsnClass::Unknown;
                 }
+                Qualifier::DirectCall | Qualifier::DirectJump
+                    if entry.isize != 0 && entry.disp.is_some() =>
+                {
+                    let disp = entry.disp.unwrap_or(0);
+                    if self.proceed_direct(block, entry, disp, mapping) {
+                        return Ok(());
+                    }
+                }
                 Qualifier::Cond if entry.isize != 0 => {
                     block.class = InsnClass::CondJump;
+                    block.size = entry.isize;
                     let ip = self.ip;
                     let mut target = ip;
                     if self.cond_branch()? {
-                        let insn = self.decode_in(ip, entry.mode, mapping)?;
-                        target = ip.wrapping_add_signed(insn.displacement.unwrap_or(0));
+                        let disp = match entry.disp {
+                            Some(disp) => i64::from(disp),
+                            None => self
+                                .decode_in(ip, entry.mode, mapping)?
+                                .displacement
+                                .unwrap_or(0),
+                        };
+                        target = ip.wrapping_add_signed(disp);
                     }
                     self.ip = target.wrapping_add(u64::from(entry.isize));
                     return Ok(());
                 }
-                Qualifier::Cond | Qualifier::Decode => {
+                Qualifier::Cond
+                | Qualifier::DirectCall
+                | Qualifier::DirectJump
+                | Qualifier::Decode => {
                     let insn = match self.decode_in(self.ip, entry.mode, mapping) {
                         Ok(insn) => insn,
                         Err(FlowError::BadInsn) => return self.proceed_truncated(block),
                         Err(err) => return Err(err),
                     };
                     block.class = insn.class;
+                    block.size = insn.size;
                     self.log_call(&insn);
                     match insn.next_ip() {
                         Err(FlowError::BadQuery) => return self.proceed_with_trace(&insn),
@@ -240,8 +305,7 @@ impl BlockDecoder<'_> {
                         return Err(FlowError::Internal);
                     }
                 };
-                let isize = if insn.size < 8 { insn.size } else { 0 };
-                self.cache_add(insn.ip, CacheEntry::at_point(insn.mode, qualifier, isize));
+                self.cache_add(insn.ip, CacheEntry::for_insn(&insn, qualifier));
                 return self.proceed_with_trace(&insn);
             }
             Err(err) => return Err(err),
@@ -255,7 +319,15 @@ impl BlockDecoder<'_> {
             _ => false,
         };
         if stop || !mapping.contains(next) || block.truncated {
-            self.add_decode(insn.ip, insn.mode);
+            match insn.class {
+                InsnClass::Call if !block.truncated && insn.displacement.is_some() => {
+                    self.cache_add(insn.ip, CacheEntry::for_insn(&insn, Qualifier::DirectCall));
+                }
+                InsnClass::Jump if !block.truncated && insn.displacement.is_some() => {
+                    self.cache_add(insn.ip, CacheEntry::for_insn(&insn, Qualifier::DirectJump));
+                }
+                _ => self.add_decode(insn.ip, insn.mode),
+            }
             return Ok(());
         }
         let mut entry = self.cache_lookup(next);

@@ -42,6 +42,11 @@ pub trait ImageProvider {
     /// that contains `addr` (so fewer than `buf.len()` bytes may come back). Returns how
     /// many bytes were read (at least one) and where they came from.
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(usize, Mapping), NoCode>;
+
+    /// The piece of mapped code `addr` is in.
+    fn mapping(&self, addr: u64) -> Result<Mapping, NoCode> {
+        self.read(addr, &mut [0u8; 1]).map(|(_, mapping)| mapping)
+    }
 }
 
 /// One contiguous mapped piece of a section.
@@ -134,6 +139,15 @@ impl Image {
 }
 
 impl ImageProvider for Image {
+    fn mapping(&self, addr: u64) -> Result<Mapping, NoCode> {
+        let piece = self.piece(addr).ok_or(NoCode { addr })?;
+        Ok(Mapping {
+            isid: piece.isid,
+            begin: piece.begin,
+            end: piece.end,
+        })
+    }
+
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(usize, Mapping), NoCode> {
         let piece = self.piece(addr).ok_or(NoCode { addr })?;
         let skip = usize::try_from(addr - piece.begin).map_err(|_| NoCode { addr })?;
@@ -159,6 +173,10 @@ impl ImageProvider for Image {
 impl<T: ImageProvider + ?Sized> ImageProvider for &T {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(usize, Mapping), NoCode> {
         (**self).read(addr, buf)
+    }
+
+    fn mapping(&self, addr: u64) -> Result<Mapping, NoCode> {
+        (**self).mapping(addr)
     }
 }
 

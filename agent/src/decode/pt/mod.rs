@@ -18,6 +18,7 @@ pub mod branches;
 pub mod clock;
 pub mod cpu;
 pub mod decoder;
+pub mod encode;
 pub mod evdec;
 mod evdec_cfe;
 mod evdec_ip;
