@@ -136,7 +136,7 @@ fn install_rules(
                     if p.probe_kind == resolve::ProbeKind::Trap && !p.is_return {
                         log::warn!(
                             "rule {}: trap uprobe (~7 µs per call); on a hot function build with \
-                             -pg -mfentry -mnop-mcount (C/C++) or -Z instrument-mcount (Rust) for \
+                             -pg -mfentry -mnop-mcount (C/C++; Rust: see README) for \
                              NOP5 entries the kernel can optimize (see README)",
                             rule.name
                         );
