@@ -8,7 +8,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
 use serde::Serialize;
 
 use super::{Paths, Probe, error_chain, pmu};
@@ -78,32 +77,18 @@ pub fn symbol_file_offset(data: &[u8], path: &Path, symbol: &str) -> Result<u64,
         path: path.to_owned(),
         source,
     })?;
-    let address = file
-        .dynamic_symbols()
-        .chain(file.symbols())
-        .find(|s| {
-            s.kind() == SymbolKind::Text && s.is_definition() && s.name().is_ok_and(|n| n == symbol)
-        })
-        .map(|s| s.address())
-        .ok_or_else(|| TargetError::SymbolNotFound {
+    let address = crate::triggers::resolve::symbol_address(&file, symbol).ok_or_else(|| {
+        TargetError::SymbolNotFound {
             symbol: symbol.to_owned(),
             path: path.to_owned(),
-        })?;
-    file.segments()
-        .find_map(|seg| {
-            let (offset, size) = seg.file_range();
-            let start = seg.address();
-            let delta = address.checked_sub(start)?;
-            if delta < size {
-                offset.checked_add(delta)
-            } else {
-                None
-            }
-        })
-        .ok_or_else(|| TargetError::NotInSegment {
+        }
+    })?;
+    crate::triggers::resolve::file_offset_of(&file, address).ok_or_else(|| {
+        TargetError::NotInSegment {
             symbol: symbol.to_owned(),
             address,
-        })
+        }
+    })
 }
 
 /// The library (or executable) and offset to probe.

@@ -93,31 +93,18 @@ pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveEr
         path: path.to_owned(),
         source,
     })?;
-    let found = file
-        .symbols()
-        .chain(file.dynamic_symbols())
-        .filter(|s| s.is_definition() && s.address() != 0)
-        .find(|s| s.name() == Ok(symbol));
-    let Some(sym) = found else {
+    let Some(address) = symbol_address(&file, symbol) else {
         return Err(ResolveError::NoSymbol {
             symbol: symbol.to_owned(),
             path: path.to_owned(),
             stripped: file.section_by_name(".gnu_debugdata").is_some(),
         });
     };
-    let address = sym.address();
-    let file_offset = file
-        .segments()
-        .find_map(|seg| {
-            let (off, size) = seg.file_range();
-            let start = seg.address();
-            (address >= start && address < start + size).then(|| address - start + off)
-        })
-        .ok_or_else(|| ResolveError::NotMapped {
-            symbol: symbol.to_owned(),
-            path: path.to_owned(),
-            address,
-        })?;
+    let file_offset = file_offset_of(&file, address).ok_or_else(|| ResolveError::NotMapped {
+        symbol: symbol.to_owned(),
+        path: path.to_owned(),
+        address,
+    })?;
     let code = usize::try_from(file_offset)
         .ok()
         .and_then(|o| data.get(o..o + 9))
@@ -134,6 +121,29 @@ pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveEr
         file_offset,
         address,
         kind,
+    })
+}
+
+/// The address of the defined function `symbol` (static symbol table first, then the
+/// dynamic one).
+pub fn symbol_address(file: &object::File<'_>, symbol: &str) -> Option<u64> {
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .find(|s| {
+            s.kind() == object::SymbolKind::Text
+                && s.is_definition()
+                && s.address() != 0
+                && s.name() == Ok(symbol)
+        })
+        .map(|s| s.address())
+}
+
+/// The file offset of virtual `address`, through the loadable segment that maps it.
+pub fn file_offset_of(file: &object::File<'_>, address: u64) -> Option<u64> {
+    file.segments().find_map(|seg| {
+        let (offset, size) = seg.file_range();
+        let delta = address.checked_sub(seg.address())?;
+        (delta < size).then(|| offset.checked_add(delta)).flatten()
     })
 }
 
