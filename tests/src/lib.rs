@@ -194,3 +194,50 @@ pub fn dry_run(extra: &[&str], workload_args: &[&str]) -> DryRun {
     );
     run
 }
+
+/// The `PERF_RECORD_SAMPLE`s of perf-record rings (sampling backend), parsed with
+/// `sample_type`.
+///
+/// # Panics
+/// On a malformed sample.
+pub fn ring_samples(
+    rings: &[lookback::capture::RingData],
+    sample_type: u64,
+) -> Vec<lookback::capture::records::Sample> {
+    use lookback::capture::{RingKind, records};
+    rings
+        .iter()
+        .filter(|r| r.kind == RingKind::PerfRecords)
+        .flat_map(|r| records::records(&r.data).collect::<Vec<_>>())
+        .filter(|r| r.kind == records::PERF_RECORD_SAMPLE)
+        .map(|r| records::parse_sample(sample_type, r.body).expect("a well-formed sample"))
+        .collect()
+}
+
+/// The runtime address range of `symbol` of the ELF file `bin` in the process whose maps
+/// are given (through the executable mapping of `bin` that holds it).
+pub fn symbol_range(
+    bin: &Path,
+    maps: &lookback::capture::ProcessMaps,
+    symbol: &str,
+) -> Option<(u64, u64)> {
+    use lookback::triggers::resolve::{file_offset_of, symbol_address};
+    use object::{Object as _, ObjectSymbol as _};
+    let data = std::fs::read(bin).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    let address = symbol_address(&file, symbol)?;
+    let size = file
+        .symbols()
+        .find(|s| s.name() == Ok(symbol))
+        .map_or(1, |s| s.size().max(1));
+    let file_offset = file_offset_of(&file, address)?;
+    let path = bin.to_string_lossy();
+    let entry = maps.maps.iter().find(|e| {
+        e.path == path
+            && e.executable()
+            && e.offset <= file_offset
+            && file_offset < e.offset + (e.end - e.start)
+    })?;
+    let start = entry.start + (file_offset - entry.offset);
+    Some((start, start + size))
+}

@@ -13,13 +13,12 @@ use std::{
 };
 
 use lookback::capture::{
-    self, BackendRequest, CaptureOptions, CapturedData, ProcessMaps, RingKind,
+    self, BackendRequest, CaptureOptions, CapturedData, ProcessMaps,
     records::{self, PERF_RECORD_SAMPLE, Sample},
     sampling::SAMPLE_TYPE,
 };
 use lookback::snapshot;
-use lookback_tests::workload;
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use lookback_tests::{ring_samples, workload};
 
 fn is_root() -> bool {
     // /proc/self/status names the effective uid.
@@ -68,43 +67,17 @@ fn release(child: &mut Child) {
 }
 
 fn samples(data: &CapturedData) -> Vec<Sample> {
-    data.rings
-        .iter()
-        .filter(|r| r.kind == RingKind::PerfRecords)
-        .flat_map(|r| records::records(&r.data).collect::<Vec<_>>())
-        .filter(|r| r.kind == PERF_RECORD_SAMPLE)
-        .map(|r| records::parse_sample(SAMPLE_TYPE, r.body).expect("a well-formed sample"))
-        .collect()
+    ring_samples(&data.rings, SAMPLE_TYPE)
 }
 
 /// The runtime address range of `symbol` of `bin` in the process whose maps are given.
 fn symbol_range(bin: &Path, maps: &ProcessMaps, symbol: &str) -> (u64, u64) {
-    let data = std::fs::read(bin).expect("reading the workload");
-    let file = object::File::parse(&*data).expect("parsing the workload");
-    let sym = file
-        .symbols()
-        .find(|s| s.name() == Ok(symbol))
-        .unwrap_or_else(|| panic!("{symbol} not in {}", bin.display()));
-    let file_offset = file
-        .segments()
-        .find_map(|seg| {
-            let delta = sym.address().checked_sub(seg.address())?;
-            (delta < seg.size()).then(|| seg.file_range().0 + delta)
-        })
-        .expect("symbol inside a segment");
-    let bin_path = bin.to_string_lossy();
-    let entry = maps
-        .maps
-        .iter()
-        .find(|e| {
-            e.path == bin_path
-                && e.executable()
-                && e.offset <= file_offset
-                && file_offset < e.offset + (e.end - e.start)
-        })
-        .unwrap_or_else(|| panic!("no executable mapping of {bin_path} in {maps:#?}"));
-    let start = entry.start + (file_offset - entry.offset);
-    (start, start + sym.size().max(1))
+    lookback_tests::symbol_range(bin, maps, symbol).unwrap_or_else(|| {
+        panic!(
+            "no executable mapping of {symbol} of {} in {maps:#?}",
+            bin.display()
+        )
+    })
 }
 
 fn workload_path() -> PathBuf {

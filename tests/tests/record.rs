@@ -9,47 +9,19 @@ use std::{
 };
 
 use lookback::{
-    capture::{
-        ProcessMaps, RingKind,
-        records::{self, PERF_RECORD_SAMPLE, Sample},
-    },
+    capture::{ProcessMaps, records::Sample},
     snapshot::{self, Snapshot},
 };
-use lookback_tests::{lookback_bin, workload};
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use lookback_tests::{lookback_bin, ring_samples, workload};
 
 fn samples(snap: &Snapshot) -> Vec<Sample> {
-    snap.rings
-        .iter()
-        .filter(|r| r.kind == RingKind::PerfRecords)
-        .flat_map(|r| records::records(&r.data).collect::<Vec<_>>())
-        .filter(|r| r.kind == PERF_RECORD_SAMPLE)
-        .map(|r| {
-            records::parse_sample(snap.meta.recorder.sample_type, r.body)
-                .expect("well-formed sample")
-        })
-        .collect()
+    ring_samples(&snap.rings, snap.meta.recorder.sample_type)
 }
 
 /// Runtime address range of `symbol` of the workload in the process with `maps`.
 fn symbol_range(maps: &ProcessMaps, symbol: &str) -> Option<(u64, u64)> {
     let bin = workload().canonicalize().expect("workload path");
-    let data = std::fs::read(&bin).expect("read workload");
-    let file = object::File::parse(&*data).expect("parse workload");
-    let sym = file.symbols().find(|s| s.name() == Ok(symbol))?;
-    let file_offset = file.segments().find_map(|seg| {
-        let delta = sym.address().checked_sub(seg.address())?;
-        (delta < seg.size()).then(|| seg.file_range().0 + delta)
-    })?;
-    let path = bin.to_string_lossy();
-    let entry = maps.maps.iter().find(|e| {
-        e.path == path
-            && e.executable()
-            && e.offset <= file_offset
-            && file_offset < e.offset + (e.end - e.start)
-    })?;
-    let start = entry.start + (file_offset - entry.offset);
-    Some((start, start + sym.size().max(1)))
+    lookback_tests::symbol_range(&bin, maps, symbol)
 }
 
 /// Samples of process `pid` whose IP or callchain is inside `lb_spin` or the leaf it calls
