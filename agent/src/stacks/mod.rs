@@ -1,5 +1,5 @@
 //! Stacks stage: consecutive sampled call stacks of one thread → properly nested duration
-//! slices.
+//! slices. ([`branches`] does the same from branch events, e.g. an Intel PT trace.)
 //!
 //! In: one thread's samples in time order, each a stack with the outermost frame first,
 //! and the sample period. Out: [`StackEvent`]s — `Begin`/`End` pairs that nest — for the
@@ -16,6 +16,8 @@
 //! sample becomes slices one period long. Such a gap is a [`StackEvent::Gap`] of its own,
 //! nested in the frames both samples share.
 #![forbid(unsafe_code)]
+
+pub mod branches;
 
 /// One sample: when, and the stack (outermost frame first).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,426 @@
+//! Call stacks from branch events: one thread's branch events (calls, returns, jumps,
+//! syscalls, interrupts, trace starts/stops/gaps, decode errors) in time order → properly
+//! nested [`StackEvent`]s, one slice per function call.
+//!
+//! The rules follow magic-trace's (`src/trace_writer.ml`):
+//! - a call opens a frame for its target; a return closes the innermost frame;
+//! - a return into another function than the caller's frame is in replaces that frame
+//!   (a call that ends a function and returns into the next one; unsymbolized code);
+//! - a return that leaves the stack empty returns into a function whose call was before
+//!   the window: a frame for it is put *under* everything seen so far, beginning at the
+//!   start of the window (`NAME [inferred start time]`);
+//! - a return whose target is the return address of a deeper frame (longjmp, exceptions,
+//!   return-address tricks) closes every frame down to that one, so no staircase of frames
+//!   that never returned is left behind;
+//! - a jump to the first instruction of another function is a tail call (or a PLT stub's
+//!   jump): it replaces the innermost frame; a jump into the middle of a function that is on
+//!   the stack (a context switch such as Go's `gogo`) closes the frames down to it and opens
+//!   it afresh; a jump into the middle of any other function replaces the innermost frame;
+//! - syscalls and interrupts nest as `[syscall]` / `[interrupt]` until the return to user
+//!   code (or tracing resuming);
+//! - tracing stopping opens `[untraced]` until it starts again; a trace gap does the same;
+//! - a decode error closes every frame, leaves a zero-length `[decode error: MESSAGE]` slice
+//!   and starts a new window at its time.
+//!
+//! Timestamps are clamped to be non-decreasing; [`spread_ties`] then spreads events that
+//! share a timestamp over the time to the next one, so zero-length slices get a width and
+//! nesting stays valid. Symbols are looked up through a caller-given function (address →
+//! [`Symbol`]), so this module knows nothing of ELF files.
+#![forbid(unsafe_code)]
+
+use std::fmt;
+
+use super::StackEvent;
+use crate::decode::pt::branches::{BranchEvent, BranchKind};
+
+/// One branch of a thread, in time order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Branch {
+    pub kind: BranchKind,
+    pub time_ns: u64,
+    /// The branch instruction (0 when not known).
+    pub from: u64,
+    /// The target (0 when not known).
+    pub to: u64,
+    /// For [`BranchKind::Error`]: what went wrong.
+    pub error: Option<String>,
+}
+
+impl Branch {
+    /// A decoder's branch event, with its time already converted to `time_ns`.
+    #[must_use]
+    pub fn from_event(event: &BranchEvent, time_ns: u64) -> Self {
+        Self {
+            kind: event.kind,
+            time_ns,
+            from: event.from,
+            to: event.to,
+            error: event.error.as_ref().map(|e| format!("{e:?}")),
+        }
+    }
+}
+
+/// The function an address is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Symbol {
+    pub name: String,
+    /// The function's first address.
+    pub start: u64,
+}
+
+/// What a slice is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A function call; `inferred_start` when the call was before the window (the slice
+    /// then begins at the window's start).
+    Function {
+        name: String,
+        start: u64,
+        inferred_start: bool,
+    },
+    Syscall,
+    Interrupt,
+    Untraced,
+    DecodeError(String),
+}
+
+impl fmt::Display for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Function {
+                name,
+                inferred_start: true,
+                ..
+            } => write!(f, "{name} [inferred start time]"),
+            Self::Function { name, .. } => f.write_str(name),
+            Self::Syscall => f.write_str("[syscall]"),
+            Self::Interrupt => f.write_str("[interrupt]"),
+            Self::Untraced => f.write_str("[untraced]"),
+            Self::DecodeError(message) => write!(f, "[decode error: {message}]"),
+        }
+    }
+}
+
+impl Frame {
+    fn function_start(&self) -> Option<u64> {
+        match self {
+            Self::Function { start, .. } => Some(*start),
+            _ => None,
+        }
+    }
+}
+
+/// The longest x86 instruction: a return lands at most this far after its call.
+const MAX_INSN_LEN: u64 = 15;
+
+struct Node {
+    frame: Frame,
+    begin: u64,
+    end: u64,
+    children: Vec<usize>,
+}
+
+struct Open {
+    node: usize,
+    /// The call instruction that opened the frame, when known.
+    call_site: Option<u64>,
+}
+
+struct Builder<S> {
+    symbol: S,
+    nodes: Vec<Node>,
+    roots: Vec<usize>,
+    /// `roots[window_roots..]` are the top-level slices of the current window.
+    window_roots: usize,
+    window_start: u64,
+    stack: Vec<Open>,
+    now: u64,
+}
+
+impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
+    fn function(&self, addr: u64) -> Option<Frame> {
+        (self.symbol)(addr).map(|s| Frame::Function {
+            name: s.name,
+            start: s.start,
+            inferred_start: false,
+        })
+    }
+
+    fn open(&mut self, frame: Frame, call_site: Option<u64>) {
+        let id = self.nodes.len();
+        self.nodes.push(Node {
+            frame,
+            begin: self.now,
+            end: self.now,
+            children: Vec::new(),
+        });
+        match self.stack.last() {
+            Some(top) => self.nodes[top.node].children.push(id),
+            None => self.roots.push(id),
+        }
+        self.stack.push(Open {
+            node: id,
+            call_site,
+        });
+    }
+
+    fn close_top(&mut self) -> Option<Open> {
+        let open = self.stack.pop()?;
+        self.nodes[open.node].end = self.now;
+        Some(open)
+    }
+
+    /// Closes frames until the stack has `depth` frames.
+    fn close_to(&mut self, depth: usize) {
+        while self.stack.len() > depth {
+            self.close_top();
+        }
+    }
+
+    fn top_frame(&self) -> Option<&Frame> {
+        self.stack.last().map(|o| &self.nodes[o.node].frame)
+    }
+
+    /// Closes an innermost `[untraced]` (or, with `kernel`, `[syscall]`/`[interrupt]`).
+    fn close_pseudo(&mut self, kernel: bool) {
+        while let Some(frame) = self.top_frame() {
+            let pseudo = match frame {
+                Frame::Untraced => true,
+                Frame::Syscall | Frame::Interrupt => kernel,
+                _ => false,
+            };
+            if !pseudo {
+                break;
+            }
+            self.close_top();
+        }
+    }
+
+    /// Puts a frame for the function at `addr` under the whole window.
+    fn infer_caller(&mut self, addr: u64) {
+        let Some(Frame::Function { name, start, .. }) = self.function(addr) else {
+            return;
+        };
+        let id = self.nodes.len();
+        let children: Vec<usize> = self.roots.drain(self.window_roots..).collect();
+        self.nodes.push(Node {
+            frame: Frame::Function {
+                name,
+                start,
+                inferred_start: true,
+            },
+            begin: self.window_start,
+            end: self.now,
+            children,
+        });
+        self.roots.push(id);
+        self.stack.insert(
+            0,
+            Open {
+                node: id,
+                call_site: None,
+            },
+        );
+    }
+
+    fn on_return(&mut self, to: u64) {
+        self.close_pseudo(true);
+        let returns_to = |o: &Open| {
+            o.call_site
+                .is_some_and(|site| to > site && to - site <= MAX_INSN_LEN)
+        };
+        match self.stack.iter().rposition(returns_to) {
+            Some(depth) => self.close_to(depth),
+            None => {
+                self.close_top();
+            }
+        }
+        if self.stack.is_empty() {
+            self.infer_caller(to);
+            return;
+        }
+        // Returning into another function than the caller's (a call as the last
+        // instruction of a function that falls through, or code without symbols where each
+        // address is its own "function"): the caller's frame becomes that function's.
+        let Some(target) = self.function(to) else {
+            return;
+        };
+        let top = self.top_frame().and_then(Frame::function_start);
+        if top.is_some() && top != target.function_start() {
+            let call_site = self.close_top().and_then(|o| o.call_site);
+            self.open(target, call_site);
+        }
+    }
+
+    fn on_jump(&mut self, to: u64) {
+        let Some(target) = self.function(to) else {
+            return;
+        };
+        self.close_pseudo(false);
+        let target_start = target.function_start();
+        let Some(top) = self.top_frame() else {
+            // Jumping inside a function whose call was before the window.
+            self.infer_caller(to);
+            return;
+        };
+        if top.function_start() == target_start {
+            return;
+        }
+        let is_entry = target_start == Some(to);
+        let on_stack = self
+            .stack
+            .iter()
+            .rposition(|o| self.nodes[o.node].frame.function_start() == target_start);
+        let depth = match on_stack {
+            Some(depth) if !is_entry => depth,
+            _ => self.stack.len() - 1,
+        };
+        let call_site = self.stack.get(depth).and_then(|o| o.call_site);
+        self.close_to(depth);
+        self.open(target, call_site);
+    }
+
+    fn on_error(&mut self, message: &str) {
+        self.close_to(0);
+        self.open(Frame::DecodeError(message.to_owned()), None);
+        self.close_top();
+        self.window_start = self.now;
+        self.window_roots = self.roots.len();
+    }
+
+    fn step(&mut self, branch: &Branch) {
+        self.now = self.now.max(branch.time_ns);
+        match branch.kind {
+            BranchKind::Call => {
+                self.close_pseudo(false);
+                if let Some(frame) = self.function(branch.to) {
+                    self.open(frame, Some(branch.from));
+                }
+            }
+            BranchKind::Return => self.on_return(branch.to),
+            BranchKind::Jump | BranchKind::FarJump => self.on_jump(branch.to),
+            BranchKind::Syscall | BranchKind::FarCall => {
+                self.close_pseudo(false);
+                self.open(Frame::Syscall, None);
+            }
+            BranchKind::Interrupt => {
+                self.close_pseudo(false);
+                self.open(Frame::Interrupt, None);
+            }
+            BranchKind::FarReturn => self.close_pseudo(true),
+            BranchKind::TraceStop | BranchKind::TraceGap => {
+                if !matches!(
+                    self.top_frame(),
+                    Some(Frame::Untraced | Frame::Syscall | Frame::Interrupt)
+                ) {
+                    self.open(Frame::Untraced, None);
+                }
+            }
+            BranchKind::TraceStart => {
+                self.close_pseudo(true);
+                if self.stack.is_empty()
+                    && let Some(frame) = self.function(branch.to)
+                {
+                    self.open(frame, None);
+                }
+            }
+            BranchKind::Error => {
+                let message = branch.error.as_deref().unwrap_or("unknown");
+                self.on_error(message);
+            }
+        }
+    }
+
+    fn finish(mut self) -> Vec<StackEvent<Frame>> {
+        self.close_to(0);
+        let mut events = Vec::with_capacity(self.nodes.len() * 2);
+        // Depth-first without recursion: (node, next child index).
+        let mut walk: Vec<(usize, usize)> = Vec::new();
+        for &root in &self.roots {
+            walk.push((root, 0));
+            let node = &self.nodes[root];
+            events.push(StackEvent::Begin {
+                ts: node.begin,
+                frame: node.frame.clone(),
+            });
+            while let Some(&mut (id, ref mut next)) = walk.last_mut() {
+                let node = &self.nodes[id];
+                if let Some(&child) = node.children.get(*next) {
+                    *next += 1;
+                    let c = &self.nodes[child];
+                    events.push(StackEvent::Begin {
+                        ts: c.begin,
+                        frame: c.frame.clone(),
+                    });
+                    walk.push((child, 0));
+                } else {
+                    events.push(StackEvent::End { ts: node.end });
+                    walk.pop();
+                }
+            }
+        }
+        events
+    }
+}
+
+/// One thread's slices from its branch events (in time order; earlier times after later
+/// ones are clamped). `symbol` gives the function an address is in (`None`: unknown, and
+/// such calls and jumps open no frame).
+pub fn reconstruct(
+    branches: &[Branch],
+    symbol: impl Fn(u64) -> Option<Symbol>,
+) -> Vec<StackEvent<Frame>> {
+    let window_start = branches.first().map_or(0, |b| b.time_ns);
+    let mut builder = Builder {
+        symbol,
+        nodes: Vec::new(),
+        roots: Vec::new(),
+        window_roots: 0,
+        window_start,
+        stack: Vec::new(),
+        now: window_start,
+    };
+    for branch in branches {
+        builder.step(branch);
+    }
+    builder.finish()
+}
+
+/// Spreads runs of events that share a timestamp evenly over the time to the next
+/// distinct timestamp (the last run keeps its time), so slices that began and ended "at
+/// once" get a width. Order, and so nesting, is unchanged; times stay non-decreasing.
+pub fn spread_ties<F>(events: &mut [StackEvent<F>]) {
+    fn ts<F>(e: &mut StackEvent<F>) -> Option<&mut u64> {
+        match e {
+            StackEvent::Begin { ts, .. } | StackEvent::End { ts } => Some(ts),
+            StackEvent::Gap { .. } => None,
+        }
+    }
+    let mut i = 0;
+    while i < events.len() {
+        let Some(t) = ts(&mut events[i]).map(|t| *t) else {
+            i += 1;
+            continue;
+        };
+        let mut j = i + 1;
+        while j < events.len() && ts(&mut events[j]).is_some_and(|u| *u == t) {
+            j += 1;
+        }
+        if let Some(next) = events.get_mut(j).and_then(|e| ts(e).map(|u| *u))
+            && next > t
+        {
+            let run = (j - i) as u64;
+            let step = (next - t) / run;
+            for (k, e) in events[i..j].iter_mut().enumerate() {
+                if let Some(u) = ts(e) {
+                    *u = t + step * k as u64;
+                }
+            }
+        }
+        i = j;
+    }
+}
+
+#[cfg(test)]
+#[path = "branches_tests.rs"]
+mod tests;

@@ -1,0 +1,550 @@
+//! Tests of [`super::reconstruct`]: hand-made branch streams, and conformance with
+//! magic-trace's fixtures (`<shared>/corpus/magic-trace`: `perf script` text in, the
+//! `-> TIME BEGIN|END name` lines magic-trace writes out).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::{Branch, Frame, Symbol, reconstruct, spread_ties};
+use crate::decode::pt::branches::BranchKind;
+use crate::stacks::StackEvent;
+
+// ---- hand-made streams -------------------------------------------------------------
+
+/// Functions are 0x1000 apart: `f0` at 0x1000, `f1` at 0x2000, ...; an address is
+/// `0x1000 * (n + 1) + offset`.
+fn sym(addr: u64) -> Option<Symbol> {
+    let index = (addr / 0x1000).checked_sub(1)?;
+    Some(Symbol {
+        name: format!("f{index}"),
+        start: (index + 1) * 0x1000,
+    })
+}
+
+fn at(f: u64, off: u64) -> u64 {
+    (f + 1) * 0x1000 + off
+}
+
+fn br(kind: BranchKind, time_ns: u64, from: u64, to: u64) -> Branch {
+    Branch {
+        kind,
+        time_ns,
+        from,
+        to,
+        error: None,
+    }
+}
+
+/// The events as text: `+name@ts` and `-@ts`.
+fn text(events: &[StackEvent<Frame>]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| match e {
+            StackEvent::Begin { ts, frame } => format!("+{frame}@{ts}"),
+            StackEvent::End { ts } => format!("-@{ts}"),
+            StackEvent::Gap { start, end } => format!("gap@{start}-{end}"),
+        })
+        .collect()
+}
+
+fn run(branches: &[Branch]) -> Vec<String> {
+    text(&reconstruct(branches, sym))
+}
+
+#[test]
+fn calls_push_returns_pop_and_returns_past_the_window_infer_the_caller() {
+    use BranchKind::{Call, Jump, Return};
+    let out = run(&[
+        br(Jump, 10, at(0, 4), at(0, 8)),
+        br(Call, 20, at(0, 0x10), at(1, 0)),
+        br(Return, 30, at(1, 0x20), at(0, 0x15)),
+        br(Return, 40, at(0, 0x30), at(2, 0x45)),
+    ]);
+    assert_eq!(
+        out,
+        [
+            "+f2 [inferred start time]@10",
+            "+f0 [inferred start time]@10",
+            "+f1@20",
+            "-@30",
+            "-@40",
+            "-@40",
+        ]
+    );
+}
+
+#[test]
+fn tail_calls_replace_the_top_frame() {
+    use BranchKind::{Call, Jump, Return};
+    let out = run(&[
+        br(BranchKind::TraceStart, 0, 0, at(0, 0)),
+        br(Call, 10, at(0, 4), at(1, 0)),
+        br(Jump, 20, at(1, 8), at(2, 0)),
+        br(Return, 30, at(2, 8), at(0, 9)),
+    ]);
+    assert_eq!(out, ["+f0@0", "+f1@10", "-@20", "+f2@20", "-@30", "-@30"]);
+}
+
+#[test]
+fn a_return_to_a_deeper_frame_unwinds_without_a_staircase() {
+    use BranchKind::{Call, Return};
+    let out = run(&[
+        br(BranchKind::TraceStart, 0, 0, at(0, 0)),
+        br(Call, 1, at(0, 0x10), at(1, 0)),
+        br(Call, 2, at(1, 0x10), at(2, 0)),
+        br(Call, 3, at(2, 0x10), at(3, 0)),
+        // longjmp back into f0, just after its call of f1.
+        br(Return, 4, at(3, 0x10), at(0, 0x15)),
+        br(Call, 5, at(0, 0x20), at(4, 0)),
+    ]);
+    assert_eq!(
+        out,
+        [
+            "+f0@0", "+f1@1", "+f2@2", "+f3@3", "-@4", "-@4", "-@4", "+f4@5", "-@5", "-@5"
+        ]
+    );
+}
+
+#[test]
+fn syscalls_gaps_and_decode_errors() {
+    use BranchKind::{Call, Error, Return, Syscall, TraceStart, TraceStop};
+    let mut error = br(Error, 50, 0, 0);
+    error.error = Some("Overflow packet".into());
+    let out = run(&[
+        br(TraceStart, 0, 0, at(0, 0)),
+        br(Call, 10, at(0, 4), at(1, 0)),
+        br(Syscall, 20, at(1, 4), 0),
+        br(TraceStart, 30, 0, at(1, 6)),
+        br(TraceStop, 35, at(1, 8), 0),
+        br(TraceStart, 40, 0, at(1, 8)),
+        error,
+        br(TraceStart, 60, 0, at(1, 0x10)),
+        br(Return, 70, at(1, 0x20), at(0, 9)),
+    ]);
+    assert_eq!(
+        out,
+        [
+            "+f0@0",
+            "+f1@10",
+            "+[syscall]@20",
+            "-@30",
+            "+[untraced]@35",
+            "-@40",
+            "-@50",
+            "-@50",
+            "+[decode error: Overflow packet]@50",
+            "-@50",
+            "+f0 [inferred start time]@50",
+            "+f1@60",
+            "-@70",
+            "-@70",
+        ]
+    );
+}
+
+#[test]
+fn jumping_into_a_function_on_the_stack_unwinds_to_it() {
+    use BranchKind::{Call, Jump};
+    let out = run(&[
+        br(BranchKind::TraceStart, 0, 0, at(0, 0)),
+        br(Call, 1, at(0, 0x10), at(1, 0)),
+        br(Call, 2, at(1, 0x10), at(2, 0)),
+        br(Jump, 3, at(2, 0x10), at(1, 0x40)),
+    ]);
+    assert_eq!(
+        out,
+        [
+            "+f0@0", "+f1@1", "+f2@2", "-@3", "-@3", "+f1@3", "-@3", "-@3"
+        ]
+    );
+}
+
+#[test]
+fn nothing_panics_on_odd_input() {
+    use BranchKind::{FarReturn, Return, TraceStop};
+    assert!(run(&[]).is_empty());
+    let out = run(&[
+        br(Return, 5, 0, 0),
+        br(FarReturn, 3, 0, 0),
+        br(TraceStop, 1, 0, 0),
+        br(Return, 0, u64::MAX, u64::MAX),
+    ]);
+    assert!(
+        out.iter().filter(|l| l.starts_with('+')).count()
+            == out.iter().filter(|l| l.starts_with('-')).count()
+    );
+}
+
+#[test]
+fn ties_are_spread_without_breaking_order() {
+    let mut events: Vec<StackEvent<&str>> = vec![
+        StackEvent::Begin { ts: 0, frame: "a" },
+        StackEvent::Begin { ts: 10, frame: "b" },
+        StackEvent::End { ts: 10 },
+        StackEvent::End { ts: 10 },
+        StackEvent::Begin { ts: 20, frame: "c" },
+        StackEvent::End { ts: 20 },
+    ];
+    spread_ties(&mut events);
+    let times: Vec<u64> = events
+        .iter()
+        .map(|e| match e {
+            StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts,
+            StackEvent::Gap { start, .. } => *start,
+        })
+        .collect();
+    assert_eq!(times, [0, 10, 13, 16, 20, 20]);
+}
+
+// ---- perf script reader --------------------------------------------------------------
+
+/// One thread's branches from `perf script --itrace=bep -F pid,tid,time,flags,ip,addr,sym,
+/// symoff,...` text, with the symbols its lines name.
+#[derive(Default)]
+struct PerfInput {
+    /// `tid → branches` in file order.
+    threads: BTreeMap<u32, Vec<Branch>>,
+    symbols: HashMap<u64, Symbol>,
+    /// Lines of other events (samples) that were left out.
+    other_events: usize,
+}
+
+fn parse_time_ns(text: &str) -> Option<u64> {
+    let (secs, frac) = text.trim_end_matches(':').split_once('.')?;
+    let mut frac = frac.to_owned();
+    if frac.len() > 9 {
+        return None;
+    }
+    while frac.len() < 9 {
+        frac.push('0');
+    }
+    secs.parse::<u64>()
+        .ok()?
+        .checked_mul(1_000_000_000)?
+        .checked_add(frac.parse().ok()?)
+}
+
+fn is_hex(token: &str) -> bool {
+    !token.is_empty() && token.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// `ADDR SYM+0xOFF (DSO)` → the address and, where named, its symbol.
+fn parse_location(text: &str) -> Option<(u64, Option<Symbol>)> {
+    let text = text.trim();
+    let (addr, rest) = text.split_once(char::is_whitespace)?;
+    let addr = u64::from_str_radix(addr, 16).ok()?;
+    let (name_off, dso) = rest
+        .rsplit_once(" (")
+        .map_or((rest, ""), |(s, d)| (s, d.trim_end_matches(')')));
+    let name_off = name_off.trim();
+    if name_off == "[unknown]" {
+        // magic-trace names each unknown address on its own.
+        let symbol = (addr != 0 && dso != "[unknown]").then(|| Symbol {
+            name: format!("[unknown @ {addr:#x} ({dso})]"),
+            start: addr,
+        });
+        return Some((addr, symbol));
+    }
+    let symbol = name_off.rsplit_once("+0x").and_then(|(name, off)| {
+        let off = u64::from_str_radix(off, 16).ok()?;
+        Some(Symbol {
+            name: name.to_owned(),
+            start: addr.checked_sub(off)?,
+        })
+    });
+    Some((addr, symbol))
+}
+
+fn branch_kind(flags: &str) -> Option<BranchKind> {
+    Some(match flags {
+        "call" => BranchKind::Call,
+        "return" => BranchKind::Return,
+        "jmp" | "jcc" => BranchKind::Jump,
+        "tr strt" => BranchKind::TraceStart,
+        "tr end" => BranchKind::TraceStop,
+        "syscall" | "tr end syscall" => BranchKind::Syscall,
+        "sysret" | "iret" | "tr strt sysret" | "tr strt iret" => BranchKind::FarReturn,
+        f if f.contains("int") || f.contains("async") => BranchKind::Interrupt,
+        _ => return None,
+    })
+}
+
+fn parse_error_line(line: &str) -> Option<(u32, Branch)> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |key: &str| {
+        words
+            .iter()
+            .position(|w| *w == key)
+            .and_then(|i| words.get(i + 1))
+    };
+    let time_ns = parse_time_ns(after("time")?)?;
+    let tid = after("tid")?.parse().ok()?;
+    let message = line.split_once(": ").map_or("unknown", |(_, m)| m.trim());
+    Some((
+        tid,
+        Branch {
+            kind: BranchKind::Error,
+            time_ns,
+            from: 0,
+            to: 0,
+            error: Some(message.to_owned()),
+        },
+    ))
+}
+
+fn parse_perf(text: &str) -> Result<PerfInput, String> {
+    let mut input = PerfInput::default();
+    for (number, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if trimmed.is_empty()
+            || line.starts_with(char::is_whitespace)
+                && !trimmed.starts_with("instruction trace error")
+        {
+            continue; // callchain lines of samples
+        }
+        if trimmed.starts_with("instruction trace error") {
+            let (tid, branch) = parse_error_line(trimmed)
+                .ok_or_else(|| format!("line {}: bad error line", number + 1))?;
+            input.threads.entry(tid).or_default().push(branch);
+            continue;
+        }
+        if trimmed.starts_with("Warning:") {
+            continue;
+        }
+        let mut words = trimmed.split_whitespace();
+        let (Some(pid_tid), Some(time), Some(_period), Some(event)) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        if !event.starts_with("branches") {
+            input.other_events += 1;
+            continue;
+        }
+        let bad = || format!("line {}: {line}", number + 1);
+        let tid: u32 = pid_tid
+            .split_once('/')
+            .and_then(|(_, t)| t.parse().ok())
+            .ok_or_else(bad)?;
+        let time_ns = parse_time_ns(time).ok_or_else(bad)?;
+        let (left, right) = trimmed.split_once(" => ").ok_or_else(bad)?;
+        let after_event = left
+            .split_once(event)
+            .map(|(_, rest)| rest)
+            .ok_or_else(bad)?;
+        let tokens: Vec<&str> = after_event.split_whitespace().collect();
+        let addr_at = tokens.iter().position(|t| is_hex(t)).ok_or_else(bad)?;
+        let flags = tokens[..addr_at].join(" ");
+        let Some(kind) = branch_kind(&flags) else {
+            return Err(format!("line {}: flags {flags:?}", number + 1));
+        };
+        let (from, from_sym) = parse_location(&tokens[addr_at..].join(" ")).ok_or_else(bad)?;
+        let (to, to_sym) = parse_location(right).ok_or_else(bad)?;
+        for (addr, symbol) in [(from, from_sym), (to, to_sym)] {
+            if let Some(symbol) = symbol {
+                input.symbols.insert(addr, symbol);
+            }
+        }
+        input.threads.entry(tid).or_default().push(Branch {
+            kind,
+            time_ns,
+            from,
+            to,
+            error: None,
+        });
+    }
+    Ok(input)
+}
+
+// ---- magic-trace's output --------------------------------------------------------------
+
+/// magic-trace's time format: `436ns`, `2.253us`, `1.5ms`, `2s` (relative to the first
+/// event).
+fn format_time(ns: u64) -> String {
+    #[allow(clippy::cast_precision_loss, reason = "display only")]
+    let trimmed = |value: f64| {
+        let s = format!("{value:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    };
+    #[allow(clippy::cast_precision_loss, reason = "display only")]
+    let ns_f = ns as f64;
+    if ns < 1_000 {
+        format!("{ns}ns")
+    } else if ns < 1_000_000 {
+        format!("{}us", trimmed(ns_f / 1e3))
+    } else if ns < 1_000_000_000 {
+        format!("{}ms", trimmed(ns_f / 1e6))
+    } else {
+        format!("{}s", trimmed(ns_f / 1e9))
+    }
+}
+
+/// Our events as magic-trace's lines.
+fn render(events: &[StackEvent<Frame>], origin: u64, out: &mut Vec<String>) {
+    let mut open: Vec<String> = Vec::new();
+    for event in events {
+        match event {
+            StackEvent::Begin { ts, frame } => {
+                out.push(format!(
+                    "-> {:>8} BEGIN {frame}",
+                    format_time(ts.saturating_sub(origin))
+                ));
+                // magic-trace's END lines name the function without the label.
+                let name = frame.to_string();
+                open.push(name.trim_end_matches(" [inferred start time]").to_owned());
+            }
+            StackEvent::End { ts } => {
+                let name = open.pop().unwrap_or_default();
+                out.push(format!(
+                    "-> {:>8} END   {name}",
+                    format_time(ts.saturating_sub(origin))
+                ));
+            }
+            StackEvent::Gap { .. } => {}
+        }
+    }
+}
+
+/// The structure compared: per slice name, (BEGIN lines, END lines, BEGINs directly under
+/// each parent name). Parents come from the nesting of the lines as written, which for
+/// magic-trace's deferred section (frames whose start was inferred, printed after
+/// `INPUT TRACE STREAM ENDED`) is only approximate, so the parent part is reported but
+/// not counted as a difference.
+fn counts(lines: &[String]) -> BTreeMap<String, (usize, usize)> {
+    let mut counts: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for line in lines {
+        let Some(rest) = line.strip_prefix("->") else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        // An END may have no time (magic-trace's decode-error slices).
+        let rest = rest
+            .split_once(char::is_whitespace)
+            .filter(|(t, _)| !t.starts_with("BEGIN") && !t.starts_with("END"))
+            .map_or(rest, |(_, r)| r.trim_start());
+        if let Some(name) = rest.strip_prefix("BEGIN ") {
+            counts.entry(name.trim().to_owned()).or_default().0 += 1;
+        } else if let Some(name) = rest.strip_prefix("END") {
+            counts.entry(name.trim().to_owned()).or_default().1 += 1;
+        }
+    }
+    counts
+}
+
+/// A short diff of two count maps (at most `limit` names).
+fn diff(
+    expected: &BTreeMap<String, (usize, usize)>,
+    got: &BTreeMap<String, (usize, usize)>,
+    limit: usize,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in expected
+        .keys()
+        .chain(got.keys().filter(|k| !expected.contains_key(*k)))
+    {
+        let e = expected.get(name).copied().unwrap_or_default();
+        let g = got.get(name).copied().unwrap_or_default();
+        if e != g {
+            out.push(format!(
+                "    {name}: expected {} BEGIN/{} END, got {}/{}",
+                e.0, e.1, g.0, g.1
+            ));
+        }
+    }
+    let total = out.len();
+    if total > limit {
+        out.truncate(limit);
+        out.push(format!("    ... {} more names", total - limit));
+    }
+    out
+}
+
+// ---- conformance ---------------------------------------------------------------------
+
+/// At most this many fixtures may differ (lower it as the rules improve).
+const MAX_DIFFERING: usize = 0;
+
+fn corpus_dir() -> Option<PathBuf> {
+    let shared = std::env::var_os("LOOKBACK_SHARED_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
+        PathBuf::from,
+    );
+    let dir = shared.join("corpus/magic-trace");
+    dir.join("INDEX.tsv").is_file().then_some(dir)
+}
+
+/// Why a case is not run, if it is not.
+fn skip_reason(options: &str, input: &PerfInput) -> Option<&'static str> {
+    if options.contains("~ocaml_exception_info") {
+        Some("needs OCaml exception info (pushtrap/poptrap addresses), not modelled")
+    } else if options.contains("Userspace_and_kernel") {
+        Some("kernel trace scope, not modelled")
+    } else if input.threads.is_empty() {
+        Some("sampling only (callchains, no branch events): the sampled-stack path's input")
+    } else {
+        None
+    }
+}
+
+fn run_case(input: &PerfInput) -> Vec<String> {
+    let symbol = |addr: u64| input.symbols.get(&addr).cloned();
+    let origin = input
+        .threads
+        .values()
+        .filter_map(|t| t.first().map(|b| b.time_ns))
+        .min()
+        .unwrap_or(0);
+    let mut lines = Vec::new();
+    for branches in input.threads.values() {
+        render(&reconstruct(branches, symbol), origin, &mut lines);
+    }
+    lines
+}
+
+#[test]
+fn magic_trace_fixtures() {
+    let Some(dir) = corpus_dir() else {
+        println!("magic-trace fixtures: skipped, corpus not found (set LOOKBACK_SHARED_DIR)");
+        return;
+    };
+    let index = fs::read_to_string(dir.join("INDEX.tsv")).expect("read INDEX.tsv");
+    let (mut matched, mut differ, mut skipped) = (0, 0, 0);
+    let mut report = String::new();
+    for row in index.lines().skip(1) {
+        let fields: Vec<&str> = row.split('\t').collect();
+        let [expected_file, input_file, options, ..] = fields[..] else {
+            continue;
+        };
+        let text = fs::read_to_string(dir.join(input_file)).expect("read input");
+        let input = match parse_perf(&text) {
+            Ok(input) => input,
+            Err(e) => panic!("{input_file}: {e}"),
+        };
+        if let Some(reason) = skip_reason(options, &input) {
+            skipped += 1;
+            let _ = writeln!(report, "  skipped {expected_file}: {reason}");
+            continue;
+        }
+        let expected_text = fs::read_to_string(dir.join(expected_file)).expect("read expected");
+        let expected: Vec<String> = expected_text.lines().map(str::to_owned).collect();
+        let got = run_case(&input);
+        let (e, g) = (counts(&expected), counts(&got));
+        if e == g {
+            matched += 1;
+        } else {
+            differ += 1;
+            let _ = writeln!(report, "  differs {expected_file}:");
+            for line in diff(&e, &g, 8) {
+                let _ = writeln!(report, "{line}");
+            }
+        }
+    }
+    println!("magic-trace fixtures: {matched} matched, {differ} differ, {skipped} skipped");
+    print!("{report}");
+    assert!(
+        differ <= MAX_DIFFERING,
+        "{differ} fixtures differ, more than the ratchet {MAX_DIFFERING}"
+    );
+}
