@@ -371,6 +371,20 @@ pub fn reconstruct(
     symbol: impl Fn(u64) -> Option<Symbol>,
 ) -> Vec<StackEvent<Frame>> {
     let window_start = branches.first().map_or(0, |b| b.time_ns);
+    reconstruct_window(window_start, branches, symbol)
+}
+
+/// [`reconstruct`] for a window that began at `window_start` (e.g. the snapshot's start,
+/// when the thread's first branch came later): frames whose call was before the window
+/// begin there.
+pub fn reconstruct_window(
+    window_start: u64,
+    branches: &[Branch],
+    symbol: impl Fn(u64) -> Option<Symbol>,
+) -> Vec<StackEvent<Frame>> {
+    let window_start = branches
+        .first()
+        .map_or(window_start, |b| window_start.min(b.time_ns));
     let mut builder = Builder {
         symbol,
         nodes: Vec::new(),

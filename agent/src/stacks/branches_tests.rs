@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{Branch, Frame, Symbol, reconstruct, spread_ties};
+use super::{Branch, Frame, Symbol, reconstruct, reconstruct_window, spread_ties};
 use crate::decode::pt::branches::BranchKind;
 use crate::stacks::StackEvent;
 
@@ -209,6 +209,10 @@ struct PerfInput {
     symbols: HashMap<u64, Symbol>,
     /// Lines of other events (samples) that were left out.
     other_events: usize,
+    /// The first event's time, of any kind (magic-trace's time origin).
+    origin: Option<u64>,
+    /// Every event's time.
+    times: Vec<u64>,
 }
 
 fn parse_time_ns(text: &str) -> Option<u64> {
@@ -319,11 +323,15 @@ fn parse_perf(text: &str) -> Result<PerfInput, String> {
         else {
             continue;
         };
+        let bad = || format!("line {}: {line}", number + 1);
+        if let Some(t) = parse_time_ns(time) {
+            input.origin = Some(input.origin.map_or(t, |o| o.min(t)));
+            input.times.push(t);
+        }
         if !event.starts_with("branches") {
             input.other_events += 1;
             continue;
         }
-        let bad = || format!("line {}: {line}", number + 1);
         let tid: u32 = pid_tid
             .split_once('/')
             .and_then(|(_, t)| t.parse().ok())
@@ -444,18 +452,22 @@ fn parse_printed_time(text: &str) -> Option<u64> {
     Some((value * scale).round() as u64)
 }
 
-/// The calls in time order: every BEGIN as (printed time, name), sorted by time and then
+/// The calls in time order: every BEGIN as (time bucket, name), sorted by bucket and then
 /// name, so magic-trace's deferred lines (frames whose start was inferred, printed after
 /// `INPUT TRACE STREAM ENDED`) and our in-order lines compare equal when the same frames
-/// begin at the same times.
-fn begin_order(lines: &[String]) -> Vec<(u64, String)> {
+/// begin at the same times. A bucket is the number of distinct input event times (as
+/// printed) up to the line's time: magic-trace spreads events that share a timestamp over
+/// the time to the next one, which keeps them in their bucket.
+fn begin_order(lines: &[String], bounds: &[u64]) -> Vec<(u64, String)> {
     let mut begins: Vec<(u64, String)> = lines
         .iter()
         .filter_map(|line| {
             let rest = line.strip_prefix("->")?.trim_start();
             let (time, rest) = rest.split_once(char::is_whitespace)?;
             let name = rest.trim_start().strip_prefix("BEGIN ")?;
-            Some((parse_printed_time(time)?, name.trim().to_owned()))
+            let time = parse_printed_time(time)?;
+            let bucket = bounds.partition_point(|b| *b <= time) as u64;
+            Some((bucket, name.trim().to_owned()))
         })
         .collect();
     begins.sort();
@@ -473,7 +485,7 @@ fn order_diff(expected: &[(u64, String)], got: &[(u64, String)]) -> Option<Strin
         v.iter()
             .skip(at)
             .take(3)
-            .map(|(t, n)| format!("{} {n}", format_time(*t)))
+            .map(|(t, n)| format!("#{t} {n}"))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -543,15 +555,14 @@ fn skip_reason(options: &str, input: &PerfInput) -> Option<&'static str> {
 
 fn run_case(input: &PerfInput) -> Vec<String> {
     let symbol = |addr: u64| input.symbols.get(&addr).cloned();
-    let origin = input
-        .threads
-        .values()
-        .filter_map(|t| t.first().map(|b| b.time_ns))
-        .min()
-        .unwrap_or(0);
+    let origin = input.origin.unwrap_or(0);
     let mut lines = Vec::new();
     for branches in input.threads.values() {
-        render(&reconstruct(branches, symbol), origin, &mut lines);
+        render(
+            &reconstruct_window(origin, branches, symbol),
+            origin,
+            &mut lines,
+        );
     }
     lines
 }
@@ -584,7 +595,18 @@ fn magic_trace_fixtures() {
         let expected: Vec<String> = expected_text.lines().map(str::to_owned).collect();
         let got = run_case(&input);
         let (e, g) = (counts(&expected), counts(&got));
-        let order = order_diff(&begin_order(&expected), &begin_order(&got));
+        let origin = input.origin.unwrap_or(0);
+        let mut bounds: Vec<u64> = input
+            .times
+            .iter()
+            .filter_map(|t| parse_printed_time(&format_time(t.saturating_sub(origin))))
+            .collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        let order = order_diff(
+            &begin_order(&expected, &bounds),
+            &begin_order(&got, &bounds),
+        );
         if e == g && order.is_none() {
             matched += 1;
         } else {
