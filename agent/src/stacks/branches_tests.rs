@@ -371,12 +371,11 @@ fn parse_perf(text: &str) -> Result<PerfInput, String> {
 /// magic-trace's time format: `436ns`, `2.253us`, `1.5ms`, `2s` (relative to the first
 /// event).
 fn format_time(ns: u64) -> String {
-    #[allow(clippy::cast_precision_loss, reason = "display only")]
     let trimmed = |value: f64| {
         let s = format!("{value:.3}");
         s.trim_end_matches('0').trim_end_matches('.').to_owned()
     };
-    #[allow(clippy::cast_precision_loss, reason = "display only")]
+    #[expect(clippy::cast_precision_loss, reason = "display only")]
     let ns_f = ns as f64;
     if ns < 1_000 {
         format!("{ns}ns")
@@ -444,7 +443,7 @@ fn parse_printed_time(text: &str) -> Option<u64> {
         .iter()
         .find_map(|(unit, scale)| text.strip_suffix(unit).map(|n| (n, *scale)))?;
     let value: f64 = number.parse().ok()?;
-    #[allow(
+    #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
         reason = "non-negative printed times, far below 2^53 ns"
