@@ -146,6 +146,16 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
         })
     }
 
+    /// The function at `addr`, or `[unknown @ ADDR]` (a call must open a frame even into
+    /// unknown code, or its return would close the caller's).
+    fn function_or_unknown(&self, addr: u64) -> Frame {
+        self.function(addr).unwrap_or_else(|| Frame::Function {
+            name: format!("[unknown @ {addr:#x}]"),
+            start: addr,
+            inferred_start: false,
+        })
+    }
+
     fn open(&mut self, frame: Frame, call_site: Option<u64>) {
         let id = self.nodes.len();
         self.nodes.push(Node {
@@ -293,9 +303,8 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
         match branch.kind {
             BranchKind::Call => {
                 self.close_pseudo(false);
-                if let Some(frame) = self.function(branch.to) {
-                    self.open(frame, Some(branch.from));
-                }
+                let frame = self.function_or_unknown(branch.to);
+                self.open(frame, Some(branch.from));
             }
             BranchKind::Return => self.on_return(branch.to),
             BranchKind::Jump | BranchKind::FarJump => self.on_jump(branch.to),
@@ -364,8 +373,8 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
 }
 
 /// One thread's slices from its branch events (in time order; earlier times after later
-/// ones are clamped). `symbol` gives the function an address is in (`None`: unknown, and
-/// such calls and jumps open no frame).
+/// ones are clamped). `symbol` gives the function an address is in (`None`: unknown; a
+/// call there opens `[unknown @ ADDR]`, a jump or return there changes no frame).
 pub fn reconstruct(
     branches: &[Branch],
     symbol: impl Fn(u64) -> Option<Symbol>,

@@ -162,6 +162,33 @@ fn jumping_into_a_function_on_the_stack_unwinds_to_it() {
 }
 
 #[test]
+fn a_return_into_the_next_function_replaces_the_caller_and_unknown_calls_still_nest() {
+    use BranchKind::{Call, Return};
+    let out = run(&[
+        br(BranchKind::TraceStart, 0, 0, at(0, 0)),
+        // f0 ends with a call; the return lands at the start of f1 (glibc's _start).
+        br(Call, 1, at(0, 0xffb), at(2, 0)),
+        br(Return, 2, at(2, 8), at(1, 0)),
+        // A call into code without a symbol.
+        br(Call, 3, at(1, 0x10), 0x10),
+        br(Return, 4, 0x18, at(1, 0x15)),
+    ]);
+    assert_eq!(
+        out,
+        [
+            "+f0@0",
+            "+f2@1",
+            "-@2",
+            "-@2",
+            "+f1@2",
+            "+[unknown @ 0x10]@3",
+            "-@4",
+            "-@4"
+        ]
+    );
+}
+
+#[test]
 fn nothing_panics_on_odd_input() {
     use BranchKind::{FarReturn, Return, TraceStop};
     assert!(run(&[]).is_empty());
