@@ -19,8 +19,8 @@
 //! - syscalls and interrupts nest as `[syscall]` / `[interrupt]` until the return to user
 //!   code (or tracing resuming);
 //! - tracing stopping opens `[untraced]` until it starts again; a trace gap does the same;
-//! - a decode error closes every frame, leaves a zero-length `[decode error: MESSAGE]` slice
-//!   and starts a new window at its time.
+//! - a decode error leaves a zero-length `[decode error: MESSAGE]` slice where it happened,
+//!   closes every frame and starts a new window at its time.
 //!
 //! Timestamps are clamped to be non-decreasing; [`spread_ties`] then spreads events that
 //! share a timestamp over the time to the next one, so zero-length slices get a width and
@@ -291,9 +291,11 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
     }
 
     fn on_error(&mut self, message: &str) {
-        self.close_to(0);
+        // Where it happened (inside the open frames), then the stack is no longer known.
+        self.close_pseudo(true);
         self.open(Frame::DecodeError(message.to_owned()), None);
         self.close_top();
+        self.close_to(0);
         self.window_start = self.now;
         self.window_roots = self.roots.len();
     }
