@@ -591,24 +591,17 @@ fn parse_lines(lines: &[String]) -> Vec<Line> {
 /// frame whose start was inferred only once it is known (a BEGIN whose time is before lines
 /// already printed, or one in the deferred section), so the slices printed before it that
 /// lie in its time range (after the last line at or before its start) are inside it too.
-/// A `[decode error]` slice is inside the frames open when it happened (as written), not
-/// inside late frames.
+/// `[decode error]` slices are left out.
 fn depths(lines: &[String]) -> BTreeMap<String, Vec<usize>> {
     let lines = parse_lines(lines);
     let max_time = lines.iter().map(|l| l.time).max().unwrap_or(0);
-    // Slice ends: each END closes the latest open BEGIN of its name.
+    // Slice ends and depths as written: an END closes the innermost open line if it has its
+    // name; otherwise it belongs to a frame printed later (deferred), which takes the first
+    // such END of its name at or after its start.
     let mut ends = vec![max_time; lines.len()];
-    let mut open: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, line) in lines.iter().enumerate() {
-        if line.begin {
-            open.entry(&line.name).or_default().push(i);
-        } else if let Some(b) = open.get_mut(line.name.as_str()).and_then(Vec::pop) {
-            ends[b] = line.time;
-        }
-    }
-    // Depth as written.
     let mut depth = vec![0; lines.len()];
-    let mut stack: Vec<&str> = Vec::new();
+    let mut stack: Vec<usize> = Vec::new();
+    let mut orphans: Vec<(usize, bool)> = Vec::new(); // (END line, used)
     let mut was_deferred = false;
     let mut late = Vec::new();
     let mut latest = 0;
@@ -619,15 +612,30 @@ fn depths(lines: &[String]) -> BTreeMap<String, Vec<usize>> {
         }
         if line.begin {
             depth[i] = stack.len();
-            stack.push(&line.name);
+            stack.push(i);
             if line.deferred || line.time < latest {
                 late.push(i);
             }
-        } else if stack.last() == Some(&line.name.as_str()) {
-            stack.pop();
+        } else if stack.last().is_some_and(|&b| lines[b].name == line.name) {
+            if let Some(b) = stack.pop() {
+                ends[b] = line.time;
+            }
+        } else {
+            orphans.push((i, false));
         }
         if !line.deferred {
             latest = latest.max(line.time);
+        }
+    }
+    for &l in &late {
+        if ends[l] != max_time || !lines[l].deferred {
+            continue;
+        }
+        if let Some(orphan) = orphans.iter_mut().find(|(e, used)| {
+            !used && lines[*e].name == lines[l].name && lines[*e].time >= lines[l].time
+        }) {
+            orphan.1 = true;
+            ends[l] = lines[orphan.0].time;
         }
     }
     for &l in &late {
@@ -650,7 +658,9 @@ fn depths(lines: &[String]) -> BTreeMap<String, Vec<usize>> {
     }
     let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (i, line) in lines.iter().enumerate() {
-        if line.begin {
+        // A decode error's place as written depends on which frames magic-trace had
+        // printed yet; its count and time are compared elsewhere.
+        if line.begin && !line.name.starts_with("[decode error") {
             out.entry(line.name.clone()).or_default().push(depth[i]);
         }
     }
