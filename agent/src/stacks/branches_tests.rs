@@ -618,11 +618,6 @@ fn depths(lines: &[String]) -> BTreeMap<String, Vec<usize>> {
             outer.retain(|&o| end_lines[o] > i);
         }
         if line.begin {
-            depth[i] = if line.deferred && line.inferred {
-                outer.len()
-            } else {
-                outer.len() + stack.len()
-            };
             // A deferred frame whose END was printed before it is closed already.
             let closed = line.deferred
                 && orphans
@@ -636,6 +631,12 @@ fn depths(lines: &[String]) -> BTreeMap<String, Vec<usize>> {
                         end_lines[i] = orphan.0;
                     })
                     .is_some();
+            // Such a frame ended before the frames still open began: it is outermost.
+            depth[i] = if line.deferred && (line.inferred || closed) {
+                outer.len()
+            } else {
+                outer.len() + stack.len()
+            };
             if line.deferred && line.inferred {
                 // Kept while the run of deferred inferred BEGINs lasts: they nest.
                 outer.push(i);
