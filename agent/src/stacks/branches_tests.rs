@@ -678,7 +678,7 @@ fn depths(lines: &[String]) -> BTreeMap<String, Vec<usize>> {
         let (start, end) = (lines[l].time, ends[l]);
         let anchor = lines[..l]
             .iter()
-            .rposition(|x| !x.deferred && !(x.begin && x.inferred) && x.time <= start);
+            .rposition(|x| !(x.deferred || x.begin && x.inferred) && x.time <= start);
         let first = anchor.map_or(0, |a| a + 1);
         for s in first..l.min(end_lines[l]) {
             let line = &lines[s];
