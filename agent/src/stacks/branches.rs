@@ -55,7 +55,7 @@ impl Branch {
             time_ns,
             from: event.from,
             to: event.to,
-            error: event.error.as_ref().map(|e| format!("{e:?}")),
+            error: event.error.as_ref().map(ToString::to_string),
         }
     }
 }

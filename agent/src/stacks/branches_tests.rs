@@ -1,6 +1,9 @@
 //! Tests of [`super::reconstruct`]: hand-made branch streams, and conformance with
-//! magic-trace's fixtures (`<shared>/corpus/magic-trace`: `perf script` text in, the
-//! `-> TIME BEGIN|END name` lines magic-trace writes out).
+//! magic-trace's fixtures (`<shared>/corpus/magic-trace`, or `$LOOKBACK_SHARED_DIR/corpus/
+//! magic-trace`: `perf script` text in, the `-> TIME BEGIN|END name` lines magic-trace
+//! writes out). A case matches when, per function, the BEGIN/END counts, the depths its
+//! slices nest at, and the times its calls begin (to within one input timestamp: magic-trace
+//! spreads events that share one) are the same. `LOOKBACK_MT_DUMP=DIR` writes our lines.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
