@@ -22,9 +22,9 @@
 //! - a decode error leaves a zero-length `[decode error: MESSAGE]` slice where it happened,
 //!   closes every frame and starts a new window at its time.
 //!
-//! Timestamps are clamped to be non-decreasing; [`spread_ties`] then spreads events that
-//! share a timestamp over the time to the next one, so zero-length slices get a width and
-//! nesting stays valid. Symbols are looked up through a caller-given function (address →
+//! Timestamps are clamped to be non-decreasing; [`spread_ties`] then spreads the slices
+//! that begin at one timestamp over the time to the next event (magic-trace's rule), so
+//! calls made "at once" get a width and an order while nesting stays valid. Symbols are looked up through a caller-given function (address →
 //! [`Symbol`]), so this module knows nothing of ELF files.
 #![forbid(unsafe_code)]
 
@@ -411,38 +411,73 @@ pub fn reconstruct_window(
     builder.finish()
 }
 
-/// Spreads runs of events that share a timestamp evenly over the time to the next
-/// distinct timestamp (the last run keeps its time), so slices that began and ended "at
-/// once" get a width. Order, and so nesting, is unchanged; times stay non-decreasing.
-pub fn spread_ties<F>(events: &mut [StackEvent<F>]) {
-    fn ts<F>(e: &mut StackEvent<F>) -> Option<&mut u64> {
+/// Spreads events that share a timestamp (as magic-trace does): in each run of events at
+/// time `t`, followed by events at `next`, the k-th new slice begins at
+/// `t + (next - t) * k / n` (n: the slices beginning in the run, not counting those whose
+/// start was inferred), and an end takes the time of the last slice begun before it (or
+/// `next` after the last one). Order, and so nesting, is unchanged; times stay
+/// non-decreasing. The last run keeps its time.
+pub fn spread_ties(events: &mut [StackEvent<Frame>]) {
+    fn ts(e: &StackEvent<Frame>) -> Option<u64> {
         match e {
-            StackEvent::Begin { ts, .. } | StackEvent::End { ts } => Some(ts),
+            StackEvent::Begin { ts, .. } | StackEvent::End { ts } => Some(*ts),
             StackEvent::Gap { .. } => None,
         }
     }
-    let mut i = 0;
-    while i < events.len() {
-        let Some(t) = ts(&mut events[i]).map(|t| *t) else {
-            i += 1;
+    fn counts(e: &StackEvent<Frame>) -> bool {
+        !matches!(
+            e,
+            StackEvent::Begin {
+                frame: Frame::Function {
+                    inferred_start: true,
+                    ..
+                },
+                ..
+            } | StackEvent::End { .. }
+                | StackEvent::Gap { .. }
+        )
+    }
+    /// `step * num / den` without overflow (`num <= den`, so it fits).
+    fn part(step: u64, num: u64, den: u64) -> u64 {
+        let value = u128::from(step) * u128::from(num) / u128::from(den.max(1));
+        u64::try_from(value).unwrap_or(step)
+    }
+    let mut run = 0;
+    while run < events.len() {
+        let Some(time) = ts(&events[run]) else {
+            run += 1;
             continue;
         };
-        let mut j = i + 1;
-        while j < events.len() && ts(&mut events[j]).is_some_and(|u| *u == t) {
-            j += 1;
+        let mut after = run + 1;
+        while after < events.len() && ts(&events[after]) == Some(time) {
+            after += 1;
         }
-        if let Some(next) = events.get_mut(j).and_then(|e| ts(e).map(|u| *u))
-            && next > t
-        {
-            let run = (j - i) as u64;
-            let step = (next - t) / run;
-            for (k, e) in events[i..j].iter_mut().enumerate() {
-                if let Some(u) = ts(e) {
-                    *u = t + step * k as u64;
+        if let Some(next) = events.get(after).and_then(ts).filter(|&n| n > time) {
+            let begins = events[run..after].iter().filter(|e| counts(e)).count() as u64;
+            let mut index = 0u64;
+            let mut begun = false;
+            for e in &mut events[run..after] {
+                let counted = counts(e);
+                if counted && begun {
+                    index += 1;
+                }
+                let step = next - time;
+                let at = if begins == 0 {
+                    time
+                } else if counted || !begun {
+                    time + part(step, index, begins)
+                } else {
+                    // An end after the index-th begin: at the next begin's time.
+                    time + part(step, index + 1, begins)
+                };
+                begun |= counted;
+                match e {
+                    StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts = at,
+                    StackEvent::Gap { .. } => {}
                 }
             }
         }
-        i = j;
+        run = after;
     }
 }
 
