@@ -13,8 +13,12 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::util::{BuildEnv, run};
 
-/// The libipt corpus conformance tests (they print `libipt ... corpus: N passed, ...`).
-const CORPUS_TESTS: &str = "decode::pt::conformance";
+/// The external-corpus conformance tests; they print their counts (`libipt ... corpus: N
+/// passed, ...`, `magic-trace fixtures: N matched, ...`), so they run with `--nocapture`.
+const CORPUS_TESTS: [&str; 2] = [
+    "decode::pt::conformance",
+    "stacks::branches::tests::magic_trace_fixtures",
+];
 
 #[derive(Debug, Default)]
 struct Totals {
@@ -41,7 +45,8 @@ pub fn test(env: &BuildEnv, extra: &[String]) -> Result<()> {
         "--exclude",
         "lookback-ebpf",
     ])
-    .args(["--", "--skip", CORPUS_TESTS])
+    .arg("--")
+    .args(CORPUS_TESTS.iter().flat_map(|t| ["--skip", t]))
     .args(extra);
     if let Err(e) = run_counted(&mut unit, &mut totals) {
         failures.push(format!("unit tests: {e:#}"));
@@ -49,15 +54,9 @@ pub fn test(env: &BuildEnv, extra: &[String]) -> Result<()> {
     // The corpus conformance tests print their pass counts: show them.
     let mut corpus = env.cargo();
     corpus
-        .args([
-            "test",
-            "-p",
-            "lookback",
-            "--lib",
-            CORPUS_TESTS,
-            "--",
-            "--nocapture",
-        ])
+        .args(["test", "-p", "lookback", "--lib", "--"])
+        .args(CORPUS_TESTS)
+        .arg("--nocapture")
         .args(extra);
     if let Err(e) = run_counted(&mut corpus, &mut totals) {
         failures.push(format!("corpus tests: {e:#}"));
