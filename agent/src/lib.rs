@@ -14,5 +14,7 @@ pub mod snapshot;
 pub mod stacks;
 pub mod symbols;
 pub mod sys;
+#[cfg(test)]
+mod test_support;
 pub mod triggers;
 pub mod writer;

@@ -3,23 +3,13 @@
 //! and its `sample_id_all` trailer parser, checked against `decode::pt::pevent` (which
 //! the ptdump conformance test checks against libipt's expected output).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::records::{self, id_trailer};
 use crate::decode::pt::pevent::{PeventConfig, PeventError, read_record};
 
 fn pevent_dir() -> Option<PathBuf> {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [
-        std::env::var_os("LOOKBACK_SHARED_DIR").map(PathBuf::from),
-        Some(manifest.join("../../shared")),
-        Some(manifest.join("../../../shared")), // a git worktree under wt/
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .map(|shared| shared.join("corpus/libipt/pevent"))
-        .find(|dir| dir.join("MANIFEST.tsv").is_file())
+    crate::test_support::shared_corpus("libipt/pevent", "MANIFEST.tsv")
 }
 
 /// `sample-type=0x102c6` from a corpus file name.

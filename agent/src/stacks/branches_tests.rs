@@ -773,12 +773,7 @@ fn diff(
 const MAX_DIFFERING: usize = 0;
 
 fn corpus_dir() -> Option<PathBuf> {
-    let shared = std::env::var_os("LOOKBACK_SHARED_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
-        PathBuf::from,
-    );
-    let dir = shared.join("corpus/magic-trace");
-    dir.join("INDEX.tsv").is_file().then_some(dir)
+    crate::test_support::shared_corpus("magic-trace", "INDEX.tsv")
 }
 
 /// Why a case is not run, if it is not.

@@ -21,12 +21,7 @@ use super::ptdump_opts::PtdumpOptions;
 const SKIPPED: &[(&str, &str)] = &[];
 
 pub(super) fn corpus_dir() -> Option<PathBuf> {
-    let shared = std::env::var_os("LOOKBACK_SHARED_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
-        PathBuf::from,
-    );
-    let dir = shared.join("corpus/libipt");
-    dir.join("core/MANIFEST.tsv").is_file().then_some(dir)
+    crate::test_support::shared_corpus("libipt", "core/MANIFEST.tsv")
 }
 
 pub(super) fn has_extension(file: &str, ext: &str) -> bool {
