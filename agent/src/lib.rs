@@ -8,6 +8,7 @@
 pub mod capture;
 pub mod check;
 pub mod cli;
+pub mod daemon;
 pub mod decode;
 pub mod rules;
 pub mod snapshot;
