@@ -216,13 +216,15 @@ fn a_storm_of_a_million_matches_does_not_reach_userspace() {
 
 /// Names of loaded BPF programs that belong to lookback.
 fn lookback_programs() -> Vec<String> {
-    const OURS: [&str; 6] = [
+    const OURS: [&str; 8] = [
         "function_entry",
         "function_return",
         "sys_enter",
         "sys_exit",
         "signal_generate",
         "process_fork",
+        "process_exec",
+        "process_exit",
     ];
     aya::programs::loaded_programs()
         .filter_map(Result::ok)

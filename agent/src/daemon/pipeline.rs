@@ -79,6 +79,12 @@ impl Pipeline {
         let rule = active.rule.name.clone();
         let post = active.rule.snapshot.post_trigger;
         log::info!("trigger {rule}: {event}");
+        if tracer.recorder_for(event.pid).is_none() {
+            // The kernel targeted this process at exec and its exec event is still queued
+            // behind this trigger: start its recorder now (the snapshot then holds what
+            // happened since), rather than losing the trigger.
+            tracer.consider(event.pid);
+        }
         if self.pending.contains(&event.pid) || self.jobs.len() >= self.max_queued {
             log::warn!("trigger {rule}: a snapshot is already in flight; suppressed (busy)");
             self.metrics.suppressed_busy(&rule);

@@ -1,0 +1,605 @@
+//! `lookback agent` end to end, as root: real BPF programs and uprobes, real workloads (some
+//! started before the agent, most after), metrics scraped over HTTP, files on disk, hot
+//! reload, retention, an unwritable output directory, SIGTERM.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpStream,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use lookback_tests::{lookback_bin, workload};
+
+/// A running `lookback agent` with its log and metrics address.
+struct Agent {
+    child: Child,
+    log: Arc<Mutex<String>>,
+    addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Starts an agent on `rules` (YAML; `@WORKLOAD@` is replaced by the workload's path)
+    /// with `--output-dir DIR/out` unless `extra` gives one, and waits until it is ready.
+    fn start(rules: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("rules.yaml");
+        write_rules(&config, rules);
+        let out = dir.path().join("out");
+        let mut cmd = Command::new(lookback_bin());
+        cmd.args(["agent", "--config"])
+            .arg(&config)
+            .args(["--metrics-addr", "127.0.0.1:0", "--max-queued", "64"]);
+        if !extra.contains(&"--output-dir") {
+            cmd.arg("--output-dir").arg(&out);
+        }
+        let mut child = cmd
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting lookback agent");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().expect("log");
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut agent = Self {
+            child,
+            log,
+            addr: String::new(),
+            dir,
+        };
+        agent.addr = agent.wait_log("metrics on http://", Duration::from_secs(30));
+        agent.addr = agent
+            .addr
+            .split("metrics on http://")
+            .nth(1)
+            .and_then(|s| s.split('/').next())
+            .expect("metrics address in the log")
+            .to_owned();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while agent.get("/readyz").0 != 200 {
+            assert!(Instant::now() < deadline, "agent never ready:\n{}", agent.log());
+            agent.assert_running();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        agent
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.path().join("rules.yaml")
+    }
+
+    fn out(&self) -> PathBuf {
+        self.dir.path().join("out")
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().expect("log").clone()
+    }
+
+    fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("agent exited ({status}):\n{}", self.log());
+        }
+    }
+
+    /// Waits for a log line containing `needle`; returns that line.
+    fn wait_log(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return line.to_owned();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needle:?}:\n{}",
+                self.log()
+            );
+            self.assert_running();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `GET path` → (status, body).
+    fn get(&self, path: &str) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect(&self.addr) else {
+            return (0, String::new());
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map_or("", |b| b.1).to_owned();
+        (status, body)
+    }
+
+    /// Every sample of `/metrics`, keyed `name{labels}` as exposed.
+    fn metrics(&self) -> BTreeMap<String, f64> {
+        let (status, body) = self.get("/metrics");
+        assert_eq!(status, 200, "{body}");
+        body.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| {
+                let (key, value) = l.rsplit_once(' ')?;
+                Some((key.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The value of `name` with exactly `labels` (as `k="v"` pairs, any order); 0 when absent.
+    fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        self.metrics()
+            .iter()
+            .find(|(key, _)| {
+                let Some(rest) = key.strip_prefix(name) else {
+                    return false;
+                };
+                let inner = rest.trim_start_matches('{').trim_end_matches('}');
+                let mut have: Vec<&str> = if inner.is_empty() {
+                    Vec::new()
+                } else {
+                    inner.split(',').collect()
+                };
+                have.sort_unstable();
+                let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+                want.sort_unstable();
+                (rest.is_empty() || rest.starts_with('{')) && have == want
+            })
+            .map_or(0.0, |(_, v)| *v)
+    }
+
+    /// Waits until `name{labels}` equals `value` (metrics are refreshed from the kernel
+    /// every 250 ms), then checks it stays there for a moment.
+    #[expect(clippy::float_cmp, reason = "counters are integers")]
+    fn expect_metric(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = self.metric(name, labels);
+            if got == value {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}{labels:?} = {got}, expected {value}\n--- metrics\n{}\n--- log\n{}",
+                self.get("/metrics").1,
+                self.log()
+            );
+            self.assert_running();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(
+            self.metric(name, labels),
+            value,
+            "{name}{labels:?} moved on\n{}",
+            self.log()
+        );
+    }
+
+    /// SIGTERM; returns the exit status.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(i32::try_from(self.child.id()).expect("pid"), libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "agent ignores SIGTERM:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        (status, self.log())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write_rules(path: &Path, rules: &str) {
+    let exe = workload().canonicalize().expect("workload path");
+    let text = rules.replace("@WORKLOAD@", &exe.display().to_string());
+    // Write and rename, as a ConfigMap update does, so the agent never reads half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("writing rules");
+    std::fs::rename(&tmp, path).expect("renaming rules");
+}
+
+/// Runs the workload to completion.
+fn run_workload(args: &[&str]) {
+    let status = Command::new(workload())
+        .args(args)
+        .stdout(Stdio::null())
+        .status()
+        .expect("workload");
+    assert!(status.success() || args[0] == "usr1", "workload {args:?}: {status}");
+}
+
+/// The files of directory `dir`, sorted.
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+const RULES: &str = r"
+version: 1
+defaults:
+  capture: { backend: sampling, buffer_size: 256KiB }
+  snapshot: { cooldown: 0s, max_per_hour: 1000 }
+rules:
+  - name: slow-work
+    target: { exe: @WORKLOAD@ }
+    trigger:
+      function: { symbol: lb_work, min_duration: 5ms }
+  - name: enoent
+    target: { comm: workload }
+    trigger:
+      syscall: { names: [openat], errno: [ENOENT] }
+    output: { keep_raw: false }
+  - name: usr1
+    target: { comm: workload }
+    trigger:
+      signal: { signals: [SIGUSR1] }
+";
+
+#[test]
+fn several_rules_and_workloads_give_exact_counts() {
+    // One workload runs before the agent starts: the /proc scan must find it.
+    let mut early = Command::new(workload())
+        .args(["--wait", "calls", "6", "2", "15000", "30000", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("workload");
+    let mut agent = Agent::start(RULES, &[]);
+    agent.wait_log(&format!("tracing process {}", early.id()), Duration::from_secs(10));
+    let _ = early.stdin.take().expect("stdin").write_all(b"go\n");
+    assert!(early.wait().expect("wait").success());
+    // Started after the agent: found through the kernel's exec events.
+    run_workload(&["calls", "4", "2", "15000", "30000", "1"]);
+    // The dynamic loader's own failed opens count too: two runs so far started after the
+    // agent (the early one loaded before it), measure them with no extra.
+    run_workload(&["enoent", "0"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "slow-work")], 5.0);
+    let baseline = agent.metric("lookback_triggers_total", &[("rule", "enoent")]);
+    let per_run = baseline / 2.0;
+    assert!(
+        per_run >= 1.0 && per_run.fract() == 0.0,
+        "loader opens of 2 workload runs: {baseline}"
+    );
+    run_workload(&["enoent", "7"]);
+    agent.expect_metric(
+        "lookback_triggers_total",
+        &[("rule", "enoent")],
+        baseline + per_run + 7.0,
+    );
+    run_workload(&["usr1"]);
+    run_workload(&["usr1"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "usr1")], 2.0);
+    let enoent_total = baseline + 3.0 * per_run + 7.0;
+    agent.expect_metric("lookback_triggers_total", &[("rule", "enoent")], enoent_total);
+    // Every trigger became a snapshot (cooldown 0, queue large enough).
+    for (rule, n) in [
+        ("slow-work", 5.0),
+        ("usr1", 2.0),
+        ("enoent", enoent_total),
+    ] {
+        agent.expect_metric(
+            "lookback_snapshots_total",
+            &[("rule", rule), ("backend", "sampling"), ("result", "ok")],
+            n,
+        );
+    }
+    assert_eq!(
+        agent.metric("lookback_triggers_suppressed_total", &[("rule", "enoent"), ("reason", "busy")]),
+        0.0
+    );
+    assert_eq!(agent.metric("lookback_rules_loaded", &[]), 3.0);
+    assert_eq!(agent.metric("lookback_probes_attached", &[("rule", "slow-work")]), 2.0);
+    // The files of contract.md: trace + metadata (+ raw when kept), mode 0600.
+    let slow = files(&agent.out().join("slow-work"));
+    assert_eq!(slow.iter().filter(|f| f.ends_with(".fxt.gz")).count(), 5, "{slow:?}");
+    assert_eq!(slow.iter().filter(|f| f.ends_with(".lbsnap")).count(), 5, "{slow:?}");
+    let enoent = files(&agent.out().join("enoent"));
+    assert!(enoent.iter().all(|f| !f.ends_with(".lbsnap")), "keep_raw: false: {enoent:?}");
+    let meta_name = slow.iter().find(|f| f.ends_with(".json")).expect("metadata");
+    let meta_path = agent.out().join("slow-work").join(meta_name);
+    let mode = std::fs::metadata(&meta_path).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&meta_path).expect("read")).expect("JSON");
+    assert_eq!(meta["rule"], "slow-work");
+    assert_eq!(meta["trigger"]["kind"], "function");
+    assert!(meta["trigger"]["duration_ns"].as_u64().unwrap_or(0) >= 15_000_000, "{meta}");
+    assert_eq!(meta["backend"], "sampling");
+    assert_eq!(meta["comm"], "workload");
+    let stem = meta_name.trim_end_matches(".json");
+    assert_eq!(meta["trace_file"], format!("{stem}.fxt.gz"));
+    assert_eq!(meta["raw_file"], format!("{stem}.lbsnap"));
+    assert!(stem.ends_with(&format!("-{}-{}", meta["pid"], meta["tid"])), "{stem}");
+    for key in ["trigger_time_ns", "window_start_ns", "window_end_ns"] {
+        assert!(meta[key].is_u64(), "{key}: {meta}");
+    }
+    let signal_meta = files(&agent.out().join("usr1"))
+        .into_iter()
+        .find(|f| f.ends_with(".json"))
+        .expect("usr1 metadata");
+    let signal_meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(agent.out().join("usr1").join(signal_meta)).expect("read"),
+    )
+    .expect("JSON");
+    assert_eq!(signal_meta["trigger"]["signal"], "SIGUSR1");
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status}\n{log}");
+}
+
+#[test]
+fn suppressed_triggers_are_counted_by_reason() {
+    let rules = r"
+version: 1
+defaults:
+  capture: { backend: sampling, buffer_size: 256KiB }
+rules:
+  - name: cooled
+    target: { comm: workload }
+    trigger: { syscall: { names: [nanosleep], min_duration: 1ms } }
+    snapshot: { cooldown: 1h }
+  - name: limited
+    target: { comm: workload }
+    trigger: { function: { symbol: lb_work, binary: @WORKLOAD@ } }
+    snapshot: { cooldown: 0s, max_per_hour: 2 }
+  - name: busy
+    target: { comm: workload }
+    trigger: { function: { symbol: lb_recurse, binary: @WORKLOAD@ } }
+    snapshot: { cooldown: 0s, max_per_hour: 1000, post_trigger: 500ms }
+";
+    let mut agent = Agent::start(rules, &[]);
+    run_workload(&["nanosleep", "5", "3000"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "cooled")], 5.0);
+    agent.expect_metric(
+        "lookback_triggers_suppressed_total",
+        &[("rule", "cooled"), ("reason", "cooldown")],
+        4.0,
+    );
+    run_workload(&["calls", "5", "100", "1000", "20000", "1"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "limited")], 5.0);
+    agent.expect_metric(
+        "lookback_triggers_suppressed_total",
+        &[("rule", "limited"), ("reason", "rate_limit")],
+        3.0,
+    );
+    // Five entries of lb_recurse within a millisecond, each waiting 500 ms to freeze: the
+    // first is pending when the others arrive.
+    run_workload(&["recurse", "4", "100"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "busy")], 5.0);
+    agent.expect_metric(
+        "lookback_triggers_suppressed_total",
+        &[("rule", "busy"), ("reason", "busy")],
+        4.0,
+    );
+    for (rule, n) in [("cooled", 1.0), ("limited", 2.0), ("busy", 1.0)] {
+        agent.expect_metric(
+            "lookback_snapshots_total",
+            &[("rule", rule), ("backend", "sampling"), ("result", "ok")],
+            n,
+        );
+    }
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status}\n{log}");
+}
+
+#[test]
+fn hot_reload_adds_and_removes_rules_and_keeps_them_on_a_broken_file() {
+    let one = r"
+version: 1
+defaults: { capture: { backend: sampling, buffer_size: 256KiB }, snapshot: { cooldown: 0s, max_per_hour: 1000 } }
+rules:
+  - name: usr1
+    target: { comm: workload }
+    trigger: { signal: { signals: [SIGUSR1] } }
+";
+    let two = format!(
+        "{one}  - name: sleeps\n    target: {{ comm: workload }}\n    trigger: {{ syscall: {{ names: [nanosleep], min_duration: 1ms }} }}\n"
+    );
+    let mut agent = Agent::start(one, &[]);
+    run_workload(&["usr1"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "usr1")], 1.0);
+    // Add a rule by changing the file (no signal).
+    write_rules(&agent.config(), &two);
+    agent.expect_metric("lookback_config_reloads_total", &[("result", "ok")], 1.0);
+    agent.expect_metric("lookback_rules_loaded", &[], 2.0);
+    run_workload(&["nanosleep", "3", "2000"]);
+    run_workload(&["usr1"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 3.0);
+    // The unchanged rule kept its kernel state: its counter went on from 1.
+    agent.expect_metric("lookback_triggers_total", &[("rule", "usr1")], 2.0);
+    // A broken file: reported with its position, the old rules keep running.
+    let broken = two.replace("signals: [SIGUSR1]", "signals: [SIGUSR1], bogus: 1");
+    write_rules(&agent.config(), &broken);
+    agent.expect_metric("lookback_config_reloads_total", &[("result", "error")], 1.0);
+    let line = agent.wait_log("reload rejected", Duration::from_secs(5));
+    assert!(line.contains("rules.yaml:"), "no position: {line}");
+    assert_eq!(agent.metric("lookback_rules_loaded", &[]), 2.0);
+    run_workload(&["nanosleep", "2", "2000"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 5.0);
+    // Remove a rule with SIGHUP after fixing the file.
+    let only_sleeps = two.replace(
+        "  - name: usr1\n    target: { comm: workload }\n    trigger: { signal: { signals: [SIGUSR1] } }\n",
+        "",
+    );
+    assert_ne!(only_sleeps, two);
+    write_rules(&agent.config(), &only_sleeps);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(i32::try_from(agent.child.id()).expect("pid"), libc::SIGHUP) };
+    agent.expect_metric("lookback_rules_loaded", &[], 1.0);
+    run_workload(&["usr1"]);
+    run_workload(&["nanosleep", "1", "2000"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 6.0);
+    assert_eq!(
+        agent.metric("lookback_triggers_total", &[("rule", "usr1")]),
+        2.0,
+        "a removed rule fires no more"
+    );
+    assert!(agent.metric("lookback_config_reloads_total", &[("result", "ok")]) >= 2.0);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status}\n{log}");
+}
+
+#[test]
+fn retention_keeps_the_newest_snapshots() {
+    let rules = r"
+version: 1
+defaults: { capture: { backend: sampling, buffer_size: 256KiB } }
+rules:
+  - name: sleeps
+    target: { comm: workload }
+    trigger: { syscall: { names: [nanosleep], min_duration: 1ms } }
+    snapshot: { cooldown: 0s, max_per_hour: 1000 }
+    output: { keep_raw: false, retention: { max_files: 4, max_bytes: 1GiB } }
+";
+    let mut agent = Agent::start(rules, &[]);
+    run_workload(&["nanosleep", "5", "30000"]);
+    agent.expect_metric(
+        "lookback_snapshots_total",
+        &[("rule", "sleeps"), ("backend", "sampling"), ("result", "ok")],
+        5.0,
+    );
+    let left = files(&agent.out().join("sleeps"));
+    assert_eq!(left.len(), 4, "two snapshots of trace + metadata: {left:?}");
+    // The newest two: their metadata has the latest trigger times of all five.
+    let log = agent.log();
+    let mut stems: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("snapshot sleeps: ").nth(1))
+        .filter_map(|l| l.split(".fxt.gz").next())
+        .filter_map(|p| p.rsplit('/').next())
+        .collect();
+    stems.sort_unstable();
+    assert_eq!(stems.len(), 5, "{log}");
+    for stem in &stems[3..] {
+        assert!(left.contains(&format!("{stem}.fxt.gz")), "{stem} pruned: {left:?}");
+    }
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status}\n{log}");
+}
+
+#[test]
+fn an_unwritable_output_dir_is_counted_and_survived() {
+    let rules = r"
+version: 1
+defaults: { capture: { backend: sampling, buffer_size: 256KiB } }
+rules:
+  - name: sleeps
+    target: { comm: workload }
+    trigger: { syscall: { names: [nanosleep], min_duration: 1ms } }
+    snapshot: { cooldown: 0s, max_per_hour: 1000 }
+";
+    // A directory below a regular file cannot be created, not even by root.
+    let blocker = tempfile::NamedTempFile::new().expect("file");
+    let out = blocker.path().join("out");
+    let out = out.to_str().expect("UTF-8");
+    let mut agent = Agent::start(rules, &["--output-dir", out]);
+    run_workload(&["nanosleep", "3", "2000"]);
+    agent.expect_metric(
+        "lookback_snapshots_total",
+        &[("rule", "sleeps"), ("backend", "sampling"), ("result", "error")],
+        3.0,
+    );
+    assert_eq!(agent.get("/healthz").0, 200);
+    assert!(agent.log().contains("cannot create"), "{}", agent.log());
+    // Still working: the next triggers are counted too.
+    run_workload(&["nanosleep", "2", "2000"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 5.0);
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status}\n{log}");
+}
+
+/// Names of loaded BPF programs that belong to lookback (names are cut to 15 bytes).
+fn lookback_programs() -> Vec<String> {
+    const OURS: [&str; 8] = [
+        "function_entry",
+        "function_return",
+        "sys_enter",
+        "sys_exit",
+        "signal_generate",
+        "process_fork",
+        "process_exec",
+        "process_exit",
+    ];
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .filter(|n| !n.is_empty() && OURS.iter().any(|o| o.starts_with(n.as_str())))
+        .collect()
+}
+
+#[test]
+fn sigterm_detaches_everything() {
+    let settle = |done: &dyn Fn(&[String]) -> bool| {
+        let mut programs = lookback_programs();
+        for _ in 0..50 {
+            if done(&programs) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            programs = lookback_programs();
+        }
+        programs
+    };
+    let before = settle(&|p| p.is_empty());
+    let uprobes = || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let uprobes_before = uprobes();
+    let mut agent = Agent::start(RULES, &[]);
+    let loaded = lookback_programs();
+    assert!(
+        loaded.iter().filter(|n| !before.contains(n)).count() >= 6,
+        "the agent's programs are not loaded: {loaded:?}"
+    );
+    // A snapshot in flight when SIGTERM arrives is finished, not torn.
+    run_workload(&["usr1"]);
+    agent.wait_log("trigger usr1", Duration::from_secs(10));
+    let out = agent.out();
+    let (status, log) = agent.stop();
+    assert!(status.success(), "{status}\n{log}");
+    assert!(log.contains("every probe detached"), "{log}");
+    let after = settle(&|p| p.iter().all(|n| before.contains(n)));
+    assert!(
+        after.iter().all(|n| before.contains(n)),
+        "programs left behind: {after:?}"
+    );
+    assert_eq!(uprobes(), uprobes_before);
+    let usr1 = files(&out.join("usr1"));
+    assert!(
+        usr1.iter().any(|f| f.ends_with(".json")) && usr1.iter().all(|f| !f.contains(".tmp")),
+        "{usr1:?}\n{log}"
+    );
+}
