@@ -455,6 +455,36 @@ impl TriggerEngine {
         let mut map: Array<_, EngineConfig> = map_mut(&mut self.ebpf, "CONFIG")?;
         map.set(0, config, 0).map_err(map_err("CONFIG"))
     }
+
+    /// Run-time statistics of every loaded program (for `lookback_bpf_program_*`). The
+    /// kernel fills them only while stats are enabled (`BPF_ENABLE_STATS` or the
+    /// `kernel.bpf_stats_enabled` sysctl); otherwise they read zero. A program whose info
+    /// cannot be read is left out.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, prog)| match prog.info() {
+                Ok(info) => Some(ProgramStats {
+                    name: name.to_owned(),
+                    run_count: info.run_count(),
+                    run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                }),
+                Err(e) => {
+                    log::debug!("info of eBPF program {name}: {e}");
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+/// Cumulative run-time statistics of one loaded eBPF program (`bpf_prog_info`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProgramStats {
+    /// The program's name in the object (its function name).
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
 }
 
 fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, TriggerError>
