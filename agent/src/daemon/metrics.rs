@@ -74,7 +74,7 @@ impl Suppression {
 pub enum LossSource {
     /// The trigger ring buffer was full in the kernel.
     Ringbuf,
-    /// PERF_RECORD_LOST in a sampling ring.
+    /// `PERF_RECORD_LOST` in a sampling ring.
     Perf,
     /// AUX area truncated or overwritten (Intel PT).
     Aux,
@@ -134,8 +134,7 @@ pub struct Metrics {
     trigger_to_freeze: HistogramVec,
     decode_duration: HistogramVec,
     events_lost: IntCounterVec,
-    bpf_runs: IntCounterVec,
-    bpf_run_seconds: CounterVec,
+    bpf: BpfMetrics,
     seen: Mutex<Seen>,
 }
 
@@ -184,16 +183,44 @@ fn histogram_vec(
     register(registry, name, vec)
 }
 
+/// The extension metrics: cost of the eBPF programs.
+struct BpfMetrics {
+    runs: IntCounterVec,
+    run_seconds: CounterVec,
+}
+
+impl BpfMetrics {
+    fn new(r: &Registry) -> Result<Self, MetricsError> {
+        const SECONDS: &str = "lookback_bpf_program_run_seconds_total";
+        let run_seconds = CounterVec::new(
+            Opts::new(
+                SECONDS,
+                "CPU time spent in each eBPF program while run-time statistics were enabled \
+                 (extension).",
+            ),
+            &["program"],
+        )
+        .map_err(|source| MetricsError::Register {
+            name: SECONDS,
+            source,
+        })?;
+        Ok(Self {
+            runs: counter_vec(
+                r,
+                "lookback_bpf_program_runs_total",
+                "Runs of each eBPF program while run-time statistics were enabled (extension).",
+                &["program"],
+            )?,
+            run_seconds: register(r, SECONDS, run_seconds)?,
+        })
+    }
+}
+
 impl Metrics {
     /// Registers every metric. `backend` is the machine's default capture backend
     /// (`intel-pt` or `sampling`), exported in `lookback_build_info`.
     pub fn new(backend: &str) -> Result<Self, MetricsError> {
         let r = Registry::new();
-        let rules_loaded = IntGauge::new("lookback_rules_loaded", "Rules currently installed.")
-            .map_err(|source| MetricsError::Register {
-                name: "lookback_rules_loaded",
-                source,
-            })?;
         let metrics = Self {
             build_info: gauge_vec(
                 &r,
@@ -201,7 +228,16 @@ impl Metrics {
                 "Always 1; the agent's version and default capture backend.",
                 &["version", "backend"],
             )?,
-            rules_loaded: register(&r, "lookback_rules_loaded", rules_loaded)?,
+            rules_loaded: register(
+                &r,
+                "lookback_rules_loaded",
+                IntGauge::new("lookback_rules_loaded", "Rules currently installed.").map_err(
+                    |source| MetricsError::Register {
+                        name: "lookback_rules_loaded",
+                        source,
+                    },
+                )?,
+            )?,
             config_reloads: counter_vec(
                 &r,
                 "lookback_config_reloads_total",
@@ -271,28 +307,7 @@ impl Metrics {
                 "Records lost before reaching the agent, by where.",
                 &["source"],
             )?,
-            bpf_runs: counter_vec(
-                &r,
-                "lookback_bpf_program_runs_total",
-                "Runs of each eBPF program while run-time statistics were enabled (extension).",
-                &["program"],
-            )?,
-            bpf_run_seconds: register(
-                &r,
-                "lookback_bpf_program_run_seconds_total",
-                CounterVec::new(
-                    Opts::new(
-                        "lookback_bpf_program_run_seconds_total",
-                        "CPU time spent in each eBPF program while run-time statistics were \
-                         enabled (extension).",
-                    ),
-                    &["program"],
-                )
-                .map_err(|source| MetricsError::Register {
-                    name: "lookback_bpf_program_run_seconds_total",
-                    source,
-                })?,
-            )?,
+            bpf: BpfMetrics::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
         };
@@ -451,7 +466,8 @@ impl Metrics {
             } else {
                 delta(last_ns, s.run_time_ns)
             };
-            self.bpf_runs
+            self.bpf
+                .runs
                 .with_label_values(&[s.name.as_str()])
                 .inc_by(runs);
             #[expect(
@@ -459,7 +475,8 @@ impl Metrics {
                 reason = "seconds as f64; nanosecond precision past 2^53 ns (104 days) is moot"
             )]
             let secs = ns as f64 / 1e9;
-            self.bpf_run_seconds
+            self.bpf
+                .run_seconds
                 .with_label_values(&[s.name.as_str()])
                 .inc_by(secs);
         }

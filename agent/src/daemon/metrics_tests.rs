@@ -1,5 +1,9 @@
 //! Tests of the daemon's metrics: the contract's names, types and labels as they appear in
 //! the exposition text, and kernel counters that stay monotonic across resets.
+#![expect(
+    clippy::float_cmp,
+    reason = "sample values are small integers, exact in f64"
+)]
 use std::{
     collections::{BTreeMap, BTreeSet},
     time::Duration,
