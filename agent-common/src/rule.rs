@@ -147,8 +147,9 @@ pub struct EngineConfig {
     pub task_tgid_offset: u32,
     /// Byte offset of `task_struct.pid`.
     pub task_pid_offset: u32,
-    /// Padding to a multiple of 8 bytes; always 0.
-    pub reserved: u32,
+    /// Nonzero: send exec and exit events to `PROC_EVENTS` (the agent discovers targets
+    /// with them; `run`/`attach` leave it 0 and pay nothing per exec).
+    pub process_events: u32,
 }
 
 /// Depth of the per-thread stack of function entry times (recursion is measured up to it).

@@ -45,6 +45,16 @@ pub static SYSCALL_START: LruHashMap<u32, SyscallStart> = LruHashMap::with_max_e
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
+/// `comm` after exec (NUL-padded) → rules whose target may match it. Checked at exec so a
+/// process started later is a target from its first instruction; the agent confirms (or
+/// withdraws) the match from `/proc` right after.
+#[map]
+pub static EXEC_COMMS: HashMap<[u8; 16], u64> = HashMap::with_max_entries(1024, 0);
+
+/// Exec and exit events for the agent: `lookback_common::process::ProcessRecord`s.
+#[map]
+pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
 /// The rule bitmask that applies to the current task, or 0. One hash lookup for processes
 /// outside the target set (two when cgroup targets exist).
 #[inline(always)]

@@ -1,10 +1,22 @@
 //! Follows forks: a child of a traced process inherits the rules that have
 //! `FLAG_FOLLOW_FORKS`, in the kernel, before the child runs its first instruction.
 //! `sched_process_fork`: `TP_PROTO(struct task_struct *parent, struct task_struct *child)`.
-use aya_ebpf::{macros::raw_tracepoint, programs::RawTracePointContext};
+//!
+//! For the agent, also reports execs (`sched_process_exec`: `TP_PROTO(struct task_struct *p,
+//! pid_t old_pid, struct linux_binprm *bprm)`) so that processes started later are matched
+//! against the rules, and exits of traced processes (`sched_process_exit`: `TP_PROTO(struct
+//! task_struct *p)`), whose target entry is removed here so that a reused pid never
+//! inherits rules.
+use aya_ebpf::{
+    helpers::bpf_get_current_comm, macros::raw_tracepoint, programs::RawTracePointContext,
+};
 use aya_log_ebpf::debug;
+use lookback_common::process::{PROC_EXEC, PROC_EXIT, ProcessRecord};
 
-use crate::maps::{TARGET_TGIDS, config, task_u32};
+use crate::{
+    emit::now_ns,
+    maps::{EXEC_COMMS, PROC_EVENTS, TARGET_TGIDS, config, task_u32},
+};
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn process_fork(ctx: RawTracePointContext) -> i32 {
@@ -33,4 +45,66 @@ fn try_process_fork(ctx: &RawTracePointContext) -> Option<()> {
         debug!(ctx, "following fork {} -> {}", parent_tgid, child_tgid);
     }
     Some(())
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(ctx: RawTracePointContext) -> i32 {
+    let _ = try_process_exec(&ctx);
+    0
+}
+
+fn try_process_exec(ctx: &RawTracePointContext) -> Option<()> {
+    let config = config()?;
+    if config.process_events == 0 {
+        return None;
+    }
+    let task: *const u8 = ctx.arg(0);
+    let tgid = task_u32(task, config.task_tgid_offset)?;
+    if let Ok(comm) = bpf_get_current_comm() {
+        // SAFETY: plain u64 value.
+        if let Some(&mask) = unsafe { EXEC_COMMS.get(&comm) } {
+            // SAFETY: as above.
+            let had = unsafe { TARGET_TGIDS.get(tgid) }.copied().unwrap_or(0);
+            let _ = TARGET_TGIDS.insert(tgid, mask | had, 0);
+        }
+    }
+    send(PROC_EXEC, tgid);
+    Some(())
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn process_exit(ctx: RawTracePointContext) -> i32 {
+    let _ = try_process_exit(&ctx);
+    0
+}
+
+fn try_process_exit(ctx: &RawTracePointContext) -> Option<()> {
+    let config = config()?;
+    if config.process_events == 0 {
+        return None;
+    }
+    let task: *const u8 = ctx.arg(0);
+    let tgid = task_u32(task, config.task_tgid_offset)?;
+    let pid = task_u32(task, config.task_pid_offset)?;
+    if pid != tgid {
+        return None; // a thread; the process lives on
+    }
+    // SAFETY: plain u64 value, only tested for presence.
+    unsafe { TARGET_TGIDS.get(tgid) }?;
+    let _ = TARGET_TGIDS.remove(tgid);
+    send(PROC_EXIT, tgid);
+    Some(())
+}
+
+/// Sends one process record; a full ring drops it (the agent's periodic rescan catches up).
+#[inline(always)]
+fn send(kind: u32, tgid: u32) {
+    if let Some(mut entry) = PROC_EVENTS.reserve::<ProcessRecord>(0) {
+        entry.write(ProcessRecord {
+            timestamp_ns: now_ns(),
+            kind,
+            tgid,
+        });
+        entry.submit(0);
+    }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod agent;
 pub mod check;
 pub mod decode;
 mod live;
@@ -62,6 +63,7 @@ pub type CliResult = Result<ExitCode, CliError>;
     after_help = "Start with `lookback check` to see what this machine supports.\n\
 Examples:\n  lookback run --trigger 'func:handle_request>2ms' -- ./server\n  \
 lookback attach -p 1234 --trigger 'syscall:fsync>50ms'\n  \
+lookback agent --config configs/slow-handler.yaml --output-dir /tmp/lookback\n  \
 lookback rules validate configs/example.yaml"
 )]
 pub struct Cli {
@@ -88,6 +90,9 @@ pub enum Command {
     Rules(rules::RulesArgs),
     /// Decode a snapshot or raw Intel PT into a trace (debug modes: --ptdump, --ptxed, --stats)
     Decode(decode::DecodeArgs),
+    /// The daemon: rules from a YAML file for every matching process, snapshots to disk,
+    /// Prometheus metrics.
+    Agent(agent::AgentArgs),
 }
 
 /// Parses the command line, runs the subcommand, prints errors with their causes.
@@ -111,6 +116,7 @@ pub fn main() -> ExitCode {
         Command::Attach(args) => run::attach(args),
         Command::Rules(args) => rules::run(&args),
         Command::Decode(args) => decode::run(&args),
+        Command::Agent(args) => agent::run(args),
     };
     match result {
         Ok(code) => code,

@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use crate::{
     capture::{CaptureOptions, Recorder, monotonic_ns, open_recorder},
     snapshot::{self, Snapshot, TriggerMeta},
-    triggers::{TriggerEvent, TriggerKind, event::format_ns},
+    triggers::{TriggerEvent, event::format_ns},
     writer,
 };
 
@@ -87,7 +87,7 @@ impl Recording {
     ) -> anyhow::Result<SnapshotFiles> {
         let data = self.recorder.freeze().context("freezing the recorder")?;
         let meta = match trigger {
-            Some((rule, event)) => trigger_meta(rule, event),
+            Some((rule, event)) => TriggerMeta::from_event(rule, event),
             None => TriggerMeta {
                 rule: "manual".to_owned(),
                 kind: "manual".to_owned(),
@@ -177,24 +177,6 @@ impl Recording {
                 }
             }
         }
-    }
-}
-
-fn trigger_meta(rule: &str, event: &TriggerEvent) -> TriggerMeta {
-    let kind = match event.kind {
-        TriggerKind::Function => "function",
-        TriggerKind::Syscall => "syscall",
-        TriggerKind::Signal => "signal",
-    };
-    TriggerMeta {
-        rule: rule.to_owned(),
-        kind: kind.to_owned(),
-        detail: event.detail(),
-        pid: event.pid,
-        tid: event.tid,
-        comm: event.comm.clone(),
-        trigger_time_ns: event.timestamp_ns,
-        duration_ns: event.duration_ns,
     }
 }
 

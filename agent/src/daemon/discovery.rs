@@ -1,1 +1,271 @@
-//! Placeholder; see daemon/mod.rs.
+//! Target discovery: which processes a rule's `target` selects.
+//!
+//! In: a proc root (`/proc`, or a fake tree in tests) and the rules' [`Target`]s. Out: the
+//! [`ProcessInfo`] of each process (comm, exe, cgroup v2 path) and whether it matches. The
+//! daemon scans once at start and after that reacts to the kernel's exec/exit events
+//! (`PROC_EVENTS`), with a slow rescan as a safety net for events a full ring dropped.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use crate::rules::Target;
+
+/// What the rules can match a process on, read from `/proc/PID`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    /// `/proc/PID/comm` without the newline.
+    pub comm: String,
+    /// `/proc/PID/exe` as the process sees it (inside its own root); `None` for kernel
+    /// threads and processes we may not inspect.
+    pub exe: Option<PathBuf>,
+    /// The cgroup v2 path (`0::/path` line of `/proc/PID/cgroup`); `None` on a v1-only host.
+    pub cgroup: Option<String>,
+}
+
+impl ProcessInfo {
+    /// Reads process `pid` under `proc_root`; `None` when it is gone (or never existed).
+    pub fn read(proc_root: &Path, pid: u32) -> Option<Self> {
+        let dir = proc_root.join(pid.to_string());
+        let comm = fs::read_to_string(dir.join("comm")).ok()?;
+        let exe = fs::read_link(dir.join("exe")).ok();
+        let cgroup = fs::read_to_string(dir.join("cgroup"))
+            .ok()
+            .and_then(|text| cgroup_v2_path(&text));
+        Some(Self {
+            pid,
+            comm: comm.trim_end_matches('\n').to_owned(),
+            exe,
+            cgroup,
+        })
+    }
+
+    /// The executable path without the ` (deleted)` suffix the kernel appends when the
+    /// file was replaced (e.g. by a package upgrade): the rule still means that program.
+    pub fn exe_path(&self) -> Option<PathBuf> {
+        let exe = self.exe.as_ref()?;
+        let text = exe.to_string_lossy();
+        Some(match text.strip_suffix(" (deleted)") {
+            Some(stripped) => PathBuf::from(stripped),
+            None => exe.clone(),
+        })
+    }
+}
+
+/// The path of the unified (v2) hierarchy in a `/proc/PID/cgroup` file.
+pub fn cgroup_v2_path(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(str::to_owned)
+}
+
+/// Every process (thread group) id under `proc_root`, ascending.
+pub fn scan(proc_root: &Path) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir(proc_root) else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Whether `info` satisfies every field `target` gives. The `kubernetes` selector is
+/// decided by `in_selected_pod` (the pod watcher knows which cgroups belong to selected
+/// containers); processes without an executable (kernel threads) only match by pid.
+pub fn matches(
+    target: &Target,
+    info: &ProcessInfo,
+    in_selected_pod: impl FnOnce(&ProcessInfo) -> bool,
+) -> bool {
+    if target.is_empty() {
+        return false;
+    }
+    if target.pid.is_some_and(|pid| pid != info.pid) {
+        return false;
+    }
+    if target.pid.is_none() && info.exe.is_none() {
+        return false;
+    }
+    if target.comm.as_ref().is_some_and(|comm| *comm != info.comm) {
+        return false;
+    }
+    if let Some(exe) = &target.exe
+        && info.exe_path().as_ref() != Some(exe)
+    {
+        return false;
+    }
+    if let Some(prefix) = &target.cgroup
+        && !info
+            .cgroup
+            .as_deref()
+            .is_some_and(|path| cgroup_has_prefix(path, prefix))
+    {
+        return false;
+    }
+    if target
+        .kubernetes
+        .as_ref()
+        .is_some_and(|k| !k.is_empty())
+    {
+        return in_selected_pod(info);
+    }
+    true
+}
+
+/// Whether cgroup `path` is `prefix` or below it, component-wise: `/a/b` is under `/a` but
+/// `/ab` is not. A prefix ending in `/` is taken as the directory.
+pub fn cgroup_has_prefix(path: &str, prefix: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    if prefix.is_empty() {
+        return true;
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use std::{collections::BTreeMap, path::Path};
+
+    use super::*;
+    use crate::rules::KubernetesSelector;
+
+    fn fake_proc(dir: &Path, pid: u32, comm: &str, exe: Option<&str>, cgroup: &str) {
+        let p = dir.join(pid.to_string());
+        fs::create_dir_all(&p).unwrap();
+        fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
+        fs::write(p.join("cgroup"), cgroup).unwrap();
+        if let Some(exe) = exe {
+            std::os::unix::fs::symlink(exe, p.join("exe")).unwrap();
+        }
+    }
+
+    fn info(pid: u32, comm: &str, exe: Option<&str>, cgroup: Option<&str>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            comm: comm.into(),
+            exe: exe.map(PathBuf::from),
+            cgroup: cgroup.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn reads_a_fake_proc_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_proc(
+            dir.path(),
+            42,
+            "myserver",
+            Some("/usr/bin/myserver"),
+            "12:pids:/x\n0::/system.slice/my.service\n",
+        );
+        fake_proc(dir.path(), 2, "kthreadd", None, "0::/\n");
+        fs::create_dir_all(dir.path().join("self")).unwrap();
+        assert_eq!(scan(dir.path()), vec![2, 42]);
+        let got = ProcessInfo::read(dir.path(), 42).unwrap();
+        assert_eq!(
+            got,
+            info(
+                42,
+                "myserver",
+                Some("/usr/bin/myserver"),
+                Some("/system.slice/my.service")
+            )
+        );
+        let kthread = ProcessInfo::read(dir.path(), 2).unwrap();
+        assert_eq!(kthread.exe, None);
+        assert!(ProcessInfo::read(dir.path(), 7).is_none());
+        let v1_only = "4:memory:/a\n1:name=systemd:/a\n";
+        assert_eq!(cgroup_v2_path(v1_only), None);
+    }
+
+    #[test]
+    fn every_given_field_must_match() {
+        let p = info(
+            42,
+            "myserver",
+            Some("/usr/bin/myserver"),
+            Some("/kubepods.slice/kubepods-burstable.slice/x.scope"),
+        );
+        let yes = |_: &ProcessInfo| true;
+        let t = |f: fn(&mut Target)| {
+            let mut t = Target::default();
+            f(&mut t);
+            t
+        };
+        assert!(matches(&t(|t| t.pid = Some(42)), &p, yes));
+        assert!(!matches(&t(|t| t.pid = Some(43)), &p, yes));
+        assert!(matches(&t(|t| t.comm = Some("myserver".into())), &p, yes));
+        assert!(!matches(&t(|t| t.comm = Some("myserve".into())), &p, yes));
+        assert!(matches(
+            &t(|t| t.exe = Some("/usr/bin/myserver".into())),
+            &p,
+            yes
+        ));
+        assert!(!matches(&t(|t| t.exe = Some("/usr/bin/other".into())), &p, yes));
+        assert!(matches(
+            &t(|t| t.cgroup = Some("/kubepods.slice".into())),
+            &p,
+            yes
+        ));
+        assert!(!matches(&t(|t| t.cgroup = Some("/kube".into())), &p, yes));
+        // Two fields: both must hold.
+        let both = t(|t| {
+            t.comm = Some("myserver".into());
+            t.pid = Some(1);
+        });
+        assert!(!matches(&both, &p, yes));
+        // An empty target never matches; a kernel thread only by pid.
+        assert!(!matches(&Target::default(), &p, yes));
+        let kthread = info(2, "kthreadd", None, Some("/"));
+        assert!(!matches(&t(|t| t.comm = Some("kthreadd".into())), &kthread, yes));
+        assert!(matches(&t(|t| t.pid = Some(2)), &kthread, yes));
+    }
+
+    #[test]
+    fn the_kubernetes_selector_is_asked_last() {
+        let p = info(42, "api", Some("/app/api"), Some("/kubepods/pod1/c1"));
+        let target = Target {
+            comm: Some("api".into()),
+            kubernetes: Some(KubernetesSelector {
+                namespace: Some("prod".into()),
+                pod_labels: BTreeMap::new(),
+                container: None,
+            }),
+            ..Target::default()
+        };
+        assert!(matches(&target, &p, |_| true));
+        assert!(!matches(&target, &p, |_| false));
+        let wrong_comm = Target {
+            comm: Some("db".into()),
+            ..target
+        };
+        assert!(!matches(&wrong_comm, &p, |_| panic!("not asked")));
+    }
+
+    #[test]
+    fn deleted_executables_keep_their_path() {
+        let p = info(1, "x", Some("/usr/bin/x (deleted)"), None);
+        assert_eq!(p.exe_path(), Some(PathBuf::from("/usr/bin/x")));
+    }
+
+    #[test]
+    fn cgroup_prefixes_are_component_wise() {
+        assert!(cgroup_has_prefix("/a/b", "/a"));
+        assert!(cgroup_has_prefix("/a/b", "/a/"));
+        assert!(cgroup_has_prefix("/a", "/a"));
+        assert!(!cgroup_has_prefix("/ab", "/a"));
+        assert!(cgroup_has_prefix("/anything", "/"));
+        assert!(cgroup_has_prefix(
+            "/kubepods.slice/kubepods-burstable.slice/x",
+            "/kubepods.slice"
+        ));
+    }
+}

@@ -2,13 +2,300 @@
 //! on the machine, snapshots to disk, Prometheus metrics. The last pipeline stage: it drives
 //! triggers → capture → snapshot → decode → writer for many targets at once.
 //!
+//! - [`config`]: the rules file and how a new version is noticed (SIGHUP or a change).
 //! - [`discovery`]: which processes match a rule's target (pid, comm, exe, cgroup), found by
 //!   a `/proc` scan at start and by exec/exit events from the kernel afterwards.
 //! - [`kubernetes`]: the `kubernetes` target selector (pods on this node → cgroups, PIDs).
+//! - [`targets`]: rules in the engine, probes per binary, one recorder per traced process.
+//! - [`pipeline`]: trigger → freeze (here, on the event loop: it must be quick) → decode and
+//!   write (on the blocking pool, bounded) → retention.
+//! - [`output`] and [`retention`]: the file layout of contract.md, atomic writes, pruning.
 //! - [`metrics`] and [`http`]: the Prometheus registry and the `/metrics`, `/healthz`,
 //!   `/readyz` server.
 
+pub mod config;
 pub mod discovery;
 pub mod http;
 pub mod kubernetes;
 pub mod metrics;
+pub mod output;
+pub mod pipeline;
+pub mod retention;
+pub mod targets;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use self::{
+    config::ConfigFile,
+    http::{HttpError, HttpState},
+    metrics::{Metrics, MetricsError},
+    pipeline::Pipeline,
+    targets::{ApplyError, ErrorChain, RuleChanges, Tracer},
+};
+use crate::{
+    capture::BackendRequest,
+    check::{self, Backend},
+    rules::{RuleSet, RulesError},
+    triggers::{
+        TriggerEngine, TriggerError,
+        stream::{EventStream, ProcessEvent, ProcessEventStream, forward_logs},
+    },
+};
+
+/// Where snapshots go when neither `--output-dir` nor the rule's `output.dir` says.
+pub const DEFAULT_OUTPUT_DIR: &str = "/var/lib/lookback";
+/// `--metrics-addr` default (contract.md).
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub config: PathBuf,
+    pub metrics_addr: String,
+    /// Overrides every rule's `output.dir`.
+    pub output_dir: Option<PathBuf>,
+    /// Where processes are found (`/proc`; the host's `/proc` in a container with hostPID).
+    pub proc_root: PathBuf,
+    /// Snapshots queued or being written at once; a trigger beyond is suppressed (`busy`).
+    pub max_queued: usize,
+    /// Snapshots decoded at once (each takes a core while it decodes).
+    pub workers: usize,
+    /// How long SIGTERM waits for snapshots in flight.
+    pub shutdown_timeout: Duration,
+    /// Full `/proc` rescans, a safety net for exec events a full ring dropped.
+    pub rescan_interval: Duration,
+    /// Collect eBPF program run time (`lookback_bpf_program_*`; ~20 ns per program run).
+    pub bpf_stats: bool,
+}
+
+impl AgentOptions {
+    /// Defaults for everything but the config file.
+    pub fn new(config: PathBuf) -> Self {
+        Self {
+            config,
+            metrics_addr: DEFAULT_METRICS_ADDR.to_owned(),
+            output_dir: None,
+            proc_root: PathBuf::from("/proc"),
+            max_queued: 8,
+            workers: 2,
+            shutdown_timeout: Duration::from_secs(10),
+            rescan_interval: Duration::from_secs(30),
+            bpf_stats: false,
+        }
+    }
+}
+
+/// Why the agent could not start (after it started, errors are logged and counted).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] RulesError),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error("loading the trigger engine")]
+    Engine(#[from] TriggerError),
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error("metrics")]
+    Metrics(#[from] MetricsError),
+    #[error("setting up the agent")]
+    Io(#[from] std::io::Error),
+}
+
+impl DaemonError {
+    /// Whether the user must fix their input (exit 2) rather than the machine (exit 1).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Config(_) | Self::Apply(_))
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub fn run(opts: AgentOptions) -> Result<(), DaemonError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run_async(opts))
+}
+
+async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
+    let mut config = ConfigFile::new(opts.config.clone());
+    let rules = config.load()?;
+    let choice = check::probe_backend(&check::Paths::default());
+    let auto = match choice.backend {
+        Some(Backend::IntelPt) => BackendRequest::IntelPt,
+        _ => BackendRequest::Sampling,
+    };
+    log::info!(
+        "backend auto: {}, because {}",
+        choice.backend.map_or("none", Backend::as_str),
+        choice.reason
+    );
+    let metrics = Arc::new(Metrics::new(
+        choice.backend.map_or("none", Backend::as_str),
+    )?);
+    let listener = http::bind(&opts.metrics_addr).await?;
+    log::info!(
+        "metrics on http://{}/metrics",
+        listener.local_addr().map_or_else(|_| opts.metrics_addr.clone(), |a| a.to_string())
+    );
+    let state = Arc::new(HttpState::new(Arc::clone(&metrics)));
+    state.readiness.set_not_ready("loading rules");
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(http::serve(listener, Arc::clone(&state), async {
+        let _ = http_stopped.await;
+    }));
+
+    let mut engine = TriggerEngine::load()?;
+    if let Some(logger) = engine.logger() {
+        tokio::spawn(forward_logs(logger));
+    }
+    let mut triggers = EventStream::new(engine.take_events()?)?;
+    let mut processes = ProcessEventStream::new(engine.take_process_events()?)?;
+    engine.enable_process_events()?;
+    let _bpf_stats = if opts.bpf_stats {
+        match metrics::enable_bpf_stats() {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                log::warn!("{}", ErrorChain(&e));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut tracer = Tracer::new(engine, opts.proc_root.clone(), auto);
+    let (mut pipeline, mut due) = Pipeline::new(&opts, Arc::clone(&metrics));
+    let changes = tracer.apply_rules(&rules)?;
+    report_changes(&changes);
+    after_rules(&tracer, &metrics, &state, &changes);
+    log::info!(
+        "agent ready: {} rule(s), {} process(es) traced",
+        tracer.rules().count(),
+        tracer.process_count()
+    );
+
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut config_tick = tokio::time::interval(Duration::from_secs(1));
+    let mut rescan = tokio::time::interval(opts.rescan_interval);
+    rescan.reset();
+    loop {
+        tokio::select! {
+            batch = triggers.next_batch() => match batch {
+                Ok(events) => for event in events {
+                    pipeline.on_trigger(&mut tracer, event);
+                },
+                Err(e) => log::error!("reading triggers: {e}"),
+            },
+            batch = processes.next_batch() => match batch {
+                Ok(events) => for event in events {
+                    match event {
+                        ProcessEvent::Exec { tgid } => tracer.consider(tgid),
+                        ProcessEvent::Exit { tgid } => tracer.forget(tgid, true),
+                    }
+                },
+                Err(e) => log::error!("reading process events: {e}"),
+            },
+            Some(request) = due.recv() => pipeline.freeze(&mut tracer, request),
+            Some(()) = pipeline.next_done() => {}
+            _ = tick.tick() => {
+                refresh_metrics(&tracer, &metrics);
+                tracer.poll_recorders();
+            }
+            _ = config_tick.tick() => {
+                if config.changed() {
+                    log::info!("{} changed; reloading", config.path().display());
+                    reload(&mut config, &mut tracer, &metrics, &state);
+                }
+            }
+            _ = rescan.tick() => tracer.rescan(),
+            _ = sighup.recv() => {
+                log::info!("SIGHUP: reloading {}", config.path().display());
+                reload(&mut config, &mut tracer, &metrics, &state);
+            }
+            _ = sigterm.recv() => { log::info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { log::info!("SIGINT: shutting down"); break; }
+        }
+    }
+    state.readiness.set_not_ready("shutting down");
+    // Stop triggers first: no new snapshot starts while the last ones are written.
+    drop(triggers);
+    pipeline.finish(opts.shutdown_timeout).await;
+    refresh_metrics(&tracer, &metrics);
+    drop(processes);
+    drop(tracer); // detaches every probe, closes every recorder
+    let _ = stop_http.send(());
+    let _ = server.await;
+    log::info!("agent stopped; every probe detached");
+    Ok(())
+}
+
+fn reload(config: &mut ConfigFile, tracer: &mut Tracer, metrics: &Metrics, state: &HttpState) {
+    let rules: RuleSet = match config.load() {
+        Ok(rules) => rules,
+        Err(e) => {
+            log::error!("reload rejected, the previous rules keep running: {e}");
+            metrics.config_reload(false);
+            return;
+        }
+    };
+    match tracer.apply_rules(&rules) {
+        Ok(changes) => {
+            report_changes(&changes);
+            for name in changes.removed.iter().chain(&changes.changed) {
+                metrics.remove_rule(name);
+            }
+            metrics.config_reload(true);
+            after_rules(tracer, metrics, state, &changes);
+        }
+        Err(e) => {
+            log::error!("reload rejected, the previous rules keep running: {e}");
+            metrics.config_reload(false);
+        }
+    }
+}
+
+fn report_changes(c: &RuleChanges) {
+    log::info!(
+        "rules: {} added, {} changed, {} removed, {} unchanged{}",
+        c.added.len(),
+        c.changed.len(),
+        c.removed.len(),
+        c.unchanged.len(),
+        if c.failed.is_empty() {
+            String::new()
+        } else {
+            format!("; not installed: {}", c.failed.join(", "))
+        }
+    );
+}
+
+/// Gauges and readiness after the rule set changed.
+fn after_rules(tracer: &Tracer, metrics: &Metrics, state: &HttpState, c: &RuleChanges) {
+    metrics.set_rules_loaded(tracer.rules().count());
+    refresh_metrics(tracer, metrics);
+    if tracer.rules().count() == 0 && !c.failed.is_empty() {
+        state
+            .readiness
+            .set_not_ready(format!("no rule could be installed: {}", c.failed.join(", ")));
+    } else {
+        state.readiness.set_ready();
+    }
+}
+
+/// Copies the kernel counters and the target/probe gauges into the registry.
+fn refresh_metrics(tracer: &Tracer, metrics: &Metrics) {
+    for active in tracer.rules() {
+        match tracer.engine().counters(active.id) {
+            Ok(c) => metrics.observe_rule_counters(&active.rule.name, &c),
+            Err(e) => log::debug!("counters of {}: {}", active.rule.name, ErrorChain(&e)),
+        }
+        metrics.set_targets(&active.rule.name, active.targets.len());
+        metrics.set_probes(&active.rule.name, tracer.engine().probe_count(active.id));
+    }
+    metrics.observe_program_stats(&tracer.engine().program_stats());
+}

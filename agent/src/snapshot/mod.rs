@@ -57,6 +57,28 @@ pub struct TriggerMeta {
     pub duration_ns: Option<u64>,
 }
 
+impl TriggerMeta {
+    /// The metadata of a kernel trigger event for rule `rule`.
+    pub fn from_event(rule: &str, event: &crate::triggers::TriggerEvent) -> Self {
+        use crate::triggers::TriggerKind;
+        let kind = match event.kind {
+            TriggerKind::Function => "function",
+            TriggerKind::Syscall => "syscall",
+            TriggerKind::Signal => "signal",
+        };
+        Self {
+            rule: rule.to_owned(),
+            kind: kind.to_owned(),
+            detail: event.detail(),
+            pid: event.pid,
+            tid: event.tid,
+            comm: event.comm.clone(),
+            trigger_time_ns: event.timestamp_ns,
+            duration_ns: event.duration_ns,
+        }
+    }
+}
+
 /// The JSON metadata block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Metadata {

@@ -42,6 +42,8 @@ const PROG_SYS_ENTER: (&str, &str) = ("sys_enter", "sys_enter");
 const PROG_SYS_EXIT: (&str, &str) = ("sys_exit", "sys_exit");
 const PROG_SIGNAL: (&str, &str) = ("signal_generate", "signal_generate");
 const PROG_FORK: (&str, &str) = ("process_fork", "sched_process_fork");
+const PROG_EXEC: (&str, &str) = ("process_exec", "sched_process_exec");
+const PROG_EXIT: (&str, &str) = ("process_exit", "sched_process_exit");
 
 /// A failure of the trigger engine.
 #[derive(Debug, thiserror::Error)]
@@ -72,8 +74,8 @@ pub enum TriggerError {
     Cpus(#[source] std::io::Error),
     #[error("rule id {id} is out of range (at most {MAX_RULES} rules)")]
     RuleId { id: u32 },
-    #[error("rule {rule}: a function trigger needs a resolved probe point")]
-    NoProbePoint { rule: String },
+    #[error("rule {rule} is not a function rule: it takes no uprobes")]
+    NotFunction { rule: String },
     #[error("cannot attach {what} for rule {rule} at {path}+{offset:#x}")]
     Attach {
         rule: String,
@@ -152,7 +154,14 @@ impl TriggerEngine {
             let prog: &mut UProbe = program(&mut ebpf, name)?;
             prog.load().map_err(prog_err(name))?;
         }
-        for (name, _) in [PROG_SYS_ENTER, PROG_SYS_EXIT, PROG_SIGNAL, PROG_FORK] {
+        for (name, _) in [
+            PROG_SYS_ENTER,
+            PROG_SYS_EXIT,
+            PROG_SIGNAL,
+            PROG_FORK,
+            PROG_EXEC,
+            PROG_EXIT,
+        ] {
             let prog: &mut RawTracePoint = program(&mut ebpf, name)?;
             prog.load().map_err(prog_err(name))?;
         }
@@ -207,12 +216,8 @@ impl TriggerEngine {
         };
         let mut attached = Vec::new();
         if spec.kind == KIND_FUNCTION {
-            if probes.is_empty() {
-                return Err(TriggerError::NoProbePoint {
-                    rule: loaded.rule.name,
-                });
-            }
-            // Write the rule before the probes fire.
+            // Write the rule before the probes fire. No probe point yet is fine: the agent
+            // places them with `attach_probes` as it finds the binaries.
             self.write_rule(loaded.rule.id, &spec)?;
             let timed = spec.min_duration_ns > 0;
             for point in probes {
@@ -229,6 +234,120 @@ impl TriggerEngine {
         self.rules.insert(loaded.rule.id, loaded);
         self.sync_kinds()?;
         Ok(attached)
+    }
+
+    /// Places more probes for function rule `id` (a binary found later, e.g. a new
+    /// process's executable). Returns the probes placed; on error none of `points` stays.
+    pub fn attach_probes(
+        &mut self,
+        id: u32,
+        points: &[ProbePoint],
+    ) -> Result<Vec<AttachedProbe>, TriggerError> {
+        let Some(mut loaded) = self.rules.remove(&id) else {
+            return Err(TriggerError::RuleId { id });
+        };
+        if loaded.spec.kind != KIND_FUNCTION {
+            let rule = loaded.rule.name.clone();
+            self.rules.insert(id, loaded);
+            return Err(TriggerError::NotFunction { rule });
+        }
+        let timed = loaded.spec.min_duration_ns > 0;
+        let (entry_before, return_before) = (loaded.entry_links.len(), loaded.return_links.len());
+        let mut attached = Vec::new();
+        let mut result = Ok(());
+        for point in points {
+            result = self.attach_uprobe(&mut loaded, point, timed, &mut attached);
+            if result.is_err() {
+                break;
+            }
+        }
+        if let Err(e) = result {
+            let mut partial = LoadedRule {
+                rule: loaded.rule.clone(),
+                spec: loaded.spec,
+                entry_links: loaded.entry_links.split_off(entry_before),
+                return_links: loaded.return_links.split_off(return_before),
+            };
+            self.detach_uprobes(&mut partial);
+            self.rules.insert(id, loaded);
+            return Err(e);
+        }
+        self.rules.insert(id, loaded);
+        Ok(attached)
+    }
+
+    /// Number of uprobe links (entry and return) rule `id` holds.
+    pub fn probe_count(&self, id: u32) -> usize {
+        self.rules
+            .get(&id)
+            .map_or(0, |l| l.entry_links.len() + l.return_links.len())
+    }
+
+    /// Starts the exec/exit event stream (agent): attaches the process programs and turns
+    /// on `process_events`. Take the ring with [`take_process_events`](Self::take_process_events).
+    pub fn enable_process_events(&mut self) -> Result<(), TriggerError> {
+        for (name, tracepoint) in [PROG_EXEC, PROG_EXIT] {
+            if self.raw_links.contains_key(name) {
+                continue;
+            }
+            let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
+            let link = prog.attach(tracepoint).map_err(prog_err(name))?;
+            self.raw_links.insert(name, link);
+        }
+        self.config.process_events = 1;
+        self.write_config()
+    }
+
+    /// Takes the ring buffer of exec/exit records (once).
+    pub fn take_process_events(&mut self) -> Result<RingBuf<MapData>, TriggerError> {
+        let map = self
+            .ebpf
+            .take_map("PROC_EVENTS")
+            .ok_or(TriggerError::MissingMap {
+                name: "PROC_EVENTS",
+            })?;
+        RingBuf::try_from(map).map_err(map_err("PROC_EVENTS"))
+    }
+
+    /// Sets the comms that make a process a target at exec (`EXEC_COMMS`), replacing the
+    /// previous set. Names longer than 15 bytes are cut as the kernel cuts `comm`.
+    pub fn set_exec_comms(&mut self, comms: &HashMap<String, u64>) -> Result<(), TriggerError> {
+        let mut map: BpfHashMap<_, [u8; 16], u64> = map_mut(&mut self.ebpf, "EXEC_COMMS")?;
+        let wanted: HashMap<[u8; 16], u64> = comms
+            .iter()
+            .map(|(name, mask)| (comm_key(name), *mask))
+            .collect();
+        let stale: Vec<[u8; 16]> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !wanted.contains_key(k))
+            .collect();
+        for key in stale {
+            let _ = map.remove(&key);
+        }
+        for (key, mask) in wanted {
+            map.insert(key, mask, 0).map_err(map_err("EXEC_COMMS"))?;
+        }
+        Ok(())
+    }
+
+    /// Removes `tgid` from the kernel's target set even if the engine did not put it there
+    /// (`EXEC_COMMS` pre-selected it at exec, and `/proc` says it does not match after all).
+    pub fn withdraw_target(&mut self, tgid: u32) -> Result<(), TriggerError> {
+        self.targets.remove(&tgid);
+        let mut map: BpfHashMap<_, u32, u64> = map_mut(&mut self.ebpf, "TARGET_TGIDS")?;
+        match map.remove(&tgid) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(())
+            }
+            Err(e) => Err(map_err("TARGET_TGIDS")(e)),
+        }
+    }
+
+    /// Forgets a process the kernel already removed from `TARGET_TGIDS` (exit event).
+    pub fn forget_target(&mut self, tgid: u32) {
+        self.targets.remove(&tgid);
     }
 
     fn attach_uprobe(
@@ -485,6 +604,15 @@ pub struct ProgramStats {
     pub name: String,
     pub run_count: u64,
     pub run_time_ns: u64,
+}
+
+/// `comm` as the kernel stores it: at most 15 bytes, NUL-padded to 16.
+pub fn comm_key(name: &str) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    for (dst, src) in key.iter_mut().zip(name.bytes().take(15)) {
+        *dst = src;
+    }
+    key
 }
 
 fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, TriggerError>

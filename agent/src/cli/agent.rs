@@ -1,0 +1,65 @@
+//! `lookback agent --config FILE [--metrics-addr ADDR] [--output-dir DIR]`: the daemon.
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::Args;
+
+use super::{CliError, CliResult};
+use crate::daemon::{self, AgentOptions, DEFAULT_METRICS_ADDR};
+
+/// Options of `lookback agent`.
+#[derive(Debug, Args)]
+#[command(after_help = "Snapshots go to DIR/RULE/<UTC time>-<pid>-<tid>.fxt.gz with a .json of \
+metadata beside each (and the raw .lbsnap when the rule keeps it).\n\
+SIGHUP, or a change of FILE, reloads the rules: a valid new file replaces the rules by \
+difference (unchanged rules keep their probes and state); an invalid one is reported with \
+its line:column and the old rules keep running. SIGTERM/SIGINT detach everything and exit 0.\n\
+Examples:\n  lookback agent --config configs/slow-handler.yaml --output-dir /tmp/lookback\n  \
+lookback agent --config /etc/lookback/rules.yaml --metrics-addr 0.0.0.0:9464\n  \
+curl -s localhost:9464/metrics | grep lookback_")]
+pub struct AgentArgs {
+    /// Rules file (YAML, `version: 1`; see `lookback rules validate`).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, value_name = "ADDR", default_value = DEFAULT_METRICS_ADDR)]
+    pub metrics_addr: String,
+    /// Output directory for every rule (overrides the rules' `output.dir`; default
+    /// /var/lib/lookback).
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// The proc filesystem that lists the processes to match (in a container: the host's,
+    /// with hostPID).
+    #[arg(long, value_name = "DIR", default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// Snapshots decoded at once.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub workers: usize,
+    /// Snapshots frozen and waiting to be written at most; a trigger beyond is suppressed
+    /// (`lookback_triggers_suppressed_total{reason="busy"}`).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub max_queued: usize,
+    /// Measure eBPF program run time (`lookback_bpf_program_*`; ~20 ns per program run).
+    #[arg(long)]
+    pub bpf_stats: bool,
+    /// Seconds SIGTERM waits for snapshots still being written.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub shutdown_timeout: u64,
+}
+
+pub fn run(args: AgentArgs) -> CliResult {
+    let opts = AgentOptions {
+        metrics_addr: args.metrics_addr,
+        output_dir: args.output_dir,
+        proc_root: args.proc_root,
+        workers: args.workers,
+        max_queued: args.max_queued,
+        bpf_stats: args.bpf_stats,
+        shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
+        ..AgentOptions::new(args.config)
+    };
+    match daemon::run(opts) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.is_usage() => Err(CliError::usage(e)),
+        Err(e) => Err(CliError::runtime(e)),
+    }
+}

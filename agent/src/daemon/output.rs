@@ -1,0 +1,269 @@
+//! The agent's output layout (contract.md, "Agent output"): for each snapshot of rule R,
+//! `<dir>/R/<YYYYmmddTHHMMSS.ffffffZ>-<pid>-<tid>.fxt.gz` (or `.json.gz`), the raw `.lbsnap`
+//! beside it when `keep_raw`, and `<stem>.json` with the trigger metadata.
+//!
+//! Every file is written to a temporary name, synced, and renamed (mode 0600), the metadata
+//! last, so a reader that sees the `.json` sees complete files. When any file fails (disk
+//! full, unwritable directory, undecodable data) the files of that snapshot already written
+//! are removed again: a snapshot is complete or absent.
+use std::{
+    fs::{self, OpenOptions},
+    io::{self, Write as _},
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+
+use crate::{
+    rules::{OutputFormat, OutputPolicy},
+    snapshot::{self, Snapshot, SnapshotError},
+    triggers::{TriggerEvent, TriggerKind},
+    writer::{self, WriterError},
+};
+
+/// One frozen snapshot on its way to disk.
+pub struct SnapshotJob {
+    pub rule: String,
+    /// The output root; files go to `root/<rule>/`.
+    pub root: PathBuf,
+    pub policy: OutputPolicy,
+    pub snap: Snapshot,
+    pub event: TriggerEvent,
+    /// The trigger as wall-clock time (ns since the Unix epoch), for the file name.
+    pub trigger_unix_ns: u64,
+}
+
+/// The files a snapshot left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub trace: PathBuf,
+    pub raw: Option<PathBuf>,
+    pub metadata: PathBuf,
+    /// Time spent decoding and writing the trace.
+    pub decode: Duration,
+}
+
+/// Why a snapshot could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("cannot create {}", path.display())]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("writing the raw snapshot")]
+    Raw(#[from] SnapshotError),
+    #[error("writing the trace")]
+    Trace(#[from] WriterError),
+    #[error("writing {}", path.display())]
+    Metadata {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Writes the snapshot's files; on error none of them stays.
+pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
+    let dir = job.root.join(&job.rule);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|source| OutputError::Dir {
+            path: dir.clone(),
+            source,
+        })?;
+    let stem = format!(
+        "{}-{}-{}",
+        utc_stamp(job.trigger_unix_ns),
+        job.event.pid,
+        job.event.tid
+    );
+    let ext = match job.policy.format {
+        OutputFormat::Fxt => "fxt.gz",
+        OutputFormat::ChromeJson => "json.gz",
+    };
+    let trace = dir.join(format!("{stem}.{ext}"));
+    let raw = job.policy.keep_raw.then(|| dir.join(format!("{stem}.lbsnap")));
+    let metadata = dir.join(format!("{stem}.json"));
+    let mut done: Vec<PathBuf> = Vec::new();
+    let result = (|| {
+        if let Some(raw) = &raw {
+            snapshot::write_atomic(raw, &job.snap)?;
+            done.push(raw.clone());
+        }
+        let started = Instant::now();
+        writer::write_trace(&job.snap, &trace)?;
+        let decode = started.elapsed();
+        done.push(trace.clone());
+        let body = metadata_json(job, &trace, raw.as_deref());
+        write_file_atomic(&metadata, body.as_bytes()).map_err(|source| {
+            OutputError::Metadata {
+                path: metadata.clone(),
+                source,
+            }
+        })?;
+        Ok(decode)
+    })();
+    match result {
+        Ok(decode) => Ok(Written {
+            trace,
+            raw,
+            metadata,
+            decode,
+        }),
+        Err(e) => {
+            for path in done {
+                let _ = fs::remove_file(path);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The `<stem>.json` beside each trace (contract.md fields, plus a few extras).
+fn metadata_json(job: &SnapshotJob, trace: &Path, raw: Option<&Path>) -> String {
+    let e = &job.event;
+    let meta = &job.snap.meta;
+    let kind = match e.kind {
+        TriggerKind::Function => "function",
+        TriggerKind::Syscall => "syscall",
+        TriggerKind::Signal => "signal",
+    };
+    let mut trigger = json!({ "kind": kind, "detail": e.detail() });
+    if let Some(obj) = trigger.as_object_mut() {
+        if let Some(d) = e.duration_ns {
+            obj.insert("duration_ns".into(), json!(d));
+        }
+        if let Some(nr) = e.syscall {
+            obj.insert(
+                "syscall".into(),
+                json!(crate::rules::syscall_name(nr).map_or_else(|| nr.to_string(), str::to_owned)),
+            );
+        }
+        if let Some(errno) = e.errno {
+            obj.insert(
+                "errno".into(),
+                json!(crate::rules::errno_name(errno).map_or_else(|| errno.to_string(), str::to_owned)),
+            );
+        }
+        if let Some(sig) = e.signal {
+            obj.insert(
+                "signal".into(),
+                json!(crate::rules::signal_name(sig).map_or_else(|| sig.to_string(), str::to_owned)),
+            );
+        }
+    }
+    let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    let mut value = json!({
+        "rule": job.rule,
+        "trigger": trigger,
+        "pid": e.pid,
+        "tid": e.tid,
+        "comm": e.comm,
+        "backend": meta.backend.as_str(),
+        "trigger_time_ns": e.timestamp_ns,
+        "window_start_ns": meta.window_start_ns,
+        "window_end_ns": meta.window_end_ns,
+        "trace_file": name(trace),
+        "trigger_to_freeze_ns": meta.trigger_to_freeze_ns,
+        "lookback_version": meta.lookback_version,
+    });
+    if let (Some(raw), Some(obj)) = (raw, value.as_object_mut()) {
+        obj.insert("raw_file".into(), json!(name(raw)));
+    }
+    let mut text = value.to_string();
+    text.push('\n');
+    text
+}
+
+/// Writes `bytes` to `path` through a synced temporary file and a rename, mode 0600.
+pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .map_or_else(|| "file".to_owned(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// `YYYYmmddTHHMMSS.ffffffZ` (UTC, microseconds) of `unix_ns`.
+pub fn utc_stamp(unix_ns: u64) -> String {
+    let secs = unix_ns / 1_000_000_000;
+    let micros = (unix_ns % 1_000_000_000) / 1000;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}.{micros:06}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+/// Wall-clock time (Unix ns) of a `CLOCK_MONOTONIC` timestamp from the kernel.
+pub fn monotonic_to_unix_ns(monotonic_ns: u64) -> u64 {
+    let now_mono = crate::sys::monotonic_ns();
+    let now_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    now_unix.saturating_sub(now_mono.saturating_sub(monotonic_ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{civil_from_days, utc_stamp};
+
+    #[test]
+    fn stamps_are_utc_with_microseconds() {
+        assert_eq!(utc_stamp(0), "19700101T000000.000000Z");
+        // 2026-11-29T18:04:00.123456789Z
+        assert_eq!(
+            utc_stamp(1_795_975_440_123_456_789),
+            "20261129T180400.123456Z"
+        );
+        // A leap day.
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+    }
+
+    #[test]
+    fn stamps_sort_like_time() {
+        let a = utc_stamp(1_700_000_000_000_000_000);
+        let b = utc_stamp(1_700_000_000_000_001_000);
+        let c = utc_stamp(1_800_000_000_000_000_000);
+        assert!(a < b && b < c);
+    }
+}

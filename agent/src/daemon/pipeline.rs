@@ -1,0 +1,237 @@
+//! The snapshot pipeline: trigger → (post-trigger wait) → freeze → decode and write →
+//! retention.
+//!
+//! The freeze runs on the event loop, right when the trigger (or its `post_trigger` timer)
+//! arrives: stopping the rings is what decides which moment is kept, so nothing may wait in
+//! front of it. Decoding and writing run on tokio's blocking pool, at most `workers` at a
+//! time, with at most `max_queued` snapshots frozen and not yet written; a trigger beyond
+//! that, or one for a process whose post-trigger freeze is still pending, is suppressed
+//! and counted (`reason="busy"`). The kernel already applied cooldown and rate limit.
+use std::{
+    collections::HashSet,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    sync::{Semaphore, mpsc},
+    task::JoinSet,
+};
+
+use super::{
+    AgentOptions, DEFAULT_OUTPUT_DIR,
+    metrics::Metrics,
+    output::{self, SnapshotJob},
+    retention,
+    targets::{ErrorChain, Tracer},
+};
+use crate::{
+    snapshot::{Snapshot, TriggerMeta},
+    triggers::TriggerEvent,
+};
+
+/// A trigger whose freeze is due.
+#[derive(Debug)]
+pub struct FreezeRequest {
+    pub rule: String,
+    pub event: TriggerEvent,
+}
+
+/// Snapshots between trigger and disk.
+pub struct Pipeline {
+    metrics: Arc<Metrics>,
+    output_dir: Option<PathBuf>,
+    max_queued: usize,
+    workers: Arc<Semaphore>,
+    jobs: JoinSet<()>,
+    /// Processes with a post-trigger freeze pending.
+    pending: HashSet<u32>,
+    freeze_tx: mpsc::UnboundedSender<FreezeRequest>,
+}
+
+impl Pipeline {
+    /// The pipeline, and the receiver of post-trigger freezes that are due (the event loop
+    /// hands each to [`freeze`](Self::freeze)).
+    pub fn new(
+        opts: &AgentOptions,
+        metrics: Arc<Metrics>,
+    ) -> (Self, mpsc::UnboundedReceiver<FreezeRequest>) {
+        let (freeze_tx, freeze_rx) = mpsc::unbounded_channel();
+        let pipeline = Self {
+            metrics,
+            output_dir: opts.output_dir.clone(),
+            max_queued: opts.max_queued.max(1),
+            workers: Arc::new(Semaphore::new(opts.workers.max(1))),
+            jobs: JoinSet::new(),
+            pending: HashSet::new(),
+            freeze_tx,
+        };
+        (pipeline, freeze_rx)
+    }
+
+    /// A trigger from the kernel: freeze now, or after the rule's `post_trigger`.
+    pub fn on_trigger(&mut self, tracer: &mut Tracer, event: TriggerEvent) {
+        let Some(active) = tracer.rule_by_id(event.rule_id) else {
+            log::debug!("trigger of a rule removed since: {event}");
+            return;
+        };
+        let rule = active.rule.name.clone();
+        let post = active.rule.snapshot.post_trigger;
+        log::info!("trigger {rule}: {event}");
+        if self.pending.contains(&event.pid) || self.jobs.len() >= self.max_queued {
+            log::warn!("trigger {rule}: a snapshot is already in flight; suppressed (busy)");
+            self.metrics.suppressed_busy(&rule);
+            return;
+        }
+        let request = FreezeRequest { rule, event };
+        if post.is_zero() {
+            self.freeze(tracer, request);
+            return;
+        }
+        self.pending.insert(request.event.pid);
+        let tx = self.freeze_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(post).await;
+            let _ = tx.send(request);
+        });
+    }
+
+    /// Waits for a written snapshot; `None` at once when none is in flight.
+    pub async fn next_done(&mut self) -> Option<()> {
+        match self.jobs.join_next().await? {
+            Ok(()) => Some(()),
+            Err(e) => {
+                log::error!("snapshot writer failed: {e}");
+                Some(())
+            }
+        }
+    }
+
+    /// Freezes the recorder of the triggering process and queues the snapshot.
+    pub fn freeze(&mut self, tracer: &mut Tracer, request: FreezeRequest) {
+        let FreezeRequest { rule, event } = request;
+        self.pending.remove(&event.pid);
+        let Some(active) = tracer.rules().find(|r| r.rule.name == rule) else {
+            return;
+        };
+        let policy = active.rule.output.clone();
+        let root = self
+            .output_dir
+            .clone()
+            .or_else(|| policy.dir.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT_DIR));
+        let Some((_, recorder)) = tracer.recorder_for(event.pid) else {
+            log::error!(
+                "trigger {rule}: process {} has no flight recorder; no snapshot",
+                event.pid
+            );
+            self.metrics
+                .snapshot_done(&rule, "none", false, 0, Duration::ZERO);
+            return;
+        };
+        let backend = recorder.backend().as_str();
+        let data = match recorder.freeze() {
+            Ok(data) => data,
+            Err(e) => {
+                log::error!("trigger {rule}: freezing: {}", ErrorChain(&e));
+                if let Err(e) = recorder.resume() {
+                    log::warn!("resuming the recorder: {}", ErrorChain(&e));
+                }
+                self.metrics
+                    .snapshot_done(&rule, backend, false, 0, Duration::ZERO);
+                return;
+            }
+        };
+        let snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
+        if let Err(e) = recorder.resume() {
+            log::warn!("resuming the recorder: {}", ErrorChain(&e));
+        }
+        if let Some(ns) = snap.meta.trigger_to_freeze_ns {
+            self.metrics
+                .trigger_to_freeze(backend, Duration::from_nanos(ns));
+        }
+        let job = SnapshotJob {
+            rule,
+            root,
+            trigger_unix_ns: output::monotonic_to_unix_ns(event.timestamp_ns),
+            policy,
+            snap,
+            event,
+        };
+        let workers = Arc::clone(&self.workers);
+        let metrics = Arc::clone(&self.metrics);
+        self.jobs.spawn(async move {
+            let Ok(_permit) = workers.acquire_owned().await else {
+                return;
+            };
+            let result = tokio::task::spawn_blocking(move || write(&job, &metrics)).await;
+            if let Err(e) = result {
+                log::error!("snapshot writer failed: {e}");
+            }
+        });
+    }
+
+    /// Snapshots frozen but not written yet.
+    pub fn in_flight(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Waits up to `timeout` for the snapshots in flight (shutdown).
+    pub async fn finish(&mut self, timeout: Duration) {
+        if self.jobs.is_empty() {
+            return;
+        }
+        log::info!("waiting for {} snapshot(s) in flight", self.jobs.len());
+        let all = async { while self.jobs.join_next().await.is_some() {} };
+        if tokio::time::timeout(timeout, all).await.is_err() {
+            log::warn!(
+                "{} snapshot(s) not written after {timeout:?}; abandoned",
+                self.jobs.len()
+            );
+            self.jobs.abort_all();
+        }
+    }
+}
+
+/// Decodes and writes one snapshot, applies retention, records the outcome.
+fn write(job: &SnapshotJob, metrics: &Metrics) {
+    let started = Instant::now();
+    let backend = job.snap.meta.backend.as_str();
+    let raw_bytes = job.snap.raw_bytes();
+    match output::write_snapshot(job) {
+        Ok(written) => {
+            metrics.decode_duration(backend, written.decode);
+            let since_trigger = crate::sys::monotonic_ns().saturating_sub(job.event.timestamp_ns);
+            metrics.snapshot_done(
+                &job.rule,
+                backend,
+                true,
+                raw_bytes,
+                Duration::from_nanos(since_trigger),
+            );
+            log::info!(
+                "snapshot {}: {}, written in {:.1?}",
+                job.rule,
+                written.trace.display(),
+                started.elapsed()
+            );
+            let dir = job.root.join(&job.rule);
+            match retention::enforce(&dir, &job.policy.retention) {
+                Ok(p) if p.snapshots > 0 => log::info!(
+                    "retention {}: removed {} old snapshot(s), {} files, {} bytes",
+                    job.rule,
+                    p.snapshots,
+                    p.files,
+                    p.bytes
+                ),
+                Ok(_) => {}
+                Err(e) => log::warn!("retention in {}: {e}", dir.display()),
+            }
+        }
+        Err(e) => {
+            log::error!("snapshot {}: {}", job.rule, ErrorChain(&e));
+            metrics.snapshot_done(&job.rule, backend, false, 0, started.elapsed());
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! The daemon's live state: which rules are installed in the trigger engine (with their
+//! kernel ids and uprobes), which processes each rule targets, and one flight recorder per
+//! traced process.
+//!
+//! Rules are applied by difference ([`Tracer::apply_rules`]): a rule whose definition did
+//! not change keeps its id, probes, kernel counters and cooldown state. Processes are
+//! (re)evaluated one at a time ([`Tracer::consider`]) on exec events and by rescans.
+//! Uprobes go on files, not processes: a function rule gets one probe per binary inode, and
+//! the kernel filters by the target set (`TARGET_TGIDS`), so a hundred processes of one
+//! program cost one probe.
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use lookback_common::MAX_RULES;
+
+use super::discovery::{self, ProcessInfo};
+use crate::{
+    capture::{self, BackendRequest, CaptureOptions, Recorder},
+    rules::{self, Rule, RuleSet, Trigger},
+    triggers::{
+        EngineRule, TriggerEngine, TriggerError,
+        resolve::{self, ResolveError},
+    },
+};
+
+/// A rule installed in the engine.
+pub struct ActiveRule {
+    pub rule: Rule,
+    /// Kernel rule id (bit in the target masks).
+    pub id: u32,
+    /// Processes the rule currently targets.
+    pub targets: BTreeSet<u32>,
+    /// Binaries (device, inode) already examined for the function symbol: probed, or
+    /// reported as missing the symbol (reported once, not on every exec).
+    binaries: BTreeMap<(u64, u64), bool>,
+    /// The last probe problem, for readiness and logs.
+    pub probe_error: Option<String>,
+}
+
+/// A traced process.
+pub struct Traced {
+    pub info: ProcessInfo,
+    /// Rules (bit = id) that target it.
+    pub mask: u64,
+    /// Its flight recorder; `None` when it could not be opened (triggers still counted).
+    pub recorder: Option<Box<dyn Recorder>>,
+}
+
+/// What [`Tracer::apply_rules`] changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RuleChanges {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+    pub unchanged: Vec<String>,
+    /// Rules that could not be installed (logged; the others run).
+    pub failed: Vec<String>,
+}
+
+/// Why the rules could not be applied at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("{count} rules: at most {MAX_RULES} can be loaded at once")]
+    TooMany { count: usize },
+}
+
+/// Rules, targets and recorders, kept in step with the trigger engine.
+pub struct Tracer {
+    engine: TriggerEngine,
+    proc_root: PathBuf,
+    /// Processes never traced: the agent itself.
+    own_pid: u32,
+    rules: BTreeMap<String, ActiveRule>,
+    processes: HashMap<u32, Traced>,
+    /// Decides the `kubernetes` part of a target (pod watcher); `None`: no pod matches.
+    pods: Option<Box<dyn Fn(&Rule, &ProcessInfo) -> bool + Send>>,
+    /// What `backend: auto` means on this machine (probed once at start).
+    auto: BackendRequest,
+    /// The comms the kernel pre-selects at exec (`EXEC_COMMS`).
+    exec_comms: HashMap<String, u64>,
+}
+
+impl Tracer {
+    pub fn new(engine: TriggerEngine, proc_root: PathBuf, auto: BackendRequest) -> Self {
+        Self {
+            auto,
+            exec_comms: HashMap::new(),
+            engine,
+            proc_root,
+            own_pid: std::process::id(),
+            rules: BTreeMap::new(),
+            processes: HashMap::new(),
+            pods: None,
+        }
+    }
+
+    /// Sets the Kubernetes membership test used for `target.kubernetes`.
+    pub fn set_pod_matcher(&mut self, f: Box<dyn Fn(&Rule, &ProcessInfo) -> bool + Send>) {
+        self.pods = Some(f);
+    }
+
+    pub fn engine(&self) -> &TriggerEngine {
+        &self.engine
+    }
+
+    pub fn engine_mut(&mut self) -> &mut TriggerEngine {
+        &mut self.engine
+    }
+
+    /// The installed rules, by name.
+    pub fn rules(&self) -> impl Iterator<Item = &ActiveRule> {
+        self.rules.values()
+    }
+
+    /// The rule with kernel id `id`.
+    pub fn rule_by_id(&self, id: u32) -> Option<&ActiveRule> {
+        self.rules.values().find(|r| r.id == id)
+    }
+
+    /// Installs `set` by difference with what runs now.
+    pub fn apply_rules(&mut self, set: &RuleSet) -> Result<RuleChanges, ApplyError> {
+        if set.rules.len() > MAX_RULES as usize {
+            return Err(ApplyError::TooMany {
+                count: set.rules.len(),
+            });
+        }
+        let mut changes = RuleChanges::default();
+        let wanted: BTreeMap<&str, &Rule> =
+            set.rules.iter().map(|r| (r.name.as_str(), r)).collect();
+        let current: Vec<String> = self.rules.keys().cloned().collect();
+        for name in current {
+            match wanted.get(name.as_str()) {
+                Some(rule) if self.rules.get(&name).is_some_and(|a| a.rule == **rule) => {
+                    changes.unchanged.push(name);
+                }
+                Some(_) => {
+                    self.uninstall(&name);
+                    changes.changed.push(name);
+                }
+                None => {
+                    self.uninstall(&name);
+                    changes.removed.push(name);
+                }
+            }
+        }
+        for rule in &set.rules {
+            if self.rules.contains_key(&rule.name) {
+                continue;
+            }
+            if !changes.changed.contains(&rule.name) {
+                changes.added.push(rule.name.clone());
+            }
+            if let Err(e) = self.install(rule) {
+                log::error!("rule {}: {}", rule.name, ErrorChain(&e));
+                changes.failed.push(rule.name.clone());
+            }
+        }
+        self.sync_exec_comms();
+        self.rescan();
+        Ok(changes)
+    }
+
+    /// Tells the kernel which comms to pre-select at exec: a rule's `comm`, else its
+    /// `exe`'s file name (what the kernel sets `comm` to). Rules selecting by pid or only
+    /// by cgroup or pod have nothing to pre-select; their processes are targeted when the
+    /// exec event reaches the agent (a few hundred microseconds later).
+    fn sync_exec_comms(&mut self) {
+        let mut comms: HashMap<String, u64> = HashMap::new();
+        for active in self.rules.values() {
+            let t = &active.rule.target;
+            if t.pid.is_some() {
+                continue;
+            }
+            let name = t.comm.clone().or_else(|| {
+                t.exe
+                    .as_ref()
+                    .and_then(|e| e.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+            });
+            if let Some(name) = name {
+                let key: String = name.chars().take(15).collect();
+                *comms.entry(key).or_default() |= 1 << active.id;
+            }
+        }
+        if let Err(e) = self.engine.set_exec_comms(&comms) {
+            log::warn!("pre-selecting targets at exec: {}", ErrorChain(&e));
+        }
+        self.exec_comms = comms;
+    }
+
+    fn install(&mut self, rule: &Rule) -> Result<(), TriggerError> {
+        let used: BTreeSet<u32> = self.rules.values().map(|r| r.id).collect();
+        let id = (0..MAX_RULES)
+            .find(|id| !used.contains(id))
+            .ok_or(TriggerError::RuleId { id: MAX_RULES })?;
+        let engine_rule = EngineRule {
+            id,
+            name: rule.name.clone(),
+            trigger: rule.trigger.clone(),
+            cooldown: rule.snapshot.cooldown,
+            max_per_hour: rule.snapshot.max_per_hour,
+            follow_forks: true,
+        };
+        self.engine.add_rule(engine_rule, &[])?;
+        let mut active = ActiveRule {
+            rule: rule.clone(),
+            id,
+            targets: BTreeSet::new(),
+            binaries: BTreeMap::new(),
+            probe_error: None,
+        };
+        // A function rule that names its binary (or an exe target) is probed right away,
+        // so that processes started later are covered from their first instruction.
+        if let Trigger::Function(f) = &rule.trigger
+            && let Some(binary) = f.binary.clone().or_else(|| rule.target.exe.clone())
+            && Path::new(&binary).exists()
+        {
+            place_probe(&mut self.engine, &mut active, &binary, || {
+                resolve::resolve_symbol(&binary, &f.symbol)
+            });
+        }
+        self.rules.insert(rule.name.clone(), active);
+        Ok(())
+    }
+
+    fn uninstall(&mut self, name: &str) {
+        let Some(active) = self.rules.remove(name) else {
+            return;
+        };
+        if let Err(e) = self.engine.remove_rule(active.id) {
+            log::warn!("removing rule {name}: {}", ErrorChain(&e));
+        }
+        let bit = 1u64 << active.id;
+        for pid in active.targets {
+            if let Some(p) = self.processes.get_mut(&pid) {
+                p.mask &= !bit;
+            }
+        }
+        self.processes.retain(|_, p| p.mask != 0);
+    }
+
+    /// Re-evaluates every process on the machine, and forgets those that are gone.
+    pub fn rescan(&mut self) {
+        let pids = discovery::scan(&self.proc_root);
+        let gone: Vec<u32> = self
+            .processes
+            .keys()
+            .filter(|p| pids.binary_search(p).is_err())
+            .copied()
+            .collect();
+        for pid in gone {
+            self.forget(pid, false);
+        }
+        for pid in pids {
+            self.consider(pid);
+        }
+    }
+
+    /// Matches process `pid` against every rule and makes the kernel, the probes and the
+    /// recorders agree with the result.
+    pub fn consider(&mut self, pid: u32) {
+        if pid == self.own_pid {
+            return;
+        }
+        let Some(info) = ProcessInfo::read(&self.proc_root, pid) else {
+            self.forget(pid, false);
+            return;
+        };
+        let mut mask = 0u64;
+        for active in self.rules.values() {
+            let pods = self.pods.as_ref();
+            if discovery::matches(&active.rule.target, &info, |i| {
+                pods.is_some_and(|f| f(&active.rule, i))
+            }) {
+                mask |= 1 << active.id;
+            }
+        }
+        let old = self.processes.get(&pid).map_or(0, |p| p.mask);
+        if mask == 0 {
+            if old != 0 {
+                self.forget(pid, false);
+            } else if self.exec_comms.contains_key(&info.comm)
+                && let Err(e) = self.engine.withdraw_target(pid)
+            {
+                log::debug!("process {pid}: {}", ErrorChain(&e));
+            }
+            return;
+        }
+        self.probe_binaries(&info, mask);
+        if mask != old {
+            if old & !mask != 0
+                && let Err(e) = self.engine.remove_target(pid)
+            {
+                log::warn!("process {pid}: {}", ErrorChain(&e));
+            }
+            if let Err(e) = self.engine.add_target(pid, mask) {
+                log::warn!("process {pid}: {}", ErrorChain(&e));
+                return;
+            }
+            for active in self.rules.values_mut() {
+                if mask & 1 << active.id != 0 {
+                    active.targets.insert(pid);
+                } else {
+                    active.targets.remove(&pid);
+                }
+            }
+            if old == 0 {
+                log::info!(
+                    "tracing process {pid} ({}) for {}",
+                    info.comm,
+                    self.rule_names(mask).join(", ")
+                );
+            }
+        }
+        let capture = self.capture_for(mask);
+        let traced = self.processes.entry(pid).or_insert_with(|| Traced {
+            info: info.clone(),
+            mask,
+            recorder: None,
+        });
+        traced.info = info;
+        traced.mask = mask;
+        if traced.recorder.is_none()
+            && let Some(opts) = capture
+        {
+            match capture::open_recorder(&opts, &[pid]) {
+                Ok(r) => traced.recorder = Some(r),
+                Err(e) => log::warn!(
+                    "process {pid}: no flight recorder ({:#}); triggers are still counted",
+                    ErrorChain(&e)
+                ),
+            }
+        }
+    }
+
+    /// Stops tracing `pid`. `kernel_gone`: the kernel already removed its target entry
+    /// (exit event).
+    pub fn forget(&mut self, pid: u32, kernel_gone: bool) {
+        if self.processes.remove(&pid).is_none() {
+            return;
+        }
+        if kernel_gone {
+            self.engine.forget_target(pid);
+        } else if let Err(e) = self.engine.remove_target(pid) {
+            log::debug!("process {pid}: {}", ErrorChain(&e));
+        }
+        for active in self.rules.values_mut() {
+            active.targets.remove(&pid);
+        }
+        log::debug!("process {pid} no longer traced");
+    }
+
+    /// The recorder that holds the history of `pid`: its own, or that of the closest
+    /// traced ancestor (children of targets are followed by the kernel and recorded by
+    /// their parent's inherited events).
+    pub fn recorder_for(&mut self, pid: u32) -> Option<(u32, &mut Box<dyn Recorder>)> {
+        let mut at = pid;
+        for _ in 0..64 {
+            if self.processes.get(&at).is_some_and(|p| p.recorder.is_some()) {
+                break;
+            }
+            at = parent_of(&self.proc_root, at)?;
+        }
+        let recorder = self.processes.get_mut(&at)?.recorder.as_mut()?;
+        Some((at, recorder))
+    }
+
+    /// Gives every recorder a chance to drain its sideband.
+    pub fn poll_recorders(&mut self) {
+        for (pid, p) in &mut self.processes {
+            if let Some(r) = p.recorder.as_mut()
+                && let Err(e) = r.poll()
+            {
+                log::debug!("recorder of {pid}: {}", ErrorChain(&e));
+            }
+        }
+    }
+
+    /// Number of traced processes.
+    pub fn process_count(&self) -> usize {
+        self.processes.len()
+    }
+
+    fn rule_names(&self, mask: u64) -> Vec<&str> {
+        self.rules
+            .values()
+            .filter(|r| mask & 1 << r.id != 0)
+            .map(|r| r.rule.name.as_str())
+            .collect()
+    }
+
+    /// The capture options of the first rule (by id) in `mask`: one recorder per process,
+    /// so the rule with the lowest id decides backend and buffer size.
+    fn capture_for(&self, mask: u64) -> Option<CaptureOptions> {
+        let rule = self
+            .rules
+            .values()
+            .filter(|r| mask & 1 << r.id != 0)
+            .min_by_key(|r| r.id)?;
+        let mut opts = capture_options(&rule.rule.capture);
+        if opts.backend == BackendRequest::Auto {
+            opts.backend = self.auto;
+        }
+        Some(opts)
+    }
+
+    /// Places the uprobes function rules in `mask` need for this process's binary.
+    fn probe_binaries(&mut self, info: &ProcessInfo, mask: u64) {
+        let pid = info.pid;
+        for active in self.rules.values_mut() {
+            if mask & 1 << active.id == 0 {
+                continue;
+            }
+            let Trigger::Function(f) = &active.rule.trigger else {
+                continue;
+            };
+            let Some(binary) = f.binary.clone().or_else(|| info.exe_path()) else {
+                continue;
+            };
+            let host = resolve::in_process_root(pid, &binary);
+            let symbol = f.symbol.clone();
+            let given = f.binary.clone();
+            place_probe(&mut self.engine, active, &host, || {
+                resolve::resolve_for_process(pid, given.as_deref(), &symbol)
+            });
+        }
+    }
+}
+
+/// Resolves and attaches the rule's probe for `binary` once per inode.
+fn place_probe(
+    engine: &mut TriggerEngine,
+    active: &mut ActiveRule,
+    binary: &Path,
+    resolve: impl FnOnce() -> Result<resolve::ProbePoint, ResolveError>,
+) {
+    let Ok(meta) = std::fs::metadata(binary) else {
+        return;
+    };
+    let key = (meta.dev(), meta.ino());
+    if active.binaries.contains_key(&key) {
+        return;
+    }
+    let placed = match resolve() {
+        Ok(point) => match engine.attach_probes(active.id, std::slice::from_ref(&point)) {
+            Ok(probes) => {
+                for p in probes {
+                    log::info!(
+                        "rule {}: {} at {}+{:#x} ({})",
+                        active.rule.name,
+                        if p.is_return { "uretprobe" } else { "uprobe" },
+                        p.path,
+                        p.file_offset,
+                        p.probe_kind
+                    );
+                }
+                active.probe_error = None;
+                true
+            }
+            Err(e) => {
+                let msg = format!("{}", ErrorChain(&e));
+                log::error!("rule {}: {msg}", active.rule.name);
+                active.probe_error = Some(msg);
+                false
+            }
+        },
+        Err(e) => {
+            let msg = e.to_string();
+            log::error!("rule {}: {msg}", active.rule.name);
+            active.probe_error = Some(msg);
+            false
+        }
+    };
+    active.binaries.insert(key, placed);
+}
+
+/// The recorder options a rule's `capture` section asks for.
+pub fn capture_options(capture: &rules::Capture) -> CaptureOptions {
+    CaptureOptions {
+        backend: match capture.backend {
+            rules::Backend::Auto => BackendRequest::Auto,
+            rules::Backend::IntelPt => BackendRequest::IntelPt,
+            rules::Backend::Sampling => BackendRequest::Sampling,
+        },
+        buffer_size: usize::try_from(capture.buffer_size).unwrap_or(usize::MAX),
+        sample_frequency: u64::from(capture.sample_frequency),
+        include_kernel: capture.include_kernel,
+        ..CaptureOptions::default()
+    }
+}
+
+/// The parent of `pid` (`PPid:` of `/proc/PID/status`).
+fn parent_of(proc_root: &Path, pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&p| p != 0)
+}
+
+/// Displays an error and its sources, `: `-separated.
+pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
