@@ -1,0 +1,99 @@
+//! The daemon's metrics fed from a real trigger engine: per-rule kernel counters and eBPF
+//! program run-time statistics. Needs root (run by `cargo xtask test` with --test-threads=1:
+//! BPF stats and tracepoints are shared).
+use std::time::Duration;
+
+use lookback::{
+    daemon::metrics::{Metrics, enable_bpf_stats},
+    rules::{SyscallSet, SyscallTrigger, Trigger},
+    triggers::{EngineRule, TriggerEngine},
+};
+
+fn is_root() -> bool {
+    // /proc/self/status names the effective uid.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|uid| uid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The value of one sample line `name{labels} value` of the exposition text.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+        .parse()
+        .expect("number")
+}
+
+#[test]
+fn kernel_counters_and_program_stats_reach_the_registry() {
+    if !is_root() {
+        eprintln!("skipped kernel_counters_and_program_stats_reach_the_registry: needs root");
+        return;
+    }
+    let _stats = enable_bpf_stats().expect("BPF_ENABLE_STATS (kernel 5.8+)");
+    let mut engine = TriggerEngine::load().expect("load the engine");
+    let names: Vec<String> = engine.program_stats().into_iter().map(|s| s.name).collect();
+    assert!(names.iter().any(|n| n == "sys_exit"), "{names:?}");
+
+    // Every syscall return of this process fires (no cooldown, no rate limit).
+    let rule = EngineRule {
+        id: 0,
+        name: "any-syscall".into(),
+        trigger: Trigger::Syscall(SyscallTrigger {
+            syscalls: SyscallSet::Any,
+            min_duration: None,
+            errnos: Vec::new(),
+        }),
+        cooldown: Duration::ZERO,
+        max_per_hour: 0,
+        follow_forks: false,
+    };
+    engine.add_rule(rule.clone(), &[]).expect("add rule");
+    engine
+        .add_target(std::process::id(), 1)
+        .expect("add target");
+    syscalls();
+
+    let metrics = Metrics::new("sampling").expect("registry");
+    metrics.refresh_from_engine(&engine);
+    let text = metrics.encode().expect("encode");
+    let met = sample(&text, r#"lookback_triggers_total{rule="any-syscall"}"#);
+    assert!(met >= 100.0, "{met}");
+    let runs = sample(
+        &text,
+        r#"lookback_bpf_program_runs_total{program="sys_exit"}"#,
+    );
+    assert!(runs >= 100.0, "{runs}");
+    let secs = sample(
+        &text,
+        r#"lookback_bpf_program_run_seconds_total{program="sys_exit"}"#,
+    );
+    assert!(secs > 0.0, "{secs}");
+
+    // Removing and re-adding the rule clears its kernel slot; the export keeps growing.
+    engine.remove_rule(0).expect("remove rule");
+    metrics.remove_rule("any-syscall");
+    engine.add_rule(rule, &[]).expect("re-add rule");
+    engine
+        .add_target(std::process::id(), 1)
+        .expect("add target");
+    syscalls();
+    metrics.refresh_from_engine(&engine);
+    let after = sample(
+        &metrics.encode().expect("encode"),
+        r#"lookback_triggers_total{rule="any-syscall"}"#,
+    );
+    assert!(after >= met + 100.0, "{after} after {met}");
+}
+
+fn syscalls() {
+    for _ in 0..100 {
+        let _ = std::fs::metadata("/proc/self");
+    }
+}
