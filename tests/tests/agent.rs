@@ -186,16 +186,17 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(100));
         }
         std::thread::sleep(Duration::from_millis(600));
+        let later = self.metric(name, labels);
         assert_eq!(
-            self.metric(name, labels),
+            later,
             value,
-            "{name}{labels:?} moved on\n{}",
+            "{name}{labels:?} moved on from {value} to {later}\n{}",
             self.log()
         );
     }
 
     /// SIGTERM; returns the exit status.
-    fn stop(mut self) -> (std::process::ExitStatus, String) {
+    fn stop(&mut self) -> (std::process::ExitStatus, String) {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(i32::try_from(self.child.id()).expect("pid"), libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -227,14 +228,24 @@ fn write_rules(path: &Path, rules: &str) {
     std::fs::rename(&tmp, path).expect("renaming rules");
 }
 
-/// Runs the workload to completion.
-fn run_workload(args: &[&str]) {
-    let status = Command::new(workload())
-        .args(args)
-        .stdout(Stdio::null())
-        .status()
-        .expect("workload");
-    assert!(status.success() || args[0] == "usr1", "workload {args:?}: {status}");
+impl Agent {
+    /// Runs the workload to completion, started after the agent: it waits (`--wait`) until
+    /// the agent reports tracing it, so that its recorder runs before the workload does its
+    /// work (a process that lives less than the few milliseconds opening a recorder takes
+    /// is counted, but cannot be recorded).
+    fn run_workload(&mut self, args: &[&str]) {
+        let mut child = Command::new(workload())
+            .arg("--wait")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("workload");
+        self.wait_log(&format!("tracing process {} ", child.id()), Duration::from_secs(10));
+        let _ = child.stdin.take().expect("stdin").write_all(b"go\n");
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "workload {args:?}: {status}");
+    }
 }
 
 /// The files of directory `dir`, sorted.
@@ -259,11 +270,12 @@ rules:
   - name: slow-work
     target: { exe: @WORKLOAD@ }
     trigger:
-      function: { symbol: lb_work, min_duration: 5ms }
+      function: { symbol: lb_work, min_duration: 10ms }
   - name: enoent
     target: { comm: workload }
     trigger:
       syscall: { names: [openat], errno: [ENOENT] }
+    snapshot: { cooldown: 1h }
     output: { keep_raw: false }
   - name: usr1
     target: { comm: workload }
@@ -275,20 +287,20 @@ rules:
 fn several_rules_and_workloads_give_exact_counts() {
     // One workload runs before the agent starts: the /proc scan must find it.
     let mut early = Command::new(workload())
-        .args(["--wait", "calls", "6", "2", "15000", "30000", "1"])
+        .args(["--wait", "calls", "6", "2", "25000", "100", "1"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .expect("workload");
     let mut agent = Agent::start(RULES, &[]);
-    agent.wait_log(&format!("tracing process {}", early.id()), Duration::from_secs(10));
+    agent.wait_log(&format!("tracing process {} ", early.id()), Duration::from_secs(10));
     let _ = early.stdin.take().expect("stdin").write_all(b"go\n");
     assert!(early.wait().expect("wait").success());
     // Started after the agent: found through the kernel's exec events.
-    run_workload(&["calls", "4", "2", "15000", "30000", "1"]);
+    agent.run_workload(&["calls", "4", "2", "25000", "100", "1"]);
     // The dynamic loader's own failed opens count too: two runs so far started after the
     // agent (the early one loaded before it), measure them with no extra.
-    run_workload(&["enoent", "0"]);
+    agent.run_workload(&["enoent", "0"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "slow-work")], 5.0);
     let baseline = agent.metric("lookback_triggers_total", &[("rule", "enoent")]);
     let per_run = baseline / 2.0;
@@ -296,23 +308,25 @@ fn several_rules_and_workloads_give_exact_counts() {
         per_run >= 1.0 && per_run.fract() == 0.0,
         "loader opens of 2 workload runs: {baseline}"
     );
-    run_workload(&["enoent", "7"]);
+    agent.run_workload(&["enoent", "7"]);
     agent.expect_metric(
         "lookback_triggers_total",
         &[("rule", "enoent")],
         baseline + per_run + 7.0,
     );
-    run_workload(&["usr1"]);
-    run_workload(&["usr1"]);
+    agent.run_workload(&["usr1"]);
+    agent.run_workload(&["usr1"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "usr1")], 2.0);
     let enoent_total = baseline + 3.0 * per_run + 7.0;
     agent.expect_metric("lookback_triggers_total", &[("rule", "enoent")], enoent_total);
-    // Every trigger became a snapshot (cooldown 0, queue large enough).
-    for (rule, n) in [
-        ("slow-work", 5.0),
-        ("usr1", 2.0),
-        ("enoent", enoent_total),
-    ] {
+    // Every trigger of the rules without cooldown became a snapshot; the failed opens
+    // (dozens per run: the loader's library search) only one, the rest in cooldown.
+    agent.expect_metric(
+        "lookback_triggers_suppressed_total",
+        &[("rule", "enoent"), ("reason", "cooldown")],
+        enoent_total - 1.0,
+    );
+    for (rule, n) in [("slow-work", 5.0), ("usr1", 2.0), ("enoent", 1.0)] {
         agent.expect_metric(
             "lookback_snapshots_total",
             &[("rule", rule), ("backend", "sampling"), ("result", "ok")],
@@ -339,15 +353,18 @@ fn several_rules_and_workloads_give_exact_counts() {
         serde_json::from_slice(&std::fs::read(&meta_path).expect("read")).expect("JSON");
     assert_eq!(meta["rule"], "slow-work");
     assert_eq!(meta["trigger"]["kind"], "function");
-    assert!(meta["trigger"]["duration_ns"].as_u64().unwrap_or(0) >= 15_000_000, "{meta}");
+    assert!(meta["trigger"]["duration_ns"].as_u64().unwrap_or(0) >= 25_000_000, "{meta}");
     assert_eq!(meta["backend"], "sampling");
     assert_eq!(meta["comm"], "workload");
     let stem = meta_name.trim_end_matches(".json");
     assert_eq!(meta["trace_file"], format!("{stem}.fxt.gz"));
     assert_eq!(meta["raw_file"], format!("{stem}.lbsnap"));
     assert!(stem.ends_with(&format!("-{}-{}", meta["pid"], meta["tid"])), "{stem}");
-    for key in ["trigger_time_ns", "window_start_ns", "window_end_ns"] {
-        assert!(meta[key].is_u64(), "{key}: {meta}");
+    assert!(meta["trigger_time_ns"].is_u64(), "{meta}");
+    // The window is that of the samples: unknown (null) when the threads never ran on a
+    // CPU since recording began (cpu-clock samples running threads only).
+    for key in ["window_start_ns", "window_end_ns"] {
+        assert!(meta[key].is_u64() || meta[key].is_null(), "{key}: {meta}");
     }
     let signal_meta = files(&agent.out().join("usr1"))
         .into_iter()
@@ -371,7 +388,7 @@ defaults:
 rules:
   - name: cooled
     target: { comm: workload }
-    trigger: { syscall: { names: [nanosleep], min_duration: 1ms } }
+    trigger: { syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1ms } }
     snapshot: { cooldown: 1h }
   - name: limited
     target: { comm: workload }
@@ -383,14 +400,14 @@ rules:
     snapshot: { cooldown: 0s, max_per_hour: 1000, post_trigger: 500ms }
 ";
     let mut agent = Agent::start(rules, &[]);
-    run_workload(&["nanosleep", "5", "3000"]);
+    agent.run_workload(&["nanosleep", "5", "3000"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "cooled")], 5.0);
     agent.expect_metric(
         "lookback_triggers_suppressed_total",
         &[("rule", "cooled"), ("reason", "cooldown")],
         4.0,
     );
-    run_workload(&["calls", "5", "100", "1000", "20000", "1"]);
+    agent.run_workload(&["calls", "5", "100", "1000", "20000", "1"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "limited")], 5.0);
     agent.expect_metric(
         "lookback_triggers_suppressed_total",
@@ -399,7 +416,7 @@ rules:
     );
     // Five entries of lb_recurse within a millisecond, each waiting 500 ms to freeze: the
     // first is pending when the others arrive.
-    run_workload(&["recurse", "4", "100"]);
+    agent.run_workload(&["recurse", "4", "100"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "busy")], 5.0);
     agent.expect_metric(
         "lookback_triggers_suppressed_total",
@@ -428,17 +445,17 @@ rules:
     trigger: { signal: { signals: [SIGUSR1] } }
 ";
     let two = format!(
-        "{one}  - name: sleeps\n    target: {{ comm: workload }}\n    trigger: {{ syscall: {{ names: [nanosleep], min_duration: 1ms }} }}\n"
+        "{one}  - name: sleeps\n    target: {{ comm: workload }}\n    trigger: {{ syscall: {{ names: [nanosleep, clock_nanosleep], min_duration: 1ms }} }}\n"
     );
     let mut agent = Agent::start(one, &[]);
-    run_workload(&["usr1"]);
+    agent.run_workload(&["usr1"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "usr1")], 1.0);
     // Add a rule by changing the file (no signal).
     write_rules(&agent.config(), &two);
     agent.expect_metric("lookback_config_reloads_total", &[("result", "ok")], 1.0);
     agent.expect_metric("lookback_rules_loaded", &[], 2.0);
-    run_workload(&["nanosleep", "3", "2000"]);
-    run_workload(&["usr1"]);
+    agent.run_workload(&["nanosleep", "3", "2000"]);
+    agent.run_workload(&["usr1"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 3.0);
     // The unchanged rule kept its kernel state: its counter went on from 1.
     agent.expect_metric("lookback_triggers_total", &[("rule", "usr1")], 2.0);
@@ -449,7 +466,7 @@ rules:
     let line = agent.wait_log("reload rejected", Duration::from_secs(5));
     assert!(line.contains("rules.yaml:"), "no position: {line}");
     assert_eq!(agent.metric("lookback_rules_loaded", &[]), 2.0);
-    run_workload(&["nanosleep", "2", "2000"]);
+    agent.run_workload(&["nanosleep", "2", "2000"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 5.0);
     // Remove a rule with SIGHUP after fixing the file.
     let only_sleeps = two.replace(
@@ -461,8 +478,8 @@ rules:
     // SAFETY: signalling our own child.
     unsafe { libc::kill(i32::try_from(agent.child.id()).expect("pid"), libc::SIGHUP) };
     agent.expect_metric("lookback_rules_loaded", &[], 1.0);
-    run_workload(&["usr1"]);
-    run_workload(&["nanosleep", "1", "2000"]);
+    agent.run_workload(&["usr1"]);
+    agent.run_workload(&["nanosleep", "1", "2000"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 6.0);
     assert_eq!(
         agent.metric("lookback_triggers_total", &[("rule", "usr1")]),
@@ -482,12 +499,12 @@ defaults: { capture: { backend: sampling, buffer_size: 256KiB } }
 rules:
   - name: sleeps
     target: { comm: workload }
-    trigger: { syscall: { names: [nanosleep], min_duration: 1ms } }
+    trigger: { syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1ms } }
     snapshot: { cooldown: 0s, max_per_hour: 1000 }
     output: { keep_raw: false, retention: { max_files: 4, max_bytes: 1GiB } }
 ";
     let mut agent = Agent::start(rules, &[]);
-    run_workload(&["nanosleep", "5", "30000"]);
+    agent.run_workload(&["nanosleep", "5", "30000"]);
     agent.expect_metric(
         "lookback_snapshots_total",
         &[("rule", "sleeps"), ("backend", "sampling"), ("result", "ok")],
@@ -520,7 +537,7 @@ defaults: { capture: { backend: sampling, buffer_size: 256KiB } }
 rules:
   - name: sleeps
     target: { comm: workload }
-    trigger: { syscall: { names: [nanosleep], min_duration: 1ms } }
+    trigger: { syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1ms } }
     snapshot: { cooldown: 0s, max_per_hour: 1000 }
 ";
     // A directory below a regular file cannot be created, not even by root.
@@ -528,7 +545,7 @@ rules:
     let out = blocker.path().join("out");
     let out = out.to_str().expect("UTF-8");
     let mut agent = Agent::start(rules, &["--output-dir", out]);
-    run_workload(&["nanosleep", "3", "2000"]);
+    agent.run_workload(&["nanosleep", "3", "2000"]);
     agent.expect_metric(
         "lookback_snapshots_total",
         &[("rule", "sleeps"), ("backend", "sampling"), ("result", "error")],
@@ -537,7 +554,7 @@ rules:
     assert_eq!(agent.get("/healthz").0, 200);
     assert!(agent.log().contains("cannot create"), "{}", agent.log());
     // Still working: the next triggers are counted too.
-    run_workload(&["nanosleep", "2", "2000"]);
+    agent.run_workload(&["nanosleep", "2", "2000"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 5.0);
     let (status, log) = agent.stop();
     assert!(status.success(), "{status}\n{log}");
@@ -585,7 +602,7 @@ fn sigterm_detaches_everything() {
         "the agent's programs are not loaded: {loaded:?}"
     );
     // A snapshot in flight when SIGTERM arrives is finished, not torn.
-    run_workload(&["usr1"]);
+    agent.run_workload(&["usr1"]);
     agent.wait_log("trigger usr1", Duration::from_secs(10));
     let out = agent.out();
     let (status, log) = agent.stop();

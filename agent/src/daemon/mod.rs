@@ -195,12 +195,22 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                 Ok(events) => for event in events {
                     match event {
                         ProcessEvent::Exec { tgid } => tracer.consider(tgid),
-                        ProcessEvent::Exit { tgid } => tracer.forget(tgid, true),
+                        ProcessEvent::Exit { tgid } => {
+                            // Its last triggers happened before its exit: handle them
+                            // while its recorder is still there.
+                            for event in triggers.drain() {
+                                pipeline.on_trigger(&mut tracer, event);
+                            }
+                            // A freeze waiting for post_trigger happens now: the process
+                            // is gone, and its recorder goes with it.
+                            pipeline.freeze_pending(&mut tracer, tgid);
+                            tracer.forget(tgid, true);
+                        }
                     }
                 },
                 Err(e) => log::error!("reading process events: {e}"),
             },
-            Some(request) = due.recv() => pipeline.freeze(&mut tracer, request),
+            Some(pid) = due.recv() => pipeline.freeze_pending(&mut tracer, pid),
             Some(()) = pipeline.next_done() => {}
             _ = tick.tick() => {
                 refresh_metrics(&tracer, &metrics);

@@ -8,7 +8,7 @@
 //! that, or one for a process whose post-trigger freeze is still pending, is suppressed
 //! and counted (`reason="busy"`). The kernel already applied cooldown and rate limit.
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
@@ -45,18 +45,18 @@ pub struct Pipeline {
     max_queued: usize,
     workers: Arc<Semaphore>,
     jobs: JoinSet<()>,
-    /// Processes with a post-trigger freeze pending.
-    pending: HashSet<u32>,
-    freeze_tx: mpsc::UnboundedSender<FreezeRequest>,
+    /// Post-trigger freezes not yet due, by process.
+    pending: HashMap<u32, FreezeRequest>,
+    freeze_tx: mpsc::UnboundedSender<u32>,
 }
 
 impl Pipeline {
-    /// The pipeline, and the receiver of post-trigger freezes that are due (the event loop
-    /// hands each to [`freeze`](Self::freeze)).
+    /// The pipeline, and the receiver of the pids whose post-trigger freeze is due (the
+    /// event loop hands each to [`freeze_pending`](Self::freeze_pending)).
     pub fn new(
         opts: &AgentOptions,
         metrics: Arc<Metrics>,
-    ) -> (Self, mpsc::UnboundedReceiver<FreezeRequest>) {
+    ) -> (Self, mpsc::UnboundedReceiver<u32>) {
         let (freeze_tx, freeze_rx) = mpsc::unbounded_channel();
         let pipeline = Self {
             metrics,
@@ -64,7 +64,7 @@ impl Pipeline {
             max_queued: opts.max_queued.max(1),
             workers: Arc::new(Semaphore::new(opts.workers.max(1))),
             jobs: JoinSet::new(),
-            pending: HashSet::new(),
+            pending: HashMap::new(),
             freeze_tx,
         };
         (pipeline, freeze_rx)
@@ -85,7 +85,7 @@ impl Pipeline {
             // happened since), rather than losing the trigger.
             tracer.consider(event.pid);
         }
-        if self.pending.contains(&event.pid) || self.jobs.len() >= self.max_queued {
+        if self.pending.contains_key(&event.pid) || self.jobs.len() >= self.max_queued {
             log::warn!("trigger {rule}: a snapshot is already in flight; suppressed (busy)");
             self.metrics.suppressed_busy(&rule);
             return;
@@ -95,12 +95,21 @@ impl Pipeline {
             self.freeze(tracer, request);
             return;
         }
-        self.pending.insert(request.event.pid);
+        let pid = request.event.pid;
+        self.pending.insert(pid, request);
         let tx = self.freeze_tx.clone();
         tokio::spawn(async move {
             tokio::time::sleep(post).await;
-            let _ = tx.send(request);
+            let _ = tx.send(pid);
         });
+    }
+
+    /// The post-trigger freeze of `pid` is due (its timer fired, or the process exited and
+    /// nothing more can be recorded): freeze now. No-op when none is pending.
+    pub fn freeze_pending(&mut self, tracer: &mut Tracer, pid: u32) {
+        if let Some(request) = self.pending.remove(&pid) {
+            self.freeze(tracer, request);
+        }
     }
 
     /// Waits for a written snapshot; `None` at once when none is in flight.
@@ -117,7 +126,6 @@ impl Pipeline {
     /// Freezes the recorder of the triggering process and queues the snapshot.
     pub fn freeze(&mut self, tracer: &mut Tracer, request: FreezeRequest) {
         let FreezeRequest { rule, event } = request;
-        self.pending.remove(&event.pid);
         let Some(active) = tracer.rules().find(|r| r.rule.name == rule) else {
             return;
         };

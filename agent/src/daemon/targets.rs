@@ -307,13 +307,6 @@ impl Tracer {
                     active.targets.remove(&pid);
                 }
             }
-            if old == 0 {
-                log::info!(
-                    "tracing process {pid} ({}) for {}",
-                    info.comm,
-                    self.rule_names(mask).join(", ")
-                );
-            }
         }
         let capture = self.capture_for(mask);
         let traced = self.processes.entry(pid).or_insert_with(|| Traced {
@@ -329,10 +322,23 @@ impl Tracer {
             match capture::open_recorder(&opts, &[pid]) {
                 Ok(r) => traced.recorder = Some(r),
                 Err(e) => log::warn!(
-                    "process {pid}: no flight recorder ({:#}); triggers are still counted",
+                    "process {pid}: no flight recorder ({}); triggers are still counted",
                     ErrorChain(&e)
                 ),
             }
+        }
+        if old == 0 {
+            // Logged once the recorder runs: from here on, the process is recorded.
+            let recorder = self
+                .processes
+                .get(&pid)
+                .and_then(|p| p.recorder.as_ref())
+                .map_or("no recorder", |r| r.backend().as_str());
+            log::info!(
+                "tracing process {pid} ({}) for {} [{recorder}]",
+                self.processes.get(&pid).map_or("", |p| p.info.comm.as_str()),
+                self.rule_names(mask).join(", ")
+            );
         }
     }
 
