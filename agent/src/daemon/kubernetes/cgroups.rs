@@ -43,6 +43,29 @@ impl Default for HostPaths {
     }
 }
 
+/// Overrides [`HostPaths::proc_root`].
+pub const PROC_ROOT_ENV: &str = "LOOKBACK_PROC_ROOT";
+/// Overrides [`HostPaths::cgroup_root`]. The `DaemonSet` sets `/host/sys/fs/cgroup`: a
+/// container's own `/sys/fs/cgroup` shows only its own cgroup (cgroup namespace).
+pub const CGROUP_ROOT_ENV: &str = "LOOKBACK_CGROUP_ROOT";
+
+impl HostPaths {
+    /// The defaults, overridden by `LOOKBACK_PROC_ROOT` and `LOOKBACK_CGROUP_ROOT`.
+    pub fn from_env() -> HostPaths {
+        Self::from_lookup(|name| std::env::var_os(name))
+    }
+
+    /// [`Self::from_env`] with the environment given by `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<std::ffi::OsString>) -> HostPaths {
+        let defaults = HostPaths::default();
+        let get = |name| lookup(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        HostPaths {
+            proc_root: get(PROC_ROOT_ENV).unwrap_or(defaults.proc_root),
+            cgroup_root: get(CGROUP_ROOT_ENV).unwrap_or(defaults.cgroup_root),
+        }
+    }
+}
+
 /// Deepest directory level searched below the cgroup root for a container's directory.
 const MAX_WALK_DEPTH: usize = 10;
 

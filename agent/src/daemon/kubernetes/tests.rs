@@ -452,3 +452,14 @@ fn host_paths_go_through_the_process_root() {
         "never above the container's root"
     );
 }
+
+#[test]
+fn host_paths_from_the_environment() {
+    let none = HostPaths::from_lookup(|_| None);
+    assert_eq!(none, HostPaths::default());
+    let set = HostPaths::from_lookup(|name| {
+        (name == "LOOKBACK_CGROUP_ROOT").then(|| "/host/sys/fs/cgroup".into())
+    });
+    assert_eq!(set.cgroup_root, Path::new("/host/sys/fs/cgroup"));
+    assert_eq!(set.proc_root, Path::new("/proc"));
+}
