@@ -50,7 +50,8 @@ struct Reply {
 /// [`FakeApi::reply`] answers it.
 struct FakeApi {
     url: String,
-    requests: Receiver<String>,
+    /// Request target and `Authorization` header of each request.
+    requests: Receiver<(String, Option<String>)>,
     replies: Sender<Reply>,
 }
 
@@ -66,15 +67,21 @@ impl FakeApi {
                 let mut reader = BufReader::new(stream.try_clone().expect("clone"));
                 let mut request_line = String::new();
                 reader.read_line(&mut request_line).expect("request line");
+                let mut authorization = None;
                 loop {
                     let mut header = String::new();
                     let n = reader.read_line(&mut header).expect("header");
                     if n == 0 || header == "\r\n" {
                         break;
                     }
+                    if let Some((name, value)) = header.split_once(':')
+                        && name.eq_ignore_ascii_case("authorization")
+                    {
+                        authorization = Some(value.trim().to_owned());
+                    }
                 }
                 let target = request_line.split(' ').nth(1).unwrap_or("").to_owned();
-                if request_tx.send(target).is_err() {
+                if request_tx.send((target, authorization)).is_err() {
                     return;
                 }
                 let Ok(reply) = reply_rx.recv() else { return };
@@ -97,6 +104,10 @@ impl FakeApi {
     }
 
     fn next(&self) -> String {
+        self.next_with_auth().0
+    }
+
+    fn next_with_auth(&self) -> (String, Option<String>) {
         self.requests.recv_timeout(WAIT).expect("a request")
     }
 
@@ -475,6 +486,52 @@ fn selector_follows_list_and_watch() {
 fn sorted(mut ids: Vec<u64>) -> Vec<u64> {
     ids.sort_unstable();
     ids
+}
+
+/// Projected service account tokens are rotated by the kubelet: every request reads the
+/// file again.
+#[test]
+fn rotated_token_is_used_by_the_next_request() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    fs::write(&token, "first-token\n").expect("token");
+    let api = FakeApi::start();
+    let config = KubeConfig {
+        api_url: api.url.clone(),
+        node_name: "node-a".to_owned(),
+        token_file: Some(token.clone()),
+        ca_file: None,
+        watch_timeout: Duration::from_secs(5),
+        min_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(50),
+    };
+    let watcher = PodWatcher::spawn(config).expect("watcher");
+    let (target, auth) = api.next_with_auth();
+    assert_eq!(auth.as_deref(), Some("Bearer first-token"));
+    // Rotated the way the kubelet does it: a new file renamed over the old one.
+    let next = dir.path().join("token.new");
+    fs::write(&next, "second-token").expect("token");
+    fs::rename(&next, &token).expect("rotate");
+    api.reply_list(&target, "podlist-two-nodes.json");
+    let (target, auth) = api.next_with_auth();
+    expect_watch(&target, "1000");
+    assert_eq!(auth.as_deref(), Some("Bearer second-token"));
+    drop(watcher);
+}
+
+#[test]
+fn service_account_ca_is_loaded() {
+    let ca = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/daemon/kubernetes/testdata/ca.crt");
+    let config = KubeConfig {
+        api_url: "https://10.96.0.1:443".to_owned(),
+        node_name: "node-a".to_owned(),
+        token_file: None,
+        ca_file: Some(ca),
+        watch_timeout: Duration::from_secs(5),
+        min_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(50),
+    };
+    KubeClient::new(&config).expect("a PEM CA certificate is accepted");
 }
 
 #[test]
