@@ -1,7 +1,8 @@
 //! The whole selector against a fake API server (a `TcpListener` thread answering with the
 //! recorded responses in `testdata/`) and a fake `/proc` and cgroup tree in a tempdir:
 //! list → targets; watch events add and delete pods → targets follow; a 410 `ERROR` event,
-//! an HTTP 410 and an HTTP 403 → relist with backoff, pods kept meanwhile.
+//! an HTTP 410 and an HTTP 403 → relist with backoff, pods kept meanwhile; a status-only
+//! update changes no generation.
 //!
 //! The server answers one request at a time, each only when the test hands it a reply, so
 //! every stage is checked before the watcher can move on.
@@ -481,6 +482,32 @@ fn selector_follows_list_and_watch() {
     let target = api.next();
     expect_watch(&target, "1450");
     assert_eq!(watcher.last_error(), None);
+
+    // 5. A status-only update (the job finished) is kept but moves no generation: the
+    //    daemon does not rescan /proc for it.
+    let generation = watcher.generation();
+    let list: serde_json::Value =
+        serde_json::from_str(&testdata("podlist-after-relist.json")).expect("JSON");
+    let mut report = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .find(|p| p["metadata"]["name"] == "report-28911520-7xk2p")
+        .expect("report pod")
+        .clone();
+    report["metadata"]["resourceVersion"] = "1460".into();
+    report["status"]["phase"] = "Succeeded".into();
+    let event = serde_json::json!({"type": "MODIFIED", "object": report});
+    api.reply(200, format!("{event}\n"));
+    let target = api.next();
+    expect_watch(&target, "1460");
+    assert_eq!(watcher.generation(), generation);
+    let phase = watcher
+        .current()
+        .into_iter()
+        .find(|p| p.name == "report-28911520-7xk2p")
+        .map(|p| p.phase);
+    assert_eq!(phase.as_deref(), Some("Succeeded"));
 }
 
 fn sorted(mut ids: Vec<u64>) -> Vec<u64> {

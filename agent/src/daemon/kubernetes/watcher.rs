@@ -18,7 +18,8 @@ use super::pods::{Applied, Pod, PodStore};
 /// server that closes every watch at once is not hammered.
 const MIN_HEALTHY_WATCH: Duration = Duration::from_secs(1);
 
-/// Handle to the watcher thread; dropping it stops the thread (after its current request).
+/// Handle to the watcher thread. Dropping it stops the thread: at once when it is pausing,
+/// else after the current request (a watch lasts at most `watch_timeout`).
 #[derive(Debug)]
 pub struct PodWatcher {
     shared: Arc<Shared>,
@@ -57,7 +58,8 @@ impl PodWatcher {
         self.shared.lock().pods.clone()
     }
 
-    /// Increases whenever the pod set changes; compare with the last value seen.
+    /// Increases whenever a pod appears, goes, or changes its namespace, name, labels or
+    /// containers (what selectors see); compare with the last value seen.
     pub fn generation(&self) -> u64 {
         self.shared.lock().generation
     }
@@ -101,13 +103,29 @@ impl Shared {
         self.stop.load(Ordering::Relaxed)
     }
 
+    /// Makes the store's pods current; the generation moves only when something a selector
+    /// looks at changed (not for every status update or new resource version).
     fn publish(&self, store: &PodStore) {
         let pods = store.pods();
         let mut state = self.lock();
         state.synced = true;
         state.last_error = None;
-        if state.pods != pods {
-            state.pods = pods;
+        let relevant = |p: &Pod| {
+            (
+                p.uid.clone(),
+                p.namespace.clone(),
+                p.name.clone(),
+                p.labels.clone(),
+                p.containers.clone(),
+            )
+        };
+        let moved = !state
+            .pods
+            .iter()
+            .map(relevant)
+            .eq(pods.iter().map(relevant));
+        state.pods = pods;
+        if moved {
             state.generation += 1;
             self.changed.notify_all();
         }
@@ -202,7 +220,14 @@ fn run(client: &KubeClient, config: &KubeConfig, shared: &Shared) {
                         return;
                     }
                 }
-                WatchEnd::Relist => continue 'list,
+                // Paused too: a server answering every watch with 410 must not be
+                // listed in a tight loop.
+                WatchEnd::Relist => {
+                    if shared.sleep(backoff.next()) {
+                        return;
+                    }
+                    continue 'list;
+                }
                 WatchEnd::Stop => return,
             }
         }
