@@ -6,7 +6,10 @@
 //! - tracefs mounted at /sys/kernel/tracing (root only);
 //! - the `PyPI` `fxt` parser into `.tools/python` (`pip install --target`), which
 //!   `tests/scripts/check_fxt.py` uses to read our FXT traces independently of the writer
-//!   (skipped with a warning when python3 or pip is missing).
+//!   (skipped with a warning when python3 or pip is missing);
+//! - the `PyPI` `kubernetes-validate` package beside it: the Kubernetes JSON schemas of
+//!   every release 1.25–1.37 bundled, so `tests/scripts/check_manifests.py` validates
+//!   `deploy/kubernetes/` offline.
 use std::{fs, path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
@@ -17,6 +20,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// The independent FXT reader the trace tests check our files with.
 const FXT_VERSION: &str = "0.3.0";
+/// Offline Kubernetes JSON schemas for the manifest test (tests/tests/deploy.rs).
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
 pub fn setup() -> Result<BuildEnv> {
     let root = workspace_root()?;
@@ -26,7 +31,13 @@ pub fn setup() -> Result<BuildEnv> {
         .context("installing rust-src (needed to build core for the BPF target)")?;
     let tools = root.join(".tools");
     install_bpf_linker(&tools, &toolchain)?;
-    install_fxt(&tools);
+    install_python_package(&tools, "fxt", FXT_VERSION, "the FXT trace test");
+    install_python_package(
+        &tools,
+        "kubernetes-validate",
+        KUBERNETES_VALIDATE_VERSION,
+        "the Kubernetes manifest test",
+    );
     let is_root = is_root();
     if is_root {
         mount_tracefs()?;
@@ -119,15 +130,16 @@ fn install_bpf_linker(tools: &Path, toolchain: &str) -> Result<()> {
     Ok(())
 }
 
-/// `pip install --target .tools/python fxt==FXT_VERSION`, once.
-fn install_fxt(tools: &Path) {
+/// `pip install --target .tools/python NAME==VERSION`, once (a warning when it fails:
+/// `used_by` then fails under CI and skips otherwise).
+fn install_python_package(tools: &Path, name: &str, version: &str, used_by: &str) {
     let target = tools.join("python");
-    let marker = target.join(format!("fxt-{FXT_VERSION}.dist-info"));
+    let marker = target.join(format!("{}-{version}.dist-info", name.replace('-', "_")));
     if marker.is_dir() {
         return;
     }
     println!(
-        "xtask: installing the fxt Python package {FXT_VERSION} into {}",
+        "xtask: installing the {name} Python package {version} into {}",
         target.display()
     );
     let installed = run(Command::new("python3")
@@ -141,11 +153,11 @@ fn install_fxt(tools: &Path) {
         ])
         .args(["--upgrade", "--target"])
         .arg(&target)
-        .arg(format!("fxt=={FXT_VERSION}")));
+        .arg(format!("{name}=={version}")));
     if let Err(e) = installed {
         eprintln!(
-            "xtask: warning: cannot install the fxt Python package ({e:#}); the FXT trace \
-             test will fail under CI and skip otherwise"
+            "xtask: warning: cannot install the {name} Python package ({e:#}); {used_by} \
+             will fail under CI and skip otherwise"
         );
     }
 }

@@ -1,0 +1,185 @@
+//! The Kubernetes manifests in `deploy/kubernetes/`, checked offline by
+//! `tests/scripts/check_manifests.py`: core resources against the Kubernetes JSON schemas of
+//! the `PyPI` `kubernetes-validate` package (installed into `.tools/python` by `cargo xtask
+//! setup`), the `ServiceMonitor` CRD against an embedded subset of its schema, and the
+//! references between the files; the `ConfigMap`'s rules through `lookback rules validate`.
+//! A deliberately broken copy of each kind must be rejected, so the check cannot pass
+//! vacuously. No root needed.
+use std::{
+    fs,
+    path::Path,
+    process::{Command, Output},
+};
+
+use lookback_tests::{lookback_bin, workspace_root};
+use serde_json::Value;
+
+/// `python3 check_manifests.py DIR [ARGS]`, or `None` (skip) without python3.
+fn check_manifests(dir: &Path, args: &[&std::ffi::OsStr]) -> Option<Output> {
+    if Command::new("python3").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 is missing on CI: the manifests cannot be checked"
+        );
+        #[expect(clippy::print_stderr, reason = "a skipped test says why")]
+        {
+            eprintln!("skipped: python3 is missing, the manifests cannot be checked");
+        }
+        return None;
+    }
+    let out = Command::new("python3")
+        .arg(workspace_root().join("tests/scripts/check_manifests.py"))
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("python3");
+    assert_ne!(
+        out.status.code(),
+        Some(3),
+        "run `cargo xtask setup` to install kubernetes-validate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(out)
+}
+
+fn deploy_dir() -> std::path::PathBuf {
+    workspace_root().join("deploy/kubernetes")
+}
+
+#[test]
+fn manifests_match_the_kubernetes_schemas() {
+    let Some(out) = check_manifests(&deploy_dir(), &[]) else {
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "check_manifests.py rejected deploy/kubernetes:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).expect("a JSON summary");
+    let resources: Vec<&str> = summary["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for expected in [
+        "DaemonSet/lookback",
+        "ConfigMap/lookback-rules",
+        "ServiceAccount/lookback",
+        "ClusterRole/lookback",
+        "ClusterRoleBinding/lookback",
+        "Service/lookback-metrics",
+        "ServiceMonitor/lookback",
+    ] {
+        assert!(resources.contains(&expected), "{expected} in {resources:?}");
+    }
+}
+
+#[test]
+fn configmap_rules_are_valid() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rules = tmp.path().join("rules.yaml");
+    let Some(out) = check_manifests(
+        &deploy_dir(),
+        &["--extract-rules".as_ref(), rules.as_os_str()],
+    ) else {
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let validate = Command::new(lookback_bin())
+        .args(["rules", "validate"])
+        .arg(&rules)
+        .output()
+        .expect("lookback");
+    assert!(
+        validate.status.success(),
+        "the ConfigMap's rules.yaml is invalid:\n{}",
+        String::from_utf8_lossy(&validate.stderr)
+    );
+}
+
+/// One file of a copy of deploy/kubernetes edited (`from` → `to`), and the message the
+/// check must give.
+const BROKEN: [(&str, &str, &str, &str); 7] = [
+    // A field the DaemonSet API does not have.
+    (
+        "daemonset.yaml",
+        "      hostPID: true\n",
+        "      hostPID: true\n      hostPIDs: true\n",
+        "'hostPIDs' was unexpected",
+    ),
+    // A wrong type.
+    (
+        "daemonset.yaml",
+        "containerPort: 9464",
+        "containerPort: \"9464\"",
+        "is not of type 'integer'",
+    ),
+    // A core schema violation in another kind.
+    (
+        "service.yaml",
+        "      protocol: TCP",
+        "      protocol: [TCP]",
+        "spec.ports.0.protocol",
+    ),
+    // The CRD: a bad Prometheus duration and an unknown field.
+    (
+        "servicemonitor.yaml",
+        "interval: 30s",
+        "interval: 30 seconds",
+        "interval",
+    ),
+    (
+        "servicemonitor.yaml",
+        "      path: /metrics",
+        "      path: /metrics\n      scrapeEvery: 30s",
+        "'scrapeEvery' was unexpected",
+    ),
+    // References: the ServiceMonitor scrapes a port the Service lacks.
+    (
+        "servicemonitor.yaml",
+        "- port: metrics",
+        "- port: http",
+        "endpoint port http is not a port of the Service",
+    ),
+    // References: NODE_NAME from somewhere else than the downward API.
+    (
+        "daemonset.yaml",
+        "fieldPath: spec.nodeName",
+        "fieldPath: metadata.name",
+        "NODE_NAME must come from the downward API",
+    ),
+];
+
+#[test]
+fn broken_manifests_are_rejected() {
+    for (file, from, to, message) in BROKEN {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for entry in fs::read_dir(deploy_dir()).expect("deploy/kubernetes") {
+            let entry = entry.expect("entry");
+            fs::copy(entry.path(), tmp.path().join(entry.file_name())).expect("copy");
+        }
+        let path = tmp.path().join(file);
+        let text = fs::read_to_string(&path).expect("manifest");
+        assert!(text.contains(from), "{file} no longer contains {from:?}");
+        fs::write(&path, text.replacen(from, to, 1)).expect("write");
+        let Some(out) = check_manifests(tmp.path(), &[]) else {
+            return;
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{file}: {from:?} → {to:?} was accepted"
+        );
+        assert!(
+            stderr.contains(message),
+            "{file}: {from:?} → {to:?}: expected {message:?} in:\n{stderr}"
+        );
+    }
+}
