@@ -20,6 +20,7 @@ pub mod kubernetes;
 pub mod metrics;
 pub mod output;
 pub mod pipeline;
+pub mod pod_targets;
 pub mod retention;
 pub mod targets;
 
@@ -32,6 +33,7 @@ use self::{
     http::{HttpError, HttpState},
     metrics::{Metrics, MetricsError},
     pipeline::Pipeline,
+    pod_targets::PodSelection,
     targets::{ApplyError, ErrorChain, RuleChanges, Tracer},
 };
 use crate::{
@@ -166,6 +168,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
         None
     };
     let mut tracer = Tracer::new(engine, opts.proc_root.clone(), auto);
+    let mut pods = start_pods(&opts, &rules, &mut tracer);
     let (mut pipeline, mut due) = Pipeline::new(&opts, Arc::clone(&metrics));
     let changes = tracer.apply_rules(&rules)?;
     report_changes(&changes);
@@ -215,17 +218,25 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             _ = tick.tick() => {
                 refresh_metrics(&tracer, &metrics);
                 tracer.poll_recorders();
+                if let Some(p) = pods.as_mut() {
+                    let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
+                    if p.refresh(&rules, false) {
+                        tracer.rescan();
+                    }
+                }
             }
             _ = config_tick.tick() => {
                 if config.changed() {
                     log::info!("{} changed; reloading", config.path().display());
                     reload(&mut config, &mut tracer, &metrics, &state);
+                    reload_pods(&opts, &mut pods, &mut tracer);
                 }
             }
             _ = rescan.tick() => tracer.rescan(),
             _ = sighup.recv() => {
                 log::info!("SIGHUP: reloading {}", config.path().display());
                 reload(&mut config, &mut tracer, &metrics, &state);
+                reload_pods(&opts, &mut pods, &mut tracer);
             }
             _ = sigterm.recv() => { log::info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { log::info!("SIGINT: shutting down"); break; }
@@ -242,6 +253,47 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     let _ = server.await;
     log::info!("agent stopped; every probe detached");
     Ok(())
+}
+
+/// Starts the pod watcher when a rule selects by Kubernetes pod; without it (not in a
+/// cluster, no `NODE_NAME`) those rules select nothing, which is logged.
+fn start_pods(opts: &AgentOptions, rules: &RuleSet, tracer: &mut Tracer) -> Option<PodSelection> {
+    if !PodSelection::needed(&rules.rules) {
+        return None;
+    }
+    match PodSelection::start(opts.proc_root.clone()) {
+        Ok(mut p) => {
+            tracer.set_pod_matcher(p.matcher());
+            p.refresh(&rules.rules, true);
+            Some(p)
+        }
+        Err(e) => {
+            log::error!(
+                "kubernetes selectors match nothing: {}",
+                ErrorChain(&e)
+            );
+            None
+        }
+    }
+}
+
+/// After a reload: start the pod watcher if a new rule needs it, and recompute what the
+/// rules select.
+fn reload_pods(opts: &AgentOptions, pods: &mut Option<PodSelection>, tracer: &mut Tracer) {
+    let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
+    match pods {
+        Some(p) => {
+            if p.refresh(&rules, true) {
+                tracer.rescan();
+            }
+        }
+        None => {
+            *pods = start_pods(opts, &RuleSet { rules }, tracer);
+            if pods.is_some() {
+                tracer.rescan();
+            }
+        }
+    }
 }
 
 fn reload(config: &mut ConfigFile, tracer: &mut Tracer, metrics: &Metrics, state: &HttpState) {
