@@ -1,8 +1,8 @@
 //! `lookback decode`: decode a snapshot or raw Intel PT into a trace.
 //!
-//! `lookback decode SNAPSHOT.lbsnap [-o OUT]` writes the trace of a sampling snapshot (FXT
-//! by default, `OUT` = the input's stem + `.fxt.gz`; `.json`/`.json.gz` → Chrome JSON); PT
-//! snapshots are refused for now. Raw Intel PT is decoded with `--pt FILE` and the code
+//! `lookback decode SNAPSHOT.lbsnap [-o OUT]` writes the trace of a sampling or Intel PT
+//! snapshot (FXT by default, `OUT` = the input's stem + `.fxt.gz`; `.json`/`.json.gz` →
+//! Chrome JSON). Raw Intel PT is decoded with `--pt FILE` and the code
 //! given by `--raw FILE[:OFFSET[-END]]:ADDR`. Its debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
 //! `--ptxed` (instructions and events, like Intel's `ptxed --no-inst`) and `--stats`
 //! (counts and throughput, like `ptxed --stat --stat:insn`). Without a mode, the branch
@@ -143,10 +143,12 @@ fn run_snapshot(input: &Path, output: Option<&Path>) -> CliResult {
         .with_context(|| format!("decoding {}", input.display()))
         .map_err(CliError::runtime)?;
     log::info!(
-        "{}: {} threads, {} samples, {} slices, {} unknown frames, {:.1?}",
+        "{}: {} threads, {} samples, {} branches ({} decode errors), {} slices, {} unknown frames, {:.1?}",
         out.display(),
         summary.threads,
         summary.samples,
+        summary.branches,
+        summary.decode_errors,
         summary.slices,
         summary.unknown_frames,
         started.elapsed()

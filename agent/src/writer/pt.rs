@@ -1,0 +1,303 @@
+//! Writer, Intel PT half: a PT snapshot → the same trace the sampling half writes.
+//!
+//! `decode::pt_snapshot` (code from the bundle, else the mapped files on this machine)
+//! → per-thread branch events → `stacks::branches` (magic-trace's rules, ties spread) with
+//! function names from `symbols` → the sink. One track per thread (`comm [pid] [tid]`;
+//! a CPU whose sideband named no thread is a track `[cpu N]`), one slice per call named
+//! by the demangled function (args `address` = the function's first byte, `location`,
+//! `module`), `[unknown @ ADDR]` for calls into code without symbols, `[untraced]`,
+//! `[syscall]`, `[interrupt]`, `[decode error: ...]` as the stacks stage makes them, and
+//! the trigger instant. Inlined functions are not split out (a call is one slice).
+//!
+//! Jumps that stay inside one function change no stack: they are dropped while decoding
+//! so the per-thread lists hold calls, returns and the rest, not every loop iteration.
+#![forbid(unsafe_code)]
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::io;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use super::{Arg, ArgValue, TraceSink, TraceSummary, trigger_instant};
+use crate::capture::MapEntry;
+use crate::decode::pt::{BranchEvent, BranchKind};
+use crate::decode::pt_snapshot::{self, CodeSource, Track, TrackBranches};
+use crate::snapshot::{Snapshot, TriggerMeta};
+use crate::stacks::StackEvent;
+use crate::stacks::branches::{self, Frame, Symbol};
+use crate::symbols::Symbolizer;
+
+/// A function an address is in, with what the slice args show.
+struct Func {
+    name: String,
+    start: u64,
+    module: Option<String>,
+    location: Option<String>,
+}
+
+/// Address → function, cached per (process, address): hot code is looked up once.
+struct Lookup<'a> {
+    symbols: Symbolizer<'a>,
+    snap: &'a Snapshot,
+    cache: HashMap<(u32, u64), Option<Rc<Func>>>,
+}
+
+impl Lookup<'_> {
+    /// The process a track's addresses belong to: its own, or for a CPU track the one
+    /// process whose mappings hold `addr`.
+    fn pid_of(&self, pid: Option<u32>, addr: u64) -> Option<u32> {
+        pid.or_else(|| {
+            self.snap
+                .maps
+                .iter()
+                .find(|p| p.maps.iter().any(|m| (m.start..m.end).contains(&addr)))
+                .map(|p| p.pid)
+        })
+    }
+
+    fn func(&mut self, pid: Option<u32>, addr: u64) -> Option<Rc<Func>> {
+        let pid = self.pid_of(pid, addr)?;
+        if let Some(hit) = self.cache.get(&(pid, addr)) {
+            return hit.clone();
+        }
+        let frame = self.symbols.frame(pid, addr);
+        let func = frame
+            .func_offset
+            .filter(|_| frame.unknown.is_none())
+            .map(|offset| {
+                Rc::new(Func {
+                    name: frame.name.clone(),
+                    start: addr.wrapping_sub(offset),
+                    module: frame.module.clone(),
+                    location: frame.location.clone(),
+                })
+            });
+        self.cache.insert((pid, addr), func.clone());
+        func
+    }
+
+    fn symbol(&mut self, pid: Option<u32>, addr: u64) -> Option<Symbol> {
+        self.func(pid, addr).map(|f| Symbol {
+            name: f.name.clone(),
+            start: f.start,
+        })
+    }
+
+    /// A jump that stays in one known function, or goes where no function is known,
+    /// changes no frame.
+    fn keep(&mut self, track: Track, event: &BranchEvent) -> bool {
+        if !matches!(event.kind, BranchKind::Jump | BranchKind::FarJump) {
+            return true;
+        }
+        let pid = track_pid(track);
+        let Some(to) = self.func(pid, event.to) else {
+            return false;
+        };
+        self.func(pid, event.from)
+            .is_none_or(|from| from.start != to.start)
+    }
+}
+
+fn track_pid(track: Track) -> Option<u32> {
+    match track {
+        Track::Thread { pid, .. } => Some(pid),
+        Track::Cpu(_) => None,
+    }
+}
+
+/// Code from the files the snapshot's maps name, read once per file: the recorded path
+/// when it is the same inode, else through `/proc/PID/root` (containers), else the path.
+#[derive(Default)]
+struct DiskCode {
+    files: RefCell<HashMap<(u32, String), FileBytes>>,
+}
+
+/// A file's bytes, `None` when it could not be read.
+type FileBytes = Option<Rc<Vec<u8>>>;
+
+impl DiskCode {
+    fn file(pid: u32, entry: &MapEntry) -> Option<Vec<u8>> {
+        if !entry.is_file() || entry.deleted() {
+            return None;
+        }
+        let plain = PathBuf::from(&entry.path);
+        let same = fs::metadata(&plain).is_ok_and(|m| m.is_file() && m.ino() == entry.inode);
+        let in_root = PathBuf::from(format!("/proc/{pid}/root{}", entry.path));
+        let candidates = if same {
+            vec![plain]
+        } else {
+            vec![in_root, plain]
+        };
+        candidates.iter().find_map(|p| fs::read(p).ok())
+    }
+}
+
+impl CodeSource for DiskCode {
+    fn code(&self, pid: u32, entry: &MapEntry) -> Option<Vec<u8>> {
+        let file = self
+            .files
+            .borrow_mut()
+            .entry((pid, entry.path.clone()))
+            .or_insert_with(|| Self::file(pid, entry).map(Rc::new))
+            .clone()?;
+        let from = usize::try_from(entry.offset).ok()?.min(file.len());
+        let len = usize::try_from(entry.end.saturating_sub(entry.start)).ok()?;
+        Some(file[from..from.saturating_add(len).min(file.len())].to_vec())
+    }
+}
+
+/// The (pid, tid) a track is written as: CPU tracks take the snapshot's only process (else
+/// pid 0) and a tid no thread has.
+fn track_key(snap: &Snapshot, track: Track) -> (u32, u32) {
+    match track {
+        Track::Thread { pid, tid } => (pid, tid),
+        Track::Cpu(cpu) => {
+            let pid = match snap.maps.as_slice() {
+                [only] => only.pid,
+                _ => 0,
+            };
+            (pid, u32::MAX - cpu)
+        }
+    }
+}
+
+fn comm_of(snap: &Snapshot, pid: u32) -> Option<String> {
+    snap.maps
+        .iter()
+        .find(|m| m.pid == pid)
+        .map(|m| m.comm.clone())
+        .filter(|c| !c.is_empty())
+}
+
+/// Feeds the trace of a PT snapshot to `sink` (without [`TraceSink::finish`]).
+pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
+    let lookup = RefCell::new(Lookup {
+        symbols: Symbolizer::new(&snap.maps, &snap.code),
+        snap,
+        cache: HashMap::new(),
+    });
+    let decoded = pt_snapshot::decode(snap, &DiskCode::default(), |track, event| {
+        lookup.borrow_mut().keep(track, event)
+    });
+    let mut summary = TraceSummary {
+        threads: decoded.tracks.len(),
+        branches: decoded.branches,
+        decode_errors: decoded.errors,
+        ..TraceSummary::default()
+    };
+    let trigger = snap.meta.trigger.as_ref().filter(|t| t.pid != 0);
+    let keys: Vec<(u32, u32)> = decoded.tracks.keys().map(|&t| track_key(snap, t)).collect();
+    let pids: BTreeSet<u32> = keys.iter().map(|k| k.0).collect();
+    for pid in pids {
+        let comm = comm_of(snap, pid).unwrap_or_else(|| "?".to_owned());
+        sink.process(pid, &format!("{comm} [{pid}]"))?;
+    }
+    for (track, branches) in decoded.tracks {
+        let key = track_key(snap, track);
+        let pending = trigger.filter(|t| (t.pid, t.tid) == key);
+        emit_track(
+            snap,
+            sink,
+            &lookup,
+            (track, key),
+            branches,
+            pending,
+            &mut summary,
+        )?;
+    }
+    if let Some(t) = trigger.filter(|t| !keys.contains(&(t.pid, t.tid))) {
+        // The trigger thread has no trace: give it its own track.
+        let comm = if t.comm.is_empty() { "?" } else { &t.comm };
+        sink.thread(t.pid, t.tid, &format!("{comm} [{}] [{}]", t.pid, t.tid))?;
+        trigger_instant(sink, t)?;
+    }
+    summary.unknown_frames = lookup.borrow().symbols.misses;
+    Ok(summary)
+}
+
+/// One track: its name, its slices, and the trigger instant when it is the trigger's.
+fn emit_track(
+    snap: &Snapshot,
+    sink: &mut impl TraceSink,
+    lookup: &RefCell<Lookup<'_>>,
+    (track, key): (Track, (u32, u32)),
+    branches: TrackBranches,
+    mut pending: Option<&TriggerMeta>,
+    summary: &mut TraceSummary,
+) -> io::Result<()> {
+    let name = match track {
+        Track::Thread { pid, tid } => {
+            let comm = branches
+                .comm
+                .clone()
+                .or_else(|| comm_of(snap, pid))
+                .unwrap_or_else(|| "?".to_owned());
+            format!("{comm} [{pid}] [{tid}]")
+        }
+        Track::Cpu(cpu) => format!("[cpu {cpu}]"),
+    };
+    sink.thread(key.0, key.1, &name)?;
+    let pid = track_pid(track);
+    let mut events = branches::reconstruct(&branches.branches, |addr| {
+        lookup.borrow_mut().symbol(pid, addr)
+    });
+    drop(branches);
+    branches::spread_ties(&mut events);
+    let mut open: Vec<String> = Vec::new();
+    for event in events {
+        let ts = match &event {
+            StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts,
+            StackEvent::Gap { start, .. } => *start,
+        };
+        if let Some(t) = pending.filter(|t| t.trigger_time_ns < ts) {
+            trigger_instant(sink, t)?;
+            pending = None;
+        }
+        match event {
+            StackEvent::Begin { ts, frame } => {
+                summary.slices += 1;
+                let name = frame.to_string();
+                begin(sink, lookup, pid, key, ts, &frame, &name)?;
+                open.push(name);
+            }
+            StackEvent::End { ts } => {
+                let name = open.pop().unwrap_or_default();
+                sink.end(key, ts, &name)?;
+            }
+            StackEvent::Gap { start, end } => {
+                sink.begin(key, start, super::UNTRACED, &[])?;
+                sink.end(key, end, super::UNTRACED)?;
+            }
+        }
+    }
+    match pending {
+        Some(t) => trigger_instant(sink, t),
+        None => Ok(()),
+    }
+}
+
+fn begin(
+    sink: &mut impl TraceSink,
+    lookup: &RefCell<Lookup<'_>>,
+    pid: Option<u32>,
+    key: (u32, u32),
+    ts: u64,
+    frame: &Frame,
+    name: &str,
+) -> io::Result<()> {
+    let Frame::Function { start, .. } = frame else {
+        return sink.begin(key, ts, name, &[]);
+    };
+    let func = lookup.borrow_mut().func(pid, *start);
+    let mut args = vec![Arg::new("address", ArgValue::Pointer(*start))];
+    if let Some(loc) = func.as_ref().and_then(|f| f.location.as_deref()) {
+        args.push(Arg::new("location", ArgValue::Str(loc)));
+    }
+    if let Some(module) = func.as_ref().and_then(|f| f.module.as_deref()) {
+        args.push(Arg::new("module", ArgValue::Str(module)));
+    }
+    sink.begin(key, ts, name, &args)
+}
