@@ -236,7 +236,7 @@ fn chrome_json_trace_and_decode_of_the_kept_snapshot() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let doc: serde_json::Value =
+    let doc: Value =
         serde_json::from_slice(&std::fs::read(&pt_json).expect("pt.json")).expect("JSON");
     let events = chrome_events(&doc);
     assert!(events.iter().all(|e| e["ph"] != "B"));
