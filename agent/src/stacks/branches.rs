@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::rc::Rc;
 
 use super::StackEvent;
 use crate::decode::pt::branches::{BranchEvent, BranchKind};
@@ -63,7 +64,8 @@ impl Branch {
 /// The function an address is in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Symbol {
-    pub name: String,
+    /// Shared: the same function is looked up again for every call and jump into it.
+    pub name: Rc<str>,
     /// The function's first address.
     pub start: u64,
 }
@@ -74,7 +76,7 @@ pub enum Frame {
     /// A function call; `inferred_start` when the call was before the window (the slice
     /// then begins at the window's start).
     Function {
-        name: String,
+        name: Rc<str>,
         start: u64,
         inferred_start: bool,
     },
@@ -138,6 +140,18 @@ struct Builder<S> {
 }
 
 impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
+    fn new(window_start: u64, symbol: S) -> Self {
+        Self {
+            symbol,
+            nodes: Vec::new(),
+            roots: Vec::new(),
+            window_roots: 0,
+            window_start,
+            stack: Vec::new(),
+            now: window_start,
+        }
+    }
+
     fn function(&self, addr: u64) -> Option<Frame> {
         (self.symbol)(addr).map(|s| Frame::Function {
             name: s.name,
@@ -150,7 +164,7 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
     /// unknown code, or its return would close the caller's).
     fn function_or_unknown(&self, addr: u64) -> Frame {
         self.function(addr).unwrap_or_else(|| Frame::Function {
-            name: format!("[unknown @ {addr:#x}]"),
+            name: format!("[unknown @ {addr:#x}]").into(),
             start: addr,
             inferred_start: false,
         })
@@ -396,17 +410,23 @@ pub fn reconstruct_window(
     let window_start = branches
         .first()
         .map_or(window_start, |b| window_start.min(b.time_ns));
-    let mut builder = Builder {
-        symbol,
-        nodes: Vec::new(),
-        roots: Vec::new(),
-        window_roots: 0,
-        window_start,
-        stack: Vec::new(),
-        now: window_start,
-    };
+    let mut builder = Builder::new(window_start, symbol);
     for branch in branches {
         builder.step(branch);
+    }
+    builder.finish()
+}
+
+/// [`reconstruct`] taking the branches by value, so their memory is freed before the
+/// slices are listed (a large snapshot holds millions of branches).
+pub fn reconstruct_owned(
+    branches: Vec<Branch>,
+    symbol: impl Fn(u64) -> Option<Symbol>,
+) -> Vec<StackEvent<Frame>> {
+    let window_start = branches.first().map_or(0, |b| b.time_ns);
+    let mut builder = Builder::new(window_start, symbol);
+    for branch in branches {
+        builder.step(&branch);
     }
     builder.finish()
 }

@@ -16,6 +16,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::fs;
+use std::hash::BuildHasherDefault;
 use std::io;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
@@ -23,6 +24,7 @@ use std::rc::Rc;
 
 use super::{Arg, ArgValue, TraceSink, TraceSummary, trigger_instant};
 use crate::capture::MapEntry;
+use crate::decode::pt::flow::IpHasher;
 use crate::decode::pt::{BranchEvent, BranchKind};
 use crate::decode::pt_snapshot::{self, CodeSource, Track, TrackBranches};
 use crate::snapshot::{Snapshot, TriggerMeta};
@@ -32,7 +34,7 @@ use crate::symbols::Symbolizer;
 
 /// A function an address is in, with what the slice args show.
 struct Func {
-    name: String,
+    name: Rc<str>,
     start: u64,
     module: Option<String>,
     location: Option<String>,
@@ -42,7 +44,7 @@ struct Func {
 struct Lookup<'a> {
     symbols: Symbolizer<'a>,
     snap: &'a Snapshot,
-    cache: HashMap<(u32, u64), Option<Rc<Func>>>,
+    cache: HashMap<(u32, u64), Option<Rc<Func>>, BuildHasherDefault<IpHasher>>,
 }
 
 impl Lookup<'_> {
@@ -69,7 +71,7 @@ impl Lookup<'_> {
             .filter(|_| frame.unknown.is_none())
             .map(|offset| {
                 Rc::new(Func {
-                    name: frame.name.clone(),
+                    name: frame.name.as_str().into(),
                     start: addr.wrapping_sub(offset),
                     module: frame.module.clone(),
                     location: frame.location.clone(),
@@ -81,7 +83,7 @@ impl Lookup<'_> {
 
     fn symbol(&mut self, pid: Option<u32>, addr: u64) -> Option<Symbol> {
         self.func(pid, addr).map(|f| Symbol {
-            name: f.name.clone(),
+            name: Rc::clone(&f.name),
             start: f.start,
         })
     }
@@ -177,7 +179,7 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
     let lookup = RefCell::new(Lookup {
         symbols: Symbolizer::new(&snap.maps, &snap.code),
         snap,
-        cache: HashMap::new(),
+        cache: HashMap::default(),
     });
     let decoded = pt_snapshot::decode(snap, &DiskCode::default(), |track, event| {
         lookup.borrow_mut().keep(track, event)
@@ -232,7 +234,6 @@ fn emit_track(
         Track::Thread { pid, tid } => {
             let comm = branches
                 .comm
-                .clone()
                 .or_else(|| comm_of(snap, pid))
                 .unwrap_or_else(|| "?".to_owned());
             format!("{comm} [{pid}] [{tid}]")
@@ -241,12 +242,11 @@ fn emit_track(
     };
     sink.thread(key.0, key.1, &name)?;
     let pid = track_pid(track);
-    let mut events = branches::reconstruct(&branches.branches, |addr| {
+    let mut events = branches::reconstruct_owned(branches.branches, |addr| {
         lookup.borrow_mut().symbol(pid, addr)
     });
-    drop(branches);
     branches::spread_ties(&mut events);
-    let mut open: Vec<String> = Vec::new();
+    let mut open: Vec<Rc<str>> = Vec::new();
     for event in events {
         let ts = match &event {
             StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts,
@@ -259,12 +259,12 @@ fn emit_track(
         match event {
             StackEvent::Begin { ts, frame } => {
                 summary.slices += 1;
-                let name = frame.to_string();
+                let name = slice_name(&frame);
                 begin(sink, lookup, pid, key, ts, &frame, &name)?;
                 open.push(name);
             }
             StackEvent::End { ts } => {
-                let name = open.pop().unwrap_or_default();
+                let name = open.pop().unwrap_or_else(|| "".into());
                 sink.end(key, ts, &name)?;
             }
             StackEvent::Gap { start, end } => {
@@ -276,6 +276,18 @@ fn emit_track(
     match pending {
         Some(t) => trigger_instant(sink, t),
         None => Ok(()),
+    }
+}
+
+/// A slice's name; a called function's is its symbol's, shared.
+fn slice_name(frame: &Frame) -> Rc<str> {
+    match frame {
+        Frame::Function {
+            name,
+            inferred_start: false,
+            ..
+        } => Rc::clone(name),
+        _ => frame.to_string().into(),
     }
 }
 
