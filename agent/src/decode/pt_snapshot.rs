@@ -3,8 +3,10 @@
 //!
 //! In: a [`Snapshot`] of the `intel-pt` backend (AUX rings, per-CPU sideband, maps and
 //! embedded code) and a [`CodeSource`] for the code the bundle does not embed (the caller
-//! reads files; this module stays sans-IO). Out: [`PtThreads`]: per [`Track`] the
-//! [`Branch`]es in time order, with the names the sideband gave, and counts.
+//! reads files; this module stays sans-IO). Out: per [`Track`] the [`Branch`]es in time
+//! order, into a [`BranchSink`] as they are decoded ([`decode`]: a track seen on one CPU
+//! is never held in memory) or all at once ([`decode_all`]), with the names the
+//! sideband gave, and counts.
 //!
 //! - Code: each ring is decoded over one image of the executable mappings of the processes
 //!   its sideband names (all the bundle's processes when it names none), embedded code
@@ -70,8 +72,102 @@ pub enum Track {
 pub struct TrackBranches {
     /// From a COMM record.
     pub comm: Option<String>,
-    pub branches: Vec<Branch>,
+    pub branches: BranchList,
 }
+
+/// Branches in chunks: a list of millions grows without copying itself (a `Vec` doubling
+/// holds both copies at its peak), and is freed chunk by chunk as it is consumed.
+#[derive(Debug, Clone, Default)]
+pub struct BranchList {
+    chunks: Vec<Vec<Branch>>,
+    /// A branch came earlier than the one before it.
+    unsorted: bool,
+}
+
+impl BranchList {
+    const CHUNK: usize = 1 << 16;
+
+    pub fn push(&mut self, branch: Branch) {
+        let last = self.chunks.last().and_then(|c| c.last());
+        self.unsorted |= last.is_some_and(|l| l.time_ns > branch.time_ns);
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < Self::CHUNK => chunk.push(branch),
+            _ => {
+                let mut chunk = Vec::with_capacity(Self::CHUNK);
+                chunk.push(branch);
+                self.chunks.push(chunk);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.chunks.iter().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.chunks.iter().all(Vec::is_empty)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Branch> {
+        self.chunks.iter().flatten()
+    }
+
+    /// Puts the branches in time order (stable), when they are not.
+    fn sort_by_time(&mut self) {
+        if !std::mem::take(&mut self.unsorted) {
+            return;
+        }
+        let mut all: Vec<Branch> = std::mem::take(&mut self.chunks)
+            .into_iter()
+            .flatten()
+            .collect();
+        all.sort_by_key(|b| b.time_ns);
+        for branch in all {
+            self.push(branch);
+        }
+    }
+}
+
+impl IntoIterator for BranchList {
+    type Item = Branch;
+    type IntoIter = BranchListIter;
+
+    fn into_iter(self) -> BranchListIter {
+        BranchListIter {
+            left: self.len(),
+            chunks: self.chunks.into_iter(),
+            current: Vec::new().into_iter(),
+        }
+    }
+}
+
+/// The branches of a [`BranchList`] by value; each chunk is freed once passed. Knows its
+/// length, so a consumer can size what it builds from them once.
+pub struct BranchListIter {
+    chunks: std::vec::IntoIter<Vec<Branch>>,
+    current: std::vec::IntoIter<Branch>,
+    left: usize,
+}
+
+impl Iterator for BranchListIter {
+    type Item = Branch;
+
+    fn next(&mut self) -> Option<Branch> {
+        loop {
+            if let Some(branch) = self.current.next() {
+                self.left -= 1;
+                return Some(branch);
+            }
+            self.current = self.chunks.next()?.into_iter();
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for BranchListIter {}
 
 /// What a PT snapshot decoded to.
 #[derive(Debug, Default)]
@@ -136,6 +232,7 @@ impl Timeline {
             }
         }
         line.entries.sort_by_key(|e| e.0);
+        line.outs.sort_by_key(|e| e.0);
         if line.initial.is_none() {
             line.initial = line.entries.iter().find_map(|e| e.1);
         }
@@ -266,13 +363,73 @@ fn flow_config(snap: &Snapshot) -> FlowConfig {
     config
 }
 
-/// Decodes every AUX ring of `snap`. `keep` sees each branch with its track before it is
-/// stored (to drop what the caller does not need, e.g. jumps inside a function).
+/// Where decoded branches go, track by track.
+pub trait BranchSink {
+    /// Whether `event` of `track` is wanted (asked before it is timed and stored: drop
+    /// here what the consumer ignores, e.g. jumps inside a function).
+    fn keep(&mut self, _track: Track, _event: &BranchEvent) -> bool {
+        true
+    }
+
+    /// The next branch of `track`. A track's branches come in time order; tracks fed by
+    /// one ring come as that ring is decoded (nothing is held), tracks seen on several
+    /// CPUs are merged at the end.
+    fn branch(&mut self, track: Track, branch: Branch);
+}
+
+/// What a decode saw, besides the branches.
+#[derive(Debug, Default)]
+pub struct DecodeSummary {
+    /// Branch events the decoder produced (kept or not).
+    pub branches: u64,
+    /// Decode errors (each is also a [`BranchKind::Error`] branch).
+    pub errors: u64,
+    /// Bytes of AUX data decoded.
+    pub aux_bytes: u64,
+    /// Thread names from COMM records.
+    pub comms: BTreeMap<Track, String>,
+}
+
+/// Collects every branch: [`decode_all`]'s sink.
+#[derive(Default)]
+struct Collect(BTreeMap<Track, BranchList>);
+
+impl BranchSink for Collect {
+    fn branch(&mut self, track: Track, branch: Branch) {
+        self.0.entry(track).or_default().push(branch);
+    }
+}
+
+/// [`decode`] into memory: every track's branches.
+pub fn decode_all(snap: &Snapshot, source: &impl CodeSource) -> PtThreads {
+    let mut collect = Collect::default();
+    let summary = decode(snap, source, &mut collect);
+    let tracks: BTreeMap<Track, TrackBranches> = collect
+        .0
+        .into_iter()
+        .map(|(track, branches)| {
+            let comm = summary.comms.get(&track).cloned();
+            (track, TrackBranches { comm, branches })
+        })
+        .collect();
+    PtThreads {
+        tracks,
+        branches: summary.branches,
+        errors: summary.errors,
+        aux_bytes: summary.aux_bytes,
+    }
+}
+
+fn thread_track((pid, tid): Thread) -> Track {
+    Track::Thread { pid, tid }
+}
+
+/// Decodes every AUX ring of `snap` into `sink`.
 pub fn decode(
     snap: &Snapshot,
     source: &impl CodeSource,
-    mut keep: impl FnMut(Track, &BranchEvent) -> bool,
-) -> PtThreads {
+    sink: &mut impl BranchSink,
+) -> DecodeSummary {
     let clock = snap.meta.clock;
     let perf = clock.and_then(|c| c.tsc_conversion());
     let pevent = PeventConfig {
@@ -294,80 +451,93 @@ pub fn decode(
         bytes: HashMap::new(),
         built: HashMap::new(),
     };
-    let mut out = PtThreads::default();
-    let aux = snap.rings.iter().filter(|r| r.kind == RingKind::Aux);
-    for (index, ring) in aux.enumerate() {
-        let cpu = ring
-            .cpu
-            .unwrap_or_else(|| u32::try_from(index).unwrap_or(u32::MAX));
-        let sideband = snap.sideband.iter().find(|s| s.cpu == ring.cpu);
-        let timeline = sideband
-            .map(|s| Timeline::read(s, &pevent))
-            .map(|t| if perf.is_some() { t } else { t.without_times() })
-            .unwrap_or_default();
+    let rings: Vec<(u32, &crate::capture::RingData, Timeline)> = snap
+        .rings
+        .iter()
+        .filter(|r| r.kind == RingKind::Aux)
+        .enumerate()
+        .map(|(index, ring)| {
+            let cpu = ring
+                .cpu
+                .unwrap_or_else(|| u32::try_from(index).unwrap_or(u32::MAX));
+            let timeline = snap
+                .sideband
+                .iter()
+                .find(|s| s.cpu == ring.cpu)
+                .map(|s| Timeline::read(s, &pevent))
+                .map(|t| if perf.is_some() { t } else { t.without_times() })
+                .unwrap_or_default();
+            (cpu, ring, timeline)
+        })
+        .collect();
+    // Threads that ran on several CPUs are held and merged by time at the end.
+    let mut rings_of: HashMap<Thread, usize> = HashMap::new();
+    for (_, _, timeline) in &rings {
+        for thread in timeline.threads() {
+            *rings_of.entry(thread).or_default() += 1;
+        }
+    }
+    let merged: BTreeSet<Track> = rings_of
+        .into_iter()
+        .filter(|&(_, n)| n > 1)
+        .map(|(thread, _)| thread_track(thread))
+        .collect();
+    let mut summary = DecodeSummary::default();
+    let mut held: BTreeMap<Track, BranchList> = BTreeMap::new();
+    for (cpu, ring, timeline) in &rings {
         let pids: BTreeSet<u32> = timeline.threads().iter().map(|t| t.0).collect();
         let image = images.image(&pids);
-        out.aux_bytes += ring.data.len() as u64;
+        summary.aux_bytes += ring.data.len() as u64;
         let mut ring_out = RingDecode {
-            timeline: &timeline,
-            cpu,
+            timeline,
+            cpu: *cpu,
             clock: &clock,
-            out: &mut out,
+            sink: &mut *sink,
+            merged: &merged,
+            held: &mut held,
+            seen: BTreeSet::new(),
+            outs: 0,
             pending: Vec::new(),
             last: None,
             untimed: 0,
         };
         for event in Branches::new(&ring.data, image.as_ref(), config) {
-            ring_out.out.branches += 1;
+            summary.branches += 1;
             if event.kind == BranchKind::Error {
-                ring_out.out.errors += 1;
+                summary.errors += 1;
             }
             let track = ring_out.track(&event);
-            if keep(track, &event) {
+            if ring_out.sink.keep(track, &event) {
                 ring_out.push(track, &event);
             }
         }
         ring_out.finish();
-        add_switch_outs(&timeline, &clock, &mut out);
-        for (thread, comm) in timeline.comms {
-            let track = Track::Thread {
-                pid: thread.0,
-                tid: thread.1,
-            };
-            if let Some(t) = out.tracks.get_mut(&track) {
-                t.comm = Some(comm);
-            }
+        for (thread, comm) in &timeline.comms {
+            summary.comms.insert(thread_track(*thread), comm.clone());
         }
     }
-    for track in out.tracks.values_mut() {
-        if !track.branches.is_sorted_by_key(|b| b.time_ns) {
-            track.branches.sort_by_key(|b| b.time_ns);
+    for (track, mut branches) in held {
+        branches.sort_by_time();
+        for branch in branches {
+            sink.branch(track, branch);
         }
     }
-    out
-}
-
-/// A switch-out is a trace stop on the thread (when the thread has branches).
-fn add_switch_outs(timeline: &Timeline, clock: &Clock, out: &mut PtThreads) {
-    for &(tsc, (pid, tid)) in &timeline.outs {
-        if let Some(track) = out.tracks.get_mut(&Track::Thread { pid, tid }) {
-            track.branches.push(Branch {
-                kind: BranchKind::TraceStop,
-                time_ns: clock.ns(tsc),
-                from: 0,
-                to: 0,
-                error: None,
-            });
-        }
-    }
+    summary
 }
 
 /// One ring's branches on their way to the tracks.
-struct RingDecode<'a> {
+struct RingDecode<'a, S> {
     timeline: &'a Timeline,
     cpu: u32,
     clock: &'a Clock,
-    out: &'a mut PtThreads,
+    sink: &'a mut S,
+    /// Tracks of several rings: held in `held` until every ring is decoded.
+    merged: &'a BTreeSet<Track>,
+    held: &'a mut BTreeMap<Track, BranchList>,
+    /// Tracks that got branches from this ring.
+    seen: BTreeSet<Track>,
+    /// The switch-outs before this index of `timeline.outs` are delivered.
+    outs: usize,
     /// Branches before the first timed one.
     pending: Vec<(Track, BranchEvent)>,
     /// The thread and time of the last timed branch.
@@ -375,17 +545,14 @@ struct RingDecode<'a> {
     untimed: u64,
 }
 
-impl RingDecode<'_> {
+impl<S: BranchSink> RingDecode<'_, S> {
     fn track(&self, event: &BranchEvent) -> Track {
         let thread = if event.has_tsc {
             self.timeline.at(event.tsc)
         } else {
             self.last.map_or(self.timeline.initial, |l| l.0)
         };
-        thread.map_or(Track::Cpu(self.cpu), |(pid, tid)| Track::Thread {
-            pid,
-            tid,
-        })
+        thread.map_or(Track::Cpu(self.cpu), thread_track)
     }
 
     fn push(&mut self, track: Track, event: &BranchEvent) {
@@ -405,27 +572,57 @@ impl RingDecode<'_> {
             self.last.map_or(0, |l| l.1)
         };
         for (track, pending) in std::mem::take(&mut self.pending) {
-            self.store(track, &pending, time_ns);
+            self.store(track, Branch::from_event(&pending, time_ns));
         }
-        self.store(track, event, time_ns);
+        self.store(track, Branch::from_event(event, time_ns));
     }
 
-    /// A ring without any timing: 1 ns per branch.
+    /// The rest: a ring without any timing gets 1 ns per branch; switch-outs after the
+    /// last branch.
     fn finish(&mut self) {
         for (track, pending) in std::mem::take(&mut self.pending) {
             self.untimed += 1;
             let time_ns = self.untimed;
-            self.store(track, &pending, time_ns);
+            self.store(track, Branch::from_event(&pending, time_ns));
+        }
+        self.switch_outs(u64::MAX);
+    }
+
+    /// A switch-out (up to `until`) is a trace stop on its thread, when the thread has
+    /// branches here: its time off the CPU shows as `[untraced]`.
+    fn switch_outs(&mut self, until: u64) {
+        while let Some(&(tsc, thread)) = self.timeline.outs.get(self.outs) {
+            let time_ns = self.clock.ns(tsc);
+            if time_ns > until {
+                break;
+            }
+            self.outs += 1;
+            let track = thread_track(thread);
+            if self.seen.contains(&track) {
+                let stop = Branch {
+                    kind: BranchKind::TraceStop,
+                    time_ns,
+                    from: 0,
+                    to: 0,
+                    error: None,
+                };
+                self.deliver(track, stop);
+            }
         }
     }
 
-    fn store(&mut self, track: Track, event: &BranchEvent, time_ns: u64) {
-        self.out
-            .tracks
-            .entry(track)
-            .or_default()
-            .branches
-            .push(Branch::from_event(event, time_ns));
+    fn store(&mut self, track: Track, branch: Branch) {
+        self.switch_outs(branch.time_ns);
+        self.seen.insert(track);
+        self.deliver(track, branch);
+    }
+
+    fn deliver(&mut self, track: Track, branch: Branch) {
+        if self.merged.contains(&track) {
+            self.held.entry(track).or_default().push(branch);
+        } else {
+            self.sink.branch(track, branch);
+        }
     }
 }
 

@@ -142,7 +142,7 @@ fn synth_snapshot(
 fn a_synthetic_bundle_decodes_to_the_encoders_branches_on_its_thread() {
     let (snap, expected) =
         synth_snapshot(thread_start_records(10, 11, "synth", 1, 0), Some(IDENTITY));
-    let out = decode(&snap, &EmbeddedOnly, |_, _| true);
+    let out = decode_all(&snap, &EmbeddedOnly);
     assert_eq!(out.errors, 0);
     let track = Track::Thread { pid: 10, tid: 11 };
     assert_eq!(out.tracks.keys().copied().collect::<Vec<_>>(), [track]);
@@ -161,20 +161,16 @@ fn a_synthetic_bundle_decodes_to_the_encoders_branches_on_its_thread() {
         .collect();
     assert_eq!(flow.len(), expected.len());
     assert!(flow == expected, "branches differ from the encoder's");
-    assert!(
-        got.branches
-            .windows(2)
-            .all(|w| w[0].time_ns <= w[1].time_ns)
-    );
+    assert!(got.branches.iter().is_sorted_by_key(|b| b.time_ns));
     // TSC 0x1000 at the first PSB, perf time = TSC.
-    assert_eq!(got.branches.first().map(|b| b.time_ns), Some(0x1000));
+    assert_eq!(got.branches.iter().next().map(|b| b.time_ns), Some(0x1000));
 }
 
 #[test]
 fn without_sideband_or_code_a_ring_is_a_cpu_track_with_decode_errors() {
     let (mut snap, _) = synth_snapshot(Vec::new(), None);
     snap.code.clear();
-    let out = decode(&snap, &EmbeddedOnly, |_, _| true);
+    let out = decode_all(&snap, &EmbeddedOnly);
     assert_eq!(
         out.tracks.keys().copied().collect::<Vec<_>>(),
         [Track::Cpu(0)]
@@ -192,4 +188,23 @@ fn without_sideband_or_code_a_ring_is_a_cpu_track_with_decode_errors() {
             .iter()
             .all(|b| b.error.is_some() || b.kind != BranchKind::Error)
     );
+}
+
+#[test]
+fn branch_lists_grow_in_chunks_and_sort_by_time() {
+    let mut list = BranchList::default();
+    let n = BranchList::CHUNK * 2 + 3;
+    for i in 0..n {
+        list.push(Branch {
+            kind: BranchKind::Call,
+            time_ns: (n - i) as u64,
+            from: 0,
+            to: 0,
+            error: None,
+        });
+    }
+    assert_eq!((list.len(), list.chunks.len()), (n, 3));
+    list.sort_by_time();
+    assert!(list.iter().is_sorted_by_key(|b| b.time_ns));
+    assert_eq!(list.into_iter().count(), n);
 }

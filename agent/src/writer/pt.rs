@@ -14,7 +14,7 @@
 #![forbid(unsafe_code)]
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::hash::BuildHasherDefault;
 use std::io;
@@ -26,10 +26,10 @@ use super::{Arg, ArgValue, TraceSink, TraceSummary, trigger_instant};
 use crate::capture::MapEntry;
 use crate::decode::pt::flow::IpHasher;
 use crate::decode::pt::{BranchEvent, BranchKind};
-use crate::decode::pt_snapshot::{self, CodeSource, Track, TrackBranches};
+use crate::decode::pt_snapshot::{self, BranchSink, CodeSource, Track};
 use crate::snapshot::{Snapshot, TriggerMeta};
 use crate::stacks::StackEvent;
-use crate::stacks::branches::{self, Frame, Symbol};
+use crate::stacks::branches::{Branch, Frame, Reconstruction, Symbol};
 use crate::symbols::Symbolizer;
 
 /// A function an address is in, with what the slice args show.
@@ -174,6 +174,33 @@ fn comm_of(snap: &Snapshot, pid: u32) -> Option<String> {
         .filter(|c| !c.is_empty())
 }
 
+/// A function lookup for one track's stack reconstruction.
+type SymbolFn<'r> = Box<dyn Fn(u64) -> Option<Symbol> + 'r>;
+
+/// The decoder's sink: drops jumps that change no frame, feeds each track's stack
+/// reconstruction as its branches come.
+struct Stacks<'r, 'l> {
+    lookup: &'r RefCell<Lookup<'l>>,
+    tracks: BTreeMap<Track, Reconstruction<SymbolFn<'r>>>,
+}
+
+impl BranchSink for Stacks<'_, '_> {
+    fn keep(&mut self, track: Track, event: &BranchEvent) -> bool {
+        self.lookup.borrow_mut().keep(track, event)
+    }
+
+    fn branch(&mut self, track: Track, branch: Branch) {
+        let lookup = self.lookup;
+        self.tracks
+            .entry(track)
+            .or_insert_with(|| {
+                let pid = track_pid(track);
+                Reconstruction::new(Box::new(move |addr| lookup.borrow_mut().symbol(pid, addr)))
+            })
+            .step(&branch);
+    }
+}
+
 /// Feeds the trace of a PT snapshot to `sink` (without [`TraceSink::finish`]).
 pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
     let lookup = RefCell::new(Lookup {
@@ -181,34 +208,59 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         snap,
         cache: HashMap::default(),
     });
-    let decoded = pt_snapshot::decode(snap, &DiskCode::default(), |track, event| {
-        lookup.borrow_mut().keep(track, event)
-    });
+    let mut stacks = Stacks {
+        lookup: &lookup,
+        tracks: BTreeMap::new(),
+    };
+    let decoded = pt_snapshot::decode(snap, &DiskCode::default(), &mut stacks);
     let mut summary = TraceSummary {
-        threads: decoded.tracks.len(),
+        threads: stacks.tracks.len(),
         branches: decoded.branches,
         decode_errors: decoded.errors,
         ..TraceSummary::default()
     };
     let trigger = snap.meta.trigger.as_ref().filter(|t| t.pid != 0);
-    let keys: Vec<(u32, u32)> = decoded.tracks.keys().map(|&t| track_key(snap, t)).collect();
+    let keys: Vec<(u32, u32)> = stacks.tracks.keys().map(|&t| track_key(snap, t)).collect();
     let pids: BTreeSet<u32> = keys.iter().map(|k| k.0).collect();
     for pid in pids {
         let comm = comm_of(snap, pid).unwrap_or_else(|| "?".to_owned());
         sink.process(pid, &format!("{comm} [{pid}]"))?;
     }
-    for (track, branches) in decoded.tracks {
+    for (track, reconstruction) in stacks.tracks {
         let key = track_key(snap, track);
-        let pending = trigger.filter(|t| (t.pid, t.tid) == key);
-        emit_track(
-            snap,
-            sink,
-            &lookup,
-            (track, key),
-            branches,
-            pending,
-            &mut summary,
-        )?;
+        let name = match track {
+            Track::Thread { pid, tid } => {
+                let comm = decoded
+                    .comms
+                    .get(&track)
+                    .cloned()
+                    .or_else(|| comm_of(snap, pid))
+                    .unwrap_or_else(|| "?".to_owned());
+                format!("{comm} [{pid}] [{tid}]")
+            }
+            Track::Cpu(cpu) => format!("[cpu {cpu}]"),
+        };
+        sink.thread(key.0, key.1, &name)?;
+        let mut writer = TrackWriter {
+            sink: &mut *sink,
+            lookup: &lookup,
+            pid: track_pid(track),
+            key,
+            open: Vec::new(),
+            pending: trigger.filter(|t| (t.pid, t.tid) == key),
+            slices: 0,
+        };
+        let mut result = Ok(());
+        reconstruction.finish(|event| {
+            if result.is_ok() {
+                result = writer.event(event);
+            }
+        });
+        result?;
+        summary.slices += writer.slices;
+        if let Some(t) = writer.pending {
+            trigger_instant(writer.sink, t)?;
+        }
     }
     if let Some(t) = trigger.filter(|t| !keys.contains(&(t.pid, t.tid))) {
         // The trigger thread has no trace: give it its own track.
@@ -220,62 +272,61 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
     Ok(summary)
 }
 
-/// One track: its name, its slices, and the trigger instant when it is the trigger's.
-fn emit_track(
-    snap: &Snapshot,
-    sink: &mut impl TraceSink,
-    lookup: &RefCell<Lookup<'_>>,
-    (track, key): (Track, (u32, u32)),
-    branches: TrackBranches,
-    mut pending: Option<&TriggerMeta>,
-    summary: &mut TraceSummary,
-) -> io::Result<()> {
-    let name = match track {
-        Track::Thread { pid, tid } => {
-            let comm = branches
-                .comm
-                .or_else(|| comm_of(snap, pid))
-                .unwrap_or_else(|| "?".to_owned());
-            format!("{comm} [{pid}] [{tid}]")
-        }
-        Track::Cpu(cpu) => format!("[cpu {cpu}]"),
-    };
-    sink.thread(key.0, key.1, &name)?;
-    let pid = track_pid(track);
-    let mut events = branches::reconstruct_owned(branches.branches, |addr| {
-        lookup.borrow_mut().symbol(pid, addr)
-    });
-    branches::spread_ties(&mut events);
-    let mut open: Vec<Rc<str>> = Vec::new();
-    for event in events {
+/// Writes one track's slices as they come.
+struct TrackWriter<'a, 'l, S> {
+    sink: &'a mut S,
+    lookup: &'a RefCell<Lookup<'l>>,
+    pid: Option<u32>,
+    key: (u32, u32),
+    /// The names of the open slices, innermost last.
+    open: Vec<Rc<str>>,
+    /// The trigger, until its instant is written.
+    pending: Option<&'a TriggerMeta>,
+    slices: u64,
+}
+
+impl<S: TraceSink> TrackWriter<'_, '_, S> {
+    fn event(&mut self, event: StackEvent<Frame>) -> io::Result<()> {
         let ts = match &event {
             StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts,
             StackEvent::Gap { start, .. } => *start,
         };
-        if let Some(t) = pending.filter(|t| t.trigger_time_ns < ts) {
-            trigger_instant(sink, t)?;
-            pending = None;
+        if let Some(t) = self.pending.filter(|t| t.trigger_time_ns < ts) {
+            trigger_instant(self.sink, t)?;
+            self.pending = None;
         }
         match event {
             StackEvent::Begin { ts, frame } => {
-                summary.slices += 1;
+                self.slices += 1;
                 let name = slice_name(&frame);
-                begin(sink, lookup, pid, key, ts, &frame, &name)?;
-                open.push(name);
+                self.begin(ts, &frame, &name)?;
+                self.open.push(name);
             }
             StackEvent::End { ts } => {
-                let name = open.pop().unwrap_or_else(|| "".into());
-                sink.end(key, ts, &name)?;
+                let name = self.open.pop().unwrap_or_else(|| "".into());
+                self.sink.end(self.key, ts, &name)?;
             }
             StackEvent::Gap { start, end } => {
-                sink.begin(key, start, super::UNTRACED, &[])?;
-                sink.end(key, end, super::UNTRACED)?;
+                self.sink.begin(self.key, start, super::UNTRACED, &[])?;
+                self.sink.end(self.key, end, super::UNTRACED)?;
             }
         }
+        Ok(())
     }
-    match pending {
-        Some(t) => trigger_instant(sink, t),
-        None => Ok(()),
+
+    fn begin(&mut self, ts: u64, frame: &Frame, name: &str) -> io::Result<()> {
+        let Frame::Function { start, .. } = frame else {
+            return self.sink.begin(self.key, ts, name, &[]);
+        };
+        let func = self.lookup.borrow_mut().func(self.pid, *start);
+        let mut args = vec![Arg::new("address", ArgValue::Pointer(*start))];
+        if let Some(loc) = func.as_ref().and_then(|f| f.location.as_deref()) {
+            args.push(Arg::new("location", ArgValue::Str(loc)));
+        }
+        if let Some(module) = func.as_ref().and_then(|f| f.module.as_deref()) {
+            args.push(Arg::new("module", ArgValue::Str(module)));
+        }
+        self.sink.begin(self.key, ts, name, &args)
     }
 }
 
@@ -289,27 +340,4 @@ fn slice_name(frame: &Frame) -> Rc<str> {
         } => Rc::clone(name),
         _ => frame.to_string().into(),
     }
-}
-
-fn begin(
-    sink: &mut impl TraceSink,
-    lookup: &RefCell<Lookup<'_>>,
-    pid: Option<u32>,
-    key: (u32, u32),
-    ts: u64,
-    frame: &Frame,
-    name: &str,
-) -> io::Result<()> {
-    let Frame::Function { start, .. } = frame else {
-        return sink.begin(key, ts, name, &[]);
-    };
-    let func = lookup.borrow_mut().func(pid, *start);
-    let mut args = vec![Arg::new("address", ArgValue::Pointer(*start))];
-    if let Some(loc) = func.as_ref().and_then(|f| f.location.as_deref()) {
-        args.push(Arg::new("location", ArgValue::Str(loc)));
-    }
-    if let Some(module) = func.as_ref().and_then(|f| f.module.as_deref()) {
-        args.push(Arg::new("module", ArgValue::Str(module)));
-    }
-    sink.begin(key, ts, name, &args)
 }
