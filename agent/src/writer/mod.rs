@@ -189,7 +189,9 @@ fn write_file(snap: &Snapshot, tmp: &Path, format: Format, gz: bool) -> io::Resu
         .open(tmp)?;
     let mut out = BufWriter::new(file);
     let summary = if gz {
-        let mut enc = GzEncoder::new(&mut out, Compression::default());
+        // Level 1: a PT trace has a slice per call (75 MB of FXT for a 4 MiB snapshot);
+        // level 6 took 1.9 s instead of 1.2 s to compress that, for a file 21% smaller.
+        let mut enc = GzEncoder::new(&mut out, Compression::fast());
         let summary = encode(snap, &mut enc, format)?;
         enc.finish()?;
         summary
