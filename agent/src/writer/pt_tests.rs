@@ -366,9 +366,15 @@ fn libipt_corpus_flows_nest_in_the_trace_as_their_calls_and_returns() {
     let kinds = fxt_kinds(&snap);
     let be = events.iter().filter(|e| e["ph"] != "M").count();
     assert_eq!(kinds.get(&4), Some(&be));
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for reason in skipped.values() {
+        let kind = reason.split(':').next().unwrap_or(reason);
+        let kind = if kind.starts_with("0x") { "instruction" } else { kind };
+        *reasons.entry(kind).or_default() += 1;
+    }
     println!(
         "libipt corpus → PT snapshot → trace: {matched} cases matched their ptxed flow \
-         ({wrong_model_rejected} tell a model without returns apart), {} skipped",
+         ({wrong_model_rejected} tell a model without returns apart), {} skipped: {reasons:?}",
         skipped.len()
     );
 }
