@@ -369,7 +369,11 @@ fn libipt_corpus_flows_nest_in_the_trace_as_their_calls_and_returns() {
     let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
     for reason in skipped.values() {
         let kind = reason.split(':').next().unwrap_or(reason);
-        let kind = if kind.starts_with("0x") { "instruction" } else { kind };
+        let kind = if kind.starts_with("0x") {
+            "instruction"
+        } else {
+            kind
+        };
         *reasons.entry(kind).or_default() += 1;
     }
     println!(
