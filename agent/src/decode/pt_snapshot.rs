@@ -424,6 +424,48 @@ fn thread_track((pid, tid): Thread) -> Track {
     Track::Thread { pid, tid }
 }
 
+/// The AUX rings with their CPU and the timeline of their sideband (trusted for times
+/// only with a TSC conversion).
+fn rings<'s>(
+    snap: &'s Snapshot,
+    pevent: &PeventConfig,
+    timed: bool,
+) -> Vec<(u32, &'s crate::capture::RingData, Timeline)> {
+    snap.rings
+        .iter()
+        .filter(|r| r.kind == RingKind::Aux)
+        .enumerate()
+        .map(|(index, ring)| {
+            let cpu = ring
+                .cpu
+                .unwrap_or_else(|| u32::try_from(index).unwrap_or(u32::MAX));
+            let timeline = snap
+                .sideband
+                .iter()
+                .find(|s| s.cpu == ring.cpu)
+                .map(|s| Timeline::read(s, pevent))
+                .map(|t| if timed { t } else { t.without_times() })
+                .unwrap_or_default();
+            (cpu, ring, timeline)
+        })
+        .collect()
+}
+
+/// Threads that ran on several CPUs: their branches are held and merged by time.
+fn merged_tracks(rings: &[(u32, &crate::capture::RingData, Timeline)]) -> BTreeSet<Track> {
+    let mut rings_of: HashMap<Thread, usize> = HashMap::new();
+    for (_, _, timeline) in rings {
+        for thread in timeline.threads() {
+            *rings_of.entry(thread).or_default() += 1;
+        }
+    }
+    rings_of
+        .into_iter()
+        .filter(|&(_, n)| n > 1)
+        .map(|(thread, _)| thread_track(thread))
+        .collect()
+}
+
 /// Decodes every AUX ring of `snap` into `sink`.
 pub fn decode(
     snap: &Snapshot,
@@ -451,37 +493,8 @@ pub fn decode(
         bytes: HashMap::new(),
         built: HashMap::new(),
     };
-    let rings: Vec<(u32, &crate::capture::RingData, Timeline)> = snap
-        .rings
-        .iter()
-        .filter(|r| r.kind == RingKind::Aux)
-        .enumerate()
-        .map(|(index, ring)| {
-            let cpu = ring
-                .cpu
-                .unwrap_or_else(|| u32::try_from(index).unwrap_or(u32::MAX));
-            let timeline = snap
-                .sideband
-                .iter()
-                .find(|s| s.cpu == ring.cpu)
-                .map(|s| Timeline::read(s, &pevent))
-                .map(|t| if perf.is_some() { t } else { t.without_times() })
-                .unwrap_or_default();
-            (cpu, ring, timeline)
-        })
-        .collect();
-    // Threads that ran on several CPUs are held and merged by time at the end.
-    let mut rings_of: HashMap<Thread, usize> = HashMap::new();
-    for (_, _, timeline) in &rings {
-        for thread in timeline.threads() {
-            *rings_of.entry(thread).or_default() += 1;
-        }
-    }
-    let merged: BTreeSet<Track> = rings_of
-        .into_iter()
-        .filter(|&(_, n)| n > 1)
-        .map(|(thread, _)| thread_track(thread))
-        .collect();
+    let rings = rings(snap, &pevent, perf.is_some());
+    let merged = merged_tracks(&rings);
     let mut summary = DecodeSummary::default();
     let mut held: BTreeMap<Track, BranchList> = BTreeMap::new();
     for (cpu, ring, timeline) in &rings {

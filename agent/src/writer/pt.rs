@@ -17,9 +17,9 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::hash::BuildHasherDefault;
-use std::io;
+use std::io::{self, Read as _, Seek as _, SeekFrom};
 use std::os::unix::fs::MetadataExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use super::{Arg, ArgValue, TraceSink, TraceSummary, trigger_instant};
@@ -110,21 +110,27 @@ fn track_pid(track: Track) -> Option<u32> {
     }
 }
 
-/// Code from the files the snapshot's maps name, read once per file: the recorded path
-/// when it is the same inode, else through `/proc/PID/root` (containers), else the path.
-#[derive(Default)]
-struct DiskCode {
-    files: RefCell<HashMap<(u32, String), FileBytes>>,
-}
-
-/// A file's bytes, `None` when it could not be read.
-type FileBytes = Option<Rc<Vec<u8>>>;
+/// Code from the files the snapshot's maps name, only the mapped range: the recorded
+/// path when it is the same inode, else through `/proc/PID/root` (containers), else the
+/// path.
+struct DiskCode;
 
 impl DiskCode {
-    fn file(pid: u32, entry: &MapEntry) -> Option<Vec<u8>> {
+    fn read_range(path: &Path, offset: u64, len: u64) -> Option<Vec<u8>> {
+        let mut file = fs::File::open(path).ok()?;
+        let mut bytes = Vec::new();
+        file.seek(SeekFrom::Start(offset)).ok()?;
+        file.take(len).read_to_end(&mut bytes).ok()?;
+        Some(bytes)
+    }
+}
+
+impl CodeSource for DiskCode {
+    fn code(&self, pid: u32, entry: &MapEntry) -> Option<Vec<u8>> {
         if !entry.is_file() || entry.deleted() {
             return None;
         }
+        let len = entry.end.saturating_sub(entry.start);
         let plain = PathBuf::from(&entry.path);
         let same = fs::metadata(&plain).is_ok_and(|m| m.is_file() && m.ino() == entry.inode);
         let in_root = PathBuf::from(format!("/proc/{pid}/root{}", entry.path));
@@ -133,21 +139,9 @@ impl DiskCode {
         } else {
             vec![in_root, plain]
         };
-        candidates.iter().find_map(|p| fs::read(p).ok())
-    }
-}
-
-impl CodeSource for DiskCode {
-    fn code(&self, pid: u32, entry: &MapEntry) -> Option<Vec<u8>> {
-        let file = self
-            .files
-            .borrow_mut()
-            .entry((pid, entry.path.clone()))
-            .or_insert_with(|| Self::file(pid, entry).map(Rc::new))
-            .clone()?;
-        let from = usize::try_from(entry.offset).ok()?.min(file.len());
-        let len = usize::try_from(entry.end.saturating_sub(entry.start)).ok()?;
-        Some(file[from..from.saturating_add(len).min(file.len())].to_vec())
+        candidates
+            .iter()
+            .find_map(|p| Self::read_range(p, entry.offset, len))
     }
 }
 
@@ -212,7 +206,7 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         lookup: &lookup,
         tracks: BTreeMap::new(),
     };
-    let decoded = pt_snapshot::decode(snap, &DiskCode::default(), &mut stacks);
+    let decoded = pt_snapshot::decode(snap, &DiskCode, &mut stacks);
     let mut summary = TraceSummary {
         threads: stacks.tracks.len(),
         branches: decoded.branches,
