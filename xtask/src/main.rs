@@ -46,8 +46,13 @@ enum Command {
     Lint,
     /// Trigger overhead on the traced process, side by side with bpftrace (needs root).
     Bench,
-    /// Intel PT decode throughput on a synthetic 16 MiB trace, beside libipt if installed.
-    BenchDecode,
+    /// Intel PT decode throughput on a synthetic 16 MiB trace, beside libipt if installed;
+    /// then a 4 MiB PT snapshot decoded, symbolized and written as a trace (time, memory).
+    BenchDecode {
+        /// Only the snapshot-to-trace part.
+        #[arg(long)]
+        snapshot_only: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -59,7 +64,9 @@ fn main() -> std::process::ExitCode {
         Command::Demo => setup::setup().and_then(|env| demo::demo(&env)),
         Command::Lint => setup::setup().and_then(|env| test::lint(&env)),
         Command::Bench => setup::setup().and_then(|env| bench::bench(&env)),
-        Command::BenchDecode => setup::setup().and_then(|env| bench_decode::bench_decode(&env)),
+        Command::BenchDecode { snapshot_only } => {
+            setup::setup().and_then(|env| bench_decode::bench_decode(&env, snapshot_only))
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -14,10 +14,12 @@ use anyhow::{Context as _, Result, bail};
 use crate::util::{BuildEnv, run};
 
 /// The external-corpus conformance tests; they print their counts (`libipt ... corpus: N
-/// passed, ...`, `magic-trace fixtures: N matched, ...`), so they run with `--nocapture`.
-const CORPUS_TESTS: [&str; 2] = [
+/// passed, ...`, `magic-trace fixtures: N matched, ...`, `libipt corpus → PT snapshot →
+/// trace: N cases matched ...`), so they run with `--nocapture`.
+const CORPUS_TESTS: [&str; 3] = [
     "decode::pt::conformance",
     "stacks::branches::tests::magic_trace_fixtures",
+    "writer::pt_tests::libipt_corpus_flows",
 ];
 
 #[derive(Debug, Default)]

@@ -1,8 +1,8 @@
 //! `lookback decode`: decode a snapshot or raw Intel PT into a trace.
 //!
-//! `lookback decode SNAPSHOT.lbsnap [-o OUT]` writes the trace of a sampling snapshot (FXT
-//! by default, `OUT` = the input's stem + `.fxt.gz`; `.json`/`.json.gz` → Chrome JSON); PT
-//! snapshots are refused for now. Raw Intel PT is decoded with `--pt FILE` and the code
+//! `lookback decode SNAPSHOT.lbsnap [-o OUT]` writes the trace of a sampling or Intel PT
+//! snapshot (FXT by default, `OUT` = the input's stem + `.fxt.gz`; `.json`/`.json.gz` →
+//! Chrome JSON). Raw Intel PT is decoded with `--pt FILE` and the code
 //! given by `--raw FILE[:OFFSET[-END]]:ADDR`. Its debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
 //! `--ptxed` (instructions and events, like Intel's `ptxed --no-inst`) and `--stats`
 //! (counts and throughput, like `ptxed --stat --stat:insn`). Without a mode, the branch
@@ -38,7 +38,7 @@ lookback decode --pt trace.pt --raw code.bin:0x400000 --ptxed -- --event:ip --bl
 lookback decode --pt trace.pt --ptdump -- --lastip --time")]
 pub struct DecodeArgs {
     /// A snapshot (.lbsnap) to turn into a trace file.
-    #[arg(conflicts_with_all = ["pt", "raw", "ptdump", "ptxed", "stats"])]
+    #[arg(conflicts_with_all = ["pt", "raw", "ptdump", "ptxed"])]
     pub input: Option<PathBuf>,
     /// The trace file for INPUT: `.fxt`/`.fxt.gz` (FXT) or `.json`/`.json.gz` (Chrome
     /// JSON), gzipped when it ends in `.gz`. Default: INPUT's stem + `.fxt.gz`.
@@ -60,7 +60,8 @@ pub struct DecodeArgs {
     /// Print instructions and events, like Intel's `ptxed --no-inst`.
     #[arg(long, group = "mode")]
     pub ptxed: bool,
-    /// Decode without printing each instruction; report counts and throughput.
+    /// Decode without printing each instruction; report counts and throughput. With
+    /// INPUT: write the trace and report what went in, the time and the peak memory.
     #[arg(long, group = "mode")]
     pub stats: bool,
     /// Options of ptdump or ptxed (e.g. `--event:ip`, `--mtc-freq 4`), after `--`.
@@ -133,37 +134,72 @@ fn default_output(input: &Path) -> PathBuf {
     input.with_file_name(format!("{stem}.fxt.gz"))
 }
 
-fn run_snapshot(input: &Path, output: Option<&Path>) -> CliResult {
+/// The process's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss() -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn run_snapshot(input: &Path, output: Option<&Path>, stats: bool) -> CliResult {
+    let started = Instant::now();
     let snap = crate::snapshot::read(input)
         .with_context(|| format!("reading {}", input.display()))
         .map_err(CliError::runtime)?;
+    let read_time = started.elapsed();
     let out = output.map_or_else(|| default_output(input), Path::to_owned);
     let started = Instant::now();
     let summary = crate::writer::write_trace(&snap, &out)
         .with_context(|| format!("decoding {}", input.display()))
         .map_err(CliError::runtime)?;
     log::info!(
-        "{}: {} threads, {} samples, {} slices, {} unknown frames, {:.1?}",
+        "{}: {} threads, {} samples, {} branches ({} decode errors), {} slices, {} unknown frames, {:.1?}",
         out.display(),
         summary.threads,
         summary.samples,
+        summary.branches,
+        summary.decode_errors,
         summary.slices,
         summary.unknown_frames,
         started.elapsed()
     );
+    let write_time = started.elapsed();
     #[expect(
         clippy::print_stdout,
-        reason = "the CLI edge: the file written, for scripts"
+        reason = "the CLI edge: the file written (and the figures asked for), for scripts"
     )]
     {
         println!("{}", out.display());
+        if stats {
+            println!(
+                "snapshot: {} ({} bytes of raw data), read in {:.3} s",
+                snap.meta.backend.as_str(),
+                snap.raw_bytes(),
+                read_time.as_secs_f64()
+            );
+            println!(
+                "trace: {} threads, {} samples, {} branches, {} decode errors, {} slices, {} unknown frames",
+                summary.threads,
+                summary.samples,
+                summary.branches,
+                summary.decode_errors,
+                summary.slices,
+                summary.unknown_frames
+            );
+            println!(
+                "write: {:.3} s (decode, stacks, symbols, writer), peak memory {} bytes",
+                write_time.as_secs_f64(),
+                peak_rss().unwrap_or(0)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 pub fn run(args: &DecodeArgs) -> CliResult {
     if let Some(input) = &args.input {
-        return run_snapshot(input, args.output.as_deref());
+        return run_snapshot(input, args.output.as_deref(), args.stats);
     }
     let Some(pt) = &args.pt else {
         return Err(CliError::usage(anyhow::anyhow!(

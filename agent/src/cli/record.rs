@@ -4,7 +4,7 @@
 //! Each snapshot is first written as the raw `.lbsnap` bundle, then turned into the trace
 //! file at `-o` (decode → stacks → symbols → writer; numbered `trace.fxt.gz`,
 //! `trace-2.fxt.gz`, ...); the `.lbsnap` stays only with `--keep-raw`, or when no trace
-//! could be written (PT snapshots for now), so `lookback decode` can retry later.
+//! could be written, so `lookback decode` can retry later.
 use std::{
     path::{Path, PathBuf},
     time::Duration,
@@ -140,10 +140,11 @@ impl Recording {
         match writer::write_trace(snap, &trace) {
             Ok(summary) => {
                 log::info!(
-                    "trace {}: {} threads, {} samples, {} slices, {} unknown frames, written in {:.1?}",
+                    "trace {}: {} threads, {} samples, {} branches, {} slices, {} unknown frames, written in {:.1?}",
                     trace.display(),
                     summary.threads,
                     summary.samples,
+                    summary.branches,
                     summary.slices,
                     summary.unknown_frames,
                     started.elapsed()

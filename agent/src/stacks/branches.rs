@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::rc::Rc;
 
 use super::StackEvent;
 use crate::decode::pt::branches::{BranchEvent, BranchKind};
@@ -63,7 +64,8 @@ impl Branch {
 /// The function an address is in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Symbol {
-    pub name: String,
+    /// Shared: the same function is looked up again for every call and jump into it.
+    pub name: Rc<str>,
     /// The function's first address.
     pub start: u64,
 }
@@ -74,7 +76,7 @@ pub enum Frame {
     /// A function call; `inferred_start` when the call was before the window (the slice
     /// then begins at the window's start).
     Function {
-        name: String,
+        name: Rc<str>,
         start: u64,
         inferred_start: bool,
     },
@@ -113,11 +115,18 @@ impl Frame {
 /// The longest x86 instruction: a return lands at most this far after its call.
 const MAX_INSN_LEN: u64 = 15;
 
+/// No node (end of a child list).
+const NONE: usize = usize::MAX;
+
+/// A slice; its children are a linked list (no allocation per node: a large trace has
+/// millions).
 struct Node {
     frame: Frame,
     begin: u64,
     end: u64,
-    children: Vec<usize>,
+    first_child: usize,
+    last_child: usize,
+    next_sibling: usize,
 }
 
 struct Open {
@@ -138,6 +147,18 @@ struct Builder<S> {
 }
 
 impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
+    fn new(window_start: u64, symbol: S) -> Self {
+        Self {
+            symbol,
+            nodes: Vec::new(),
+            roots: Vec::new(),
+            window_roots: 0,
+            window_start,
+            stack: Vec::new(),
+            now: window_start,
+        }
+    }
+
     fn function(&self, addr: u64) -> Option<Frame> {
         (self.symbol)(addr).map(|s| Frame::Function {
             name: s.name,
@@ -150,7 +171,7 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
     /// unknown code, or its return would close the caller's).
     fn function_or_unknown(&self, addr: u64) -> Frame {
         self.function(addr).unwrap_or_else(|| Frame::Function {
-            name: format!("[unknown @ {addr:#x}]"),
+            name: format!("[unknown @ {addr:#x}]").into(),
             start: addr,
             inferred_start: false,
         })
@@ -162,16 +183,26 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
             frame,
             begin: self.now,
             end: self.now,
-            children: Vec::new(),
+            first_child: NONE,
+            last_child: NONE,
+            next_sibling: NONE,
         });
-        match self.stack.last() {
-            Some(top) => self.nodes[top.node].children.push(id),
+        match self.stack.last().map(|o| o.node) {
+            Some(parent) => self.append_child(parent, id),
             None => self.roots.push(id),
         }
         self.stack.push(Open {
             node: id,
             call_site,
         });
+    }
+
+    fn append_child(&mut self, parent: usize, child: usize) {
+        match self.nodes[parent].last_child {
+            NONE => self.nodes[parent].first_child = child,
+            last => self.nodes[last].next_sibling = child,
+        }
+        self.nodes[parent].last_child = child;
     }
 
     fn close_top(&mut self) -> Option<Open> {
@@ -221,8 +252,13 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
             },
             begin: self.window_start,
             end: self.now,
-            children,
+            first_child: NONE,
+            last_child: NONE,
+            next_sibling: NONE,
         });
+        for child in children {
+            self.append_child(id, child);
+        }
         self.roots.push(id);
         self.stack.insert(
             0,
@@ -342,34 +378,41 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
         }
     }
 
-    fn finish(mut self) -> Vec<StackEvent<Frame>> {
+    /// Hands the slices out depth-first, in order.
+    fn finish_into(mut self, mut out: impl FnMut(StackEvent<Frame>)) {
         self.close_to(0);
-        let mut events = Vec::with_capacity(self.nodes.len() * 2);
-        // Depth-first without recursion: (node, next child index).
+        // Without recursion: (node, next child to visit).
         let mut walk: Vec<(usize, usize)> = Vec::new();
         for &root in &self.roots {
-            walk.push((root, 0));
             let node = &self.nodes[root];
-            events.push(StackEvent::Begin {
+            out(StackEvent::Begin {
                 ts: node.begin,
                 frame: node.frame.clone(),
             });
+            walk.push((root, node.first_child));
             while let Some(&mut (id, ref mut next)) = walk.last_mut() {
-                let node = &self.nodes[id];
-                if let Some(&child) = node.children.get(*next) {
-                    *next += 1;
-                    let c = &self.nodes[child];
-                    events.push(StackEvent::Begin {
-                        ts: c.begin,
-                        frame: c.frame.clone(),
+                if *next == NONE {
+                    out(StackEvent::End {
+                        ts: self.nodes[id].end,
                     });
-                    walk.push((child, 0));
-                } else {
-                    events.push(StackEvent::End { ts: node.end });
                     walk.pop();
+                    continue;
                 }
+                let child = *next;
+                let c = &self.nodes[child];
+                *next = c.next_sibling;
+                out(StackEvent::Begin {
+                    ts: c.begin,
+                    frame: c.frame.clone(),
+                });
+                walk.push((child, c.first_child));
             }
         }
+    }
+
+    fn finish(self) -> Vec<StackEvent<Frame>> {
+        let mut events = Vec::with_capacity(self.nodes.len() * 2);
+        self.finish_into(|e| events.push(e));
         events
     }
 }
@@ -396,19 +439,90 @@ pub fn reconstruct_window(
     let window_start = branches
         .first()
         .map_or(window_start, |b| window_start.min(b.time_ns));
-    let mut builder = Builder {
-        symbol,
-        nodes: Vec::new(),
-        roots: Vec::new(),
-        window_roots: 0,
-        window_start,
-        stack: Vec::new(),
-        now: window_start,
-    };
+    let mut builder = Builder::new(window_start, symbol);
     for branch in branches {
         builder.step(branch);
     }
     builder.finish()
+}
+
+/// [`reconstruct`] then [`spread_ties`], fed one branch at a time: a consumer holds one
+/// per thread while a trace is decoded, so the branches themselves are never stored, and
+/// the slices go out as they are listed (only a run of events at one timestamp is held).
+pub struct Reconstruction<S> {
+    builder: Builder<S>,
+    started: bool,
+}
+
+impl<S: Fn(u64) -> Option<Symbol>> Reconstruction<S> {
+    /// The window starts at the first branch.
+    pub fn new(symbol: S) -> Self {
+        Self {
+            builder: Builder::new(0, symbol),
+            started: false,
+        }
+    }
+
+    /// The next branch (in time order; earlier times are clamped).
+    pub fn step(&mut self, branch: &Branch) {
+        if !self.started {
+            self.started = true;
+            self.builder.window_start = branch.time_ns;
+            self.builder.now = branch.time_ns;
+        }
+        self.builder.step(branch);
+    }
+
+    /// Hands the slices, ties spread, to `out`.
+    pub fn finish(self, out: impl FnMut(StackEvent<Frame>)) {
+        let mut spread = Spreader {
+            run: Vec::new(),
+            out,
+        };
+        self.builder.finish_into(|e| spread.push(e));
+        spread.flush(None);
+    }
+}
+
+/// [`spread_ties`] over a stream: holds the events of the current timestamp until a
+/// later one arrives.
+struct Spreader<O: FnMut(StackEvent<Frame>)> {
+    run: Vec<StackEvent<Frame>>,
+    out: O,
+}
+
+impl<O: FnMut(StackEvent<Frame>)> Spreader<O> {
+    fn push(&mut self, event: StackEvent<Frame>) {
+        let time = event_ts(&event);
+        let run_time = self.run.first().and_then(event_ts);
+        if time.is_none() || run_time.is_some_and(|t| Some(t) != time) {
+            self.flush(time);
+        }
+        if time.is_none() {
+            (self.out)(event);
+        } else {
+            self.run.push(event);
+        }
+    }
+
+    /// Spreads the run up to `next` (a later time) and hands it out.
+    fn flush(&mut self, next: Option<u64>) {
+        if let (Some(time), Some(next)) = (self.run.first().and_then(event_ts), next)
+            && next > time
+        {
+            spread_run(&mut self.run, time, next);
+        }
+        for event in self.run.drain(..) {
+            (self.out)(event);
+        }
+    }
+}
+
+fn event_ts(e: &StackEvent<Frame>) -> Option<u64> {
+    match e {
+        StackEvent::Begin { ts, .. } | StackEvent::End { ts } => Some(*ts),
+        StackEvent::Gap { .. } => None,
+    }
 }
 
 /// Spreads events that share a timestamp (as magic-trace does): in each run of events at
@@ -418,12 +532,25 @@ pub fn reconstruct_window(
 /// `next` after the last one). Order, and so nesting, is unchanged; times stay
 /// non-decreasing. The last run keeps its time.
 pub fn spread_ties(events: &mut [StackEvent<Frame>]) {
-    fn ts(e: &StackEvent<Frame>) -> Option<u64> {
-        match e {
-            StackEvent::Begin { ts, .. } | StackEvent::End { ts } => Some(*ts),
-            StackEvent::Gap { .. } => None,
+    let mut run = 0;
+    while run < events.len() {
+        let Some(time) = event_ts(&events[run]) else {
+            run += 1;
+            continue;
+        };
+        let mut after = run + 1;
+        while after < events.len() && event_ts(&events[after]) == Some(time) {
+            after += 1;
         }
+        if let Some(next) = events.get(after).and_then(event_ts).filter(|&n| n > time) {
+            spread_run(&mut events[run..after], time, next);
+        }
+        run = after;
     }
+}
+
+/// Spreads one run of events at `time` over the time to `next` (see [`spread_ties`]).
+fn spread_run(events: &mut [StackEvent<Frame>], time: u64, next: u64) {
     fn counts(e: &StackEvent<Frame>) -> bool {
         !matches!(
             e,
@@ -442,42 +569,28 @@ pub fn spread_ties(events: &mut [StackEvent<Frame>]) {
         let value = u128::from(step) * u128::from(num) / u128::from(den.max(1));
         u64::try_from(value).unwrap_or(step)
     }
-    let mut run = 0;
-    while run < events.len() {
-        let Some(time) = ts(&events[run]) else {
-            run += 1;
-            continue;
+    let begins = events.iter().filter(|e| counts(e)).count() as u64;
+    let mut index = 0u64;
+    let mut begun = false;
+    for e in events {
+        let counted = counts(e);
+        if counted && begun {
+            index += 1;
+        }
+        let step = next - time;
+        let at = if begins == 0 {
+            time
+        } else if counted || !begun {
+            time + part(step, index, begins)
+        } else {
+            // An end after the index-th begin: at the next begin's time.
+            time + part(step, index + 1, begins)
         };
-        let mut after = run + 1;
-        while after < events.len() && ts(&events[after]) == Some(time) {
-            after += 1;
+        begun |= counted;
+        match e {
+            StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts = at,
+            StackEvent::Gap { .. } => {}
         }
-        if let Some(next) = events.get(after).and_then(ts).filter(|&n| n > time) {
-            let begins = events[run..after].iter().filter(|e| counts(e)).count() as u64;
-            let mut index = 0u64;
-            let mut begun = false;
-            for e in &mut events[run..after] {
-                let counted = counts(e);
-                if counted && begun {
-                    index += 1;
-                }
-                let step = next - time;
-                let at = if begins == 0 {
-                    time
-                } else if counted || !begun {
-                    time + part(step, index, begins)
-                } else {
-                    // An end after the index-th begin: at the next begin's time.
-                    time + part(step, index + 1, begins)
-                };
-                begun |= counted;
-                match e {
-                    StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts = at,
-                    StackEvent::Gap { .. } => {}
-                }
-            }
-        }
-        run = after;
     }
 }
 

@@ -21,7 +21,7 @@ use crate::stacks::StackEvent;
 fn sym(addr: u64) -> Option<Symbol> {
     let index = (addr / 0x1000).checked_sub(1)?;
     Some(Symbol {
-        name: format!("f{index}"),
+        name: format!("f{index}").into(),
         start: (index + 1) * 0x1000,
     })
 }
@@ -278,7 +278,7 @@ fn parse_location(text: &str) -> Option<(u64, Option<Symbol>)> {
     if name_off == "[unknown]" {
         // magic-trace names each unknown address on its own.
         let symbol = (addr != 0 && dso != "[unknown]").then(|| Symbol {
-            name: format!("[unknown @ {addr:#x} ({dso})]"),
+            name: format!("[unknown @ {addr:#x} ({dso})]").into(),
             start: addr,
         });
         return Some((addr, symbol));
@@ -286,7 +286,7 @@ fn parse_location(text: &str) -> Option<(u64, Option<Symbol>)> {
     let symbol = name_off.rsplit_once("+0x").and_then(|(name, off)| {
         let off = u64::from_str_radix(off, 16).ok()?;
         Some(Symbol {
-            name: name.to_owned(),
+            name: name.into(),
             start: addr.checked_sub(off)?,
         })
     });

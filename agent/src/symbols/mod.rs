@@ -42,6 +42,9 @@ pub struct Frame {
     /// Functions inlined at the address, outermost first (each called from the previous
     /// one, the first from this function), when DWARF says so.
     pub inlined: Vec<Frame>,
+    /// How far the address is past the function's first byte, when the symbol says
+    /// (branch-event stacks tell a call of a function from a jump inside it with it).
+    pub func_offset: Option<u64>,
 }
 
 /// `file:line` (or just the file) of a code location.
@@ -78,6 +81,7 @@ fn unknown(addr: u64, module: Option<&str>, reason: String) -> Frame {
         location: None,
         unknown: Some(reason),
         inlined: Vec::new(),
+        func_offset: None,
     }
 }
 
@@ -200,6 +204,7 @@ impl<'a> Symbolizer<'a> {
                         location: f.code_info.as_ref().map(location),
                         unknown: None,
                         inlined: Vec::new(),
+                        func_offset: None,
                     })
                     .collect();
                 Frame {
@@ -208,6 +213,7 @@ impl<'a> Symbolizer<'a> {
                     location: sym.code_info.as_deref().map(location),
                     unknown: None,
                     inlined,
+                    func_offset: Some(sym.offset as u64),
                 }
             }
             Ok(Some(Symbolized::Unknown(reason))) => {

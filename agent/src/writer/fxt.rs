@@ -9,9 +9,11 @@
 //! threads, and event records that refer to the tables.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::io::{self, Write};
 
 use super::{Arg, ArgValue, TraceSink};
+use crate::decode::pt::flow::IpHasher;
 
 /// The magic number record: `0x0016547846040010`.
 const MAGIC: u64 = 0x0016_5478_4604_0010;
@@ -62,11 +64,12 @@ fn words(len: usize) -> u64 {
 /// Streams FXT records to `W`.
 pub struct FxtWriter<W: Write> {
     out: W,
-    strings: HashMap<String, u16>,
+    /// The fast hash of the decoder's block cache: a PT trace interns a name per slice.
+    strings: HashMap<String, u16, BuildHasherDefault<IpHasher>>,
     next_string: u16,
     /// Bumped each time the string table is refilled.
     generation: u64,
-    threads: HashMap<(u32, u32), u8>,
+    threads: HashMap<(u32, u32), u8, BuildHasherDefault<IpHasher>>,
     next_thread: u8,
 }
 
@@ -75,10 +78,10 @@ impl<W: Write> FxtWriter<W> {
     pub fn new(out: W) -> io::Result<Self> {
         let mut w = Self {
             out,
-            strings: HashMap::new(),
+            strings: HashMap::default(),
             next_string: 1,
             generation: 0,
-            threads: HashMap::new(),
+            threads: HashMap::default(),
             next_thread: 1,
         };
         w.word(MAGIC)?;

@@ -1,5 +1,6 @@
-//! Writer stage: a sampling snapshot → a trace file (FXT or Chrome JSON, gzipped when the
-//! name ends in `.gz`).
+//! Writer stage: a snapshot → a trace file (FXT or Chrome JSON, gzipped when the name
+//! ends in `.gz`). Sampling snapshots are written here, Intel PT snapshots by [`pt`]
+//! (branch events → call stacks), into the same tracks, slices and trigger instant.
 //!
 //! In: a [`Snapshot`] and an output path. Out: the file, written atomically (temp file +
 //! rename, mode 0600) and streamed: the decoded samples are held (like the snapshot), but
@@ -21,6 +22,7 @@
 
 pub mod fxt;
 pub mod json;
+pub mod pt;
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -122,8 +124,6 @@ impl Format {
 /// Why a trace could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum WriterError {
-    #[error("PT snapshot decoding to a trace is not implemented yet")]
-    PtNotImplemented,
     #[error("cannot write {}", path.display())]
     Write {
         path: PathBuf,
@@ -147,13 +147,14 @@ pub struct TraceSummary {
     pub malformed_samples: u64,
     /// Samples the kernel reported lost (each loss is an instant `[lost samples]`).
     pub lost_samples: u64,
+    /// PT: branch events decoded.
+    pub branches: u64,
+    /// PT: decode errors (each a `[decode error: ...]` slice).
+    pub decode_errors: u64,
 }
 
 /// Writes the trace of `snap` to `path` (format and compression from the name).
 pub fn write_trace(snap: &Snapshot, path: &Path) -> Result<TraceSummary, WriterError> {
-    if snap.meta.backend == Backend::IntelPt {
-        return Err(WriterError::PtNotImplemented);
-    }
     let (format, gz) = Format::from_path(path);
     let tmp = temp_path(path);
     let err = |source| WriterError::Write {
@@ -188,7 +189,9 @@ fn write_file(snap: &Snapshot, tmp: &Path, format: Format, gz: bool) -> io::Resu
         .open(tmp)?;
     let mut out = BufWriter::new(file);
     let summary = if gz {
-        let mut enc = GzEncoder::new(&mut out, Compression::default());
+        // Level 1: a PT trace has a slice per call (75 MB of FXT for a 4 MiB snapshot);
+        // level 6 took 1.9 s instead of 1.2 s to compress that, for a file 21% smaller.
+        let mut enc = GzEncoder::new(&mut out, Compression::fast());
         let summary = encode(snap, &mut enc, format)?;
         enc.finish()?;
         summary
@@ -241,6 +244,13 @@ struct At {
 
 /// Feeds the whole trace of `snap` to `sink` (without [`TraceSink::finish`]).
 pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
+    match snap.meta.backend {
+        Backend::IntelPt => pt::emit(snap, sink),
+        Backend::Sampling => emit_sampled(snap, sink),
+    }
+}
+
+fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
     let sampled = samples::read(snap);
     let threads: Vec<&ThreadSamples> = sampled.threads.values().collect();
     let mut symbols = Symbolizer::new(&snap.maps, &snap.code);
@@ -438,5 +448,7 @@ fn trigger_instant(sink: &mut impl TraceSink, t: &TriggerMeta) -> io::Result<()>
     )
 }
 
+#[cfg(test)]
+mod pt_tests;
 #[cfg(test)]
 mod tests;

@@ -245,12 +245,3 @@ fn files_are_gzipped_by_name_and_private() {
         (Format::ChromeJson, false)
     );
 }
-
-#[test]
-fn pt_snapshots_are_refused() {
-    let mut snap = snapshot();
-    snap.meta.backend = Backend::IntelPt;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let err = write_trace(&snap, &dir.path().join("x.fxt")).expect_err("PT");
-    assert!(matches!(err, WriterError::PtNotImplemented));
-}

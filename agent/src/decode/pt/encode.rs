@@ -75,6 +75,8 @@ pub struct SynthProgram {
     /// By code offset; `None` between instructions and in padding.
     insns: Vec<Option<SynthInsn>>,
     entry: u64,
+    /// The first address of each function, in code order.
+    pub functions: Vec<u64>,
 }
 
 /// xorshift64*: deterministic, no dependency, good enough to pick branches.
@@ -187,6 +189,7 @@ impl SynthProgram {
             code: writer.code,
             insns: writer.insns,
             entry: starts[0],
+            functions: starts,
         }
     }
 

@@ -173,10 +173,21 @@ impl Hasher for IpHasher {
         self.0 ^ (self.0 >> 32)
     }
 
+    /// Eight bytes per round (the trace writer hashes strings with it too).
     fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(u64::from(byte));
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
         }
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
     }
 
     fn write_u64(&mut self, n: u64) {
