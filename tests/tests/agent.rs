@@ -1,6 +1,18 @@
 //! `lookback agent` end to end, as root: real BPF programs and uprobes, real workloads (some
 //! started before the agent, most after), metrics scraped over HTTP, files on disk, hot
 //! reload, retention, an unwritable output directory, SIGTERM.
+#![allow(
+    clippy::float_cmp,
+    reason = "metric values are integer counts, exactly representable"
+)]
+#![allow(
+    clippy::case_sensitive_file_extension_comparisons,
+    reason = "the agent writes lowercase names"
+)]
+#![allow(
+    clippy::too_many_lines,
+    reason = "each test is one scenario, read top to bottom"
+)]
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Read as _, Write as _},
@@ -31,9 +43,12 @@ impl Agent {
         write_rules(&config, rules);
         let out = dir.path().join("out");
         let mut cmd = Command::new(lookback_bin());
-        cmd.args(["agent", "--config"])
-            .arg(&config)
-            .args(["--metrics-addr", "127.0.0.1:0", "--max-queued", "64"]);
+        cmd.args(["agent", "--config"]).arg(&config).args([
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--max-queued",
+            "64",
+        ]);
         if !extra.contains(&"--output-dir") {
             cmd.arg("--output-dir").arg(&out);
         }
@@ -70,7 +85,11 @@ impl Agent {
             .to_owned();
         let deadline = Instant::now() + Duration::from_secs(30);
         while agent.get("/readyz").0 != 200 {
-            assert!(Instant::now() < deadline, "agent never ready:\n{}", agent.log());
+            assert!(
+                Instant::now() < deadline,
+                "agent never ready:\n{}",
+                agent.log()
+            );
             agent.assert_running();
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -118,7 +137,10 @@ impl Agent {
             return (0, String::new());
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let _ = write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
         let mut text = String::new();
         let _ = s.read_to_string(&mut text);
         let status = text
@@ -168,7 +190,6 @@ impl Agent {
 
     /// Waits until `name{labels}` equals `value` (metrics are refreshed from the kernel
     /// every 250 ms), then checks it stays there for a moment.
-    #[expect(clippy::float_cmp, reason = "counters are integers")]
     fn expect_metric(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -204,7 +225,11 @@ impl Agent {
             if let Some(status) = self.child.try_wait().expect("wait") {
                 break status;
             }
-            assert!(Instant::now() < deadline, "agent ignores SIGTERM:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "agent ignores SIGTERM:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         };
         std::thread::sleep(Duration::from_millis(100));
@@ -241,7 +266,10 @@ impl Agent {
             .stdout(Stdio::null())
             .spawn()
             .expect("workload");
-        self.wait_log(&format!("tracing process {} ", child.id()), Duration::from_secs(10));
+        self.wait_log(
+            &format!("tracing process {} ", child.id()),
+            Duration::from_secs(10),
+        );
         let _ = child.stdin.take().expect("stdin").write_all(b"go\n");
         let status = child.wait().expect("wait");
         assert!(status.success(), "workload {args:?}: {status}");
@@ -293,7 +321,10 @@ fn several_rules_and_workloads_give_exact_counts() {
         .spawn()
         .expect("workload");
     let mut agent = Agent::start(RULES, &[]);
-    agent.wait_log(&format!("tracing process {} ", early.id()), Duration::from_secs(10));
+    agent.wait_log(
+        &format!("tracing process {} ", early.id()),
+        Duration::from_secs(10),
+    );
     let _ = early.stdin.take().expect("stdin").write_all(b"go\n");
     assert!(early.wait().expect("wait").success());
     // Started after the agent: found through the kernel's exec events.
@@ -318,7 +349,11 @@ fn several_rules_and_workloads_give_exact_counts() {
     agent.run_workload(&["usr1"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "usr1")], 2.0);
     let enoent_total = baseline + 3.0 * per_run + 7.0;
-    agent.expect_metric("lookback_triggers_total", &[("rule", "enoent")], enoent_total);
+    agent.expect_metric(
+        "lookback_triggers_total",
+        &[("rule", "enoent")],
+        enoent_total,
+    );
     // Every trigger of the rules without cooldown became a snapshot; the failed opens
     // (dozens per run: the loader's library search) only one, the rest in cooldown.
     agent.expect_metric(
@@ -334,32 +369,62 @@ fn several_rules_and_workloads_give_exact_counts() {
         );
     }
     assert_eq!(
-        agent.metric("lookback_triggers_suppressed_total", &[("rule", "enoent"), ("reason", "busy")]),
+        agent.metric(
+            "lookback_triggers_suppressed_total",
+            &[("rule", "enoent"), ("reason", "busy")]
+        ),
         0.0
     );
     assert_eq!(agent.metric("lookback_rules_loaded", &[]), 3.0);
-    assert_eq!(agent.metric("lookback_probes_attached", &[("rule", "slow-work")]), 2.0);
+    assert_eq!(
+        agent.metric("lookback_probes_attached", &[("rule", "slow-work")]),
+        2.0
+    );
     // The files of contract.md: trace + metadata (+ raw when kept), mode 0600.
     let slow = files(&agent.out().join("slow-work"));
-    assert_eq!(slow.iter().filter(|f| f.ends_with(".fxt.gz")).count(), 5, "{slow:?}");
-    assert_eq!(slow.iter().filter(|f| f.ends_with(".lbsnap")).count(), 5, "{slow:?}");
+    assert_eq!(
+        slow.iter().filter(|f| f.ends_with(".fxt.gz")).count(),
+        5,
+        "{slow:?}"
+    );
+    assert_eq!(
+        slow.iter().filter(|f| f.ends_with(".lbsnap")).count(),
+        5,
+        "{slow:?}"
+    );
     let enoent = files(&agent.out().join("enoent"));
-    assert!(enoent.iter().all(|f| !f.ends_with(".lbsnap")), "keep_raw: false: {enoent:?}");
-    let meta_name = slow.iter().find(|f| f.ends_with(".json")).expect("metadata");
+    assert!(
+        enoent.iter().all(|f| !f.ends_with(".lbsnap")),
+        "keep_raw: false: {enoent:?}"
+    );
+    let meta_name = slow
+        .iter()
+        .find(|f| f.ends_with(".json"))
+        .expect("metadata");
     let meta_path = agent.out().join("slow-work").join(meta_name);
-    let mode = std::fs::metadata(&meta_path).expect("stat").permissions().mode() & 0o777;
+    let mode = std::fs::metadata(&meta_path)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600);
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&meta_path).expect("read")).expect("JSON");
     assert_eq!(meta["rule"], "slow-work");
     assert_eq!(meta["trigger"]["kind"], "function");
-    assert!(meta["trigger"]["duration_ns"].as_u64().unwrap_or(0) >= 25_000_000, "{meta}");
+    assert!(
+        meta["trigger"]["duration_ns"].as_u64().unwrap_or(0) >= 25_000_000,
+        "{meta}"
+    );
     assert_eq!(meta["backend"], "sampling");
     assert_eq!(meta["comm"], "workload");
     let stem = meta_name.trim_end_matches(".json");
     assert_eq!(meta["trace_file"], format!("{stem}.fxt.gz"));
     assert_eq!(meta["raw_file"], format!("{stem}.lbsnap"));
-    assert!(stem.ends_with(&format!("-{}-{}", meta["pid"], meta["tid"])), "{stem}");
+    assert!(
+        stem.ends_with(&format!("-{}-{}", meta["pid"], meta["tid"])),
+        "{stem}"
+    );
     assert!(meta["trigger_time_ns"].is_u64(), "{meta}");
     // The window is that of the samples: unknown (null) when the threads never ran on a
     // CPU since recording began (cpu-clock samples running threads only).
@@ -507,7 +572,11 @@ rules:
     agent.run_workload(&["nanosleep", "5", "30000"]);
     agent.expect_metric(
         "lookback_snapshots_total",
-        &[("rule", "sleeps"), ("backend", "sampling"), ("result", "ok")],
+        &[
+            ("rule", "sleeps"),
+            ("backend", "sampling"),
+            ("result", "ok"),
+        ],
         5.0,
     );
     let left = files(&agent.out().join("sleeps"));
@@ -523,7 +592,10 @@ rules:
     stems.sort_unstable();
     assert_eq!(stems.len(), 5, "{log}");
     for stem in &stems[3..] {
-        assert!(left.contains(&format!("{stem}.fxt.gz")), "{stem} pruned: {left:?}");
+        assert!(
+            left.contains(&format!("{stem}.fxt.gz")),
+            "{stem} pruned: {left:?}"
+        );
     }
     let (status, log) = agent.stop();
     assert!(status.success(), "{status}\n{log}");
@@ -548,7 +620,11 @@ rules:
     agent.run_workload(&["nanosleep", "3", "2000"]);
     agent.expect_metric(
         "lookback_snapshots_total",
-        &[("rule", "sleeps"), ("backend", "sampling"), ("result", "error")],
+        &[
+            ("rule", "sleeps"),
+            ("backend", "sampling"),
+            ("result", "error"),
+        ],
         3.0,
     );
     assert_eq!(agent.get("/healthz").0, 200);
@@ -593,7 +669,8 @@ fn sigterm_detaches_everything() {
         programs
     };
     let before = settle(&|p| p.is_empty());
-    let uprobes = || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
+    let uprobes =
+        || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
     let uprobes_before = uprobes();
     let mut agent = Agent::start(RULES, &[]);
     let loaded = lookback_programs();

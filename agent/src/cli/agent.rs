@@ -8,14 +8,16 @@ use crate::daemon::{self, AgentOptions, DEFAULT_METRICS_ADDR};
 
 /// Options of `lookback agent`.
 #[derive(Debug, Args)]
-#[command(after_help = "Snapshots go to DIR/RULE/<UTC time>-<pid>-<tid>.fxt.gz with a .json of \
+#[command(
+    after_help = "Snapshots go to DIR/RULE/<UTC time>-<pid>-<tid>.fxt.gz with a .json of \
 metadata beside each (and the raw .lbsnap when the rule keeps it).\n\
 SIGHUP, or a change of FILE, reloads the rules: a valid new file replaces the rules by \
 difference (unchanged rules keep their probes and state); an invalid one is reported with \
 its line:column and the old rules keep running. SIGTERM/SIGINT detach everything and exit 0.\n\
 Examples:\n  lookback agent --config configs/slow-handler.yaml --output-dir /tmp/lookback\n  \
 lookback agent --config /etc/lookback/rules.yaml --metrics-addr 0.0.0.0:9464\n  \
-curl -s localhost:9464/metrics | grep lookback_")]
+curl -s localhost:9464/metrics | grep lookback_"
+)]
 pub struct AgentArgs {
     /// Rules file (YAML, `version: 1`; see `lookback rules validate`).
     #[arg(long, value_name = "FILE")]

@@ -1,6 +1,6 @@
 //! The rules file the agent runs from, and how it notices a new version: SIGHUP (handled
 //! by the daemon loop) or a change of the file, seen by polling its identity (inode, size,
-//! mtime) once a second. Polling rather than inotify because ConfigMap volumes replace the
+//! mtime) once a second. Polling rather than inotify because `ConfigMap` volumes replace the
 //! file through a symlink swap of the parent directory, which an inotify watch on the file
 //! misses; `stat` through the path sees it.
 use std::{
@@ -53,7 +53,7 @@ impl ConfigFile {
     }
 
     /// Whether the file changed since the last [`load`](Self::load). A file that vanished
-    /// is not a change (the ConfigMap swap briefly removes it; the old rules stay).
+    /// is not a change (the `ConfigMap` swap briefly removes it; the old rules stay).
     pub fn changed(&self) -> bool {
         match stamp(&self.path) {
             Some(now) => Some(now) != self.last,
@@ -63,7 +63,6 @@ impl ConfigFile {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::ConfigFile;
 

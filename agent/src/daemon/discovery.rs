@@ -106,11 +106,7 @@ pub fn matches(
     {
         return false;
     }
-    if target
-        .kubernetes
-        .as_ref()
-        .is_some_and(|k| !k.is_empty())
-    {
+    if target.kubernetes.as_ref().is_some_and(|k| !k.is_empty()) {
         return in_selected_pod(info);
     }
     true
@@ -130,7 +126,6 @@ pub fn cgroup_has_prefix(path: &str, prefix: &str) -> bool {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use std::{collections::BTreeMap, path::Path};
 
@@ -209,7 +204,11 @@ mod tests {
             &p,
             yes
         ));
-        assert!(!matches(&t(|t| t.exe = Some("/usr/bin/other".into())), &p, yes));
+        assert!(!matches(
+            &t(|t| t.exe = Some("/usr/bin/other".into())),
+            &p,
+            yes
+        ));
         assert!(matches(
             &t(|t| t.cgroup = Some("/kubepods.slice".into())),
             &p,
@@ -225,7 +224,11 @@ mod tests {
         // An empty target never matches; a kernel thread only by pid.
         assert!(!matches(&Target::default(), &p, yes));
         let kthread = info(2, "kthreadd", None, Some("/"));
-        assert!(!matches(&t(|t| t.comm = Some("kthreadd".into())), &kthread, yes));
+        assert!(!matches(
+            &t(|t| t.comm = Some("kthreadd".into())),
+            &kthread,
+            yes
+        ));
         assert!(matches(&t(|t| t.pid = Some(2)), &kthread, yes));
     }
 

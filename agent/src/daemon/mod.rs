@@ -121,6 +121,10 @@ pub fn run(opts: AgentOptions) -> Result<(), DaemonError> {
     runtime.block_on(run_async(opts))
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "start-up, the one select over every event source, and shutdown read best together"
+)]
 async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     let mut config = ConfigFile::new(opts.config.clone());
     let rules = config.load()?;
@@ -140,7 +144,9 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     let listener = http::bind(&opts.metrics_addr).await?;
     log::info!(
         "metrics on http://{}/metrics",
-        listener.local_addr().map_or_else(|_| opts.metrics_addr.clone(), |a| a.to_string())
+        listener
+            .local_addr()
+            .map_or_else(|_| opts.metrics_addr.clone(), |a| a.to_string())
     );
     let state = Arc::new(HttpState::new(Arc::clone(&metrics)));
     state.readiness.set_not_ready("loading rules");
@@ -268,10 +274,7 @@ fn start_pods(opts: &AgentOptions, rules: &RuleSet, tracer: &mut Tracer) -> Opti
             Some(p)
         }
         Err(e) => {
-            log::error!(
-                "kubernetes selectors match nothing: {}",
-                ErrorChain(&e)
-            );
+            log::error!("kubernetes selectors match nothing: {}", ErrorChain(&e));
             None
         }
     }
@@ -281,17 +284,14 @@ fn start_pods(opts: &AgentOptions, rules: &RuleSet, tracer: &mut Tracer) -> Opti
 /// rules select.
 fn reload_pods(opts: &AgentOptions, pods: &mut Option<PodSelection>, tracer: &mut Tracer) {
     let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
-    match pods {
-        Some(p) => {
-            if p.refresh(&rules, true) {
-                tracer.rescan();
-            }
+    if let Some(p) = pods {
+        if p.refresh(&rules, true) {
+            tracer.rescan();
         }
-        None => {
-            *pods = start_pods(opts, &RuleSet { rules }, tracer);
-            if pods.is_some() {
-                tracer.rescan();
-            }
+    } else {
+        *pods = start_pods(opts, &RuleSet { rules }, tracer);
+        if pods.is_some() {
+            tracer.rescan();
         }
     }
 }
@@ -341,9 +341,10 @@ fn after_rules(tracer: &Tracer, metrics: &Metrics, state: &HttpState, c: &RuleCh
     metrics.set_rules_loaded(tracer.rules().count());
     refresh_metrics(tracer, metrics);
     if tracer.rules().count() == 0 && !c.failed.is_empty() {
-        state
-            .readiness
-            .set_not_ready(format!("no rule could be installed: {}", c.failed.join(", ")));
+        state.readiness.set_not_ready(format!(
+            "no rule could be installed: {}",
+            c.failed.join(", ")
+        ));
     } else {
         state.readiness.set_ready();
     }

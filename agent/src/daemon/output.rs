@@ -88,7 +88,10 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
         OutputFormat::ChromeJson => "json.gz",
     };
     let trace = dir.join(format!("{stem}.{ext}"));
-    let raw = job.policy.keep_raw.then(|| dir.join(format!("{stem}.lbsnap")));
+    let raw = job
+        .policy
+        .keep_raw
+        .then(|| dir.join(format!("{stem}.lbsnap")));
     let metadata = dir.join(format!("{stem}.json"));
     let mut done: Vec<PathBuf> = Vec::new();
     let result = (|| {
@@ -101,11 +104,9 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
         let decode = started.elapsed();
         done.push(trace.clone());
         let body = metadata_json(job, &trace, raw.as_deref());
-        write_file_atomic(&metadata, body.as_bytes()).map_err(|source| {
-            OutputError::Metadata {
-                path: metadata.clone(),
-                source,
-            }
+        write_file_atomic(&metadata, body.as_bytes()).map_err(|source| OutputError::Metadata {
+            path: metadata.clone(),
+            source,
         })?;
         Ok(decode)
     })();
@@ -148,13 +149,18 @@ fn metadata_json(job: &SnapshotJob, trace: &Path, raw: Option<&Path>) -> String 
         if let Some(errno) = e.errno {
             obj.insert(
                 "errno".into(),
-                json!(crate::rules::errno_name(errno).map_or_else(|| errno.to_string(), str::to_owned)),
+                json!(
+                    crate::rules::errno_name(errno)
+                        .map_or_else(|| errno.to_string(), str::to_owned)
+                ),
             );
         }
         if let Some(sig) = e.signal {
             obj.insert(
                 "signal".into(),
-                json!(crate::rules::signal_name(sig).map_or_else(|| sig.to_string(), str::to_owned)),
+                json!(
+                    crate::rules::signal_name(sig).map_or_else(|| sig.to_string(), str::to_owned)
+                ),
             );
         }
     }

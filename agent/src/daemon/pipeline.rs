@@ -53,10 +53,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// The pipeline, and the receiver of the pids whose post-trigger freeze is due (the
     /// event loop hands each to [`freeze_pending`](Self::freeze_pending)).
-    pub fn new(
-        opts: &AgentOptions,
-        metrics: Arc<Metrics>,
-    ) -> (Self, mpsc::UnboundedReceiver<u32>) {
+    pub fn new(opts: &AgentOptions, metrics: Arc<Metrics>) -> (Self, mpsc::UnboundedReceiver<u32>) {
         let (freeze_tx, freeze_rx) = mpsc::unbounded_channel();
         let pipeline = Self {
             metrics,

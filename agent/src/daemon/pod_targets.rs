@@ -12,8 +12,8 @@ use std::{
 };
 
 use super::{
-    discovery::ProcessInfo,
     kubernetes::{KubeConfig, KubeError, PodWatcher, ProcessCgroups, matching_containers},
+    targets::PodMatcher,
 };
 use crate::rules::Rule;
 
@@ -42,12 +42,9 @@ impl PodSelection {
 
     /// Whether any rule needs the pod watcher.
     pub fn needed<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> bool {
-        rules.into_iter().any(|r| {
-            r.target
-                .kubernetes
-                .as_ref()
-                .is_some_and(|k| !k.is_empty())
-        })
+        rules
+            .into_iter()
+            .any(|r| r.target.kubernetes.as_ref().is_some_and(|k| !k.is_empty()))
     }
 
     /// Recomputes the selections when the pods changed (or `force`); returns whether they
@@ -80,7 +77,7 @@ impl PodSelection {
     }
 
     /// The membership test discovery calls for a rule's `kubernetes` selector.
-    pub fn matcher(&self) -> Box<dyn Fn(&Rule, &ProcessInfo) -> bool + Send> {
+    pub fn matcher(&self) -> PodMatcher {
         let selected = Arc::clone(&self.selected);
         let proc_root = self.proc_root.clone();
         Box::new(move |rule, info| {

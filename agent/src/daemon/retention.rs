@@ -71,7 +71,6 @@ pub fn enforce(dir: &Path, retention: &Retention) -> io::Result<Pruned> {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
 
@@ -93,7 +92,11 @@ mod tests {
     #[test]
     fn oldest_snapshots_go_first_by_count() {
         let dir = tempfile::tempdir().unwrap();
-        for s in ["20260101T000003.000000Z-1-1", "20260101T000001.000000Z-1-1", "20260101T000002.000000Z-1-1"] {
+        for s in [
+            "20260101T000003.000000Z-1-1",
+            "20260101T000001.000000Z-1-1",
+            "20260101T000002.000000Z-1-1",
+        ] {
             snap(dir.path(), s, [10, 10, 1]);
         }
         fs::write(dir.path().join(".x.fxt.gz.tmp-1"), b"in flight").unwrap();
@@ -112,7 +115,10 @@ mod tests {
             }
         );
         let left = names(dir.path());
-        assert!(left.iter().all(|n| !n.starts_with("20260101T000001")), "{left:?}");
+        assert!(
+            left.iter().all(|n| !n.starts_with("20260101T000001")),
+            "{left:?}"
+        );
         assert!(left.contains(&".x.fxt.gz.tmp-1".to_owned()));
         assert!(left.contains(&"notes.txt".to_owned()));
         assert_eq!(left.len(), 8);
@@ -129,10 +135,23 @@ mod tests {
             max_bytes: 300,
         };
         let pruned = enforce(dir.path(), &r).unwrap();
-        assert_eq!(pruned.snapshots, 2, "the newest alone is over budget but kept");
+        assert_eq!(
+            pruned.snapshots, 2,
+            "the newest alone is over budget but kept"
+        );
         assert_eq!(names(dir.path()).len(), 3);
         // Within budget: nothing happens.
-        assert_eq!(enforce(dir.path(), &Retention { max_files: 3, max_bytes: 501 }).unwrap(), Pruned::default());
+        assert_eq!(
+            enforce(
+                dir.path(),
+                &Retention {
+                    max_files: 3,
+                    max_bytes: 501
+                }
+            )
+            .unwrap(),
+            Pruned::default()
+        );
     }
 
     #[test]

@@ -26,6 +26,9 @@ use crate::{
     },
 };
 
+/// Decides whether a process is in a pod a rule's `kubernetes` selector picks.
+pub type PodMatcher = Box<dyn Fn(&Rule, &ProcessInfo) -> bool + Send>;
+
 /// A rule installed in the engine.
 pub struct ActiveRule {
     pub rule: Rule,
@@ -76,7 +79,7 @@ pub struct Tracer {
     rules: BTreeMap<String, ActiveRule>,
     processes: HashMap<u32, Traced>,
     /// Decides the `kubernetes` part of a target (pod watcher); `None`: no pod matches.
-    pods: Option<Box<dyn Fn(&Rule, &ProcessInfo) -> bool + Send>>,
+    pods: Option<PodMatcher>,
     /// What `backend: auto` means on this machine (probed once at start).
     auto: BackendRequest,
     /// The comms the kernel pre-selects at exec (`EXEC_COMMS`).
@@ -98,7 +101,7 @@ impl Tracer {
     }
 
     /// Sets the Kubernetes membership test used for `target.kubernetes`.
-    pub fn set_pod_matcher(&mut self, f: Box<dyn Fn(&Rule, &ProcessInfo) -> bool + Send>) {
+    pub fn set_pod_matcher(&mut self, f: PodMatcher) {
         self.pods = Some(f);
     }
 
@@ -336,7 +339,9 @@ impl Tracer {
                 .map_or("no recorder", |r| r.backend().as_str());
             log::info!(
                 "tracing process {pid} ({}) for {} [{recorder}]",
-                self.processes.get(&pid).map_or("", |p| p.info.comm.as_str()),
+                self.processes
+                    .get(&pid)
+                    .map_or("", |p| p.info.comm.as_str()),
                 self.rule_names(mask).join(", ")
             );
         }
@@ -365,7 +370,11 @@ impl Tracer {
     pub fn recorder_for(&mut self, pid: u32) -> Option<(u32, &mut Box<dyn Recorder>)> {
         let mut at = pid;
         for _ in 0..64 {
-            if self.processes.get(&at).is_some_and(|p| p.recorder.is_some()) {
+            if self
+                .processes
+                .get(&at)
+                .is_some_and(|p| p.recorder.is_some())
+            {
                 break;
             }
             at = parent_of(&self.proc_root, at)?;
