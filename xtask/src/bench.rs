@@ -261,7 +261,7 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn build_workload(env: &BuildEnv) -> Result<PathBuf> {
+pub fn build_workload(env: &BuildEnv) -> Result<PathBuf> {
     let src = env.root.join("tests/workloads");
     let out = env.root.join("target/bench");
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;

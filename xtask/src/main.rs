@@ -14,6 +14,7 @@ mod bench;
 mod bench_decode;
 mod demo;
 mod setup;
+mod soak;
 mod test;
 mod util;
 
@@ -53,6 +54,12 @@ enum Command {
         #[arg(long)]
         snapshot_only: bool,
     },
+    /// The agent under continuous triggers; RSS, CPU and fds sampled every 10 s (needs root).
+    Soak {
+        /// How long.
+        #[arg(long, default_value_t = 30)]
+        minutes: u64,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -67,6 +74,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchDecode { snapshot_only } => {
             setup::setup().and_then(|env| bench_decode::bench_decode(&env, snapshot_only))
         }
+        Command::Soak { minutes } => setup::setup().and_then(|env| soak::soak(&env, minutes)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
