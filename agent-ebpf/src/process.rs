@@ -62,7 +62,7 @@ fn try_process_exec(ctx: &RawTracePointContext) -> Option<()> {
     let tgid = task_u32(task, config.task_tgid_offset)?;
     if let Ok(comm) = bpf_get_current_comm() {
         // SAFETY: plain u64 value.
-        if let Some(&mask) = unsafe { EXEC_COMMS.get(&comm) } {
+        if let Some(&mask) = unsafe { EXEC_COMMS.get(comm) } {
             // SAFETY: as above.
             let had = unsafe { TARGET_TGIDS.get(tgid) }.copied().unwrap_or(0);
             let _ = TARGET_TGIDS.insert(tgid, mask | had, 0);
