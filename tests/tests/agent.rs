@@ -741,21 +741,20 @@ fn fake_api_server(pods: String) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     std::thread::spawn(move || {
-        let mut held = Vec::new();
+        let mut watches = Vec::new();
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
-            let mut head = Vec::new();
+            let mut request = Vec::new();
             let mut byte = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
-                head.push(byte[0]);
+            while !request.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                request.push(byte[0]);
             }
-            let head = String::from_utf8_lossy(&head);
-            if head.contains("watch=") {
+            if String::from_utf8_lossy(&request).contains("watch=") {
                 let _ = write!(
                     stream,
                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
                 );
-                held.push(stream);
+                watches.push(stream);
             } else {
                 let _ = write!(
                     stream,
