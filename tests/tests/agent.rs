@@ -792,7 +792,11 @@ rules:
     let mut agent = Agent::start_with_env(
         rules,
         &[],
-        &[("LOOKBACK_KUBE_API", api.as_str()), ("NODE_NAME", "node-a")],
+        &[
+            ("LOOKBACK_KUBE_API", api.as_str()),
+            ("NODE_NAME", "node-a"),
+            ("LOOKBACK_RESCAN_SECS", "1"),
+        ],
     );
     agent.wait_log("1 container(s) selected", Duration::from_secs(20));
     // In the container: started inside the cgroup (as the runtime does), then exec'd.
@@ -821,15 +825,24 @@ rules:
     let _ = inside.stdin.take().expect("stdin").write_all(b"go\n");
     assert!(inside.wait().expect("wait").success());
     agent.expect_metric("lookback_triggers_total", &[("rule", "pod-sleeps")], 3.0);
-    agent.expect_metric(
-        "lookback_snapshots_total",
-        &[
-            ("rule", "pod-sleeps"),
-            ("backend", "sampling"),
-            ("result", "ok"),
-        ],
-        3.0,
-    );
+    let ok = [
+        ("rule", "pod-sleeps"),
+        ("backend", "sampling"),
+        ("result", "ok"),
+    ];
+    agent.expect_metric("lookback_snapshots_total", &ok, 3.0);
+    // Once the container has had a process, a rescan (1 s here) puts its cgroup into the
+    // kernel's target set: a process started there later is a target from its first
+    // instruction, even one that sleeps right away (no --wait: nothing waits for the agent).
+    let mut quick = Command::new("sh");
+    quick.arg("-c").arg(format!(
+        "echo $$ > {} && exec {} nanosleep 2 2000",
+        procs.display(),
+        workload().display()
+    ));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(quick.status().expect("sh").success());
+    agent.expect_metric("lookback_triggers_total", &[("rule", "pod-sleeps")], 5.0);
     let (status, log) = agent.stop();
     assert!(status.success(), "{status}\n{log}");
 }

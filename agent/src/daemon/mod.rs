@@ -83,10 +83,18 @@ impl AgentOptions {
             max_queued: 8,
             workers: 2,
             shutdown_timeout: Duration::from_secs(10),
-            rescan_interval: Duration::from_secs(30),
+            rescan_interval: rescan_interval(),
             bpf_stats: false,
         }
     }
+}
+
+/// `LOOKBACK_RESCAN_SECS` (tests), else 30 s.
+fn rescan_interval() -> Duration {
+    std::env::var("LOOKBACK_RESCAN_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(30), Duration::from_secs)
 }
 
 /// Why the agent could not start (after it started, errors are logged and counted).
@@ -203,7 +211,16 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             batch = processes.next_batch() => match batch {
                 Ok(events) => for event in events {
                     match event {
-                        ProcessEvent::Exec { tgid } => tracer.consider(tgid),
+                        ProcessEvent::Exec { tgid } => {
+                            tracer.consider(tgid);
+                            // The first process of a selected container: its cgroup goes
+                            // into the kernel's target set for the ones after it.
+                            if let Some(p) = pods.as_mut()
+                                && p.absorb_observed()
+                            {
+                                tracer.set_cgroup_targets(p.cgroups());
+                            }
+                        }
                         ProcessEvent::Exit { tgid } => {
                             // Its last triggers happened before its exit: handle them
                             // while its recorder is still there.
@@ -227,6 +244,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                 if let Some(p) = pods.as_mut() {
                     let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
                     if p.refresh(&rules, false) {
+                        tracer.set_cgroup_targets(p.cgroups());
                         tracer.rescan();
                     }
                 }
@@ -238,7 +256,15 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                     reload_pods(&opts, &mut pods, &mut tracer);
                 }
             }
-            _ = rescan.tick() => tracer.rescan(),
+            _ = rescan.tick() => {
+                if let Some(p) = pods.as_mut() {
+                    // Containers that gained their first process since: their cgroups.
+                    let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
+                    p.refresh(&rules, true);
+                    tracer.set_cgroup_targets(p.cgroups());
+                }
+                tracer.rescan();
+            }
             _ = sighup.recv() => {
                 log::info!("SIGHUP: reloading {}", config.path().display());
                 reload(&mut config, &mut tracer, &metrics, &state);
@@ -268,9 +294,8 @@ fn start_pods(opts: &AgentOptions, rules: &RuleSet, tracer: &mut Tracer) -> Opti
         return None;
     }
     match PodSelection::start(opts.proc_root.clone()) {
-        Ok(mut p) => {
+        Ok(p) => {
             tracer.set_pod_matcher(p.matcher());
-            p.refresh(&rules.rules, true);
             Some(p)
         }
         Err(e) => {
@@ -286,6 +311,7 @@ fn reload_pods(opts: &AgentOptions, pods: &mut Option<PodSelection>, tracer: &mu
     let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
     if let Some(p) = pods {
         if p.refresh(&rules, true) {
+            tracer.set_cgroup_targets(p.cgroups());
             tracer.rescan();
         }
     } else {

@@ -245,6 +245,23 @@ impl Tracer {
         self.processes.retain(|_, p| p.mask != 0);
     }
 
+    /// Puts the cgroups of pod-selected containers into the kernel's target set, each with
+    /// the bits of the rules (by name) that select it.
+    pub fn set_cgroup_targets(&mut self, by_rule: &HashMap<String, Vec<u64>>) {
+        let mut cgroups: HashMap<u64, u64> = HashMap::new();
+        for (name, ids) in by_rule {
+            let Some(active) = self.rules.get(name) else {
+                continue;
+            };
+            for &id in ids {
+                *cgroups.entry(id).or_default() |= 1 << active.id;
+            }
+        }
+        if let Err(e) = self.engine.set_target_cgroups(&cgroups) {
+            log::warn!("targeting container cgroups: {}", ErrorChain(&e));
+        }
+    }
+
     /// Re-evaluates every process on the machine, and forgets those that are gone.
     pub fn rescan(&mut self) {
         let pids = discovery::scan(&self.proc_root);

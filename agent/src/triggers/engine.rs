@@ -331,6 +331,26 @@ impl TriggerEngine {
         Ok(())
     }
 
+    /// Sets the cgroups (v2 ids) whose processes are targets of the rules in their masks,
+    /// replacing the previous set: processes started later in them are targets from their
+    /// first instruction, before the agent hears of them.
+    pub fn set_target_cgroups(&mut self, cgroups: &HashMap<u64, u64>) -> Result<(), TriggerError> {
+        let mut map: BpfHashMap<_, u64, u64> = map_mut(&mut self.ebpf, "TARGET_CGROUPS")?;
+        let stale: Vec<u64> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !cgroups.contains_key(k))
+            .collect();
+        for key in stale {
+            let _ = map.remove(&key);
+        }
+        for (&id, &mask) in cgroups {
+            map.insert(id, mask, 0).map_err(map_err("TARGET_CGROUPS"))?;
+        }
+        self.config.cgroups_active = u32::from(!cgroups.is_empty());
+        self.write_config()
+    }
+
     /// Removes `tgid` from the kernel's target set even if the engine did not put it there
     /// (`EXEC_COMMS` pre-selected it at exec, and `/proc` says it does not match after all).
     pub fn withdraw_target(&mut self, tgid: u32) -> Result<(), TriggerError> {
