@@ -176,7 +176,12 @@ impl Pipeline {
             let Ok(_permit) = workers.acquire_owned().await else {
                 return;
             };
-            let result = tokio::task::spawn_blocking(move || write(&job, &metrics)).await;
+            let result = tokio::task::spawn_blocking(move || {
+                write(&job, &metrics);
+                drop(job);
+                super::release_freed_memory();
+            })
+            .await;
             if let Err(e) = result {
                 log::error!("snapshot writer failed: {e}");
             }
