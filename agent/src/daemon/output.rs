@@ -43,6 +43,8 @@ pub struct Written {
     pub metadata: PathBuf,
     /// Time spent decoding and writing the trace.
     pub decode: Duration,
+    /// Records the kernel reported lost in the recorder's rings (perf `LOST` records).
+    pub lost: u64,
 }
 
 /// Why a snapshot could not be written.
@@ -100,7 +102,7 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
             done.push(raw.clone());
         }
         let started = Instant::now();
-        writer::write_trace(&job.snap, &trace)?;
+        let summary = writer::write_trace(&job.snap, &trace)?;
         let decode = started.elapsed();
         done.push(trace.clone());
         let body = metadata_json(job, &trace, raw.as_deref());
@@ -108,14 +110,15 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
             path: metadata.clone(),
             source,
         })?;
-        Ok(decode)
+        Ok((decode, summary.lost_samples))
     })();
     match result {
-        Ok(decode) => Ok(Written {
+        Ok((decode, lost)) => Ok(Written {
             trace,
             raw,
             metadata,
             decode,
+            lost,
         }),
         Err(e) => {
             for path in done {

@@ -21,7 +21,7 @@ use tokio::{
 
 use super::{
     AgentOptions, DEFAULT_OUTPUT_DIR,
-    metrics::Metrics,
+    metrics::{LossSource, Metrics},
     output::{self, SnapshotJob},
     retention,
     targets::{ErrorChain, Tracer},
@@ -218,6 +218,13 @@ fn write(job: &SnapshotJob, metrics: &Metrics) {
     match output::write_snapshot(job) {
         Ok(written) => {
             metrics.decode_duration(backend, written.decode);
+            if written.lost > 0 {
+                let source = match job.snap.meta.backend {
+                    crate::capture::Backend::IntelPt => LossSource::Aux,
+                    crate::capture::Backend::Sampling => LossSource::Perf,
+                };
+                metrics.events_lost(source, written.lost);
+            }
             let since_trigger = crate::sys::monotonic_ns().saturating_sub(job.event.timestamp_ns);
             metrics.snapshot_done(
                 &job.rule,
