@@ -315,18 +315,22 @@ impl Metrics {
             .build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION"), backend])
             .set(1);
-        // Every loss source from the start, at 0: an alert on `increase(...) > 0` needs
-        // the series to exist before the first loss.
-        for source in [LossSource::Ringbuf, LossSource::Perf, LossSource::Aux] {
-            metrics
-                .events_lost
-                .with_label_values(&[source.label()])
-                .inc_by(0);
-        }
+        metrics.init_loss_sources();
         Ok(metrics)
     }
 
+    /// Every loss source from the start, at 0: an alert on `increase(...) > 0` needs the
+    /// series to exist before the first loss.
+    fn init_loss_sources(&self) {
+        for source in [LossSource::Ringbuf, LossSource::Perf, LossSource::Aux] {
+            self.events_lost
+                .with_label_values(&[source.label()])
+                .inc_by(0);
+        }
+    }
+
     /// The registry, for tests and for callers that add their own collectors.
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }

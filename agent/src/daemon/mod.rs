@@ -129,7 +129,7 @@ pub fn run(opts: AgentOptions) -> Result<(), DaemonError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(opts.workers.max(1) + 1)
-        .thread_keep_alive(Duration::from_secs(24 * 3600))
+        .thread_keep_alive(Duration::from_hours(24))
         .build()?;
     runtime.block_on(run_async(opts))
 }
