@@ -330,7 +330,6 @@ impl Metrics {
     }
 
     /// The registry, for tests and for callers that add their own collectors.
-
     pub fn registry(&self) -> &Registry {
         &self.registry
     }

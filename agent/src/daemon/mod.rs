@@ -134,10 +134,6 @@ pub fn run(opts: AgentOptions) -> Result<(), DaemonError> {
     runtime.block_on(run_async(opts))
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "start-up, the one select over every event source, and shutdown read best together"
-)]
 /// At most two glibc malloc arenas: the decode jobs allocate and free tens of megabytes
 /// each; with an arena per thread that high-water mark is kept once per thread (measured:
 /// `cargo xtask soak`, docs/benchmarks.md).
@@ -159,6 +155,10 @@ pub(crate) fn release_freed_memory() {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "start-up, the one select over every event source, and shutdown read best together"
+)]
 async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     let mut config = ConfigFile::new(opts.config.clone());
     let rules = config.load()?;
