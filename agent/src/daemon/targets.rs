@@ -216,8 +216,11 @@ impl Tracer {
             probe_error: None,
         };
         // A function rule that names its binary (or an exe target) is probed right away,
-        // so that processes started later are covered from their first instruction.
+        // so that processes started later are covered from their first instruction. Not
+        // for pod targets: their paths are inside the containers (/proc/PID/root), never
+        // on the agent's own filesystem.
         if let Trigger::Function(f) = &rule.trigger
+            && rule.target.kubernetes.is_none()
             && let Some(binary) = f.binary.clone().or_else(|| rule.target.exe.clone())
             && Path::new(&binary).exists()
         {
