@@ -241,3 +241,23 @@ pub fn symbol_range(
     let start = entry.start + (file_offset - entry.offset);
     Some((start, start + size))
 }
+
+/// Names of loaded BPF programs that belong to lookback (the kernel keeps 15 bytes of a
+/// name), from aya's listing of every program on the machine.
+pub fn lookback_programs() -> Vec<String> {
+    const OURS: [&str; 8] = [
+        "function_entry",
+        "function_return",
+        "sys_enter",
+        "sys_exit",
+        "signal_generate",
+        "process_fork",
+        "process_exec",
+        "process_exit",
+    ];
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_owned))
+        .filter(|n| !n.is_empty() && OURS.iter().any(|o| o.starts_with(n.as_str())))
+        .collect()
+}

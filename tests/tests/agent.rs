@@ -24,7 +24,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lookback_tests::{lookback_bin, workload};
+use lookback_tests::{lookback_bin, lookback_programs, workload};
 
 /// A running `lookback agent` with its log and metrics address.
 struct Agent {
@@ -640,25 +640,6 @@ rules:
     agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 5.0);
     let (status, log) = agent.stop();
     assert!(status.success(), "{status}\n{log}");
-}
-
-/// Names of loaded BPF programs that belong to lookback (names are cut to 15 bytes).
-fn lookback_programs() -> Vec<String> {
-    const OURS: [&str; 8] = [
-        "function_entry",
-        "function_return",
-        "sys_enter",
-        "sys_exit",
-        "signal_generate",
-        "process_fork",
-        "process_exec",
-        "process_exit",
-    ];
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .filter_map(|p| p.name_as_str().map(str::to_owned))
-        .filter(|n| !n.is_empty() && OURS.iter().any(|o| o.starts_with(n.as_str())))
-        .collect()
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use lookback_tests::{DryRun, dry_run, lookback_bin, workload};
+use lookback_tests::{DryRun, dry_run, lookback_bin, lookback_programs, workload};
 
 fn durations_ms(events: &[&serde_json::Value]) -> Vec<f64> {
     events
@@ -212,28 +212,6 @@ fn a_storm_of_a_million_matches_does_not_reach_userspace() {
     assert_eq!(run.counter(0, "met"), 1_000_000);
     assert_eq!(run.counter(0, "suppressed_cooldown"), 999_999);
     assert_eq!(run.counter(0, "lost_ringbuf_full"), 0);
-}
-
-/// Names of loaded BPF programs that belong to lookback.
-fn lookback_programs() -> Vec<String> {
-    const OURS: [&str; 8] = [
-        "function_entry",
-        "function_return",
-        "sys_enter",
-        "sys_exit",
-        "signal_generate",
-        "process_fork",
-        "process_exec",
-        "process_exit",
-    ];
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .filter_map(|p| p.name_as_str().map(str::to_owned))
-        .filter(|n| {
-            OURS.iter()
-                .any(|o| o.starts_with(n.as_str()) && !n.is_empty())
-        })
-        .collect()
 }
 
 fn uprobe_events() -> String {

@@ -189,11 +189,16 @@ impl TriggerEngine {
 
     /// Takes the ring buffer of trigger records (once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, TriggerError> {
+        self.take_ring("EVENTS")
+    }
+
+    /// Takes ring buffer map `name` out of the object (once).
+    fn take_ring(&mut self, name: &'static str) -> Result<RingBuf<MapData>, TriggerError> {
         let map = self
             .ebpf
-            .take_map("EVENTS")
-            .ok_or(TriggerError::MissingMap { name: "EVENTS" })?;
-        RingBuf::try_from(map).map_err(map_err("EVENTS"))
+            .take_map(name)
+            .ok_or(TriggerError::MissingMap { name })?;
+        RingBuf::try_from(map).map_err(map_err(name))
     }
 
     /// Installs a rule: writes it to `RULES`, attaches what it needs (uprobes at `probes`
@@ -300,13 +305,7 @@ impl TriggerEngine {
 
     /// Takes the ring buffer of exec/exit records (once).
     pub fn take_process_events(&mut self) -> Result<RingBuf<MapData>, TriggerError> {
-        let map = self
-            .ebpf
-            .take_map("PROC_EVENTS")
-            .ok_or(TriggerError::MissingMap {
-                name: "PROC_EVENTS",
-            })?;
-        RingBuf::try_from(map).map_err(map_err("PROC_EVENTS"))
+        self.take_ring("PROC_EVENTS")
     }
 
     /// Sets the comms that make a process a target at exec (`EXEC_COMMS`), replacing the
