@@ -222,6 +222,12 @@ impl Agent {
         );
     }
 
+    /// SIGTERM, and the agent must exit 0.
+    fn stop_ok(&mut self) {
+        let (status, log) = self.stop();
+        assert!(status.success(), "{status}\n{log}");
+    }
+
     /// SIGTERM; returns the exit status.
     fn stop(&mut self) -> (std::process::ExitStatus, String) {
         // SAFETY: signalling our own child.
@@ -446,8 +452,7 @@ fn several_rules_and_workloads_give_exact_counts() {
     )
     .expect("JSON");
     assert_eq!(signal_meta["trigger"]["signal"], "SIGUSR1");
-    let (status, log) = agent.stop();
-    assert!(status.success(), "{status}\n{log}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -501,8 +506,7 @@ rules:
             n,
         );
     }
-    let (status, log) = agent.stop();
-    assert!(status.success(), "{status}\n{log}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -558,8 +562,7 @@ rules:
         "a removed rule fires no more"
     );
     assert!(agent.metric("lookback_config_reloads_total", &[("result", "ok")]) >= 2.0);
-    let (status, log) = agent.stop();
-    assert!(status.success(), "{status}\n{log}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -603,8 +606,7 @@ rules:
             "{stem} pruned: {left:?}"
         );
     }
-    let (status, log) = agent.stop();
-    assert!(status.success(), "{status}\n{log}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -638,8 +640,7 @@ rules:
     // Still working: the next triggers are counted too.
     agent.run_workload(&["nanosleep", "2", "2000"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 5.0);
-    let (status, log) = agent.stop();
-    assert!(status.success(), "{status}\n{log}");
+    agent.stop_ok();
 }
 
 #[test]
@@ -824,6 +825,5 @@ rules:
     std::thread::sleep(Duration::from_millis(2500));
     assert!(quick.status().expect("sh").success());
     agent.expect_metric("lookback_triggers_total", &[("rule", "pod-sleeps")], 5.0);
-    let (status, log) = agent.stop();
-    assert!(status.success(), "{status}\n{log}");
+    agent.stop_ok();
 }

@@ -267,12 +267,10 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             _ = tick.tick() => {
                 refresh_metrics(&tracer, &metrics);
                 tracer.poll_recorders();
-                if let Some(p) = pods.as_mut() {
-                    let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
-                    if p.refresh(&rules, false) {
-                        tracer.set_cgroup_targets(p.cgroups());
-                        tracer.rescan();
-                    }
+                if let Some(p) = pods.as_mut()
+                    && sync_pods(p, &mut tracer, false)
+                {
+                    tracer.rescan();
                 }
             }
             _ = config_tick.tick() => {
@@ -285,9 +283,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             _ = rescan.tick() => {
                 if let Some(p) = pods.as_mut() {
                     // Containers that gained their first process since: their cgroups.
-                    let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
-                    p.refresh(&rules, true);
-                    tracer.set_cgroup_targets(p.cgroups());
+                    sync_pods(p, &mut tracer, true);
                 }
                 tracer.rescan();
             }
@@ -331,16 +327,27 @@ fn start_pods(opts: &AgentOptions, rules: &RuleSet, tracer: &mut Tracer) -> Opti
     }
 }
 
+/// Recomputes what the rules select from the pods (when the pods changed, or `force`) and
+/// puts the selected containers' cgroups into the kernel; returns whether it did, so the
+/// caller rescans. Cheap when nothing changed: the rules are only copied when needed.
+fn sync_pods(p: &mut PodSelection, tracer: &mut Tracer, force: bool) -> bool {
+    if !force && !p.pods_changed() {
+        return false;
+    }
+    let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
+    p.refresh(&rules, true);
+    tracer.set_cgroup_targets(p.cgroups());
+    true
+}
+
 /// After a reload: start the pod watcher if a new rule needs it, and recompute what the
 /// rules select.
 fn reload_pods(opts: &AgentOptions, pods: &mut Option<PodSelection>, tracer: &mut Tracer) {
-    let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
     if let Some(p) = pods {
-        if p.refresh(&rules, true) {
-            tracer.set_cgroup_targets(p.cgroups());
-            tracer.rescan();
-        }
+        sync_pods(p, tracer, true);
+        tracer.rescan();
     } else {
+        let rules = tracer.rules().map(|a| a.rule.clone()).collect();
         *pods = start_pods(opts, &RuleSet { rules }, tracer);
         if pods.is_some() {
             tracer.rescan();

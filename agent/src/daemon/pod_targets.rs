@@ -76,6 +76,11 @@ impl PodSelection {
             .any(|r| r.target.kubernetes.as_ref().is_some_and(|k| !k.is_empty()))
     }
 
+    /// Whether the watcher's pod set moved since the last [`refresh`](Self::refresh).
+    pub fn pods_changed(&self) -> bool {
+        self.seen != Some(self.watcher.generation())
+    }
+
     /// Recomputes the selections when the pods changed (or `force`); returns whether they
     /// did, so the caller rescans.
     pub fn refresh(&mut self, rules: &[Rule], force: bool) -> bool {

@@ -168,7 +168,7 @@ fn pod(ns: &str, labels: &[(&str, &str)], containers: &[(&str, Option<&str>)]) -
     }
 }
 
-fn selector(
+pub(super) fn selector(
     ns: Option<&str>,
     labels: &[(&str, &str)],
     container: Option<&str>,

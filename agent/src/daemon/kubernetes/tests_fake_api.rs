@@ -7,7 +7,6 @@
 //! The server answers one request at a time, each only when the test hands it a reply, so
 //! every stage is checked before the watcher can move on.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpListener;
@@ -17,6 +16,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::tests::selector;
 use super::*;
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -302,21 +302,6 @@ fn summary(selector: &KubernetesSelector, pods: &[Pod], host: &HostPaths) -> Sum
         .into_iter()
         .map(|t| (t.pod_name, t.container, t.pids, t.cgroup_ids))
         .collect()
-}
-
-fn selector(
-    ns: Option<&str>,
-    labels: &[(&str, &str)],
-    container: Option<&str>,
-) -> KubernetesSelector {
-    KubernetesSelector {
-        namespace: ns.map(str::to_owned),
-        pod_labels: labels
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect::<BTreeMap<_, _>>(),
-        container: container.map(str::to_owned),
-    }
 }
 
 #[test]
