@@ -115,7 +115,8 @@ fn fxt_trace_has_the_workload_functions_and_the_trigger() {
         }
         for s in slices {
             let name = s["name"].as_str().unwrap_or("");
-            if s["args"]["module"].as_str() == Some(&*bin) {
+            // PLT stubs (`clock_gettime@plt`, sampled now and then) have no source line.
+            if s["args"]["module"].as_str() == Some(&*bin) && !name.ends_with("@plt") {
                 assert!(
                     !name.starts_with("[unknown]"),
                     "unresolved workload address: {s}"

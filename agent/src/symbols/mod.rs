@@ -15,6 +15,8 @@
 //! from there. Results are cached per (module, file offset); misses are counted.
 #![forbid(unsafe_code)]
 
+mod plt;
+
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
@@ -66,6 +68,8 @@ pub struct Symbolizer<'a> {
     cache: HashMap<(String, u64), Rc<Frame>>,
     /// The file blazesym reads for each recorded path (`None`: none found).
     files: HashMap<(u32, String), Option<PathBuf>>,
+    /// The PLT stubs of each file read.
+    plts: HashMap<PathBuf, plt::PltTable>,
     /// Addresses that got no name.
     pub misses: u64,
 }
@@ -115,6 +119,7 @@ impl<'a> Symbolizer<'a> {
             temp_files: Vec::new(),
             cache: HashMap::new(),
             files: HashMap::new(),
+            plts: HashMap::new(),
             misses: 0,
         }
     }
@@ -148,7 +153,9 @@ impl<'a> Symbolizer<'a> {
             file
         };
         let frame = Rc::new(match file {
-            Some(file) => self.symbolize(&file, entry, addr, offset),
+            Some(file) => self
+                .plt_stub(&file, entry, offset)
+                .unwrap_or_else(|| self.symbolize(&file, entry, addr, offset)),
             None => unknown(addr, Some(&entry.path), "file not found".to_owned()),
         });
         if let Some(reason) = &frame.unknown {
@@ -184,6 +191,23 @@ impl<'a> Symbolizer<'a> {
         }
         self.temp_files.push(path.clone());
         Some(path)
+    }
+
+    /// The frame of a PLT stub at `offset` of `file` (`name@plt`), which no symbol covers.
+    fn plt_stub(&mut self, file: &Path, entry: &MapEntry, offset: u64) -> Option<Frame> {
+        let table = self
+            .plts
+            .entry(file.to_owned())
+            .or_insert_with(|| plt::PltTable::read(file));
+        let (name, func_offset) = table.lookup(offset)?;
+        Some(Frame {
+            name: name.to_owned(),
+            module: Some(entry.path.clone()),
+            location: None,
+            unknown: None,
+            inlined: Vec::new(),
+            func_offset: Some(func_offset),
+        })
     }
 
     fn symbolize(&self, file: &Path, entry: &MapEntry, addr: u64, offset: u64) -> Frame {
@@ -291,6 +315,34 @@ mod tests {
         let again = s.frame(std::process::id(), addr);
         assert!(std::rc::Rc::ptr_eq(&frame, &again));
         assert_eq!(s.misses, 0);
+    }
+
+    #[test]
+    fn a_plt_stub_of_this_binary_is_named_after_its_callee() {
+        let maps = [own_maps()];
+        let exe = std::fs::read_link("/proc/self/exe").expect("exe");
+        let exe = exe.to_string_lossy();
+        let table = super::plt::PltTable::read(std::path::Path::new(&*exe));
+        // An executable mapping of this binary and a stub in it.
+        let Some((entry, stub)) = maps[0]
+            .maps
+            .iter()
+            .filter(|m| m.path == exe && m.perms.contains('x'))
+            .find_map(|m| {
+                (m.offset..m.offset + (m.end - m.start))
+                    .step_by(4)
+                    .find(|off| table.lookup(*off).is_some_and(|(n, _)| n.ends_with("@plt")))
+                    .map(|off| (m, off))
+            })
+        else {
+            eprintln!("skipped: this test binary has no PLT");
+            return;
+        };
+        let mut s = Symbolizer::new(&maps, &[]);
+        let frame = s.frame(std::process::id(), entry.start + stub - entry.offset + 2);
+        assert!(frame.name.ends_with("@plt"), "{frame:?}");
+        assert_eq!(frame.func_offset, Some(2));
+        assert!(frame.unknown.is_none() && frame.location.is_none());
     }
 
     #[test]
