@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::io::{self, Write};
+use std::rc::Rc;
 
 use super::{Arg, ArgValue, TraceSink};
 use crate::decode::pt::flow::IpHasher;
@@ -23,6 +24,10 @@ const PROVIDER_NAME: &str = "lookback";
 const MAX_STRING: usize = 32_000;
 const MAX_STRING_INDEX: u16 = 0x7fff;
 const MAX_THREAD_INDEX: u8 = 0xff;
+/// At most this many args fit an event record's header.
+const MAX_ARGS: usize = 15;
+/// Slots of the recently-interned-strings cache (a power of two).
+const RECENT: usize = 256;
 
 const RECORD_METADATA: u64 = 0;
 const RECORD_INITIALIZATION: u64 = 1;
@@ -61,11 +66,33 @@ fn words(len: usize) -> u64 {
     len.div_ceil(8) as u64
 }
 
+/// A string interned lately, found again by the address of the caller's `&str`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Recent {
+    ptr: usize,
+    len: usize,
+    index: u16,
+    generation: u64,
+}
+
+/// The `recent` slot of `s`, by its address: names of a PT trace are shared strings, so the
+/// same name comes back from the same address.
+fn recent_slot(s: &str) -> usize {
+    let ptr = s.as_ptr() as usize;
+    ((ptr >> 3) ^ (ptr >> 11) ^ s.len()) & (RECENT - 1)
+}
+
 /// Streams FXT records to `W`.
 pub struct FxtWriter<W: Write> {
     out: W,
     /// The fast hash of the decoder's block cache: a PT trace interns a name per slice.
-    strings: HashMap<String, u16, BuildHasherDefault<IpHasher>>,
+    strings: HashMap<Rc<str>, u16, BuildHasherDefault<IpHasher>>,
+    /// The string of each index of the current table (index 0: the empty string).
+    texts: Vec<Rc<str>>,
+    /// A cache in front of `strings`: an event interns 3–7 strings (name, category, args)
+    /// and hashing them was the writer's largest cost. A hit is verified against `texts`,
+    /// so a reused address never yields a wrong index.
+    recent: Box<[Recent; RECENT]>,
     next_string: u16,
     /// Bumped each time the string table is refilled.
     generation: u64,
@@ -79,6 +106,8 @@ impl<W: Write> FxtWriter<W> {
         let mut w = Self {
             out,
             strings: HashMap::default(),
+            texts: vec!["".into()],
+            recent: Box::new([Recent::default(); RECENT]),
             next_string: 1,
             generation: 0,
             threads: HashMap::default(),
@@ -116,12 +145,34 @@ impl<W: Write> FxtWriter<W> {
         if s.is_empty() {
             return Ok(0);
         }
+        let slot = recent_slot(s);
+        let hit = self.recent[slot];
+        if hit.ptr == s.as_ptr() as usize
+            && hit.len == s.len()
+            && hit.generation == self.generation
+            && self
+                .texts
+                .get(usize::from(hit.index))
+                .is_some_and(|t| **t == *s)
+        {
+            return Ok(hit.index);
+        }
+        let remember = |w: &mut Self, index| {
+            w.recent[slot] = Recent {
+                ptr: s.as_ptr() as usize,
+                len: s.len(),
+                index,
+                generation: w.generation,
+            };
+        };
         if let Some(&i) = self.strings.get(s) {
+            remember(self, i);
             return Ok(i);
         }
         if self.next_string > MAX_STRING_INDEX {
             // Table full: start over; records after this refer to the new definitions.
             self.strings.clear();
+            self.texts.truncate(1);
             self.next_string = 1;
             self.generation += 1;
         }
@@ -133,7 +184,10 @@ impl<W: Write> FxtWriter<W> {
             | ((s.len() as u64) << 32);
         self.word(header)?;
         self.padded(s.as_bytes())?;
-        self.strings.insert(s.to_owned(), index);
+        let text: Rc<str> = s.into();
+        self.texts.push(Rc::clone(&text));
+        self.strings.insert(text, index);
+        remember(self, index);
         Ok(index)
     }
 
@@ -159,12 +213,13 @@ impl<W: Write> FxtWriter<W> {
         Ok(index)
     }
 
-    /// Interns the names of `args`, returning them with their size in words.
-    fn intern_args(&mut self, args: &[Arg<'_>]) -> io::Result<(Vec<u16>, u64)> {
-        let mut names = Vec::with_capacity(args.len());
+    /// Interns the names of `args` (at most [`MAX_ARGS`]), returning them with their size
+    /// in words.
+    fn intern_args(&mut self, args: &[Arg<'_>]) -> io::Result<([u16; MAX_ARGS], u64)> {
+        let mut names = [0; MAX_ARGS];
         let mut size = 0;
-        for arg in args {
-            names.push(self.string(arg.name)?);
+        for (arg, slot) in args.iter().zip(&mut names) {
+            *slot = self.string(arg.name)?;
             if let ArgValue::Str(s) = &arg.value {
                 self.string(s)?;
             }
@@ -210,8 +265,8 @@ impl<W: Write> FxtWriter<W> {
         name: &str,
         args: &[Arg<'_>],
     ) -> io::Result<()> {
-        // At most 15 args fit the header; more are dropped (none of ours has that many).
-        let args = &args[..args.len().min(15)];
+        // More args than the header holds are dropped (none of ours has that many).
+        let args = &args[..args.len().min(MAX_ARGS)];
         let thread = self.thread(pid, tid)?;
         // Intern until no refill of the string table happened in between, so every index
         // this record uses is current.
@@ -397,6 +452,22 @@ mod tests {
             at += size;
         }
         names
+    }
+
+    #[test]
+    fn a_reused_string_buffer_with_new_text_is_a_new_string() {
+        let mut w = FxtWriter::new(Vec::new()).unwrap();
+        // Same address and length, different text: the recent-strings cache must not
+        // answer with the first string's index.
+        let mut buf = String::from("alpha");
+        w.instant((1, 1), 1, &buf, &[]).unwrap();
+        buf.replace_range(.., "omega");
+        w.instant((1, 1), 2, &buf, &[]).unwrap();
+        w.instant((1, 1), 3, &buf, &[]).unwrap();
+        let copy = String::from("alpha");
+        w.instant((1, 1), 4, &copy, &[]).unwrap();
+        let words = u64s(&w.into_inner().unwrap());
+        assert_eq!(event_names(&words), ["alpha", "omega", "omega", "alpha"]);
     }
 
     #[test]

@@ -313,14 +313,19 @@ impl<S: TraceSink> TrackWriter<'_, '_, S> {
             return self.sink.begin(self.key, ts, name, &[]);
         };
         let func = self.lookup.borrow_mut().func(self.pid, *start);
-        let mut args = vec![Arg::new("address", ArgValue::Pointer(*start))];
+        // No allocation per slice: a PT trace has a slice per call.
+        let address = Arg::new("address", ArgValue::Pointer(*start));
+        let mut args = [address.clone(), address.clone(), address];
+        let mut n = 1;
         if let Some(loc) = func.as_ref().and_then(|f| f.location.as_deref()) {
-            args.push(Arg::new("location", ArgValue::Str(loc)));
+            args[n] = Arg::new("location", ArgValue::Str(loc));
+            n += 1;
         }
         if let Some(module) = func.as_ref().and_then(|f| f.module.as_deref()) {
-            args.push(Arg::new("module", ArgValue::Str(module)));
+            args[n] = Arg::new("module", ArgValue::Str(module));
+            n += 1;
         }
-        self.sink.begin(self.key, ts, name, &args)
+        self.sink.begin(self.key, ts, name, &args[..n])
     }
 }
 
