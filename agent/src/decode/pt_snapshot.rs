@@ -260,7 +260,8 @@ impl Timeline {
             .collect()
     }
 
-    /// The thread that ran at `tsc`.
+    /// The thread that ran at `tsc`, by a search of its own (the reference for `span`).
+    #[cfg(test)]
     fn at(&self, tsc: u64) -> Option<Thread> {
         let index = self.entries.partition_point(|e| e.0 <= tsc);
         match index.checked_sub(1).map(|i| self.entries[i]) {
@@ -271,6 +272,23 @@ impl Timeline {
                 .find_map(|e| e.1)
                 .or(self.initial),
         }
+    }
+
+    /// The thread that ran at `tsc`, and the TSC range `[lo, hi)` where the same thread ran
+    /// (so a run of branches needs one search).
+    fn span(&self, tsc: u64) -> (u64, u64, Option<Thread>) {
+        let index = self.entries.partition_point(|e| e.0 <= tsc);
+        let lo = index.checked_sub(1).map_or(0, |i| self.entries[i].0);
+        let hi = self.entries.get(index).map_or(u64::MAX, |e| e.0);
+        let thread = match index.checked_sub(1).map(|i| self.entries[i]) {
+            None => self.initial,
+            Some((_, Some(thread))) => Some(thread),
+            Some((_, None)) => self.entries[index..]
+                .iter()
+                .find_map(|e| e.1)
+                .or(self.initial),
+        };
+        (lo, hi, thread)
     }
 }
 
@@ -513,6 +531,8 @@ pub fn decode(
             pending: Vec::new(),
             last: None,
             untimed: 0,
+            span: (0, 0, None),
+            seen_last: None,
         };
         for event in Branches::new(&ring.data, image.as_ref(), config) {
             summary.branches += 1;
@@ -556,12 +576,22 @@ struct RingDecode<'a, S> {
     /// The thread and time of the last timed branch.
     last: Option<(Option<Thread>, u64)>,
     untimed: u64,
+    /// The last [`Timeline::span`]: the thread of every TSC in `[.0, .1)`.
+    span: (u64, u64, Option<Thread>),
+    /// The track last added to `seen`.
+    seen_last: Option<Track>,
 }
 
 impl<S: BranchSink> RingDecode<'_, S> {
-    fn track(&self, event: &BranchEvent) -> Track {
+    fn track(&mut self, event: &BranchEvent) -> Track {
         let thread = if event.has_tsc {
-            self.timeline.at(event.tsc)
+            let (lo, hi, thread) = self.span;
+            if (lo..hi).contains(&event.tsc) {
+                thread
+            } else {
+                self.span = self.timeline.span(event.tsc);
+                self.span.2
+            }
         } else {
             self.last.map_or(self.timeline.initial, |l| l.0)
         };
@@ -626,7 +656,10 @@ impl<S: BranchSink> RingDecode<'_, S> {
 
     fn store(&mut self, track: Track, branch: Branch) {
         self.switch_outs(branch.time_ns);
-        self.seen.insert(track);
+        if self.seen_last != Some(track) {
+            self.seen.insert(track);
+            self.seen_last = Some(track);
+        }
         self.deliver(track, branch);
     }
 

@@ -47,6 +47,15 @@ fn threads_follow_itrace_start_and_switches() {
         "switched out: the next one in"
     );
     assert_eq!(line.at(350), Some((10, 12)));
+    // Every TSC's span holds it, and the whole span has the thread of that TSC.
+    for tsc in 0..400 {
+        let (lo, hi, thread) = line.span(tsc);
+        assert!((lo..hi).contains(&tsc), "{tsc} in [{lo}, {hi})");
+        assert_eq!(thread, line.at(tsc));
+        for other in [lo, hi.min(400) - 1] {
+            assert_eq!(line.at(other), thread, "{other} in the span of {tsc}");
+        }
+    }
     assert_eq!(
         line.comms.get(&(10, 11)).map(String::as_str),
         Some("worker")

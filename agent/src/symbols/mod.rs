@@ -47,6 +47,9 @@ pub struct Frame {
     /// How far the address is past the function's first byte, when the symbol says
     /// (branch-event stacks tell a call of a function from a jump inside it with it).
     pub func_offset: Option<u64>,
+    /// The function's size in bytes, when the symbol says: every address of
+    /// `[addr - func_offset, + func_size)` is in the same function.
+    pub func_size: Option<u64>,
 }
 
 /// `file:line` (or just the file) of a code location.
@@ -86,6 +89,7 @@ fn unknown(addr: u64, module: Option<&str>, reason: String) -> Frame {
         unknown: Some(reason),
         inlined: Vec::new(),
         func_offset: None,
+        func_size: None,
     }
 }
 
@@ -199,7 +203,7 @@ impl<'a> Symbolizer<'a> {
             .plts
             .entry(file.to_owned())
             .or_insert_with(|| plt::PltTable::read(file));
-        let (name, func_offset) = table.lookup(offset)?;
+        let (name, func_offset, size) = table.lookup(offset)?;
         Some(Frame {
             name: name.to_owned(),
             module: Some(entry.path.clone()),
@@ -207,6 +211,7 @@ impl<'a> Symbolizer<'a> {
             unknown: None,
             inlined: Vec::new(),
             func_offset: Some(func_offset),
+            func_size: Some(size),
         })
     }
 
@@ -229,6 +234,7 @@ impl<'a> Symbolizer<'a> {
                         unknown: None,
                         inlined: Vec::new(),
                         func_offset: None,
+                        func_size: None,
                     })
                     .collect();
                 Frame {
@@ -238,6 +244,7 @@ impl<'a> Symbolizer<'a> {
                     unknown: None,
                     inlined,
                     func_offset: Some(sym.offset as u64),
+                    func_size: sym.size.map(|size| size as u64),
                 }
             }
             Ok(Some(Symbolized::Unknown(reason))) => {
@@ -331,7 +338,11 @@ mod tests {
             .find_map(|m| {
                 (m.offset..m.offset + (m.end - m.start))
                     .step_by(4)
-                    .find(|off| table.lookup(*off).is_some_and(|(n, _)| n.ends_with("@plt")))
+                    .find(|off| {
+                        table
+                            .lookup(*off)
+                            .is_some_and(|(n, _, _)| n.ends_with("@plt"))
+                    })
                     .map(|off| (m, off))
             })
         else {

@@ -109,8 +109,8 @@ impl PltTable {
         Some(Self { entries, segments })
     }
 
-    /// The stub at file offset `offset`: its name and how far `offset` is into it.
-    pub fn lookup(&self, offset: u64) -> Option<(&str, u64)> {
+    /// The stub at file offset `offset`: its name, how far `offset` is into it, its size.
+    pub fn lookup(&self, offset: u64) -> Option<(&str, u64, u64)> {
         let addr = self
             .segments
             .iter()
@@ -118,7 +118,13 @@ impl PltTable {
             .map(|(off, _, vaddr)| offset - off + vaddr)?;
         let i = self.entries.partition_point(|e| e.start <= addr);
         let entry = self.entries.get(i.checked_sub(1)?)?;
-        (addr < entry.end).then(|| (entry.name.as_str(), addr - entry.start))
+        (addr < entry.end).then(|| {
+            (
+                entry.name.as_str(),
+                addr - entry.start,
+                entry.end - entry.start,
+            )
+        })
     }
 }
 
@@ -222,11 +228,14 @@ mod tests {
                     .map(|(off, _, vaddr)| addr - vaddr + off)
                     .expect("address in a segment");
                 assert_eq!(
-                    table.lookup(off),
+                    table.lookup(off).map(|(n, o, _)| (n, o)),
                     Some((name.as_str(), 0)),
                     "{lib} {addr:#x}"
                 );
-                assert_eq!(table.lookup(off + 6), Some((name.as_str(), 6)));
+                assert_eq!(
+                    table.lookup(off + 6).map(|(n, o, _)| (n, o)),
+                    Some((name.as_str(), 6))
+                );
                 checked += 1;
             }
             // PLT0 (the lazy resolver's trampoline) has no callee.

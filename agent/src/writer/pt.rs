@@ -36,6 +36,8 @@ use crate::symbols::Symbolizer;
 struct Func {
     name: Rc<str>,
     start: u64,
+    /// One past the last byte, when the symbol has a size.
+    end: Option<u64>,
     module: Option<String>,
     location: Option<String>,
 }
@@ -45,7 +47,18 @@ struct Lookup<'a> {
     symbols: Symbolizer<'a>,
     snap: &'a Snapshot,
     cache: HashMap<(u32, u64), Option<Rc<Func>>, BuildHasherDefault<IpHasher>>,
+    /// The functions found lately, by address range (pid, start, end): every jump needs
+    /// the function of both its ends, and nearly all stay in a few hot functions, where a
+    /// range check is cheaper than hashing each address.
+    recent: [Option<FuncRange>; RECENT_FUNCS],
+    next_recent: usize,
 }
+
+/// A function of a process and its address range: (pid, start, end, function).
+type FuncRange = (u32, u64, u64, Rc<Func>);
+
+/// How many function ranges [`Lookup`] keeps at hand.
+const RECENT_FUNCS: usize = 4;
 
 impl Lookup<'_> {
     /// The process a track's addresses belong to: its own, or for a CPU track the one
@@ -70,9 +83,11 @@ impl Lookup<'_> {
             .func_offset
             .filter(|_| frame.unknown.is_none())
             .map(|offset| {
+                let start = addr.wrapping_sub(offset);
                 Rc::new(Func {
                     name: frame.name.as_str().into(),
-                    start: addr.wrapping_sub(offset),
+                    start,
+                    end: frame.func_size.map(|size| start.saturating_add(size)),
                     module: frame.module.clone(),
                     location: frame.location.clone(),
                 })
@@ -81,8 +96,29 @@ impl Lookup<'_> {
         func
     }
 
+    /// The function `addr` is in, as [`Lookup::func`] but from the recent ranges when one
+    /// holds `addr`: only its name, start and module are `addr`'s (the location may be of
+    /// another address of the function).
+    fn func_of(&mut self, pid: Option<u32>, addr: u64) -> Option<Rc<Func>> {
+        let pid = self.pid_of(pid, addr)?;
+        if let Some((.., func)) = self
+            .recent
+            .iter()
+            .flatten()
+            .find(|(p, start, end, _)| *p == pid && (*start..*end).contains(&addr))
+        {
+            return Some(Rc::clone(func));
+        }
+        let func = self.func(Some(pid), addr)?;
+        if let Some(end) = func.end.filter(|&end| end > func.start) {
+            self.recent[self.next_recent] = Some((pid, func.start, end, Rc::clone(&func)));
+            self.next_recent = (self.next_recent + 1) % RECENT_FUNCS;
+        }
+        Some(func)
+    }
+
     fn symbol(&mut self, pid: Option<u32>, addr: u64) -> Option<Symbol> {
-        self.func(pid, addr).map(|f| Symbol {
+        self.func_of(pid, addr).map(|f| Symbol {
             name: Rc::clone(&f.name),
             start: f.start,
         })
@@ -95,10 +131,10 @@ impl Lookup<'_> {
             return true;
         }
         let pid = track_pid(track);
-        let Some(to) = self.func(pid, event.to) else {
+        let Some(to) = self.func_of(pid, event.to) else {
             return false;
         };
-        self.func(pid, event.from)
+        self.func_of(pid, event.from)
             .is_none_or(|from| from.start != to.start)
     }
 }
@@ -201,6 +237,8 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         symbols: Symbolizer::new(&snap.maps, &snap.code),
         snap,
         cache: HashMap::default(),
+        recent: Default::default(),
+        next_recent: 0,
     });
     let mut stacks = Stacks {
         lookup: &lookup,
