@@ -6,7 +6,9 @@
 //! given by `--raw FILE[:OFFSET[-END]]:ADDR`. Its debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
 //! `--ptxed` (instructions and events, like Intel's `ptxed --no-inst`) and `--stats`
 //! (counts and throughput, like `ptxed --stat --stat:insn`). Without a mode, the branch
-//! events are listed. Options of Intel's tools go after `--`.
+//! events are listed. Options of Intel's tools go after `--`, perf sideband among them
+//! (`--pevent:primary FILE`, `--sb:compact` ...; with `--ptxed` the files its MMAP
+//! records name are read relative to the current directory, as ptxed does).
 
 use std::fmt;
 use std::fs;
@@ -18,14 +20,15 @@ use std::time::Instant;
 use anyhow::Context as _;
 use clap::Args;
 
+use super::pt_files::{FileLoader, kernel_image, read_pevent};
 use super::{CliError, CliResult};
 use crate::decode::pt::branches::{BranchKind, Branches, DecodeCounts};
 use crate::decode::pt::decoder::PacketDecoder;
 use crate::decode::pt::image::{Image, RawSpec};
 use crate::decode::pt::pevent::SidebandStream;
 use crate::decode::pt::ptdump::ptdump_with_sideband;
-use crate::decode::pt::ptdump_opts::PtdumpOptions;
-use crate::decode::pt::ptxed::ptxed;
+use crate::decode::pt::ptdump_opts::{PeventFile, PtdumpOptions};
+use crate::decode::pt::ptxed::{Sideband, ptxed_with_sideband};
 use crate::decode::pt::ptxed_opts::PtxedOptions;
 use crate::decode::pt::{Cpu, Errata};
 
@@ -214,9 +217,9 @@ pub fn run(args: &DecodeArgs) -> CliResult {
         return run_ptdump(&trace, args);
     }
     let mut opts = PtxedOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
-    if !opts.pevent.is_empty() {
+    if !opts.pevent.is_empty() && !args.ptxed {
         return Err(CliError::usage(anyhow::anyhow!(
-            "perf sideband (--pevent) is only supported with --ptdump so far"
+            "perf sideband (--pevent) is only supported with --ptdump and --ptxed"
         )));
     }
     let mut specs = Vec::new();
@@ -230,10 +233,7 @@ pub fn run(args: &DecodeArgs) -> CliResult {
         image.add(&spec.path, spec.slice(&bytes).to_vec(), spec.addr);
     }
     if args.ptxed {
-        let mut out = stdout();
-        let result = ptxed(&trace, &image, &opts, &mut out).map(|_| ());
-        finish(out, result)?;
-        return Ok(ExitCode::SUCCESS);
+        return run_ptxed(&trace, &image, &opts);
     }
     if let Some(cpu) = opts.cpu {
         opts.flow.events.timing.errata = Errata::for_cpu(cpu).map_err(CliError::usage)?;
@@ -245,31 +245,55 @@ pub fn run(args: &DecodeArgs) -> CliResult {
     }
 }
 
-fn run_ptdump(trace: &[u8], args: &DecodeArgs) -> CliResult {
-    let (opts, files) = PtdumpOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
-    let mut data = Vec::new();
-    for file in &files {
-        let bytes = read(Path::new(&file.path))?;
-        let from = usize::try_from(file.range.0)
-            .unwrap_or(usize::MAX)
-            .min(bytes.len());
-        let to = file
-            .range
-            .1
-            .map_or(bytes.len(), |to| usize::try_from(to).unwrap_or(usize::MAX))
-            .clamp(from, bytes.len());
-        data.push(bytes[from..to].to_vec());
-    }
-    let streams = files
+/// The sideband files of the command line, loaded (relative to the current directory).
+fn read_sideband(files: &[PeventFile]) -> Result<Vec<Vec<u8>>, CliError> {
+    files
         .iter()
-        .zip(&data)
+        .map(|file| {
+            read_pevent(Path::new("."), file)
+                .with_context(|| format!("reading {}", file.path))
+                .map_err(CliError::runtime)
+        })
+        .collect()
+}
+
+fn sideband_streams<'a>(files: &[PeventFile], data: &'a [Vec<u8>]) -> Vec<SidebandStream<'a>> {
+    files
+        .iter()
+        .zip(data)
         .map(|(file, data)| SidebandStream {
             name: file.path.clone(),
             data,
             config: file.config.clone(),
             primary: file.primary,
         })
-        .collect();
+        .collect()
+}
+
+fn run_ptxed(trace: &[u8], image: &Image, opts: &PtxedOptions) -> CliResult {
+    let data = read_sideband(&opts.pevent)?;
+    let loader = FileLoader {
+        root: PathBuf::from("."),
+    };
+    let sideband = if opts.pevent.is_empty() {
+        None
+    } else {
+        Some(Sideband {
+            streams: sideband_streams(&opts.pevent, &data),
+            kernel: kernel_image(Path::new("."), &opts.kcore).map_err(CliError::runtime)?,
+            loader: &loader,
+        })
+    };
+    let mut out = stdout();
+    let result = ptxed_with_sideband(trace, image, sideband, opts, &mut out).map(|_| ());
+    finish(out, result)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_ptdump(trace: &[u8], args: &DecodeArgs) -> CliResult {
+    let (opts, files) = PtdumpOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
+    let data = read_sideband(&files)?;
+    let streams = sideband_streams(&files, &data);
     let mut out = stdout();
     let result = ptdump_with_sideband(trace, streams, &opts, &mut out);
     finish(out, result)?;

@@ -10,6 +10,7 @@ pub mod agent;
 pub mod check;
 pub mod decode;
 mod live;
+pub mod pt_files;
 mod record;
 pub mod rules;
 pub mod run;

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use super::pevent::SidebandStream;
 use super::ptdump::ptdump_with_sideband;
 use super::ptdump_opts::PtdumpOptions;
+use crate::cli::pt_files::read_pevent;
 
 /// Cases deliberately not run, each with its reason.
 const SKIPPED: &[(&str, &str)] = &[];
@@ -83,28 +84,15 @@ fn run_case(suite: &Path, name: &str, args: &[String]) -> Result<String, String>
     let (opts, pevent) = PtdumpOptions::from_args(args).map_err(|e| format!("options: {e}"))?;
     let trace =
         fs::read(suite.join(format!("{name}.pt"))).map_err(|e| format!("{name}.pt: {e}"))?;
-    let sb_data: Vec<(String, Vec<u8>)> = pevent
+    let sb_data = pevent
         .iter()
-        .map(|f| {
-            let bytes = fs::read(suite.join(&f.path)).map_err(|e| format!("{}: {e}", f.path))?;
-            let from = usize::try_from(f.range.0)
-                .unwrap_or(usize::MAX)
-                .min(bytes.len());
-            let to = f
-                .range
-                .1
-                .map_or(bytes.len(), |to| usize::try_from(to).unwrap_or(usize::MAX));
-            Ok((
-                f.path.clone(),
-                bytes[from..to.min(bytes.len()).max(from)].to_vec(),
-            ))
-        })
-        .collect::<Result<_, String>>()?;
+        .map(|f| read_pevent(suite, f).map_err(|e| format!("{}: {e}", f.path)))
+        .collect::<Result<Vec<_>, String>>()?;
     let streams = pevent
         .iter()
         .zip(&sb_data)
-        .map(|(f, (path, data))| SidebandStream {
-            name: path.clone(),
+        .map(|(f, data)| SidebandStream {
+            name: f.path.clone(),
             data,
             config: f.config.clone(),
             primary: f.primary,

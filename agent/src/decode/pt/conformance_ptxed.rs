@@ -2,8 +2,9 @@
 //!
 //! In: `../shared/corpus/libipt/{core,pevent}` (or `$LOOKBACK_SHARED_DIR/corpus/libipt`):
 //! for each test `NAME`, the trace `NAME.pt`, the code `NAME.bin` mapped at the `org`
-//! of `MANIFEST.tsv`, the ptxed options of its fifth column, and the expectations
-//! `NAME-ptxed.exp` / `NAME-ptxed-cpu_F_M[_S].exp`. Out: pass counts on stdout (also one
+//! of `MANIFEST.tsv`, the ptxed options of its fifth column, its perf sideband files
+//! `NAME-pevent-<prio>,<k=v,...>.sb` (whose MMAP records map files of the suite), and
+//! the expectations `NAME-ptxed.exp` / `NAME-ptxed-cpu_F_M[_S].exp`. Out: pass counts on stdout (also one
 //! for ptdump and ptxed together), a short diff per failure, and a failed assertion when
 //! more cases fail than [`ALLOWED_FAILURES`] (a ratchet that only goes down).
 
@@ -12,20 +13,15 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::Path;
 
-use super::conformance::{corpus_dir, has_extension, normalize, short_diff};
+use super::conformance::{corpus_dir, has_extension, normalize, short_diff, sideband_args};
 use super::image::Image;
-use super::ptxed::ptxed;
+use super::pevent::SidebandStream;
+use super::ptxed::{Sideband, ptxed_with_sideband};
 use super::ptxed_opts::PtxedOptions;
+use crate::cli::pt_files::{FileLoader, kernel_image, read_pevent};
 
 /// Cases deliberately not run, each with its reason.
 const SKIPPED: &[(&str, &str)] = &[];
-
-/// Suites whose ptxed cases are skipped as a whole, with the reason.
-const SKIPPED_SUITES: &[(&str, &str)] = &[(
-    "pevent",
-    "perf sideband sessions (process images from MMAP records, context switches) are not \
-     implemented in the ptxed driver yet",
-)];
 
 /// The most failures tolerated; lower it as cases get fixed.
 const ALLOWED_FAILURES: usize = 0;
@@ -57,8 +53,36 @@ fn run_case(suite: &Path, name: &str, args: &[String]) -> Result<String, String>
         let bytes = fs::read(suite.join(&raw.path)).map_err(|e| format!("{}: {e}", raw.path))?;
         image.add(&raw.path, raw.slice(&bytes).to_vec(), raw.addr);
     }
+    let data = opts
+        .pevent
+        .iter()
+        .map(|f| read_pevent(suite, f).map_err(|e| format!("{}: {e}", f.path)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let loader = FileLoader {
+        root: suite.to_owned(),
+    };
+    let sideband = if opts.pevent.is_empty() {
+        None
+    } else {
+        Some(Sideband {
+            streams: opts
+                .pevent
+                .iter()
+                .zip(&data)
+                .map(|(f, data)| SidebandStream {
+                    name: f.path.clone(),
+                    data,
+                    config: f.config.clone(),
+                    primary: f.primary,
+                })
+                .collect(),
+            kernel: kernel_image(suite, &opts.kcore).map_err(|e| format!("{e:#}"))?,
+            loader: &loader,
+        })
+    };
     let mut out = String::new();
-    ptxed(&trace, &image, &opts, &mut out).map_err(|e| format!("write: {e}"))?;
+    ptxed_with_sideband(&trace, &image, sideband, &opts, &mut out)
+        .map_err(|e| format!("write: {e}"))?;
     Ok(out)
 }
 
@@ -79,11 +103,7 @@ fn run_suite(corpus: &Path, suite_name: &str, report: &mut String) -> (usize, us
             continue;
         };
         let (name, variant) = (&stem[..at], &stem[at + "-ptxed".len()..]);
-        let skip = SKIPPED
-            .iter()
-            .find(|(case, _)| *case == stem)
-            .or_else(|| SKIPPED_SUITES.iter().find(|(s, _)| *s == suite_name));
-        if let Some((_, why)) = skip {
+        if let Some((_, why)) = SKIPPED.iter().find(|(case, _)| *case == stem) {
             println!("  skip {suite_name}/{stem}: {why}");
             skipped += 1;
             continue;
@@ -96,6 +116,9 @@ fn run_suite(corpus: &Path, suite_name: &str, report: &mut String) -> (usize, us
         args.extend(["--raw".to_owned(), format!("{name}.bin:{org}")]);
         args.extend(["--no-inst".to_owned(), "--check".to_owned()]);
         args.extend(opts.split_whitespace().map(str::to_owned));
+        for (_, sb) in sideband_args(&suite, name) {
+            args.extend(sb);
+        }
         let expected = normalize(&fs::read_to_string(suite.join(&exp)).expect("read .exp"));
         match run_case(&suite, name, &args) {
             Ok(out) if normalize(&out) == expected => passed += 1,

@@ -8,8 +8,9 @@
 //! [`insn`] decodes from an [`image`], return compression, errata, a block cache), and
 //! what later stages consume: [`branches`] (calls, returns, jumps, far transfers,
 //! interrupts, trace start/stop/gap, errors, with time). `ptdump`- and `ptxed`-style
-//! text dumps ([`ptdump`], [`ptxed`]) are checked against Intel libipt's conformance
-//! corpus.
+//! text dumps ([`ptdump`], [`ptxed`]; the latter with perf sideband through
+//! [`sb_session`]: process images from MMAP records, switched at execs and context
+//! switches) are checked against Intel libipt's conformance corpus.
 //!
 //! Everything here is sans-IO: callers hand in byte slices and an [`ImageProvider`]
 //! for code bytes, and get values back.
@@ -34,10 +35,14 @@ pub mod last_ip;
 pub mod packet;
 pub mod parse;
 pub mod pevent;
+pub mod pevent_body;
 pub mod ptdump;
 pub mod ptdump_opts;
 pub mod ptxed;
 pub mod ptxed_opts;
+pub mod sb_context;
+mod sb_location;
+pub mod sb_session;
 pub mod sync;
 pub mod timing;
 

@@ -12,23 +12,23 @@ use std::fmt;
 use super::clock::TscConversion;
 use super::ptdump_opts::SidebandFlags;
 
-const PERF_RECORD_MMAP: u32 = 1;
-const PERF_RECORD_LOST: u32 = 2;
-const PERF_RECORD_COMM: u32 = 3;
+pub(super) const PERF_RECORD_MMAP: u32 = 1;
+pub(super) const PERF_RECORD_LOST: u32 = 2;
+pub(super) const PERF_RECORD_COMM: u32 = 3;
 const PERF_RECORD_EXIT: u32 = 4;
 const PERF_RECORD_THROTTLE: u32 = 5;
 const PERF_RECORD_UNTHROTTLE: u32 = 6;
-const PERF_RECORD_FORK: u32 = 7;
-const PERF_RECORD_MMAP2: u32 = 10;
-const PERF_RECORD_AUX: u32 = 11;
-const PERF_RECORD_ITRACE_START: u32 = 12;
+pub(super) const PERF_RECORD_FORK: u32 = 7;
+pub(super) const PERF_RECORD_MMAP2: u32 = 10;
+pub(super) const PERF_RECORD_AUX: u32 = 11;
+pub(super) const PERF_RECORD_ITRACE_START: u32 = 12;
 const PERF_RECORD_LOST_SAMPLES: u32 = 13;
-const PERF_RECORD_SWITCH: u32 = 14;
-const PERF_RECORD_SWITCH_CPU_WIDE: u32 = 15;
+pub(super) const PERF_RECORD_SWITCH: u32 = 14;
+pub(super) const PERF_RECORD_SWITCH_CPU_WIDE: u32 = 15;
 
-const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
-const PERF_RECORD_MISC_SWITCH_OUT: u16 = 1 << 13;
-const PERF_AUX_FLAG_TRUNCATED: u64 = 1;
+pub(super) const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
+pub(super) const PERF_RECORD_MISC_SWITCH_OUT: u16 = 1 << 13;
+pub(super) const PERF_AUX_FLAG_TRUNCATED: u64 = 1;
 
 const PERF_SAMPLE_TID: u64 = 1 << 1;
 const PERF_SAMPLE_TIME: u64 = 1 << 2;
@@ -47,8 +47,16 @@ pub struct PeventConfig {
     pub time_mult: u32,
     /// Show records this many TSC ticks earlier.
     pub tsc_offset: u64,
-    /// Where the kernel starts (used by the flow layer, not for printing).
+    /// Where the kernel starts: ptxed's sideband session applies context switches at
+    /// addresses from here on (`u64::MAX`, libipt's default: all code is user code).
     pub kernel_start: u64,
+    /// Prepended to the file names of MMAP records (`--pevent:sysroot`).
+    pub sysroot: Option<String>,
+    /// The files mapped for `[vdso]` in 64-bit, x32 and 32-bit processes
+    /// (`--pevent:vdso-x64`, `--pevent:vdso-x32`, `--pevent:vdso-ia32`).
+    pub vdso_x64: Option<String>,
+    pub vdso_x32: Option<String>,
+    pub vdso_ia32: Option<String>,
 }
 
 impl Default for PeventConfig {
@@ -59,7 +67,11 @@ impl Default for PeventConfig {
             time_shift: 0,
             time_mult: 1,
             tsc_offset: 0,
-            kernel_start: 0,
+            kernel_start: u64::MAX,
+            sysroot: None,
+            vdso_x64: None,
+            vdso_x32: None,
+            vdso_ia32: None,
         }
     }
 }
@@ -127,18 +139,18 @@ pub struct PerfRecord<'a> {
     pub tsc: u64,
 }
 
-fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+pub(super) fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
     let b = bytes.get(at..at.checked_add(4)?)?;
     Some(u32::from_le_bytes(b.try_into().ok()?))
 }
 
-fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
+pub(super) fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
     let b = bytes.get(at..at.checked_add(8)?)?;
     Some(u64::from_le_bytes(b.try_into().ok()?))
 }
 
 /// The NUL-terminated string at `at` and the 8-byte aligned space it takes.
-fn c_string(bytes: &[u8], at: usize) -> Result<(&[u8], usize), PeventError> {
+pub(super) fn c_string(bytes: &[u8], at: usize) -> Result<(&[u8], usize), PeventError> {
     let tail = bytes.get(at..).ok_or(PeventError::BadString)?;
     let len = tail
         .iter()
@@ -452,17 +464,38 @@ pub struct SidebandStream<'a> {
     pub primary: bool,
 }
 
-/// One stream and its next record.
-struct Cursor<'a> {
-    stream: SidebandStream<'a>,
+/// What reading a stream's next record gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fetched {
+    Record,
+    /// The stream ended cleanly.
+    End,
+    /// A read error (reported).
+    Failed,
+}
+
+/// One stream and the record read from it last; both the ptdump printer and the ptxed
+/// sideband session ([`super::sb_session`]) walk streams this way.
+pub(super) struct SidebandCursor<'a> {
+    pub(super) stream: SidebandStream<'a>,
     /// Offset of the next record to read.
     next: usize,
     /// The record read last and its offset.
-    current: Option<(PerfRecord<'a>, usize)>,
-    tsc: u64,
+    pub(super) current: Option<(PerfRecord<'a>, usize)>,
+    /// When the current record is due (its time less the stream's `tsc_offset`).
+    pub(super) tsc: u64,
 }
 
-impl Cursor<'_> {
+impl<'a> SidebandCursor<'a> {
+    pub(super) fn new(stream: SidebandStream<'a>) -> Self {
+        Self {
+            stream,
+            next: 0,
+            current: None,
+            tsc: 0,
+        }
+    }
+
     /// Reads the next record; `Err` with the offset when the stream is done.
     fn fetch(&mut self) -> Result<(), (PeventError, usize)> {
         let at = self.next;
@@ -482,23 +515,84 @@ impl Cursor<'_> {
         self.current = Some((PerfRecord { tsc, ..record }, at));
         Ok(())
     }
+
+    /// Reads the next record; a read error is reported to `out` the way libipt does.
+    pub(super) fn fetch_reporting(
+        &mut self,
+        out: &mut dyn fmt::Write,
+    ) -> Result<Fetched, fmt::Error> {
+        match self.fetch() {
+            Ok(()) => Ok(Fetched::Record),
+            Err((PeventError::End, _)) => Ok(Fetched::End),
+            Err((err, offset)) => {
+                write_diagnostic(out, &self.stream.name, offset, true, errstr(err))?;
+                Ok(Fetched::Failed)
+            }
+        }
+    }
+
+    /// Prints the current record (nothing before the first fetch).
+    pub(super) fn print_current(
+        &self,
+        flags: SidebandFlags,
+        out: &mut dyn fmt::Write,
+    ) -> fmt::Result {
+        let Some((rec, offset)) = &self.current else {
+            return Ok(());
+        };
+        match (flags.filename, flags.offset) {
+            (true, true) => write!(out, "{}:{offset:016x}  ", self.stream.name)?,
+            (true, false) => write!(out, "{}  ", self.stream.name)?,
+            (false, true) => write!(out, "{offset:016x}  ")?,
+            (false, false) => {}
+        }
+        if flags.time && rec.samples.time.is_some() {
+            write!(out, "{:016x}  ", rec.tsc)?;
+        }
+        print_body(rec, flags, out)?;
+        print_samples(&rec.samples, flags, out)?;
+        if flags.any() {
+            out.write_char('\n')?;
+        }
+        Ok(())
+    }
+}
+
+/// A sideband error or warning as libipt's tools print it.
+pub(super) fn write_diagnostic(
+    out: &mut dyn fmt::Write,
+    stream: &str,
+    offset: usize,
+    error: bool,
+    what: &str,
+) -> fmt::Result {
+    let severity = if error { "error" } else { "warning" };
+    writeln!(out, "[{stream}:{offset:016x} sideband {severity}: {what}]")
 }
 
 /// Sideband streams merged in time order, for printing between PT packets.
 pub struct SidebandSession<'a> {
     /// Ordered by the time of their next record.
-    cursors: Vec<Cursor<'a>>,
+    cursors: Vec<SidebandCursor<'a>>,
     flags: SidebandFlags,
 }
 
 /// libipt's name for a sideband read error.
-fn errstr(err: PeventError) -> &'static str {
+pub(super) fn errstr(err: PeventError) -> &'static str {
     match err {
         PeventError::End => "reached end of trace stream",
         PeventError::BadSize => "decoder out of sync",
         PeventError::BadString => "unknown packet",
         PeventError::BadTimeConfig => "bad configuration",
     }
+}
+
+/// Where a cursor goes in a list ordered by time: before others with the same time
+/// (libipt's order).
+pub(super) fn insert_position<T>(list: &[T], tsc: u64, tsc_of: impl Fn(&T) -> u64) -> usize {
+    list.iter()
+        .position(|c| tsc <= tsc_of(c))
+        .unwrap_or(list.len())
 }
 
 impl<'a> SidebandSession<'a> {
@@ -514,42 +608,16 @@ impl<'a> SidebandSession<'a> {
         };
         // libipt starts the streams last-given first.
         for stream in streams.into_iter().rev() {
-            let mut cursor = Cursor {
-                stream,
-                next: 0,
-                current: None,
-                tsc: 0,
-            };
-            if Self::fetch(&mut cursor, out)? {
+            let mut cursor = SidebandCursor::new(stream);
+            if cursor.fetch_reporting(out)? == Fetched::Record {
                 session.insert(cursor);
             }
         }
         Ok(session)
     }
 
-    fn fetch(cursor: &mut Cursor<'a>, out: &mut dyn fmt::Write) -> Result<bool, fmt::Error> {
-        match cursor.fetch() {
-            Ok(()) => Ok(true),
-            Err((PeventError::End, _)) => Ok(false),
-            Err((err, offset)) => {
-                writeln!(
-                    out,
-                    "[{}:{offset:016x} sideband error: {}]",
-                    cursor.stream.name,
-                    errstr(err)
-                )?;
-                Ok(false)
-            }
-        }
-    }
-
-    /// Keeps the cursors ordered; a cursor goes before others with the same time.
-    fn insert(&mut self, cursor: Cursor<'a>) {
-        let at = self
-            .cursors
-            .iter()
-            .position(|c| cursor.tsc <= c.tsc)
-            .unwrap_or(self.cursors.len());
+    fn insert(&mut self, cursor: SidebandCursor<'a>) {
+        let at = insert_position(&self.cursors, cursor.tsc, |c| c.tsc);
         self.cursors.insert(at, cursor);
     }
 
@@ -557,36 +625,10 @@ impl<'a> SidebandSession<'a> {
     pub fn print_until(&mut self, tsc: u64, out: &mut dyn fmt::Write) -> fmt::Result {
         while self.cursors.first().is_some_and(|c| c.tsc <= tsc) {
             let mut cursor = self.cursors.remove(0);
-            if let Some((record, offset)) = &cursor.current {
-                Self::print(self.flags, &cursor.stream, record, *offset, out)?;
-            }
-            if Self::fetch(&mut cursor, out)? {
+            cursor.print_current(self.flags, out)?;
+            if cursor.fetch_reporting(out)? == Fetched::Record {
                 self.insert(cursor);
             }
-        }
-        Ok(())
-    }
-
-    fn print(
-        flags: SidebandFlags,
-        stream: &SidebandStream<'_>,
-        rec: &PerfRecord<'_>,
-        offset: usize,
-        out: &mut dyn fmt::Write,
-    ) -> fmt::Result {
-        match (flags.filename, flags.offset) {
-            (true, true) => write!(out, "{}:{offset:016x}  ", stream.name)?,
-            (true, false) => write!(out, "{}  ", stream.name)?,
-            (false, true) => write!(out, "{offset:016x}  ")?,
-            (false, false) => {}
-        }
-        if flags.time && rec.samples.time.is_some() {
-            write!(out, "{:016x}  ", rec.tsc)?;
-        }
-        print_body(rec, flags, out)?;
-        print_samples(&rec.samples, flags, out)?;
-        if flags.any() {
-            out.write_char('\n')?;
         }
         Ok(())
     }

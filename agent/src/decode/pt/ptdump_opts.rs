@@ -237,8 +237,12 @@ impl PtdumpOptions {
                 "--pevent:kernel-start" => {
                     pevent.kernel_start = number(arg, value(arg)?)?;
                 }
-                "--pevent:sysroot" | "--pevent:kcore" | "--pevent:vdso-x64"
-                | "--pevent:vdso-x32" | "--pevent:vdso-ia32" => {
+                "--pevent:sysroot" => pevent.sysroot = Some(value(arg)?),
+                "--pevent:vdso-x64" => pevent.vdso_x64 = Some(value(arg)?),
+                "--pevent:vdso-x32" => pevent.vdso_x32 = Some(value(arg)?),
+                "--pevent:vdso-ia32" => pevent.vdso_ia32 = Some(value(arg)?),
+                // Code images only matter to ptxed (see `PtxedOptions::kcore`).
+                "--pevent:kcore" => {
                     value(arg)?;
                 }
                 "--cpu" => {

@@ -1,22 +1,28 @@
 //! `ptxed`-compatible text of the instruction flow, for debugging the decoder.
 //!
-//! In: trace bytes, an [`ImageProvider`] with the code, and [`PtxedOptions`]. Out: the
-//! text Intel's `ptxed --no-inst` prints for the same input: one line per executed
-//! instruction address (`? ` marks speculative ones), `[event]` lines (`[enabled]`,
-//! `[disabled]`, `[interrupt]`, `[overflow]`, `[exec mode: 64-bit]` ...), errors as
-//! `[offset, ip: error: why]`, `[block]` markers and statistics on request. It drives a
-//! [`BlockDecoder`] exactly like ptxed drives libipt's block decoder (sync, drain events,
-//! next block, resync on error), so it is checked against libipt's corpus.
+//! In: trace bytes, an [`ImageProvider`] with the code, [`PtxedOptions`], and optionally
+//! perf sideband ([`Sideband`]). Out: the text Intel's `ptxed --no-inst` prints for the
+//! same input: one line per executed instruction address (`? ` marks speculative ones),
+//! `[event]` lines (`[enabled]`, `[disabled]`, `[interrupt]`, `[overflow]`,
+//! `[exec mode: 64-bit]` ...), errors as `[offset, ip: error: why]`, `[block]` markers
+//! and statistics on request, and the sideband records as the trace passes them. It
+//! drives a [`BlockDecoder`] exactly like ptxed drives libipt's block decoder (sync,
+//! drain events, next block, resync on error), and hands every event to the sideband
+//! session, which may switch the decoder to another process's image; so it is checked
+//! against libipt's corpus.
 
 use std::fmt::{self, Write as _};
 
 use super::cpu::Errata;
 use super::events::{Event, EventKind, FlowError};
 use super::flow::{Block, BlockDecoder, Status};
-use super::image::ImageProvider;
+use super::image::{Image, ImageProvider};
 use super::insn;
 use super::packet::ExecMode;
+use super::pevent::SidebandStream;
 use super::ptxed_opts::PtxedOptions;
+use super::sb_context::{ActiveImage, SectionLoader};
+use super::sb_session::{Session, SessionOutput};
 
 /// Errors in a row without trace progress after which a segment is given up.
 const MAX_REPEATED_ERRORS: u32 = 16;
@@ -28,10 +34,32 @@ pub struct PtxedStats {
     pub blocks: u64,
 }
 
+/// Perf sideband for [`ptxed_with_sideband`] (`--pevent:*`).
+pub struct Sideband<'a> {
+    /// The loaded sideband files, in command-line order.
+    pub streams: Vec<SidebandStream<'a>>,
+    /// The kernel's code (`--pevent:kcore`), part of every process's image.
+    pub kernel: Image,
+    /// Reads the files MMAP records map.
+    pub loader: &'a dyn SectionLoader,
+}
+
 /// Writes the ptxed text for `trace` to `out`; returns the statistics.
 pub fn ptxed(
     trace: &[u8],
     image: &dyn ImageProvider,
+    opts: &PtxedOptions,
+    out: &mut impl fmt::Write,
+) -> Result<PtxedStats, fmt::Error> {
+    ptxed_with_sideband(trace, image, None, opts, out)
+}
+
+/// [`ptxed`] with perf sideband: `image` (the `--raw` code) is decoded until the
+/// sideband switches to a process, then that process's image.
+pub fn ptxed_with_sideband(
+    trace: &[u8],
+    image: &dyn ImageProvider,
+    sideband: Option<Sideband<'_>>,
     opts: &PtxedOptions,
     out: &mut impl fmt::Write,
 ) -> Result<PtxedStats, fmt::Error> {
@@ -42,9 +70,28 @@ pub fn ptxed(
             Err(_) => writeln!(out, "[0, 0: config error: {}]", FlowError::BadCpu)?,
         }
     }
+    let session = match sideband {
+        Some(sideband) => {
+            let output = SessionOutput {
+                flags: opts.sideband.sideband,
+                warnings: opts.sideband.sideband_warnings,
+                switches: opts.print_switches,
+            };
+            Some(Session::new(
+                sideband.streams,
+                sideband.kernel,
+                sideband.loader,
+                output,
+                out,
+            )?)
+        }
+        None => None,
+    };
+    let active = ActiveImage::new(image);
     let mut run = Run {
-        dec: BlockDecoder::new(trace, image, flow),
-        image,
+        dec: BlockDecoder::new(trace, &active, flow),
+        image: &active,
+        session,
         opts,
         out,
         stats: PtxedStats::default(),
@@ -75,7 +122,9 @@ pub fn exec_mode_name(mode: ExecMode) -> &'static str {
 
 struct Run<'a, 'o, W: fmt::Write> {
     dec: BlockDecoder<'a>,
-    image: &'a dyn ImageProvider,
+    /// What `dec` reads; the sideband session switches what it shows.
+    image: &'a ActiveImage<'a>,
+    session: Option<Session<'a>>,
     opts: &'o PtxedOptions,
     out: &'o mut W,
     stats: PtxedStats,
@@ -224,10 +273,30 @@ impl<W: fmt::Write> Run<'_, '_, W> {
         let offset = self.dec.offset();
         let (event, status) = self.dec.next_event()?;
         self.time = event.tsc;
-        if !self.opts.quiet && !event.status_update {
-            return Ok(self.print_event(&event, offset).map(|()| status));
+        if !self.opts.quiet
+            && !event.status_update
+            && let Err(err) = self.print_event(&event, offset)
+        {
+            return Ok(Err(err));
         }
-        Ok(Ok(status))
+        Ok(self.apply_sideband(&event).map(|()| status))
+    }
+
+    /// Lets the sideband session see `event`; decodes from the image it says from now.
+    fn apply_sideband(&mut self, event: &Event) -> fmt::Result {
+        let Some(session) = &mut self.session else {
+            return Ok(());
+        };
+        let change = session.on_event(event, self.out)?;
+        let switched = change.switch_to.is_some();
+        if let Some(context) = change.switch_to {
+            self.image.switch_to(context);
+        }
+        // Code the decoder cached may have changed under it.
+        if switched || change.mapped {
+            self.dec.set_image(self.image);
+        }
+        Ok(())
     }
 
     fn diagnose(&mut self, ip: u64, what: &str, err: FlowError) -> fmt::Result {
@@ -252,7 +321,7 @@ impl<W: fmt::Write> Run<'_, '_, W> {
     /// The instruction after the one at `ip` (its branch target for direct branches).
     fn next_ip(&self, block: &Block, ip: u64) -> Option<u64> {
         let insn = if ip == block.end_ip && block.truncated {
-            let image = super::image::Image::new();
+            let image = Image::new();
             let mut one = image;
             one.add("", block.raw[..usize::from(block.size)].to_vec(), ip);
             insn::decode(&one, ip, block.mode).ok()?

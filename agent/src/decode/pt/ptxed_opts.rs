@@ -1,9 +1,10 @@
 //! Options of the `ptxed`-style instruction dump, parsed from ptxed's command line.
 //!
 //! In: Intel `ptxed` arguments (`--raw FILE:ADDR`, `--cpu 6/85`, `--event:ip`,
-//! `--block:show-blocks`, `--stat`, `--mtc-freq 4` ...). Out: [`PtxedOptions`]: what to
-//! print, how to configure the flow layer, and the code and sideband files the caller
-//! has to load (the dump itself never opens files). Used by `lookback decode --ptxed`
+//! `--block:show-blocks`, `--stat`, `--mtc-freq 4`, `--pevent:primary FILE` ...). Out:
+//! [`PtxedOptions`]: what to print, how to configure the flow layer, and the code,
+//! sideband and kernel core files the caller has to load (the dump itself never opens
+//! files). Used by `lookback decode --ptxed`
 //! and by the corpus conformance test, which runs libipt's expectations with their
 //! original options.
 
@@ -50,6 +51,8 @@ pub struct PtxedOptions {
     /// Perf sideband files and how to print their records (`--pevent:*`, `--sb:*`).
     pub sideband: PtdumpOptions,
     pub pevent: Vec<PeventFile>,
+    /// Kernel core dumps whose code every process's image starts with (`--pevent:kcore`).
+    pub kcore: Vec<String>,
     /// Print context switches (`--sb:switch`).
     pub print_switches: bool,
 }
@@ -150,6 +153,7 @@ impl PtxedOptions {
                     number::<u64>(arg, value()?)?;
                 }
                 "--sb:switch" => opts.print_switches = true,
+                "--pevent:kcore" => opts.kcore.push(value()?.to_owned()),
                 _ if arg.starts_with("--filter:addr") => {
                     let v: u64 = number(arg, value()?)?;
                     set_filter(&mut flow.events.filter, arg, v)?;
