@@ -28,11 +28,14 @@
 //! [`Symbol`]), so this module knows nothing of ELF files.
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::BuildHasherDefault;
 use std::rc::Rc;
 
 use super::StackEvent;
 use crate::decode::pt::branches::{BranchEvent, BranchKind};
+use crate::decode::pt::flow::IpHasher;
 
 /// One branch of a thread, in time order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,22 +118,79 @@ impl Frame {
 /// The longest x86 instruction: a return lands at most this far after its call.
 const MAX_INSN_LEN: u64 = 15;
 
-/// No node (end of a child list).
-const NONE: usize = usize::MAX;
+/// No node (end of a child list). Also the most nodes a builder makes (4 G slices: about
+/// 12 GiB of PT at a call per 3 bytes); later branches are dropped.
+const NONE: u32 = u32::MAX;
 
 /// A slice; its children are a linked list (no allocation per node: a large trace has
-/// millions).
+/// millions, so a node is 32 bytes and names its frame by index).
 struct Node {
-    frame: Frame,
+    frame: u32,
+    first_child: u32,
+    last_child: u32,
+    next_sibling: u32,
     begin: u64,
     end: u64,
-    first_child: usize,
-    last_child: usize,
-    next_sibling: usize,
+}
+
+/// The frames of the nodes, each kind once: a function per (start, inferred), the pseudo
+/// frames at fixed indices, each decode error anew.
+struct Frames {
+    list: Vec<Frame>,
+    functions: HashMap<(u64, bool), u32, BuildHasherDefault<IpHasher>>,
+}
+
+impl Frames {
+    const SYSCALL: u32 = 0;
+    const INTERRUPT: u32 = 1;
+    const UNTRACED: u32 = 2;
+
+    fn new() -> Self {
+        Self {
+            list: vec![Frame::Syscall, Frame::Interrupt, Frame::Untraced],
+            functions: HashMap::default(),
+        }
+    }
+
+    fn get(&self, id: u32) -> &Frame {
+        &self.list[id as usize]
+    }
+
+    fn push(&mut self, frame: Frame) -> u32 {
+        let id = u32::try_from(self.list.len()).unwrap_or(NONE);
+        self.list.push(frame);
+        id
+    }
+
+    fn intern(&mut self, frame: Frame) -> u32 {
+        match frame {
+            Frame::Syscall => Self::SYSCALL,
+            Frame::Interrupt => Self::INTERRUPT,
+            Frame::Untraced => Self::UNTRACED,
+            Frame::DecodeError(_) => self.push(frame),
+            Frame::Function {
+                start,
+                inferred_start,
+                ref name,
+            } => {
+                let key = (start, inferred_start);
+                let Some(&id) = self.functions.get(&key) else {
+                    let id = self.push(frame);
+                    self.functions.insert(key, id);
+                    return id;
+                };
+                // The same start with another name (a CPU track over two processes): kept
+                // apart, not interned.
+                let same = matches!(self.get(id), Frame::Function { name: known, .. }
+                    if Rc::ptr_eq(known, name) || known == name);
+                if same { id } else { self.push(frame) }
+            }
+        }
+    }
 }
 
 struct Open {
-    node: usize,
+    node: u32,
     /// The call instruction that opened the frame, when known.
     call_site: Option<u64>,
 }
@@ -138,7 +198,10 @@ struct Open {
 struct Builder<S> {
     symbol: S,
     nodes: Vec<Node>,
-    roots: Vec<usize>,
+    frames: Frames,
+    /// Set when `nodes` is full: later branches are dropped.
+    full: bool,
+    roots: Vec<u32>,
     /// `roots[window_roots..]` are the top-level slices of the current window.
     window_roots: usize,
     window_start: u64,
@@ -151,6 +214,8 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
         Self {
             symbol,
             nodes: Vec::new(),
+            frames: Frames::new(),
+            full: false,
             roots: Vec::new(),
             window_roots: 0,
             window_start,
@@ -177,16 +242,28 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
         })
     }
 
-    fn open(&mut self, frame: Frame, call_site: Option<u64>) {
-        let id = self.nodes.len();
+    /// A new node for `frame`, or `None` when the builder is full.
+    fn node(&mut self, frame: Frame, begin: u64, end: u64) -> Option<u32> {
+        let id = u32::try_from(self.nodes.len())
+            .ok()
+            .filter(|&id| id < NONE)?;
+        let frame = self.frames.intern(frame);
         self.nodes.push(Node {
             frame,
-            begin: self.now,
-            end: self.now,
             first_child: NONE,
             last_child: NONE,
             next_sibling: NONE,
+            begin,
+            end,
         });
+        Some(id)
+    }
+
+    fn open(&mut self, frame: Frame, call_site: Option<u64>) {
+        let Some(id) = self.node(frame, self.now, self.now) else {
+            self.full = true;
+            return;
+        };
         match self.stack.last().map(|o| o.node) {
             Some(parent) => self.append_child(parent, id),
             None => self.roots.push(id),
@@ -197,18 +274,23 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
         });
     }
 
-    fn append_child(&mut self, parent: usize, child: usize) {
-        match self.nodes[parent].last_child {
-            NONE => self.nodes[parent].first_child = child,
-            last => self.nodes[last].next_sibling = child,
+    fn append_child(&mut self, parent: u32, child: u32) {
+        match self.nodes[parent as usize].last_child {
+            NONE => self.nodes[parent as usize].first_child = child,
+            last => self.nodes[last as usize].next_sibling = child,
         }
-        self.nodes[parent].last_child = child;
+        self.nodes[parent as usize].last_child = child;
     }
 
     fn close_top(&mut self) -> Option<Open> {
         let open = self.stack.pop()?;
-        self.nodes[open.node].end = self.now;
+        self.nodes[open.node as usize].end = self.now;
         Some(open)
+    }
+
+    /// The frame of node `id`.
+    fn frame(&self, id: u32) -> &Frame {
+        self.frames.get(self.nodes[id as usize].frame)
     }
 
     /// Closes frames until the stack has `depth` frames.
@@ -219,7 +301,7 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
     }
 
     fn top_frame(&self) -> Option<&Frame> {
-        self.stack.last().map(|o| &self.nodes[o.node].frame)
+        self.stack.last().map(|o| self.frame(o.node))
     }
 
     /// Closes an innermost `[untraced]` (or, with `kernel`, `[syscall]`/`[interrupt]`).
@@ -242,20 +324,16 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
         let Some(Frame::Function { name, start, .. }) = self.function(addr) else {
             return;
         };
-        let id = self.nodes.len();
-        let children: Vec<usize> = self.roots.drain(self.window_roots..).collect();
-        self.nodes.push(Node {
-            frame: Frame::Function {
-                name,
-                start,
-                inferred_start: true,
-            },
-            begin: self.window_start,
-            end: self.now,
-            first_child: NONE,
-            last_child: NONE,
-            next_sibling: NONE,
-        });
+        let frame = Frame::Function {
+            name,
+            start,
+            inferred_start: true,
+        };
+        let Some(id) = self.node(frame, self.window_start, self.now) else {
+            self.full = true;
+            return;
+        };
+        let children: Vec<u32> = self.roots.drain(self.window_roots..).collect();
         for child in children {
             self.append_child(id, child);
         }
@@ -316,7 +394,7 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
         let on_stack = self
             .stack
             .iter()
-            .rposition(|o| self.nodes[o.node].frame.function_start() == target_start);
+            .rposition(|o| self.frame(o.node).function_start() == target_start);
         let depth = match on_stack {
             Some(depth) if !is_entry => depth,
             _ => self.stack.len() - 1,
@@ -337,6 +415,9 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
     }
 
     fn step(&mut self, branch: &Branch) {
+        if self.full {
+            return;
+        }
         self.now = self.now.max(branch.time_ns);
         match branch.kind {
             BranchKind::Call => {
@@ -382,28 +463,28 @@ impl<S: Fn(u64) -> Option<Symbol>> Builder<S> {
     fn finish_into(mut self, mut out: impl FnMut(StackEvent<Frame>)) {
         self.close_to(0);
         // Without recursion: (node, next child to visit).
-        let mut walk: Vec<(usize, usize)> = Vec::new();
+        let mut walk: Vec<(u32, u32)> = Vec::new();
         for &root in &self.roots {
-            let node = &self.nodes[root];
+            let node = &self.nodes[root as usize];
             out(StackEvent::Begin {
                 ts: node.begin,
-                frame: node.frame.clone(),
+                frame: self.frames.get(node.frame).clone(),
             });
             walk.push((root, node.first_child));
             while let Some(&mut (id, ref mut next)) = walk.last_mut() {
                 if *next == NONE {
                     out(StackEvent::End {
-                        ts: self.nodes[id].end,
+                        ts: self.nodes[id as usize].end,
                     });
                     walk.pop();
                     continue;
                 }
                 let child = *next;
-                let c = &self.nodes[child];
+                let c = &self.nodes[child as usize];
                 *next = c.next_sibling;
                 out(StackEvent::Begin {
                     ts: c.begin,
-                    frame: c.frame.clone(),
+                    frame: self.frames.get(c.frame).clone(),
                 });
                 walk.push((child, c.first_child));
             }

@@ -57,6 +57,40 @@ fn run(branches: &[Branch]) -> Vec<String> {
 }
 
 #[test]
+fn two_functions_at_one_start_keep_their_names() {
+    // A CPU track can hold two processes whose functions share addresses.
+    let two = |addr: u64| {
+        Some(Symbol {
+            name: if addr & 0x100 == 0 { "left" } else { "right" }.into(),
+            start: 0x1000,
+        })
+    };
+    let events = reconstruct(
+        &[
+            br(BranchKind::Call, 1, 0x1000, 0x1000),
+            br(BranchKind::Return, 2, 0x1000, 0x1005),
+            br(BranchKind::Call, 3, 0x1000, 0x1100),
+            br(BranchKind::Return, 4, 0x1000, 0x1005),
+            br(BranchKind::Call, 5, 0x1000, 0x1000),
+        ],
+        two,
+    );
+    let begins: Vec<String> = text(&events)
+        .into_iter()
+        .filter(|e| e.starts_with('+'))
+        .collect();
+    assert_eq!(
+        begins,
+        [
+            "+left [inferred start time]@1",
+            "+left@1",
+            "+right@3",
+            "+left@5"
+        ]
+    );
+}
+
+#[test]
 fn calls_push_returns_pop_and_returns_past_the_window_infer_the_caller() {
     use BranchKind::{Call, Jump, Return};
     let out = run(&[
