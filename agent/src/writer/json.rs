@@ -5,9 +5,11 @@
 //! per line: `M` metadata (`process_name`, `thread_name`), `B`/`E` duration events and
 //! thread-scoped `i` instants; `ts` in microseconds (fractional, so nanoseconds survive).
 
+use std::fmt;
 use std::io::{self, Write};
 
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde::ser::{SerializeMap as _, Serializer};
 
 use super::{Arg, ArgValue, TraceSink};
 
@@ -26,18 +28,90 @@ fn micros(ts_ns: u64) -> f64 {
     ts_ns as f64 / 1000.0
 }
 
-fn args_object(args: &[Arg<'_>]) -> Value {
-    let mut map = Map::new();
-    for arg in args {
-        let value = match &arg.value {
-            ArgValue::Str(s) => json!(s),
-            ArgValue::U64(v) => json!(v),
-            ArgValue::I64(v) => json!(v),
-            ArgValue::Pointer(v) => json!(format!("{v:#x}")),
-        };
-        map.insert(arg.name.to_owned(), value);
+/// One event, serialized straight from borrowed fields: a PT trace has millions, and
+/// building a `serde_json::Value` for each (a map and a `String` per key) was most of the
+/// JSON writer's time.
+#[derive(Serialize)]
+struct Event<'a> {
+    ph: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    s: Option<&'static str>,
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cat: Option<&'static str>,
+    pid: u32,
+    tid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ts: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    args: Option<Args<'a>>,
+}
+
+impl<'a> Event<'a> {
+    fn new(ph: &'static str, (pid, tid): (u32, u32), name: &'a str) -> Self {
+        Self {
+            ph,
+            s: None,
+            name,
+            cat: None,
+            pid,
+            tid,
+            ts: None,
+            args: None,
+        }
     }
-    Value::Object(map)
+
+    /// A `B`/`E`/`i` event: category and time.
+    fn timed(ph: &'static str, thread: (u32, u32), ts: u64, name: &'a str) -> Self {
+        Self {
+            cat: Some("lookback"),
+            ts: Some(micros(ts)),
+            ..Self::new(ph, thread, name)
+        }
+    }
+}
+
+/// The `args` object of an event.
+enum Args<'a> {
+    List(&'a [Arg<'a>]),
+    /// A metadata event's `{"name": ...}`.
+    Name(&'a str),
+}
+
+/// An address as a `0x…` string, written without allocating.
+struct Hex(u64);
+
+impl fmt::Display for Hex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+impl Serialize for Args<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Args::Name(name) => {
+                let mut map = serializer.serialize_map(Some(1))?;
+                map.serialize_entry("name", name)?;
+                map.end()
+            }
+            Args::List(args) => {
+                let mut map = serializer.serialize_map(Some(args.len()))?;
+                for arg in *args {
+                    match &arg.value {
+                        ArgValue::Str(s) => map.serialize_entry(arg.name, s)?,
+                        ArgValue::U64(v) => map.serialize_entry(arg.name, v)?,
+                        ArgValue::I64(v) => map.serialize_entry(arg.name, v)?,
+                        ArgValue::Pointer(v) => {
+                            map.serialize_key(arg.name)?;
+                            map.serialize_value(&format_args!("{}", Hex(*v)))?;
+                        }
+                    }
+                }
+                map.end()
+            }
+        }
+    }
 }
 
 impl<W: Write> JsonWriter<W> {
@@ -47,12 +121,10 @@ impl<W: Write> JsonWriter<W> {
         Ok(Self { out, first: true })
     }
 
-    fn emit(&mut self, event: &Value) -> io::Result<()> {
-        if !self.first {
-            self.out.write_all(b",")?;
-        }
+    fn emit(&mut self, event: &Event<'_>) -> io::Result<()> {
+        self.out
+            .write_all(if self.first { b"\n" } else { b",\n" })?;
         self.first = false;
-        self.out.write_all(b"\n")?;
         serde_json::to_writer(&mut self.out, event).map_err(io::Error::other)
     }
 
@@ -65,35 +137,48 @@ impl<W: Write> JsonWriter<W> {
 
 impl<W: Write> TraceSink for JsonWriter<W> {
     fn process(&mut self, pid: u32, name: &str) -> io::Result<()> {
-        self.emit(&json!({"ph": "M", "name": "process_name", "pid": pid, "tid": pid, "args": {"name": name}}))
+        self.emit(&Event {
+            args: Some(Args::Name(name)),
+            ..Event::new("M", (pid, pid), "process_name")
+        })
     }
 
     fn thread(&mut self, pid: u32, tid: u32, name: &str) -> io::Result<()> {
-        self.emit(&json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}))
+        self.emit(&Event {
+            args: Some(Args::Name(name)),
+            ..Event::new("M", (pid, tid), "thread_name")
+        })
     }
 
     fn begin(
         &mut self,
-        (pid, tid): (u32, u32),
+        thread: (u32, u32),
         ts: u64,
         name: &str,
         args: &[Arg<'_>],
     ) -> io::Result<()> {
-        self.emit(&json!({"ph": "B", "name": name, "cat": "lookback", "pid": pid, "tid": tid, "ts": micros(ts), "args": args_object(args)}))
+        self.emit(&Event {
+            args: Some(Args::List(args)),
+            ..Event::timed("B", thread, ts, name)
+        })
     }
 
-    fn end(&mut self, (pid, tid): (u32, u32), ts: u64, name: &str) -> io::Result<()> {
-        self.emit(&json!({"ph": "E", "name": name, "cat": "lookback", "pid": pid, "tid": tid, "ts": micros(ts)}))
+    fn end(&mut self, thread: (u32, u32), ts: u64, name: &str) -> io::Result<()> {
+        self.emit(&Event::timed("E", thread, ts, name))
     }
 
     fn instant(
         &mut self,
-        (pid, tid): (u32, u32),
+        thread: (u32, u32),
         ts: u64,
         name: &str,
         args: &[Arg<'_>],
     ) -> io::Result<()> {
-        self.emit(&json!({"ph": "i", "s": "t", "name": name, "cat": "lookback", "pid": pid, "tid": tid, "ts": micros(ts), "args": args_object(args)}))
+        self.emit(&Event {
+            s: Some("t"),
+            args: Some(Args::List(args)),
+            ..Event::timed("i", thread, ts, name)
+        })
     }
 
     fn finish(&mut self) -> io::Result<()> {
@@ -105,6 +190,7 @@ impl<W: Write> TraceSink for JsonWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
 
     #[test]
     fn output_is_one_json_document_with_nested_events() {
