@@ -21,6 +21,7 @@
 
 pub mod aux;
 mod events;
+pub mod freeze;
 pub mod intel_pt;
 pub mod procmaps;
 pub mod pt_config;
@@ -28,7 +29,7 @@ pub mod records;
 pub mod ring;
 pub mod sampling;
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -240,6 +241,11 @@ pub trait Recorder: Send {
     fn freeze(&mut self) -> Result<CapturedData, CaptureError>;
     /// Restarts recording after a freeze.
     fn resume(&mut self) -> Result<(), CaptureError>;
+    /// A handle that stops the rings from another thread at the trigger itself; the next
+    /// [`freeze`](Self::freeze) then keeps that moment. [`resume`](Self::resume) undoes it.
+    fn freeze_switch(&self) -> Option<Arc<freeze::FreezeSwitch>> {
+        None
+    }
 }
 
 /// Why a recorder could not be set up or frozen.
