@@ -32,6 +32,7 @@ use super::{
     freeze::{FreezeSwitch, StopMethod},
     pages_for, procmaps,
     pt_config::{self, PtConfig},
+    pt_filter,
     records::{self, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_TID, SAMPLE_TIME},
     ring::PerfRing,
 };
@@ -162,6 +163,15 @@ impl PtRecorder {
             PmuReadError::Io { dir, source } => CaptureError::Io { path: dir, source },
         })?;
         let cfg = pt_config::pack(&pmu, &opts.pt)?;
+        let caps = crate::check::IntelPtCaps::from_pmu(&pmu);
+        let filter = pt_filter::build(
+            &opts.pt.trace_binaries,
+            caps.nr_addr_filters,
+            caps.ip_filtering,
+        )?;
+        if let Some(f) = &filter {
+            log::info!("intel_pt: address filter {}", f.to_string_lossy());
+        }
         for note in &cfg.notes {
             log::info!("intel_pt: {note}");
         }
@@ -181,6 +191,7 @@ impl PtRecorder {
             clockid: None,
             cpus: cpus.clone(),
             aux_pause: false,
+            address_filter: filter.as_ref().map(|f| f.to_string_lossy().into_owned()),
         };
         Ok(Self {
             switch: Arc::new(FreezeSwitch::new(StopMethod::Disable, cpus.len())),
@@ -190,10 +201,12 @@ impl PtRecorder {
                 EventSpec {
                     name: "intel_pt",
                     attr: pt_attr(&cfg, opts.include_kernel),
+                    filter,
                 },
                 EventSpec {
                     name: "dummy (tracking)",
                     attr: tracking_attr(opts.include_kernel),
+                    filter: None,
                 },
             ],
             data_pages: pages_for(SIDEBAND_RING_BYTES)?,

@@ -25,6 +25,7 @@ pub mod freeze;
 pub mod intel_pt;
 pub mod procmaps;
 pub mod pt_config;
+pub mod pt_filter;
 pub mod records;
 pub mod ring;
 pub mod sampling;
@@ -123,6 +124,10 @@ pub struct RecorderParams {
     pub cpus: Vec<u32>,
     /// PT: the kernel can pause the trace from another event (`aux_pause`, Linux 6.13).
     pub aux_pause: bool,
+    /// PT: the address filter set on every PT event (`filter 0/SIZE@PATH,...`), when the
+    /// trace was limited to some binaries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_filter: Option<String>,
 }
 
 /// What a ring held.
@@ -257,6 +262,8 @@ pub enum CaptureError {
     IntelPtUnusable { reason: String },
     #[error("Intel PT configuration")]
     PtConfig(#[from] PtConfigError),
+    #[error("Intel PT address filters")]
+    PtFilter(#[from] pt_filter::PtFilterError),
     #[error("no backend can record here: {reason}")]
     NoBackend { reason: String },
     #[error("opening the {event} event for thread {tid} on CPU {cpu}")]
@@ -320,6 +327,11 @@ pub fn open_recorder(
             }
         }
     };
+    if recorder.backend() == Backend::Sampling && !opts.pt.trace_binaries.is_empty() {
+        log::info!(
+            "trace_binaries limits Intel PT only: the sampling backend samples every binary"
+        );
+    }
     for &pid in pids {
         recorder.add_process(pid)?;
     }

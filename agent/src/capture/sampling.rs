@@ -126,6 +126,7 @@ impl SamplingRecorder {
             spec: [EventSpec {
                 name: event.as_str(),
                 attr,
+                filter: None,
             }],
             data_pages,
             params,
