@@ -11,8 +11,10 @@
 //! `aux_head`, copy, drain the sideband; resume = `PERF_EVENT_IOC_ENABLE`. The sideband
 //! ring is a normal (consumed) ring: call [`Recorder::poll`] now and then so it never
 //! fills. `aux_pause` (Linux 6.13: pause PT in the kernel from another event of its group)
-//! is detected by `lookback check` but not used yet: the triggers are uprobes and raw
-//! tracepoints with BPF, not perf events in the PT group.
+//! is detected by `lookback check`; which triggers could be such an event, and why it is
+//! not wired yet, is in [`super::aux_pause`]. Until then the trigger pump disables PT
+//! from userspace ([`super::freeze`]). `trace_binaries` become address filters
+//! ([`super::pt_filter`]).
 //!
 //! Never run on PT hardware: see docs/verification.md.
 

@@ -20,6 +20,7 @@
 //! record -p` does. Children and threads created later inherit the events.
 
 pub mod aux;
+pub mod aux_pause;
 mod events;
 pub mod freeze;
 pub mod intel_pt;
