@@ -3,8 +3,8 @@
 //! triggers can be such an event and packs its `perf_event_attr`; the PT recorder does not
 //! open these events yet (see "Not wired" below and docs/verification.md).
 //!
-//! How the kernel does it (kernel/events/core.c, "perf/core: Add aux_pause, aux_resume,
-//! aux_start_paused"): `perf_event_attr.aux_action` (the former `__reserved_3`, a u32 at
+//! How the kernel does it (kernel/events/core.c, the patch "perf/core: Add `aux_pause`,
+//! `aux_resume`, `aux_start_paused`"): `perf_event_attr.aux_action` (the former `__reserved_3`, a u32 at
 //! byte 116, inside `PERF_ATTR_SIZE_VER6`) has bits `aux_start_paused` (0), `aux_pause`
 //! (1) and `aux_resume` (2). An event with `aux_pause` must be a member of a group whose
 //! leader is the AUX event, on a PMU with `PERF_PMU_CAP_AUX_PAUSE` (`perf_get_aux_event`;
@@ -25,7 +25,7 @@
 //! - `func:SYMBOL` (entry, no duration) → a uprobe perf event at the resolved probe point.
 //! - Not mappable: a `min_duration` on a syscall (needs the entry time: state, hence BPF,
 //!   and a BPF program on a tracepoint perf event is shared by every perf event of that
-//!   tracepoint, results ANDed, so it would silence other tools) and on a function (a
+//!   tracepoint, results and-ed, so it would silence other tools) and on a function (a
 //!   uretprobe perf event with its own BPF duration check would work, design.md verified
 //!   the mechanism, but it needs a second program sharing the engine's entry-time map).
 //!   These keep the userspace freeze (the trigger pump).

@@ -53,7 +53,7 @@ pub struct CommonArgs {
     pub include_kernel: bool,
     /// Intel PT only: trace only the code of this binary (an executable or shared
     /// library; repeat for several). Each takes one of the CPU's address filter ranges
-    /// (`lookback check`: nr_addr_filters, usually 2 to 4), and the trace is smaller and
+    /// (`lookback check`: `nr_addr_filters`, usually 2 to 4), and the trace is smaller and
     /// reaches further back in the same buffer. Example: --trace-binary /usr/bin/myserver
     /// --trace-binary /usr/lib/x86_64-linux-gnu/libssl.so.3. Ignored by the sampling
     /// backend.
