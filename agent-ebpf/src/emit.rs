@@ -5,7 +5,10 @@ use core::{
     ptr::{read_volatile, write_volatile},
 };
 
-use aya_ebpf::helpers::{bpf_get_current_comm, bpf_ktime_get_ns};
+use aya_ebpf::{
+    bindings::BPF_RB_FORCE_WAKEUP,
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+};
 use lookback_common::{
     MAX_RULES,
     rule::{
@@ -56,7 +59,10 @@ pub fn fire(rule_id: u32, rule: &RuleSpec, mut record: TriggerRecord) {
     match EVENTS.reserve::<TriggerRecord>(0) {
         Some(mut entry) => {
             entry.write(record);
-            entry.submit(0);
+            // Wake the reader on every trigger: the default (adaptive) wakeup skips it when
+            // the reader has not caught up, and the freeze must not wait for a later record.
+            // Triggers are rare (suppressed in here), so the forced wakeup costs nothing.
+            entry.submit(u64::from(BPF_RB_FORCE_WAKEUP));
             count(rule_id, COUNTER_EMITTED);
         }
         None => count(rule_id, COUNTER_RINGBUF_FULL),

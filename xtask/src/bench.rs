@@ -20,19 +20,22 @@ use crate::util::{BuildEnv, run};
 const CALLS: &str = "200000";
 const SYSCALLS: &str = "1000000";
 
-pub fn bench(env: &BuildEnv) -> Result<()> {
+pub fn bench(env: &BuildEnv, freeze_only: bool, triggers: usize) -> Result<()> {
     if !env.is_root {
         bail!("the benchmarks load BPF programs: run as root");
     }
     run(env.cargo().args(["build", "--release", "-p", "lookback"]))?;
     let workload = build_workload(env)?;
+    let lookback = env.release_bin();
+    if freeze_only {
+        return freeze_latency(env, &lookback, &workload, triggers);
+    }
     let bpftrace = which("bpftrace");
     if bpftrace.is_none() {
         eprintln!(
             "xtask bench: bpftrace not found (apt-get install bpftrace): its column stays empty"
         );
     }
-    let lookback = env.release_bin();
     let w = workload.display().to_string();
     println!(
         "| probe | workload | none ns/call | lookback ns/call | bpftrace ns/call | lookback overhead | bpftrace overhead |"
@@ -71,13 +74,12 @@ pub fn bench(env: &BuildEnv) -> Result<()> {
         );
     }
     syscall_rows(&lookback, &workload, bpftrace.as_deref())?;
-    freeze_latency(env, &lookback, &workload)
+    freeze_latency(env, &lookback, &workload, triggers)
 }
 
-/// Trigger → freeze latency of the sampling backend over 1000 triggers: the kernel's
+/// Trigger → freeze latency of the sampling backend over `triggers` triggers: the kernel's
 /// trigger timestamp to the moment the rings stopped, as recorded in each snapshot.
-fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path) -> Result<()> {
-    const TRIGGERS: usize = 1000;
+fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path, triggers: usize) -> Result<()> {
     let dir = env.root.join("target/bench/freeze");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -99,7 +101,7 @@ fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path) -> Result<()
         .arg(dir.join("trace.lbsnap"))
         .arg("--")
         .arg(workload)
-        .args(["calls", &TRIGGERS.to_string(), "1", "10000", "0", "1"])
+        .args(["calls", &triggers.to_string(), "1", "10000", "0", "1"])
         .stderr(Stdio::inherit())
         .output()
         .context("running lookback")?;

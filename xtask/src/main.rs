@@ -45,8 +45,16 @@ enum Command {
     Demo,
     /// rustfmt --check and clippy -D warnings (userspace and eBPF crates).
     Lint,
-    /// Trigger overhead on the traced process, side by side with bpftrace (needs root).
-    Bench,
+    /// Trigger overhead on the traced process, side by side with bpftrace, then the
+    /// trigger → freeze latency of the sampling backend (needs root).
+    Bench {
+        /// Only the trigger → freeze latency table.
+        #[arg(long)]
+        freeze_only: bool,
+        /// Triggers in the latency table.
+        #[arg(long, default_value_t = 1000)]
+        triggers: usize,
+    },
     /// Intel PT decode throughput on a synthetic 16 MiB trace, beside libipt if installed;
     /// then a 4 MiB PT snapshot decoded, symbolized and written as a trace (time, memory).
     BenchDecode {
@@ -70,7 +78,10 @@ fn main() -> std::process::ExitCode {
         Command::Test { args } => setup::setup().and_then(|env| test::test(&env, &args)),
         Command::Demo => setup::setup().and_then(|env| demo::demo(&env)),
         Command::Lint => setup::setup().and_then(|env| test::lint(&env)),
-        Command::Bench => setup::setup().and_then(|env| bench::bench(&env)),
+        Command::Bench {
+            freeze_only,
+            triggers,
+        } => setup::setup().and_then(|env| bench::bench(&env, freeze_only, triggers)),
         Command::BenchDecode { snapshot_only } => {
             setup::setup().and_then(|env| bench_decode::bench_decode(&env, snapshot_only))
         }

@@ -8,6 +8,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    ffi::CString,
     os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     path::Path,
 };
@@ -25,6 +26,9 @@ pub(super) trait CpuRing {
 pub(super) struct EventSpec {
     pub name: &'static str,
     pub attr: perf_event_attr,
+    /// Set on every event opened from this spec (`PERF_EVENT_IOC_SET_FILTER`): Intel PT
+    /// address filters.
+    pub filter: Option<CString>,
 }
 
 /// The events of a recorder and its per-CPU rings.
@@ -90,6 +94,14 @@ impl<R: CpuRing> EventSet<R> {
                             });
                         }
                     };
+                if let Some(filter) = &spec.filter {
+                    perf::set_filter(fd.as_fd(), filter).map_err(|source| {
+                        CaptureError::Syscall {
+                            what: "setting the Intel PT address filter (PERF_EVENT_IOC_SET_FILTER)",
+                            source,
+                        }
+                    })?;
+                }
                 if index == 0 && !self.rings.contains_key(&cpu) {
                     let ring = make_ring(fd, cpu)?;
                     self.rings.insert(cpu, ring);

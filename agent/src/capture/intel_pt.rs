@@ -11,14 +11,17 @@
 //! `aux_head`, copy, drain the sideband; resume = `PERF_EVENT_IOC_ENABLE`. The sideband
 //! ring is a normal (consumed) ring: call [`Recorder::poll`] now and then so it never
 //! fills. `aux_pause` (Linux 6.13: pause PT in the kernel from another event of its group)
-//! is detected by `lookback check` but not used yet: the triggers are uprobes and raw
-//! tracepoints with BPF, not perf events in the PT group.
+//! is detected by `lookback check`; which triggers could be such an event, and why it is
+//! not wired yet, is in [`super::aux_pause`]. Until then the trigger pump disables PT
+//! from userspace ([`super::freeze`]). `trace_binaries` become address filters
+//! ([`super::pt_filter`]).
 //!
 //! Never run on PT hardware: see docs/verification.md.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     os::fd::{BorrowedFd, OwnedFd},
+    sync::Arc,
 };
 
 use perf_event_open_sys::bindings::{PERF_COUNT_SW_DUMMY, PERF_TYPE_SOFTWARE};
@@ -28,8 +31,10 @@ use super::{
     RecorderParams, RingData, RingKind, SidebandData,
     aux::AuxArea,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
+    freeze::{FreezeSwitch, StopMethod},
     pages_for, procmaps,
     pt_config::{self, PtConfig},
+    pt_filter,
     records::{self, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_TID, SAMPLE_TIME},
     ring::PerfRing,
 };
@@ -145,6 +150,10 @@ pub struct PtRecorder {
     pids: BTreeSet<u32>,
     known_maps: BTreeMap<u32, procmaps::ProcessMaps>,
     disabled: bool,
+    /// Disables the PT events from the trigger pump's thread (AUX ignores `PAUSE_OUTPUT`).
+    switch: Arc<FreezeSwitch>,
+    /// PT follower events already registered with `switch`.
+    switch_followers: usize,
 }
 
 impl PtRecorder {
@@ -156,6 +165,15 @@ impl PtRecorder {
             PmuReadError::Io { dir, source } => CaptureError::Io { path: dir, source },
         })?;
         let cfg = pt_config::pack(&pmu, &opts.pt)?;
+        let caps = crate::check::IntelPtCaps::from_pmu(&pmu);
+        let filter = pt_filter::build(
+            &opts.pt.trace_binaries,
+            caps.nr_addr_filters,
+            caps.ip_filtering,
+        )?;
+        if let Some(f) = &filter {
+            log::info!("intel_pt: address filter {}", f.to_string_lossy());
+        }
         for note in &cfg.notes {
             log::info!("intel_pt: {note}");
         }
@@ -175,17 +193,22 @@ impl PtRecorder {
             clockid: None,
             cpus: cpus.clone(),
             aux_pause: false,
+            address_filter: filter.as_ref().map(|f| f.to_string_lossy().into_owned()),
         };
         Ok(Self {
+            switch: Arc::new(FreezeSwitch::new(StopMethod::Disable, cpus.len())),
+            switch_followers: 0,
             events: EventSet::new(cpus),
             specs: [
                 EventSpec {
                     name: "intel_pt",
                     attr: pt_attr(&cfg, opts.include_kernel),
+                    filter,
                 },
                 EventSpec {
                     name: "dummy (tracking)",
                     attr: tracking_attr(opts.include_kernel),
+                    filter: None,
                 },
             ],
             data_pages: pages_for(SIDEBAND_RING_BYTES)?,
@@ -249,8 +272,19 @@ impl Recorder for PtRecorder {
 
     fn add_process(&mut self, pid: u32) -> Result<(), CaptureError> {
         let (data_pages, aux_size) = (self.data_pages, self.aux_size);
-        let mut make_ring = |fd: OwnedFd, _cpu: u32| PtCpuRing::map(fd, data_pages, aux_size);
+        let switch = &self.switch;
+        let cpus = self.params.cpus.clone();
+        let mut make_ring = |fd: OwnedFd, cpu: u32| {
+            let ring = PtCpuRing::map(fd, data_pages, aux_size)?;
+            let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
+            switch.add_ring(slot, ring.ring.fd())?;
+            Ok(ring)
+        };
         self.events.add_process(pid, &self.specs, &mut make_ring)?;
+        for fd in self.events.followers_of(0).skip(self.switch_followers) {
+            self.switch.add_event(fd)?;
+            self.switch_followers += 1;
+        }
         if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
             self.known_maps.insert(pid, maps);
         }
@@ -269,7 +303,14 @@ impl Recorder for PtRecorder {
         let before = super::monotonic_ns();
         self.set_enabled(false)?;
         self.disabled = true;
-        let freeze_time_ns = super::monotonic_ns();
+        let after = super::monotonic_ns();
+        // The pump may have disabled PT at the trigger already: that moment counts.
+        let freeze_time_ns = self.switch.mark_frozen(after);
+        let pause_duration_ns = if freeze_time_ns == after {
+            after.saturating_sub(before)
+        } else {
+            self.switch.pause_ns()
+        };
         let tsc_at_freeze = crate::sys::read_tsc();
         let (mut rings, mut sideband, mut clock) = (Vec::new(), Vec::new(), None);
         for (cpu, r) in self.events.rings_mut() {
@@ -310,7 +351,7 @@ impl Recorder for PtRecorder {
             backend: Backend::IntelPt,
             params: self.params.clone(),
             freeze_time_ns,
-            pause_duration_ns: freeze_time_ns.saturating_sub(before),
+            pause_duration_ns,
             rings,
             sideband,
             clock,
@@ -321,11 +362,20 @@ impl Recorder for PtRecorder {
     }
 
     fn resume(&mut self) -> Result<(), CaptureError> {
-        if self.disabled {
+        if self.disabled || self.switch.frozen_at().is_some() {
             self.set_enabled(true)?;
             self.disabled = false;
         }
-        Ok(())
+        // Every event the switch knows is one `set_enabled` just enabled: this only marks
+        // it running again.
+        self.switch.thaw().map_err(|source| CaptureError::Syscall {
+            what: "enabling Intel PT",
+            source,
+        })
+    }
+
+    fn freeze_switch(&self) -> Option<Arc<FreezeSwitch>> {
+        Some(Arc::clone(&self.switch))
     }
 }
 

@@ -20,15 +20,18 @@
 //! record -p` does. Children and threads created later inherit the events.
 
 pub mod aux;
+pub mod aux_pause;
 mod events;
+pub mod freeze;
 pub mod intel_pt;
 pub mod procmaps;
 pub mod pt_config;
+pub mod pt_filter;
 pub mod records;
 pub mod ring;
 pub mod sampling;
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -122,6 +125,10 @@ pub struct RecorderParams {
     pub cpus: Vec<u32>,
     /// PT: the kernel can pause the trace from another event (`aux_pause`, Linux 6.13).
     pub aux_pause: bool,
+    /// PT: the address filter set on every PT event (`filter 0/SIZE@PATH,...`), when the
+    /// trace was limited to some binaries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_filter: Option<String>,
 }
 
 /// What a ring held.
@@ -240,6 +247,11 @@ pub trait Recorder: Send {
     fn freeze(&mut self) -> Result<CapturedData, CaptureError>;
     /// Restarts recording after a freeze.
     fn resume(&mut self) -> Result<(), CaptureError>;
+    /// A handle that stops the rings from another thread at the trigger itself; the next
+    /// [`freeze`](Self::freeze) then keeps that moment. [`resume`](Self::resume) undoes it.
+    fn freeze_switch(&self) -> Option<Arc<freeze::FreezeSwitch>> {
+        None
+    }
 }
 
 /// Why a recorder could not be set up or frozen.
@@ -251,6 +263,8 @@ pub enum CaptureError {
     IntelPtUnusable { reason: String },
     #[error("Intel PT configuration")]
     PtConfig(#[from] PtConfigError),
+    #[error("Intel PT address filters")]
+    PtFilter(#[from] pt_filter::PtFilterError),
     #[error("no backend can record here: {reason}")]
     NoBackend { reason: String },
     #[error("opening the {event} event for thread {tid} on CPU {cpu}")]
@@ -314,6 +328,11 @@ pub fn open_recorder(
             }
         }
     };
+    if recorder.backend() == Backend::Sampling && !opts.pt.trace_binaries.is_empty() {
+        log::info!(
+            "trace_binaries limits Intel PT only: the sampling backend samples every binary"
+        );
+    }
     for &pid in pids {
         recorder.add_process(pid)?;
     }

@@ -8,7 +8,7 @@
 //! (`strict`) that the CPU cannot do is an error.
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::PathBuf};
 
 use crate::check::{ConfigWord, FormatField, IntelPtCaps, PmuInfo};
 
@@ -36,6 +36,9 @@ pub struct PtOptions {
     pub pwr_evt: bool,
     /// Options were given explicitly: refuse what the CPU cannot do instead of dropping it.
     pub strict: bool,
+    /// Trace only the code of these binaries (address filters; empty: everything). See
+    /// [`super::pt_filter`].
+    pub trace_binaries: Vec<PathBuf>,
 }
 
 impl Default for PtOptions {
@@ -50,6 +53,7 @@ impl Default for PtOptions {
             ptw: false,
             pwr_evt: false,
             strict: false,
+            trace_binaries: Vec::new(),
         }
     }
 }

@@ -10,6 +10,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     os::fd::{BorrowedFd, OwnedFd},
+    sync::Arc,
 };
 
 use perf_event_open_sys::bindings::{
@@ -20,6 +21,7 @@ use super::{
     Backend, CaptureError, CaptureOptions, CapturedData, ClockConversion, EmbedCode, Recorder,
     RecorderParams, RingData, RingKind, SamplingEvent,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
+    freeze::{FreezeSwitch, StopMethod},
     pages_for, procmaps,
     records::{
         SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IP, SAMPLE_PERIOD, SAMPLE_TID, SAMPLE_TIME,
@@ -85,7 +87,10 @@ pub struct SamplingRecorder {
     known_maps: BTreeMap<u32, procmaps::ProcessMaps>,
     /// The `/proc/PID/maps` text behind each `known_maps` entry (skip unchanged re-reads).
     maps_text: BTreeMap<u32, String>,
-    paused: bool,
+    /// Pauses the rings from the trigger pump's thread; the recorder pauses through it too.
+    switch: Arc<FreezeSwitch>,
+    /// The online CPUs, in ring-slot order of `switch`.
+    cpus: Vec<u32>,
 }
 
 // The recorder moves to the thread that freezes it: it must be `Send`.
@@ -115,10 +120,13 @@ impl SamplingRecorder {
             ..RecorderParams::default()
         };
         Ok(Self {
+            switch: Arc::new(FreezeSwitch::new(StopMethod::PauseOutput, cpus.len())),
+            cpus: cpus.clone(),
             events: EventSet::new(cpus),
             spec: [EventSpec {
                 name: event.as_str(),
                 attr,
+                filter: None,
             }],
             data_pages,
             params,
@@ -126,22 +134,18 @@ impl SamplingRecorder {
             pids: BTreeSet::new(),
             known_maps: BTreeMap::new(),
             maps_text: BTreeMap::new(),
-            paused: false,
         })
     }
 
-    fn pause_all(&mut self, paused: bool) -> Result<(), CaptureError> {
+    /// Pauses every ring (again, when the switch already did: the ioctl is idempotent,
+    /// and here a failure is reported).
+    fn pause_all(&self) -> Result<(), CaptureError> {
         for (_, ring) in self.events.rings() {
-            perf::pause_output(ring.fd(), paused).map_err(|source| CaptureError::Syscall {
-                what: if paused {
-                    "pausing a sample ring"
-                } else {
-                    "resuming a sample ring"
-                },
+            perf::pause_output(ring.fd(), true).map_err(|source| CaptureError::Syscall {
+                what: "pausing a sample ring",
                 source,
             })?;
         }
-        self.paused = paused;
         Ok(())
     }
 
@@ -204,7 +208,13 @@ impl Recorder for SamplingRecorder {
 
     fn add_process(&mut self, pid: u32) -> Result<(), CaptureError> {
         let pages = self.data_pages;
-        let mut make_ring = |fd: OwnedFd, _cpu: u32| PerfRing::map(fd, pages, true);
+        let (switch, cpus) = (&self.switch, &self.cpus);
+        let mut make_ring = |fd: OwnedFd, cpu: u32| {
+            let ring = PerfRing::map(fd, pages, true)?;
+            let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
+            switch.add_ring(slot, ring.fd())?;
+            Ok(ring)
+        };
         self.events.add_process(pid, &self.spec, &mut make_ring)?;
         if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
             self.known_maps.insert(pid, maps);
@@ -215,8 +225,15 @@ impl Recorder for SamplingRecorder {
 
     fn freeze(&mut self) -> Result<CapturedData, CaptureError> {
         let before = super::monotonic_ns();
-        self.pause_all(true)?;
-        let freeze_time_ns = super::monotonic_ns();
+        self.pause_all()?;
+        let after = super::monotonic_ns();
+        // The pump may have paused the rings at the trigger already: that moment counts.
+        let freeze_time_ns = self.switch.mark_frozen(after);
+        let pause_duration_ns = if freeze_time_ns == after {
+            after.saturating_sub(before)
+        } else {
+            self.switch.pause_ns()
+        };
         let tsc_at_freeze = crate::sys::read_tsc();
         let mut rings = Vec::new();
         let mut summary = StreamSummary::default();
@@ -254,7 +271,7 @@ impl Recorder for SamplingRecorder {
             backend: Backend::Sampling,
             params: self.params.clone(),
             freeze_time_ns,
-            pause_duration_ns: freeze_time_ns.saturating_sub(before),
+            pause_duration_ns,
             rings,
             sideband: Vec::new(),
             clock,
@@ -265,10 +282,14 @@ impl Recorder for SamplingRecorder {
     }
 
     fn resume(&mut self) -> Result<(), CaptureError> {
-        if self.paused {
-            self.pause_all(false)?;
-        }
-        Ok(())
+        self.switch.thaw().map_err(|source| CaptureError::Syscall {
+            what: "resuming a sample ring",
+            source,
+        })
+    }
+
+    fn freeze_switch(&self) -> Option<Arc<FreezeSwitch>> {
+        Some(Arc::clone(&self.switch))
     }
 }
 

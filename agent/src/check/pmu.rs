@@ -415,6 +415,17 @@ pub(super) fn aux_pause_report(
     kernel_supports: Option<bool>,
 ) -> AuxPauseReport {
     let kernel_version_supports = kernel.version.map(|v| v >= AUX_PAUSE_VERSION);
+    let how = match kernel_supports {
+        Some(true) => {
+            "probed: a cpu-clock event with aux_start_paused was refused with \
+                       EOPNOTSUPP (the field is parsed), not EINVAL (reserved)"
+        }
+        Some(false) => {
+            "probed: a cpu-clock event with aux_start_paused was refused with \
+                        EINVAL (the field is still reserved)"
+        }
+        None => "the probe was inconclusive; judged by the kernel version",
+    };
     let kernel_supports = kernel_supports.or(kernel_version_supports);
     let pmu_supports = intel_pt.aux_start_paused;
     let status = match (kernel_supports, pmu_supports) {
@@ -434,7 +445,7 @@ pub(super) fn aux_pause_report(
         (None, _) => Probe::fail("cannot tell whether the kernel supports aux_pause"),
     };
     AuxPauseReport {
-        status,
+        status: status.with_detail(how),
         kernel_supports,
         pmu_supports,
         kernel_version_supports,

@@ -26,8 +26,9 @@ use crate::{
     sys::process::HeldProcess,
     triggers::{
         AttachedProbe, EngineRule, ProbePoint, TriggerEngine, TriggerEvent,
+        pump::{FreezeHook, TriggerPump},
         resolve::{self, ResolveError},
-        stream::{EventStream, forward_logs},
+        stream::forward_logs,
     },
 };
 
@@ -156,7 +157,7 @@ fn install_rules(
 /// Everything a running session holds.
 struct Live {
     engine: TriggerEngine,
-    events: EventStream,
+    events: TriggerPump,
     installed: Vec<(EngineRule, Vec<AttachedProbe>)>,
     held: Option<HeldProcess>,
     child_exit: Option<AsyncFd<RawFd>>,
@@ -227,7 +228,6 @@ fn start(session: &Session) -> Result<Live, CliError> {
     let ring = engine
         .take_events()
         .context("taking the trigger ring buffer")?;
-    let events = EventStream::new(ring).context("watching the trigger ring buffer")?;
     let installed = install_rules(&mut engine, &session.rules, &session.target)?;
     let mask = installed.iter().fold(0u64, |m, (r, _)| m | 1 << r.id);
     let pids = match (&held, &session.target) {
@@ -244,6 +244,9 @@ fn start(session: &Session) -> Result<Live, CliError> {
         Some(opts) => Some(Recording::start(opts.clone(), &pids)?),
         None => None,
     };
+    // Triggers that fired meanwhile wait in the kernel's ring; the pump reads them first.
+    let events = TriggerPump::start(ring, freeze_hook(recording.as_ref()))
+        .context("starting the trigger reader")?;
     let child_exit = match held.as_mut() {
         Some(h) => {
             h.release().context("starting the command")?;
@@ -270,6 +273,20 @@ fn start(session: &Session) -> Result<Live, CliError> {
         recording,
         snapshots: 0,
     })
+}
+
+/// What the pump does at each trigger: stop the recorder's rings right there, unless the
+/// trigger asks to keep recording a while (`post_trigger`) or nothing records.
+fn freeze_hook(recording: Option<&Recording>) -> FreezeHook {
+    let switch = recording
+        .filter(|r| r.post_trigger().is_zero())
+        .and_then(Recording::freeze_switch);
+    match switch {
+        Some(switch) => Box::new(move |_| {
+            switch.freeze();
+        }),
+        None => Box::new(|_| {}),
+    }
 }
 
 /// Handles triggers until the targets exit, the limit is reached or we are interrupted;

@@ -74,6 +74,11 @@ impl Recording {
         }
     }
 
+    /// The recorder's freeze switch (for the trigger pump).
+    pub fn freeze_switch(&self) -> Option<std::sync::Arc<crate::capture::freeze::FreezeSwitch>> {
+        self.recorder.freeze_switch()
+    }
+
     /// How long to keep recording after a trigger.
     pub fn post_trigger(&self) -> Duration {
         self.opts.post_trigger

@@ -13,7 +13,7 @@ use super::{
     record::RecordOptions,
 };
 use crate::{
-    capture::{BackendRequest, CaptureOptions},
+    capture::{BackendRequest, CaptureOptions, PtOptions},
     rules::{self, Trigger},
     triggers::EngineRule,
 };
@@ -51,6 +51,14 @@ pub struct CommonArgs {
     /// Record kernel code too (PT kernel trace, kernel callchains).
     #[arg(long)]
     pub include_kernel: bool,
+    /// Intel PT only: trace only the code of this binary (an executable or shared
+    /// library; repeat for several). Each takes one of the CPU's address filter ranges
+    /// (`lookback check`: `nr_addr_filters`, usually 2 to 4), and the trace is smaller and
+    /// reaches further back in the same buffer. Example: --trace-binary /usr/bin/myserver
+    /// --trace-binary /usr/lib/x86_64-linux-gnu/libssl.so.3. Ignored by the sampling
+    /// backend.
+    #[arg(long = "trace-binary", value_name = "PATH")]
+    pub trace_binaries: Vec<PathBuf>,
     /// Keep recording this long after a trigger before freezing.
     #[arg(long, value_name = "DURATION", default_value = "0ms", value_parser = parse_duration)]
     pub post_trigger: Duration,
@@ -172,6 +180,10 @@ fn record_options(common: &CommonArgs) -> Option<RecordOptions> {
             buffer_size: usize::try_from(common.buffer_size).unwrap_or(usize::MAX),
             sample_frequency: common.sample_frequency,
             include_kernel: common.include_kernel,
+            pt: PtOptions {
+                trace_binaries: common.trace_binaries.clone(),
+                ..PtOptions::default()
+            },
             ..CaptureOptions::default()
         },
         output: common.output.clone(),

@@ -187,6 +187,9 @@ pub struct Capture {
     /// Hz, sampling backend; at least 1.
     pub sample_frequency: u32,
     pub include_kernel: bool,
+    /// Intel PT only: trace only the code of these binaries (address filters, at most the
+    /// CPU's `nr_addr_filters`); empty: all code. The sampling backend ignores it.
+    pub trace_binaries: Vec<PathBuf>,
 }
 
 impl Default for Capture {
@@ -196,6 +199,7 @@ impl Default for Capture {
             buffer_size: 4 << 20,
             sample_frequency: 10_000,
             include_kernel: false,
+            trace_binaries: Vec::new(),
         }
     }
 }

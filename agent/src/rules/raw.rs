@@ -121,13 +121,14 @@ pub(super) struct RawSignal {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of backend, buffer_size, sample_frequency, include_kernel"
+    expecting = "a mapping of backend, buffer_size, sample_frequency, include_kernel, trace_binaries"
 )]
 pub(super) struct RawCapture {
     pub backend: Option<Backend>,
     pub buffer_size: Option<BufferSize>,
     pub sample_frequency: Option<Positive>,
     pub include_kernel: Option<bool>,
+    pub trace_binaries: Option<List<AbsolutePath>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,7 +1,7 @@
 //! Good rules files: defaults and their merging, every trigger kind, the example configs in
 //! `configs/`. Bad files are in `tests`.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use super::*;
 
@@ -303,4 +303,31 @@ fn backend_and_format_spellings() {
         assert_eq!(format.to_string().parse::<OutputFormat>(), Ok(format));
     }
     assert_eq!(OutputFormat::ChromeJson.to_string(), "chrome-json");
+}
+
+#[test]
+fn trace_binaries_are_absolute_paths_merged_like_the_rest() {
+    let set = parse(
+        "version: 1\ndefaults:\n  capture: { trace_binaries: [/usr/bin/myserver] }\nrules:\n  \
+         - name: a\n    target: {comm: app}\n    trigger: {signal: {signals: [SIGSEGV]}}\n  \
+         - name: b\n    target: {comm: app}\n    trigger: {signal: {signals: [SIGSEGV]}}\n    \
+         capture: { trace_binaries: [/usr/bin/myserver, /usr/lib/libssl.so.3] }\n",
+    );
+    assert_eq!(
+        set.rules[0].capture.trace_binaries,
+        vec![PathBuf::from("/usr/bin/myserver")],
+        "from defaults"
+    );
+    assert_eq!(
+        set.rules[1].capture.trace_binaries.len(),
+        2,
+        "from the rule"
+    );
+    let err = RuleSet::from_str(
+        "version: 1\nrules:\n  - name: a\n    target: {comm: app}\n    \
+         trigger: {signal: {signals: [SIGSEGV]}}\n    capture: { trace_binaries: [bin/x] }\n",
+        "bad.yaml",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("absolute path"), "{err}");
 }

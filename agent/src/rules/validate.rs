@@ -194,6 +194,12 @@ fn merge_capture(rule: Option<&RawCapture>, defaults: Option<&RawCapture>) -> Ca
         sample_frequency: pick(rule, defaults, |c| c.sample_frequency)
             .map_or(base.sample_frequency, |hz| hz.0),
         include_kernel: pick(rule, defaults, |c| c.include_kernel).unwrap_or(base.include_kernel),
+        trace_binaries: pick(rule, defaults, |c| {
+            c.trace_binaries
+                .as_ref()
+                .map(|l| l.0.iter().map(|p| p.0.clone()).collect())
+        })
+        .unwrap_or(base.trace_binaries),
     }
 }
 

@@ -23,6 +23,7 @@ fn sample_snapshot() -> Snapshot {
             clockid: Some(1),
             cpus: vec![0, 1],
             aux_pause: false,
+            address_filter: None,
         },
         freeze_time_ns: 5_000_000,
         pause_duration_ns: 1_200,

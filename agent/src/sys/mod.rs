@@ -9,6 +9,7 @@ pub mod bpf;
 pub mod mmap;
 pub mod perf;
 pub mod process;
+pub mod thread;
 
 /// A failed system call: which call, and the OS error it returned.
 #[derive(Debug, thiserror::Error)]

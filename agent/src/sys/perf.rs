@@ -138,6 +138,21 @@ pub fn pause_output(fd: BorrowedFd<'_>, paused: bool) -> Result<(), SyscallError
     }
 }
 
+/// `PERF_EVENT_IOC_SET_FILTER`: an address filter (AUX PMUs such as Intel PT) or a
+/// tracepoint filter, in the kernel's text syntax.
+pub fn set_filter(fd: BorrowedFd<'_>, filter: &CStr) -> Result<(), SyscallError> {
+    // SAFETY: `fd` is a live descriptor; the kernel copies the NUL-terminated string that
+    // `filter` keeps alive for the call, and never writes to it.
+    let ret = unsafe {
+        perf_event_open_sys::ioctls::SET_FILTER(fd.as_raw_fd(), filter.as_ptr().cast_mut())
+    };
+    if ret < 0 {
+        Err(SyscallError::last("ioctl(PERF_EVENT_IOC_SET_FILTER)"))
+    } else {
+        Ok(())
+    }
+}
+
 /// `PERF_EVENT_IOC_SET_OUTPUT`: `fd` writes its records into `target`'s ring buffer (same
 /// CPU, same clock, same `write_backward`).
 pub fn set_output(fd: BorrowedFd<'_>, target: BorrowedFd<'_>) -> Result<(), SyscallError> {

@@ -56,16 +56,21 @@ pub enum EventError {
     Kind { kind: u32 },
 }
 
+/// The kernel's record in `bytes`, copied out as is (no allocation: the freeze path reads
+/// the rule and process from it before anything else happens).
+pub fn record_from_bytes(bytes: &[u8]) -> Result<TriggerRecord, EventError> {
+    if bytes.len() < TRIGGER_RECORD_SIZE {
+        return Err(EventError::Short { len: bytes.len() });
+    }
+    // SAFETY: length checked above; TriggerRecord is repr(C) plain integers, valid for
+    // every bit pattern; read_unaligned makes no alignment assumption on ring memory.
+    Ok(unsafe { bytes.as_ptr().cast::<TriggerRecord>().read_unaligned() })
+}
+
 impl TriggerEvent {
     /// Decodes one ring-buffer record.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, EventError> {
-        if bytes.len() < TRIGGER_RECORD_SIZE {
-            return Err(EventError::Short { len: bytes.len() });
-        }
-        // SAFETY: length checked above; TriggerRecord is repr(C) plain integers, valid for
-        // every bit pattern; read_unaligned makes no alignment assumption on ring memory.
-        let r: TriggerRecord = unsafe { bytes.as_ptr().cast::<TriggerRecord>().read_unaligned() };
-        Self::from_record(&r)
+        Self::from_record(&record_from_bytes(bytes)?)
     }
 
     /// Converts a record, checking its kind.

@@ -101,6 +101,7 @@ fn snapshot() -> Snapshot {
             clockid: Some(1),
             cpus: vec![0],
             aux_pause: false,
+            address_filter: None,
         },
         freeze_time_ns: 2_000_000,
         pause_duration_ns: 0,
