@@ -121,6 +121,32 @@ fn run_freezes_the_window_before_a_slow_call() {
 }
 
 #[test]
+fn freeze_spin_stops_the_rings_at_the_recorded_freeze_and_exits_cleanly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_lookback(
+        dir.path(),
+        &["--freeze-spin", "--trigger", "func:lb_spin>20ms"],
+        &["spin", "40", "2"],
+    );
+    let snap = read_snapshot(&dir.path().join("trace.lbsnap"));
+    let trigger = snap.meta.trigger.clone().expect("trigger");
+    assert_covers_window(&snap, trigger.pid, 2);
+    // The rings were stopped by the spinning thread when the snapshot says: no sample is
+    // later than the freeze.
+    let frozen = trigger.trigger_time_ns + snap.meta.trigger_to_freeze_ns.expect("latency");
+    let last = samples(&snap)
+        .iter()
+        .filter_map(|s| s.time)
+        .max()
+        .expect("samples");
+    assert!(
+        last <= frozen,
+        "a sample {} ns after the freeze",
+        last - frozen
+    );
+}
+
+#[test]
 fn a_target_that_exits_right_after_the_trigger_still_yields_its_snapshot() {
     let dir = tempfile::tempdir().expect("tempdir");
     // The workload exits as soon as lb_spin returns; the freeze comes 100 ms later.

@@ -80,6 +80,38 @@ pub fn bench(env: &BuildEnv, freeze_only: bool, triggers: usize) -> Result<()> {
 /// Trigger → freeze latency of the sampling backend over `triggers` triggers: the kernel's
 /// trigger timestamp to the moment the rings stopped, as recorded in each snapshot.
 fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path, triggers: usize) -> Result<()> {
+    println!();
+    println!("| trigger → freeze (sampling) | pump | triggers | p50 | p90 | p99 | max |");
+    println!("|---|---|---|---|---|---|---|");
+    for spin in [false, true] {
+        let mut lat = freeze_run(env, lookback, workload, triggers, spin)?;
+        lat.sort_unstable();
+        let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];
+        println!(
+            "| `func:lb_work>1ms`, one every 10 ms | {} | {} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs |",
+            if spin {
+                "`--freeze-spin`"
+            } else {
+                "sleeps (default)"
+            },
+            lat.len(),
+            us(pct(50)),
+            us(pct(90)),
+            us(pct(99)),
+            us(lat[lat.len() - 1])
+        );
+    }
+    Ok(())
+}
+
+/// The `trigger_to_freeze_ns` of each snapshot of one `lookback run`.
+fn freeze_run(
+    env: &BuildEnv,
+    lookback: &Path,
+    workload: &Path,
+    triggers: usize,
+    spin: bool,
+) -> Result<Vec<u64>> {
     let dir = env.root.join("target/bench/freeze");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -97,6 +129,7 @@ fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path, triggers: us
             "--max-snapshots",
             "0",
         ])
+        .args(spin.then_some("--freeze-spin"))
         .args(["--trigger", "func:lb_work>1ms", "-o"])
         .arg(dir.join("trace.lbsnap"))
         .arg("--")
@@ -106,7 +139,7 @@ fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path, triggers: us
         .output()
         .context("running lookback")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut lat: Vec<u64> = text
+    let lat: Vec<u64> = text
         .lines()
         .filter_map(|l| {
             let rest = l.split("\"trigger_to_freeze_ns\":").nth(1)?;
@@ -120,20 +153,7 @@ fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path, triggers: us
     if lat.is_empty() {
         bail!("no trigger_to_freeze_ns in lookback's output");
     }
-    lat.sort_unstable();
-    let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];
-    println!();
-    println!("| trigger → freeze (sampling) | triggers | p50 | p90 | p99 | max |");
-    println!("|---|---|---|---|---|---|");
-    println!(
-        "| `func:lb_work>1ms`, one every 10 ms | {} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs |",
-        lat.len(),
-        us(pct(50)),
-        us(pct(90)),
-        us(pct(99)),
-        us(lat[lat.len() - 1])
-    );
-    Ok(())
+    Ok(lat)
 }
 
 #[expect(clippy::cast_precision_loss, reason = "display only")]

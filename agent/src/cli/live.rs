@@ -26,7 +26,7 @@ use crate::{
     sys::process::HeldProcess,
     triggers::{
         AttachedProbe, EngineRule, ProbePoint, TriggerEngine, TriggerEvent,
-        pump::{FreezeHook, TriggerPump},
+        pump::{FreezeHook, TriggerPump, Wait},
         resolve::{self, ResolveError},
         stream::forward_logs,
     },
@@ -51,6 +51,8 @@ pub struct Session {
     pub max_events: u64,
     /// `None`: dry run (print triggers only).
     pub record: Option<RecordOptions>,
+    /// How the trigger thread waits (`--freeze-spin`).
+    pub wait: Wait,
 }
 
 pub fn run_session(session: Session) -> CliResult {
@@ -245,7 +247,7 @@ fn start(session: &Session) -> Result<Live, CliError> {
         None => None,
     };
     // Triggers that fired meanwhile wait in the kernel's ring; the pump reads them first.
-    let events = TriggerPump::start(ring, freeze_hook(recording.as_ref()))
+    let events = TriggerPump::start(ring, freeze_hook(recording.as_ref()), session.wait)
         .context("starting the trigger reader")?;
     let child_exit = match held.as_mut() {
         Some(h) => {

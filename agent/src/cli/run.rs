@@ -15,7 +15,7 @@ use super::{
 use crate::{
     capture::{BackendRequest, CaptureOptions, PtOptions},
     rules::{self, Trigger},
-    triggers::EngineRule,
+    triggers::{EngineRule, pump::Wait},
 };
 
 /// Options shared by `run` and `attach`.
@@ -87,6 +87,13 @@ pub struct CommonArgs {
     /// Do not follow children forked by the target.
     #[arg(long)]
     pub no_follow_forks: bool,
+    /// Keep one CPU spinning on the trigger ring instead of sleeping until a trigger
+    /// arrives: the recorder freezes a few µs after the kernel's decision instead of after
+    /// a scheduler wakeup (60 µs typical, and milliseconds at the tail, on a busy VM), so
+    /// less of the moment is overwritten. Costs a whole CPU while tracing; for short,
+    /// targeted recordings.
+    #[arg(long)]
+    pub freeze_spin: bool,
 }
 
 #[derive(Debug, Args)]
@@ -199,6 +206,11 @@ fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
         json: common.json,
         max_events: common.max_snapshots,
         record: record_options(common),
+        wait: if common.freeze_spin {
+            Wait::Spin
+        } else {
+            Wait::Sleep
+        },
     })
 }
 

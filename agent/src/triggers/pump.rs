@@ -32,6 +32,19 @@ use crate::sys::{SyscallError, thread};
 /// Runs on the pump thread for every trigger record, before it is decoded or sent.
 pub type FreezeHook = Box<dyn FnMut(&TriggerRecord) + Send>;
 
+/// How the pump thread waits for the next trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wait {
+    /// Sleeps in `poll` (in `SCHED_FIFO` when allowed): no CPU while idle, but each trigger
+    /// waits for a scheduler wakeup (tens of µs in a VM).
+    #[default]
+    Sleep,
+    /// Spins on the ring, a normal-priority thread busy on one CPU for the whole session:
+    /// the freeze follows the kernel's submit within a few µs. For a short, targeted
+    /// recording (`lookback run --freeze-spin`), not a daemon.
+    Spin,
+}
+
 /// `SCHED_FIFO` priority of the pump thread: above every normal task, below the kernel's
 /// own RT threads (which use 50 and up).
 const PUMP_PRIORITY: i32 = 10;
@@ -67,7 +80,7 @@ pub struct TriggerPump {
 
 impl TriggerPump {
     /// Starts the thread on `ring`; `hook` runs on it for every record.
-    pub fn start(ring: RingBuf<MapData>, hook: FreezeHook) -> Result<Self, PumpError> {
+    pub fn start(ring: RingBuf<MapData>, hook: FreezeHook, wait: Wait) -> Result<Self, PumpError> {
         let control = Arc::new(Control {
             wake: thread::eventfd().map_err(PumpError::EventFd)?,
             stop: AtomicBool::new(false),
@@ -79,7 +92,7 @@ impl TriggerPump {
         let shared = Arc::clone(&control);
         let thread = std::thread::Builder::new()
             .name("lookback-freeze".to_owned())
-            .spawn(move || pump(ring, hook, &shared, &tx))
+            .spawn(move || pump(ring, hook, &shared, &tx, wait))
             .map_err(PumpError::Spawn)?;
         Ok(Self {
             rx,
@@ -136,8 +149,12 @@ fn pump(
     mut hook: FreezeHook,
     control: &Control,
     tx: &mpsc::UnboundedSender<Vec<TriggerEvent>>,
+    wait: Wait,
 ) {
-    if let Err(e) = thread::set_fifo_priority(PUMP_PRIORITY) {
+    // A spinning thread stays at normal priority: in SCHED_FIFO it would starve its CPU.
+    if wait == Wait::Sleep
+        && let Err(e) = thread::set_fifo_priority(PUMP_PRIORITY)
+    {
         log::debug!("trigger pump stays a normal thread: {e}");
     }
     loop {
@@ -149,6 +166,12 @@ fn pump(
         control.flush_done.fetch_max(ticket, Ordering::AcqRel);
         if control.stop.load(Ordering::Acquire) {
             return;
+        }
+        if wait == Wait::Spin {
+            // The ring's positions are plain memory: `next()` above read them without a
+            // syscall; stop and drain requests are seen through the atomics.
+            std::hint::spin_loop();
+            continue;
         }
         // SAFETY: the ring's fd lives as long as `ring`, which outlives this borrow.
         let ring_fd = unsafe { BorrowedFd::borrow_raw(ring.as_raw_fd()) };
