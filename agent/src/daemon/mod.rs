@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod discovery;
+pub mod early_freeze;
 pub mod http;
 pub mod kubernetes;
 pub mod metrics;
@@ -28,6 +29,7 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::signal::unix::{SignalKind, signal};
 
+use self::early_freeze::EarlyFreeze;
 use self::{
     config::ConfigFile,
     http::{HttpError, HttpState},
@@ -42,7 +44,8 @@ use crate::{
     rules::{RuleSet, RulesError},
     triggers::{
         TriggerEngine, TriggerError,
-        stream::{EventStream, ProcessEvent, ProcessEventStream, forward_logs},
+        pump::{PumpError, TriggerPump, Wait},
+        stream::{ProcessEvent, ProcessEventStream, forward_logs},
     },
 };
 
@@ -110,6 +113,8 @@ pub enum DaemonError {
     Http(#[from] HttpError),
     #[error("metrics")]
     Metrics(#[from] MetricsError),
+    #[error("starting the trigger thread")]
+    Pump(#[from] PumpError),
     #[error("setting up the agent")]
     Io(#[from] std::io::Error),
 }
@@ -193,7 +198,17 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     if let Some(logger) = engine.logger() {
         tokio::spawn(forward_logs(logger));
     }
-    let mut triggers = EventStream::new(engine.take_events()?)?;
+    // Triggers are read by their own thread, which stops the triggering process's recorder
+    // before the event loop gets to the trigger (`early_freeze`).
+    let early = Arc::new(EarlyFreeze::default());
+    let hook_table = Arc::clone(&early);
+    let mut triggers = TriggerPump::start(
+        engine.take_events()?,
+        Box::new(move |record| {
+            hook_table.on_trigger(record);
+        }),
+        Wait::Sleep,
+    )?;
     let mut processes = ProcessEventStream::new(engine.take_process_events()?)?;
     engine.enable_process_events()?;
     let _bpf_stats = if opts.bpf_stats {
@@ -207,7 +222,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     } else {
         None
     };
-    let mut tracer = Tracer::new(engine, opts.proc_root.clone(), auto);
+    let mut tracer = Tracer::new(engine, opts.proc_root.clone(), auto, early);
     let mut pods = start_pods(&opts, &rules, &mut tracer);
     let (mut pipeline, mut due) = Pipeline::new(&opts, Arc::clone(&metrics));
     let changes = tracer.apply_rules(&rules)?;

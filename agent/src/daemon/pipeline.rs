@@ -38,6 +38,19 @@ pub struct FreezeRequest {
     pub event: TriggerEvent,
 }
 
+/// Restarts the recorder of `pid` that the trigger thread may have stopped for a trigger
+/// the pipeline then dropped (`early_freeze`); a recorder that runs is left as it is.
+fn resume_early(tracer: &mut Tracer, pid: u32) {
+    if let Some((_, recorder)) = tracer.recorder_for(pid)
+        && recorder
+            .freeze_switch()
+            .is_some_and(|s| s.frozen_at().is_some())
+        && let Err(e) = recorder.resume()
+    {
+        log::warn!("resuming the recorder: {}", ErrorChain(&e));
+    }
+}
+
 /// Snapshots between trigger and disk.
 pub struct Pipeline {
     metrics: Arc<Metrics>,
@@ -71,6 +84,7 @@ impl Pipeline {
     pub fn on_trigger(&mut self, tracer: &mut Tracer, event: TriggerEvent) {
         let Some(active) = tracer.rule_by_id(event.rule_id) else {
             log::debug!("trigger of a rule removed since: {event}");
+            resume_early(tracer, event.pid);
             return;
         };
         let rule = active.rule.name.clone();
@@ -85,6 +99,7 @@ impl Pipeline {
         if self.pending.contains_key(&event.pid) || self.jobs.len() >= self.max_queued {
             log::warn!("trigger {rule}: a snapshot is already in flight; suppressed (busy)");
             self.metrics.suppressed_busy(&rule);
+            resume_early(tracer, event.pid);
             return;
         }
         let request = FreezeRequest { rule, event };
@@ -124,6 +139,7 @@ impl Pipeline {
     pub fn freeze(&mut self, tracer: &mut Tracer, request: FreezeRequest) {
         let FreezeRequest { rule, event } = request;
         let Some(active) = tracer.rules().find(|r| r.rule.name == rule) else {
+            resume_early(tracer, event.pid);
             return;
         };
         let policy = active.rule.output.clone();

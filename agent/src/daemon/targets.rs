@@ -12,11 +12,13 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use lookback_common::MAX_RULES;
 
 use super::discovery::{self, ProcessInfo};
+use super::early_freeze::EarlyFreeze;
 use crate::{
     capture::{self, BackendRequest, CaptureOptions, Recorder},
     rules::{self, Rule, RuleSet, Trigger},
@@ -84,11 +86,19 @@ pub struct Tracer {
     auto: BackendRequest,
     /// The comms the kernel pre-selects at exec (`EXEC_COMMS`).
     exec_comms: HashMap<String, u64>,
+    /// The recorders' freeze switches, for the trigger thread.
+    early: Arc<EarlyFreeze>,
 }
 
 impl Tracer {
-    pub fn new(engine: TriggerEngine, proc_root: PathBuf, auto: BackendRequest) -> Self {
+    pub fn new(
+        engine: TriggerEngine,
+        proc_root: PathBuf,
+        auto: BackendRequest,
+        early: Arc<EarlyFreeze>,
+    ) -> Self {
         Self {
+            early,
             auto,
             exec_comms: HashMap::new(),
             engine,
@@ -162,6 +172,12 @@ impl Tracer {
             }
         }
         self.sync_exec_comms();
+        self.early.set_immediate(
+            self.rules
+                .values()
+                .filter(|a| a.rule.snapshot.post_trigger.is_zero())
+                .fold(0, |bits, a| bits | 1u64 << a.id),
+        );
         self.rescan();
         Ok(changes)
     }
@@ -246,6 +262,8 @@ impl Tracer {
             }
         }
         self.processes.retain(|_, p| p.mask != 0);
+        let processes = &self.processes;
+        self.early.retain(|pid| processes.contains_key(&pid));
     }
 
     /// Puts the cgroups of pod-selected containers into the kernel's target set, each with
@@ -343,7 +361,12 @@ impl Tracer {
             && let Some(opts) = capture
         {
             match capture::open_recorder(&opts, &[pid]) {
-                Ok(r) => traced.recorder = Some(r),
+                Ok(r) => {
+                    if let Some(switch) = r.freeze_switch() {
+                        self.early.insert(pid, switch);
+                    }
+                    traced.recorder = Some(r);
+                }
                 Err(e) => log::warn!(
                     "process {pid}: no flight recorder ({}); triggers are still counted",
                     ErrorChain(&e)
@@ -373,6 +396,7 @@ impl Tracer {
         if self.processes.remove(&pid).is_none() {
             return;
         }
+        self.early.remove(pid);
         if kernel_gone {
             self.engine.forget_target(pid);
         } else if let Err(e) = self.engine.remove_target(pid) {
