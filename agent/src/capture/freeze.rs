@@ -132,6 +132,19 @@ impl FreezeSwitch {
         self.pause_ns.load(Ordering::Relaxed)
     }
 
+    /// For a recorder's own freeze, which stopped the rings between `before` and `after`:
+    /// the freeze time that holds (the pump's, when it stopped them first) and how long
+    /// stopping took.
+    pub fn settle(&self, before: u64, after: u64) -> (u64, u64) {
+        let at = self.mark_frozen(after);
+        let took = if at == after {
+            after.saturating_sub(before)
+        } else {
+            self.pause_ns()
+        };
+        (at, took)
+    }
+
     /// Marks the rings stopped at `at` when nothing stopped them yet (the recorder froze
     /// them itself); returns the time that holds.
     pub fn mark_frozen(&self, at: u64) -> u64 {

@@ -304,13 +304,8 @@ impl Recorder for PtRecorder {
         self.set_enabled(false)?;
         self.disabled = true;
         let after = super::monotonic_ns();
-        // The pump may have disabled PT at the trigger already: that moment counts.
-        let freeze_time_ns = self.switch.mark_frozen(after);
-        let pause_duration_ns = if freeze_time_ns == after {
-            after.saturating_sub(before)
-        } else {
-            self.switch.pause_ns()
-        };
+        // The pump may have stopped the rings at the trigger already: that moment counts.
+        let (freeze_time_ns, pause_duration_ns) = self.switch.settle(before, after);
         let tsc_at_freeze = crate::sys::read_tsc();
         let (mut rings, mut sideband, mut clock) = (Vec::new(), Vec::new(), None);
         for (cpu, r) in self.events.rings_mut() {

@@ -227,13 +227,8 @@ impl Recorder for SamplingRecorder {
         let before = super::monotonic_ns();
         self.pause_all()?;
         let after = super::monotonic_ns();
-        // The pump may have paused the rings at the trigger already: that moment counts.
-        let freeze_time_ns = self.switch.mark_frozen(after);
-        let pause_duration_ns = if freeze_time_ns == after {
-            after.saturating_sub(before)
-        } else {
-            self.switch.pause_ns()
-        };
+        // The pump may have stopped the rings at the trigger already: that moment counts.
+        let (freeze_time_ns, pause_duration_ns) = self.switch.settle(before, after);
         let tsc_at_freeze = crate::sys::read_tsc();
         let mut rings = Vec::new();
         let mut summary = StreamSummary::default();

@@ -260,18 +260,10 @@ impl Timeline {
             .collect()
     }
 
-    /// The thread that ran at `tsc`, by a search of its own (the reference for `span`).
+    /// The thread that ran at `tsc`.
     #[cfg(test)]
     fn at(&self, tsc: u64) -> Option<Thread> {
-        let index = self.entries.partition_point(|e| e.0 <= tsc);
-        match index.checked_sub(1).map(|i| self.entries[i]) {
-            None => self.initial,
-            Some((_, Some(thread))) => Some(thread),
-            Some((_, None)) => self.entries[index..]
-                .iter()
-                .find_map(|e| e.1)
-                .or(self.initial),
-        }
+        self.span(tsc).2
     }
 
     /// The thread that ran at `tsc`, and the TSC range `[lo, hi)` where the same thread ran

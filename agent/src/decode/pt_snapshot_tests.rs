@@ -51,9 +51,12 @@ fn threads_follow_itrace_start_and_switches() {
     for tsc in 0..400 {
         let (lo, hi, thread) = line.span(tsc);
         assert!((lo..hi).contains(&tsc), "{tsc} in [{lo}, {hi})");
-        assert_eq!(thread, line.at(tsc));
         for other in [lo, hi.min(400) - 1] {
-            assert_eq!(line.at(other), thread, "{other} in the span of {tsc}");
+            assert_eq!(
+                line.span(other),
+                (lo, hi, thread),
+                "{other} in the span of {tsc}"
+            );
         }
     }
     assert_eq!(
