@@ -6,15 +6,19 @@
 //! general path (`next_block`, its cache walk, the event layer) would report them: same
 //! events, times, offsets, counts and decoder state. Blocks come whole from
 //! [`FastBlocks`] (one lookup per block), TNT bits are used from a word, and TNT and TIP
-//! packets are read straight from the trace ([`hot_packet`]). Anything else hands over
-//! to the general path: before a block the fast path cannot take (a block not cached
-//! yet, a far transfer, a TNT where a TIP is due ...), or, after a block's last bit or
-//! TIP, when the next packet is not a TNT or TIP (PSB+, timing, MODE, FUP, OVF ...):
-//! then the general path fetches that event and ends the block itself.
+//! packets are read straight from the trace ([`hot_packet`]). Anything else goes to the
+//! general path: a block the fast path cannot take (not cached yet, a far transfer, a
+//! TNT where a TIP is due ...) is left to it whole; when a block's last TNT bit or its
+//! TIP is used and the next packet is not a TNT or TIP (PSB+, timing, MODE, FUP, OVF
+//! ...), the general path fetches that event and ends the block itself.
+//!
+//! The loop runs on locals ([`Fast`], [`Tally`], the return stack) that are written back
+//! when it stops, so that the compiler keeps them in registers: it is about 60
+//! instructions per block, and the instruction count is what bounds its speed.
 
 use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
 use crate::decode::pt::events::{Event, EventKind};
-use crate::decode::pt::fast_blocks::{self, Exit, FastBlock};
+use crate::decode::pt::fast_blocks::{self, Exit, FastBlock, FastBlocks};
 use crate::decode::pt::flow::{Block, BlockDecoder, RetStack};
 use crate::decode::pt::insn::InsnClass;
 use crate::decode::pt::last_ip::LastIp;
@@ -23,6 +27,10 @@ use crate::decode::pt::parse_hot::{Hot, hot_packet, skip_pads};
 
 /// Branch events a fast run produces before handing them out.
 const BATCH: usize = 256;
+
+/// The largest instruction count a fast run starts from: it adds at most
+/// [`MAX_STALLED_INSNS`] plus a block before the count starts over, so it cannot overflow.
+const MAX_ENTRY_ICNT: u32 = u32::MAX - (1 << 22);
 
 /// The trace event being used up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +61,7 @@ impl Stamp {
     }
 }
 
-/// The decoder state the fast path keeps in locals, and writes back when it hands over.
+/// The decoder state the fast path keeps in locals.
 #[derive(Debug, Clone, Copy)]
 struct Fast {
     ip: u64,
@@ -68,7 +76,9 @@ struct Fast {
     cur_time: Stamp,
     /// The time new events get (no timing packet is read here).
     now: Stamp,
-    icnt: Option<u32>,
+    /// The instruction count for TRIG, when it is on (`BlockDecoder::icnt`).
+    icnt: u32,
+    icnt_on: bool,
     last_ip: LastIp,
 }
 
@@ -82,6 +92,7 @@ impl Fast {
             || dec.config.tick_events
             || dec.speculative
             || dec.mode == ExecMode::Unknown
+            || dec.icnt.is_some_and(|n| n > MAX_ENTRY_ICNT)
             || ev.status.is_err()
             || !ev.enabled
             || ev.event.is_some()
@@ -112,34 +123,19 @@ impl Fast {
             },
             cur_time: Stamp::of(&dec.event),
             now: Stamp::of(&ev.timed(EventKind::Ignore)),
-            icnt: dec.icnt,
+            icnt: dec.icnt.unwrap_or(0),
+            icnt_on: dec.icnt.is_some(),
             last_ip: ev.ip,
         })
     }
 
-    /// Uses the next TNT bit (the caller checked there is one).
-    #[inline]
-    fn take_bit(&mut self) -> bool {
-        match &mut self.cur {
-            Cur::Tnt { bits, left } if *left > 0 => {
-                *left -= 1;
-                *bits >> *left & 1 == 1
-            }
-            _ => false,
-        }
-    }
-
-    /// `cur` is used up (after a branch that needed trace).
-    #[inline]
-    fn used_up(&self) -> bool {
-        match self.cur {
-            Cur::Tnt { left, .. } => left == 0,
-            Cur::Tip { .. } => true,
-        }
-    }
-
     /// Moves on to the next event if it is a TNT or a TIP with an IP; false (and no
     /// change) otherwise.
+    #[expect(
+        clippy::inline_always,
+        reason = "the fast loop's state stays in registers only if this is inlined"
+    )]
+    #[inline(always)]
     fn next_event(&mut self, trace: &[u8]) -> bool {
         let at = match self.cur {
             Cur::Tnt { .. } => self.pos,
@@ -163,16 +159,17 @@ impl Fast {
         // As `BlockDecoder::fetch_event`: the used-up event's time counts as seen, and
         // a TNT or TIP anchors the instruction count.
         self.seen = self.cur_time;
-        self.icnt = Some(0);
+        self.icnt = 0;
+        self.icnt_on = true;
         self.cur = cur;
         self.cur_time = self.now;
         true
     }
 
     /// Writes the state back, as the general path would have left it.
-    fn store(&self, dec: &mut BlockDecoder<'_>) {
+    fn store(self, dec: &mut BlockDecoder<'_>) {
         dec.ip = self.ip;
-        dec.icnt = self.icnt;
+        dec.icnt = self.icnt_on.then_some(self.icnt);
         dec.tsc = self.seen.tsc;
         dec.has_tsc = self.seen.has_tsc;
         dec.lost_mtc = self.seen.lost_mtc;
@@ -197,28 +194,8 @@ impl Fast {
     }
 }
 
-/// The general path's block for `block` (for the hand-over).
-fn general_block(block: &FastBlock) -> Block {
-    Block {
-        ip: block.ip,
-        end_ip: block.end_ip,
-        mode: block.mode,
-        isid: block.isid,
-        ninsn: block.ninsn,
-        class: match block.exit {
-            Exit::Cond => InsnClass::CondJump,
-            Exit::DirectCall | Exit::IndirectCall => InsnClass::Call,
-            Exit::DirectJump => InsnClass::Jump,
-            Exit::Return => InsnClass::Return,
-            Exit::IndirectJump => InsnClass::Indirect,
-        },
-        size: block.size,
-        ..Block::default()
-    }
-}
-
-/// What the fast path counts as it goes, kept out of `Branches` until it stops (the
-/// compiler keeps these in registers).
+/// What the fast path counts as it goes, written to `Branches` when it stops.
+#[derive(Debug, Clone, Copy)]
 struct Tally {
     blocks: u64,
     insns: u64,
@@ -226,20 +203,12 @@ struct Tally {
     branches: [u64; 3],
     last_ip: u64,
     stalled: (usize, u64),
+    /// Events in the batch.
+    queued: usize,
 }
 
 impl Tally {
-    fn new(branches: &Branches<'_>) -> Self {
-        Self {
-            blocks: 0,
-            insns: 0,
-            branches: [0; 3],
-            last_ip: branches.last_ip,
-            stalled: branches.stalled,
-        }
-    }
-
-    fn store(&self, branches: &mut Branches<'_>) {
+    fn store(self, branches: &mut Branches<'_>) {
         let counts = &mut branches.counts;
         counts.blocks += self.blocks;
         counts.instructions += self.insns;
@@ -253,7 +222,17 @@ impl Tally {
         branches.last_ip = self.last_ip;
         branches.stalled = self.stalled;
         branches.held = None;
+        branches.queue.len = self.queued;
     }
+}
+
+/// Why a fast run stopped.
+enum Stop {
+    /// The batch is full, or the next block is for the general path.
+    Pause,
+    /// The branch ending `block` used up its trace event and the next event is not one
+    /// the fast path reads: the general path fetches it and ends the block.
+    HandOver { offset: usize, block: FastBlock },
 }
 
 /// A slot filler for the event buffer.
@@ -271,107 +250,57 @@ impl Branches<'_> {
     /// Decodes blocks on the fast path while it can; false if it could not take even
     /// one (then nothing changed).
     pub(super) fn run_fast(&mut self) -> bool {
-        if self.fast.is_none() {
-            return false;
-        }
-        let Some(mut fast) = Fast::enter(&self.dec) else {
+        let Some(mut fast) = self
+            .fast
+            .is_some()
+            .then(|| Fast::enter(&self.dec))
+            .flatten()
+        else {
             return false;
         };
         if self.queue.buf.len() < BATCH {
             self.queue.buf.resize(BATCH, NO_EVENT);
         }
-        let trace = self.dec.evdec.pkt.trace();
-        let mut tally = Tally::new(self);
-        let mut queued = self.queue.len;
-        let mut resolved = false;
-        while queued < BATCH {
-            let offset = fast.pos;
-            // The block is used in place: copying it showed up as store-forwarding stalls.
-            let Some(block) = self.fast.as_ref().and_then(|b| b.get(fast.ip, fast.mode)) else {
-                if resolved {
-                    break;
-                }
-                let Some(block) = fast_blocks::resolve(&self.dec, fast.ip, fast.mode) else {
-                    break;
-                };
-                if let Some(blocks) = self.fast.as_mut() {
-                    blocks.insert(block);
-                }
-                resolved = true;
-                continue;
-            };
-            resolved = false;
-            // Leave the block to the general path where it would fail or differ.
-            let ready = match (block.exit, fast.cur) {
-                (Exit::Cond, Cur::Tnt { .. })
-                | (Exit::DirectCall | Exit::DirectJump, _)
-                | (Exit::Return | Exit::IndirectCall | Exit::IndirectJump, Cur::Tip { .. }) => true,
-                (Exit::Return, Cur::Tnt { bits, left }) => {
-                    bits >> (left - 1) & 1 == 1 && !self.dec.retstack.is_empty()
-                }
-                (Exit::IndirectCall | Exit::IndirectJump, Cur::Tnt { .. })
-                | (Exit::Cond, Cur::Tip { .. }) => false,
-            };
-            let icnt = match fast.icnt {
-                Some(n) => match n.checked_add(u32::from(block.ninsn)) {
-                    Some(n) => Some(n),
-                    None => break,
-                },
-                None => None,
-            };
-            let stalled = if offset == tally.stalled.0 {
-                tally.stalled.1 + u64::from(block.ninsn) + 1
-            } else {
-                0
-            };
-            if !ready || stalled > MAX_STALLED_INSNS {
-                break;
+        let mut tally = Tally {
+            blocks: 0,
+            insns: 0,
+            branches: [0; 3],
+            last_ip: self.last_ip,
+            stalled: self.stalled,
+            queued: self.queue.len,
+        };
+        let mut retstack = std::mem::take(&mut self.dec.retstack);
+        let stop = match (
+            self.fast.as_mut(),
+            self.queue
+                .buf
+                .get_mut(..BATCH)
+                .and_then(|b| b.try_into().ok()),
+        ) {
+            (Some(table), Some(buf)) => {
+                run(&mut fast, &mut tally, &mut retstack, table, buf, &self.dec)
             }
-            fast.icnt = icnt;
-            let kind = take_branch(&mut fast, block, &mut self.dec.retstack);
-            let traced = !matches!(block.exit, Exit::DirectCall | Exit::DirectJump);
-            if traced && fast.used_up() && !fast.next_event(trace) {
-                let block = *block;
-                self.queue.len = queued;
-                tally.store(self);
-                self.hand_over(&fast, offset, &block);
-                return true;
-            }
-            tally.blocks += 1;
-            tally.insns += u64::from(block.ninsn);
-            tally.last_ip = block.end_ip;
-            tally.stalled = (offset, stalled);
-            if let Some(kind) = kind {
-                if let Some(n) = tally.branches.get_mut(kind.index()) {
-                    *n += 1;
-                }
-                if let Some(slot) = self.queue.buf.get_mut(queued) {
-                    *slot = BranchEvent {
-                        kind,
-                        from: block.end_ip,
-                        to: fast.ip,
-                        tsc: fast.seen.tsc,
-                        has_tsc: fast.seen.has_tsc,
-                        offset: fast.pos,
-                        error: None,
-                    };
-                }
-                queued += 1;
-            }
-        }
-        if tally.blocks == 0 {
-            return false;
-        }
-        self.queue.len = queued;
+            _ => Stop::Pause,
+        };
+        self.dec.retstack = retstack;
+        let progressed = tally.blocks > 0;
         tally.store(self);
-        fast.store(&mut self.dec);
-        true
+        match stop {
+            Stop::HandOver { offset, block } => {
+                fast.store(&mut self.dec);
+                self.hand_over(fast, offset, &block);
+                true
+            }
+            Stop::Pause if progressed => {
+                fast.store(&mut self.dec);
+                true
+            }
+            Stop::Pause => false,
+        }
     }
 
-    /// `block`'s trace is used up and the next event is not one the fast path reads:
-    /// the general path fetches it and ends the block, as `next_block` would.
-    fn hand_over(&mut self, fast: &Fast, offset: usize, block: &FastBlock) {
-        fast.store(&mut self.dec);
+    /// Ends `block` on the general path after its trace event was used up.
+    fn hand_over(&mut self, fast: Fast, offset: usize, block: &FastBlock) {
         let block = general_block(block);
         let result = match fast.cur {
             // A used-up TNT is left behind by the trailing-event check itself.
@@ -385,53 +314,132 @@ impl Branches<'_> {
     }
 }
 
-/// Takes the branch that ends `block` (the caller checked the trace has what it needs):
-/// moves `fast.ip` on; returns the branch event's kind, if one is due.
+/// The fast loop: blocks to branch events in `buf` until the batch is full or the
+/// general path is needed.
 #[inline]
-fn take_branch(fast: &mut Fast, block: &FastBlock, retstack: &mut RetStack) -> Option<BranchKind> {
-    let tip = match fast.cur {
-        Cur::Tip { ip, .. } => ip,
-        Cur::Tnt { .. } => 0,
-    };
-    match block.exit {
-        Exit::Cond => {
-            fast.ip = if fast.take_bit() {
-                block.target
-            } else {
-                block.fall
-            };
-            (fast.ip != block.fall).then_some(BranchKind::Jump)
-        }
-        Exit::DirectCall => {
-            if block.push_ret {
-                retstack.push(block.fall);
+fn run(
+    fast: &mut Fast,
+    tally: &mut Tally,
+    retstack: &mut RetStack,
+    table: &mut FastBlocks,
+    buf: &mut [BranchEvent; BATCH],
+    dec: &BlockDecoder<'_>,
+) -> Stop {
+    let trace = dec.evdec.pkt.trace();
+    let mut resolved = false;
+    while tally.queued < BATCH {
+        let offset = fast.pos;
+        let Some(block) = table.get(fast.ip, fast.mode) else {
+            // Resolve once; a block that does not resolve is the general path's.
+            if resolved {
+                return Stop::Pause;
             }
-            fast.ip = block.target;
-            Some(BranchKind::Call)
-        }
-        Exit::DirectJump => {
-            fast.ip = block.target;
-            Some(BranchKind::Jump)
-        }
-        Exit::Return => {
-            fast.ip = match fast.cur {
-                Cur::Tnt { .. } => {
-                    fast.take_bit();
-                    // Checked non-empty before the block.
-                    retstack.pop().unwrap_or(0)
-                }
-                Cur::Tip { .. } => tip,
+            let Some(block) = fast_blocks::resolve(dec, fast.ip, fast.mode) else {
+                return Stop::Pause;
             };
-            Some(BranchKind::Return)
+            table.insert(block);
+            resolved = true;
+            continue;
+        };
+        resolved = false;
+        let stalled = if offset == tally.stalled.0 {
+            tally.stalled.1 + u64::from(block.ninsn) + 1
+        } else {
+            0
+        };
+        if stalled > MAX_STALLED_INSNS {
+            return Stop::Pause;
         }
-        Exit::IndirectCall => {
-            retstack.push(block.fall);
-            fast.ip = tip;
-            Some(BranchKind::Call)
+        // The branch: where it goes, what it reports, whether it used up `cur`. Where
+        // the trace does not fit (the general path fails there) leave the block.
+        let (to, kind, used) = match (block.exit, fast.cur) {
+            (Exit::Cond, Cur::Tnt { bits, left }) => {
+                let left = left - 1;
+                fast.cur = Cur::Tnt { bits, left };
+                let to = if bits >> left & 1 == 1 {
+                    block.target
+                } else {
+                    block.fall
+                };
+                (
+                    to,
+                    (to != block.fall).then_some(BranchKind::Jump),
+                    left == 0,
+                )
+            }
+            (Exit::DirectCall, _) => {
+                if block.push_ret {
+                    retstack.push(block.fall);
+                }
+                (block.target, Some(BranchKind::Call), false)
+            }
+            (Exit::DirectJump, _) => (block.target, Some(BranchKind::Jump), false),
+            (Exit::Return, Cur::Tnt { bits, left }) => {
+                let left = left - 1;
+                if bits >> left & 1 == 0 || retstack.is_empty() {
+                    return Stop::Pause;
+                }
+                fast.cur = Cur::Tnt { bits, left };
+                let to = retstack.pop().unwrap_or(0);
+                (to, Some(BranchKind::Return), left == 0)
+            }
+            (Exit::Return, Cur::Tip { ip, .. }) => (ip, Some(BranchKind::Return), true),
+            (Exit::IndirectCall, Cur::Tip { ip, .. }) => {
+                retstack.push(block.fall);
+                (ip, Some(BranchKind::Call), true)
+            }
+            (Exit::IndirectJump, Cur::Tip { ip, .. }) => (ip, Some(BranchKind::Jump), true),
+            (Exit::Cond, Cur::Tip { .. })
+            | (Exit::IndirectCall | Exit::IndirectJump, Cur::Tnt { .. }) => return Stop::Pause,
+        };
+        fast.ip = to;
+        // Ok: `stalled` bounds what a run adds to a count it took at most MAX_ENTRY_ICNT.
+        fast.icnt = fast.icnt.wrapping_add(u32::from(block.ninsn));
+        if used && !fast.next_event(trace) {
+            return Stop::HandOver {
+                offset,
+                block: *block,
+            };
         }
-        Exit::IndirectJump => {
-            fast.ip = tip;
-            Some(BranchKind::Jump)
+        tally.blocks += 1;
+        tally.insns += u64::from(block.ninsn);
+        tally.last_ip = block.end_ip;
+        tally.stalled = (offset, stalled);
+        if let Some(kind) = kind {
+            if let Some(n) = tally.branches.get_mut(kind.index()) {
+                *n += 1;
+            }
+            buf[tally.queued] = BranchEvent {
+                kind,
+                from: block.end_ip,
+                to,
+                tsc: fast.seen.tsc,
+                has_tsc: fast.seen.has_tsc,
+                offset: fast.pos,
+                error: None,
+            };
+            tally.queued += 1;
         }
+    }
+    Stop::Pause
+}
+
+/// The general path's block for `block` (for the hand-over).
+fn general_block(block: &FastBlock) -> Block {
+    Block {
+        ip: block.ip,
+        end_ip: block.end_ip,
+        mode: block.mode,
+        isid: block.isid,
+        ninsn: block.ninsn,
+        class: match block.exit {
+            Exit::Cond => InsnClass::CondJump,
+            Exit::DirectCall | Exit::IndirectCall => InsnClass::Call,
+            Exit::DirectJump => InsnClass::Jump,
+            Exit::Return => InsnClass::Return,
+            Exit::IndirectJump => InsnClass::Indirect,
+        },
+        size: block.size,
+        ..Block::default()
     }
 }
