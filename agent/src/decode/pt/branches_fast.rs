@@ -12,9 +12,9 @@
 //! TIP is used and the next packet is not a TNT or TIP (PSB+, timing, MODE, FUP, OVF
 //! ...), the general path fetches that event and ends the block itself.
 //!
-//! The loop runs on locals ([`Fast`], [`Tally`], the return stack) that are written back
-//! when it stops, so that the compiler keeps them in registers: it is about 60
-//! instructions per block, and the instruction count is what bounds its speed.
+//! The loop is instruction-bound: it keeps only what changes per block in registers (the
+//! IP, the TNT word, the batch position) and what changes per trace event in memory
+//! ([`Fast`], [`Tally`]), which are written back to the decoder when it stops.
 
 use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
 use crate::decode::pt::events::{Event, EventKind};
@@ -31,15 +31,6 @@ const BATCH: usize = 256;
 /// The largest instruction count a fast run starts from: it adds at most
 /// [`MAX_STALLED_INSNS`] plus a block before the count starts over, so it cannot overflow.
 const MAX_ENTRY_ICNT: u32 = u32::MAX - (1 << 22);
-
-/// The trace event being used up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cur {
-    /// A TNT with `left` outcomes still to use (the next is bit `left - 1` of `bits`).
-    Tnt { bits: u64, left: u8 },
-    /// A TIP to `ip`, `size` bytes at the read position.
-    Tip { ip: u64, size: usize },
-}
 
 /// The time fields of an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,24 +52,33 @@ impl Stamp {
     }
 }
 
-/// The decoder state the fast path keeps in locals.
+/// The decoder state the fast path works on.
 #[derive(Debug, Clone, Copy)]
 struct Fast {
     ip: u64,
     mode: ExecMode,
-    cur: Cur,
-    /// Where the event layer reads on: the packet after `cur`'s TNT (PADs skipped), or
-    /// `cur`'s TIP itself (the event layer moves past a TIP on the next event).
+    /// The current event: a TNT with `left` outcomes still to use in `bits` (the next
+    /// is bit `left - 1`), or, with `tip`, a TIP to `bits`, `tip_size` bytes at `pos`.
+    /// (A used-up TNT has `left` 0 only until the next event replaces it.)
+    bits: u64,
+    left: u8,
+    tip: bool,
+    tip_size: usize,
+    /// Where the event layer reads on: the packet after the current TNT (PADs
+    /// skipped), or the current TIP itself (the event layer moves past a TIP on the
+    /// next event).
     pos: usize,
-    /// The time of the last event used up: what branch events carry.
-    seen: Stamp,
-    /// The time of `cur`.
-    cur_time: Stamp,
-    /// The time new events get (no timing packet is read here).
-    now: Stamp,
-    /// The instruction count for TRIG, when it is on (`BlockDecoder::icnt`).
-    icnt: u32,
+    /// Times: what was seen at entry, the current event's at entry, new events' (no
+    /// timing packet is read here).
+    times: [Stamp; 3],
+    /// The index in `times` of the last event used up (what branch events carry); the
+    /// current event's is the next one (at most 2).
+    seen: usize,
+    /// The instruction count for TRIG (`BlockDecoder::icnt`): `icnt_base` plus the
+    /// instructions after the first `icnt_mark` of the run, when on.
     icnt_on: bool,
+    icnt_base: u32,
+    icnt_mark: u64,
     last_ip: LastIp,
 }
 
@@ -103,94 +103,126 @@ impl Fast {
             return None;
         }
         let (pos, packet, read) = ev.packet?;
-        let cur = match (dec.event.kind, packet) {
-            (EventKind::Tnt { bits, size }, _) if size > 0 && !ev.bound => {
-                Cur::Tnt { bits, left: size }
-            }
-            (EventKind::Tip { ip }, Packet::Tip(_)) if ev.bound => Cur::Tip { ip, size: read },
+        let (bits, left, tip) = match (dec.event.kind, packet) {
+            (EventKind::Tnt { bits, size }, _) if size > 0 && !ev.bound => (bits, size, false),
+            (EventKind::Tip { ip }, Packet::Tip(_)) if ev.bound => (ip, 0, true),
             _ => return None,
+        };
+        let seen = Stamp {
+            tsc: dec.tsc,
+            has_tsc: dec.has_tsc,
+            lost_mtc: dec.lost_mtc,
+            lost_cyc: dec.lost_cyc,
         };
         Some(Self {
             ip: dec.ip,
             mode: dec.mode,
-            cur,
+            bits,
+            left,
+            tip,
+            tip_size: read,
             pos,
-            seen: Stamp {
-                tsc: dec.tsc,
-                has_tsc: dec.has_tsc,
-                lost_mtc: dec.lost_mtc,
-                lost_cyc: dec.lost_cyc,
-            },
-            cur_time: Stamp::of(&dec.event),
-            now: Stamp::of(&ev.timed(EventKind::Ignore)),
-            icnt: dec.icnt.unwrap_or(0),
+            times: [
+                seen,
+                Stamp::of(&dec.event),
+                Stamp::of(&ev.timed(EventKind::Ignore)),
+            ],
+            seen: 0,
             icnt_on: dec.icnt.is_some(),
+            icnt_base: dec.icnt.unwrap_or(0),
+            icnt_mark: 0,
             last_ip: ev.ip,
         })
     }
 
+    /// The current event's time.
+    fn cur_time(&self) -> Stamp {
+        self.times[(self.seen + 1).min(2)]
+    }
+
     /// Moves on to the next event if it is a TNT or a TIP with an IP; false (and no
-    /// change) otherwise.
+    /// change) otherwise. `insns` is the run's instruction count so far.
     #[expect(
         clippy::inline_always,
-        reason = "the fast loop's state stays in registers only if this is inlined"
+        reason = "the fast loop's registers hold up only if this is inlined"
     )]
     #[inline(always)]
-    fn next_event(&mut self, trace: &[u8]) -> bool {
-        let at = match self.cur {
-            Cur::Tnt { .. } => self.pos,
-            Cur::Tip { size, .. } => skip_pads(trace, self.pos + size),
+    fn next_event(&mut self, trace: &[u8], insns: u64) -> bool {
+        let at = if self.tip {
+            skip_pads(trace, self.pos + self.tip_size)
+        } else {
+            self.pos
         };
-        let cur = match hot_packet(trace, at) {
+        match hot_packet(trace, at) {
             Hot::Tnt { bits, count, size } => {
                 self.pos = skip_pads(trace, at + size);
-                Cur::Tnt { bits, left: count }
+                self.bits = bits;
+                self.left = count;
+                self.tip = false;
             }
             Hot::Tip { payload, size } if payload.compression != IpCompression::Suppressed => {
-                self.last_ip.update(payload);
-                let Ok(ip) = self.last_ip.ip() else {
+                let mut last_ip = self.last_ip;
+                last_ip.update(payload);
+                let Ok(ip) = last_ip.ip() else {
                     return false;
                 };
+                self.last_ip = last_ip;
                 self.pos = at;
-                Cur::Tip { ip, size }
+                self.bits = ip;
+                self.left = 0;
+                self.tip = true;
+                self.tip_size = size;
             }
             _ => return false,
-        };
+        }
         // As `BlockDecoder::fetch_event`: the used-up event's time counts as seen, and
         // a TNT or TIP anchors the instruction count.
-        self.seen = self.cur_time;
-        self.icnt = 0;
+        self.seen = (self.seen + 1).min(2);
         self.icnt_on = true;
-        self.cur = cur;
-        self.cur_time = self.now;
+        self.icnt_base = 0;
+        self.icnt_mark = insns;
         true
     }
 
-    /// Writes the state back, as the general path would have left it.
-    fn store(self, dec: &mut BlockDecoder<'_>) {
+    /// Writes the state back, as the general path would have left it (`insns`: the
+    /// run's instruction count).
+    fn store(&self, dec: &mut BlockDecoder<'_>, insns: u64) {
         dec.ip = self.ip;
-        dec.icnt = self.icnt_on.then_some(self.icnt);
-        dec.tsc = self.seen.tsc;
-        dec.has_tsc = self.seen.has_tsc;
-        dec.lost_mtc = self.seen.lost_mtc;
-        dec.lost_cyc = self.seen.lost_cyc;
-        let kind = match self.cur {
-            Cur::Tnt { bits, left } => EventKind::Tnt { bits, size: left },
-            Cur::Tip { ip, .. } => EventKind::Tip { ip },
+        // Wrapping: a run adds at most MAX_STALLED_INSNS and a block to a count it took
+        // at most MAX_ENTRY_ICNT, or to 0, so this is exact.
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the difference is below 2^22, see above"
+        )]
+        let added = insns.wrapping_sub(self.icnt_mark) as u32;
+        dec.icnt = self.icnt_on.then_some(self.icnt_base.wrapping_add(added));
+        let seen = self.times[self.seen];
+        dec.tsc = seen.tsc;
+        dec.has_tsc = seen.has_tsc;
+        dec.lost_mtc = seen.lost_mtc;
+        dec.lost_cyc = seen.lost_cyc;
+        let kind = if self.tip {
+            EventKind::Tip { ip: self.bits }
+        } else {
+            EventKind::Tnt {
+                bits: self.bits,
+                size: self.left,
+            }
         };
+        let cur = self.cur_time();
         dec.event = Event {
             kind,
             ip_suppressed: false,
             status_update: false,
-            has_tsc: self.cur_time.has_tsc,
-            tsc: self.cur_time.tsc,
-            lost_mtc: self.cur_time.lost_mtc,
-            lost_cyc: self.cur_time.lost_cyc,
+            has_tsc: cur.has_tsc,
+            tsc: cur.tsc,
+            lost_mtc: cur.lost_mtc,
+            lost_cyc: cur.lost_cyc,
         };
         dec.evdec.ip = self.last_ip;
         dec.evdec.pkt.seek(self.pos);
         dec.evdec.fetch_packet();
-        dec.evdec.bound = matches!(self.cur, Cur::Tip { .. });
+        dec.evdec.bound = self.tip;
     }
 }
 
@@ -287,12 +319,13 @@ impl Branches<'_> {
         tally.store(self);
         match stop {
             Stop::HandOver { offset, block } => {
-                fast.store(&mut self.dec);
-                self.hand_over(fast, offset, &block);
+                // The block's instructions count for TRIG before the next event.
+                fast.store(&mut self.dec, tally.insns + u64::from(block.ninsn));
+                self.hand_over(&fast, offset, &block);
                 true
             }
             Stop::Pause if progressed => {
-                fast.store(&mut self.dec);
+                fast.store(&mut self.dec, tally.insns);
                 true
             }
             Stop::Pause => false,
@@ -300,23 +333,24 @@ impl Branches<'_> {
     }
 
     /// Ends `block` on the general path after its trace event was used up.
-    fn hand_over(&mut self, fast: Fast, offset: usize, block: &FastBlock) {
+    fn hand_over(&mut self, fast: &Fast, offset: usize, block: &FastBlock) {
         let block = general_block(block);
-        let result = match fast.cur {
-            // A used-up TNT is left behind by the trailing-event check itself.
-            Cur::Tnt { .. } => self.dec.proceed_trailing_event(Some(&block)),
-            Cur::Tip { .. } => self
-                .dec
+        let result = if fast.tip {
+            self.dec
                 .fetch_event()
-                .and_then(|()| self.dec.proceed_trailing_event(Some(&block))),
+                .and_then(|()| self.dec.proceed_trailing_event(Some(&block)))
+        } else {
+            // A used-up TNT is left behind by the trailing-event check itself.
+            self.dec.proceed_trailing_event(Some(&block))
         };
         self.finish_block(offset, &block, result);
     }
 }
 
 /// The fast loop: blocks to branch events in `buf` until the batch is full or the
-/// general path is needed.
-#[inline]
+/// general path is needed. (Not inlined, so that `fast` and `tally` stay in memory and
+/// the registers go to the per-block values.)
+#[inline(never)]
 fn run(
     fast: &mut Fast,
     tally: &mut Tally,
@@ -326,102 +360,159 @@ fn run(
     dec: &BlockDecoder<'_>,
 ) -> Stop {
     let trace = dec.evdec.pkt.trace();
-    let mut resolved = false;
-    while tally.queued < BATCH {
+    let mode = fast.mode;
+    let mut ip = fast.ip;
+    let mut bits = fast.bits;
+    let mut left = fast.left;
+    let mut queued = tally.queued;
+    let mut resolved = None;
+    let stop = loop {
+        if queued >= BATCH {
+            break Stop::Pause;
+        }
         let offset = fast.pos;
-        let Some(block) = table.get(fast.ip, fast.mode) else {
-            // Resolve once; a block that does not resolve is the general path's.
-            if resolved {
-                return Stop::Pause;
+        let Some(block) = table.get(ip, mode) else {
+            // Resolve it (then it is there on the next round); a block that does not
+            // resolve (or, which cannot happen, is not found after) is the general
+            // path's.
+            if resolved == Some(ip) {
+                break Stop::Pause;
             }
-            let Some(block) = fast_blocks::resolve(dec, fast.ip, fast.mode) else {
-                return Stop::Pause;
-            };
-            table.insert(block);
-            resolved = true;
+            match fast_blocks::resolve(dec, ip, mode) {
+                Some(block) => table.insert(block),
+                None => break Stop::Pause,
+            }
+            resolved = Some(ip);
             continue;
         };
-        resolved = false;
+        let ninsn = u64::from(block.ninsn);
         let stalled = if offset == tally.stalled.0 {
-            tally.stalled.1 + u64::from(block.ninsn) + 1
+            tally.stalled.1 + ninsn + 1
         } else {
             0
         };
         if stalled > MAX_STALLED_INSNS {
-            return Stop::Pause;
+            break Stop::Pause;
         }
-        // The branch: where it goes, what it reports, whether it used up `cur`. Where
-        // the trace does not fit (the general path fails there) leave the block.
-        let (to, kind, used) = match (block.exit, fast.cur) {
-            (Exit::Cond, Cur::Tnt { bits, left }) => {
-                let left = left - 1;
-                fast.cur = Cur::Tnt { bits, left };
-                let to = if bits >> left & 1 == 1 {
-                    block.target
-                } else {
-                    block.fall
-                };
-                (
-                    to,
-                    (to != block.fall).then_some(BranchKind::Jump),
-                    left == 0,
-                )
-            }
-            (Exit::DirectCall, _) => {
-                if block.push_ret {
-                    retstack.push(block.fall);
-                }
-                (block.target, Some(BranchKind::Call), false)
-            }
-            (Exit::DirectJump, _) => (block.target, Some(BranchKind::Jump), false),
-            (Exit::Return, Cur::Tnt { bits, left }) => {
-                let left = left - 1;
-                if bits >> left & 1 == 0 || retstack.is_empty() {
-                    return Stop::Pause;
-                }
-                fast.cur = Cur::Tnt { bits, left };
-                let to = retstack.pop().unwrap_or(0);
-                (to, Some(BranchKind::Return), left == 0)
-            }
-            (Exit::Return, Cur::Tip { ip, .. }) => (ip, Some(BranchKind::Return), true),
-            (Exit::IndirectCall, Cur::Tip { ip, .. }) => {
-                retstack.push(block.fall);
-                (ip, Some(BranchKind::Call), true)
-            }
-            (Exit::IndirectJump, Cur::Tip { ip, .. }) => (ip, Some(BranchKind::Jump), true),
-            (Exit::Cond, Cur::Tip { .. })
-            | (Exit::IndirectCall | Exit::IndirectJump, Cur::Tnt { .. }) => return Stop::Pause,
+        let Some(Taken {
+            to,
+            kind,
+            left: bits_left,
+            used,
+        }) = take(block, bits, left, retstack)
+        else {
+            break Stop::Pause;
         };
-        fast.ip = to;
-        // Ok: `stalled` bounds what a run adds to a count it took at most MAX_ENTRY_ICNT.
-        fast.icnt = fast.icnt.wrapping_add(u32::from(block.ninsn));
-        if used && !fast.next_event(trace) {
-            return Stop::HandOver {
-                offset,
-                block: *block,
-            };
+        left = bits_left;
+        ip = to;
+        tally.insns += ninsn;
+        if used {
+            fast.bits = bits;
+            fast.left = left;
+            if !fast.next_event(trace, tally.insns) {
+                // The general path counts the block.
+                tally.insns -= ninsn;
+                break Stop::HandOver {
+                    offset,
+                    block: *block,
+                };
+            }
+            bits = fast.bits;
+            left = fast.left;
         }
         tally.blocks += 1;
-        tally.insns += u64::from(block.ninsn);
         tally.last_ip = block.end_ip;
         tally.stalled = (offset, stalled);
         if let Some(kind) = kind {
             if let Some(n) = tally.branches.get_mut(kind.index()) {
                 *n += 1;
             }
-            buf[tally.queued] = BranchEvent {
+            let seen = &fast.times[fast.seen];
+            buf[queued] = BranchEvent {
                 kind,
                 from: block.end_ip,
                 to,
-                tsc: fast.seen.tsc,
-                has_tsc: fast.seen.has_tsc,
+                tsc: seen.tsc,
+                has_tsc: seen.has_tsc,
                 offset: fast.pos,
                 error: None,
             };
-            tally.queued += 1;
+            queued += 1;
         }
+    };
+    fast.ip = ip;
+    if !matches!(stop, Stop::HandOver { .. }) {
+        fast.bits = bits;
+        fast.left = left;
     }
-    Stop::Pause
+    tally.queued = queued;
+    stop
+}
+
+/// What the branch that ends a block does.
+struct Taken {
+    to: u64,
+    /// The branch event's kind, if one is due.
+    kind: Option<BranchKind>,
+    /// TNT bits left.
+    left: u8,
+    /// The trace event is used up.
+    used: bool,
+}
+
+/// Takes the branch that ends `block`, given the current event (`bits`, `left`: see
+/// [`Fast`]); `None` (and no change) where the trace does not fit, which the general
+/// path reports as an error.
+#[expect(
+    clippy::inline_always,
+    reason = "the fast loop's registers hold up only if this is inlined"
+)]
+#[inline(always)]
+fn take(block: &FastBlock, bits: u64, left: u8, retstack: &mut RetStack) -> Option<Taken> {
+    let taken = |to, kind, left| Taken {
+        to,
+        kind,
+        left,
+        used: left == 0,
+    };
+    Some(match block.exit {
+        Exit::Cond => {
+            let left = left.checked_sub(1)?;
+            let to = if bits >> left & 1 == 1 {
+                block.target
+            } else {
+                block.fall
+            };
+            taken(to, (to != block.fall).then_some(BranchKind::Jump), left)
+        }
+        Exit::DirectCall => {
+            if block.push_ret {
+                retstack.push(block.fall);
+            }
+            Taken {
+                used: false,
+                ..taken(block.target, Some(BranchKind::Call), left)
+            }
+        }
+        Exit::DirectJump => Taken {
+            used: false,
+            ..taken(block.target, Some(BranchKind::Jump), left)
+        },
+        Exit::Return if left > 0 => {
+            let left = left - 1;
+            if bits >> left & 1 == 0 || retstack.is_empty() {
+                return None;
+            }
+            taken(retstack.pop().ok()?, Some(BranchKind::Return), left)
+        }
+        Exit::Return => taken(bits, Some(BranchKind::Return), 0),
+        Exit::IndirectCall | Exit::IndirectJump if left > 0 => return None,
+        Exit::IndirectCall => {
+            retstack.push(block.fall);
+            taken(bits, Some(BranchKind::Call), 0)
+        }
+        Exit::IndirectJump => taken(bits, Some(BranchKind::Jump), 0),
+    })
 }
 
 /// The general path's block for `block` (for the hand-over).

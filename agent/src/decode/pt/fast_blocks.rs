@@ -174,6 +174,7 @@ impl FastBlocks {
             .filter(|b| b.ip == ip && b.mode == mode)
     }
 
+    /// Adds a block; it can be found right after (`get`).
     pub fn insert(&mut self, block: FastBlock) {
         let index = self.index(block.ip);
         let Some(slot) = self.slots.get_mut(index) else {
@@ -184,8 +185,10 @@ impl FastBlocks {
         }
         *slot = block;
         if self.evictions > 2 * self.slots.len() && self.slots.len() < MAX_SLOTS {
-            // The working set outgrew the table: start over, twice as large.
+            // The working set outgrew the table: start over, twice as large (with this
+            // block, which callers look up next).
             *self = Self::with_slots(self.slots.len() * 2);
+            self.insert(block);
         }
     }
 }

@@ -50,13 +50,20 @@ pub(crate) fn hot_packet(trace: &[u8], pos: usize) -> Hot {
     let Some(bytes) = trace.get(pos + 1..pos.saturating_add(1 + len)) else {
         return Hot::Other;
     };
-    let mut word = [0u8; 8];
-    word[..len].copy_from_slice(bytes);
+    // One 8-byte load where the trace goes on that far (a copy of `len` bytes was a
+    // memcpy call per TIP).
+    let ip = match trace
+        .get(pos + 1..pos.saturating_add(9))
+        .map(<[u8; 8]>::try_from)
+    {
+        Some(Ok(word)) => {
+            let bits = u32::try_from(8 * len).unwrap_or(64);
+            u64::from_le_bytes(word) & u64::MAX.checked_shr(64 - bits).unwrap_or(0)
+        }
+        _ => bytes.iter().rev().fold(0, |ip, &b| ip << 8 | u64::from(b)),
+    };
     Hot::Tip {
-        payload: IpPayload {
-            compression,
-            ip: u64::from_le_bytes(word),
-        },
+        payload: IpPayload { compression, ip },
         size: 1 + len,
     }
 }
