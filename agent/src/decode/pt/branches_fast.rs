@@ -394,6 +394,25 @@ fn run(
         if stalled > MAX_STALLED_INSNS {
             break Stop::Pause;
         }
+        if block.exit == Exit::Cond && left > 1 {
+            // The common case, in short: a TNT bit that is not the event's last.
+            left -= 1;
+            ip = if bits >> left & 1 == 1 {
+                block.target
+            } else {
+                block.fall
+            };
+            tally.insns += ninsn;
+            tally.blocks += 1;
+            tally.last_ip = block.end_ip;
+            tally.stalled = (offset, stalled);
+            if ip != block.fall {
+                tally.branches[BranchKind::Jump.index()] += 1;
+                buf[queued] = event(fast, BranchKind::Jump, block.end_ip, ip);
+                queued += 1;
+            }
+            continue;
+        }
         let Some(Taken {
             to,
             kind,
@@ -427,16 +446,7 @@ fn run(
             if let Some(n) = tally.branches.get_mut(kind.index()) {
                 *n += 1;
             }
-            let seen = &fast.times[fast.seen];
-            buf[queued] = BranchEvent {
-                kind,
-                from: block.end_ip,
-                to,
-                tsc: seen.tsc,
-                has_tsc: seen.has_tsc,
-                offset: fast.pos,
-                error: None,
-            };
+            buf[queued] = event(fast, kind, block.end_ip, to);
             queued += 1;
         }
     };
@@ -447,6 +457,25 @@ fn run(
     }
     tally.queued = queued;
     stop
+}
+
+/// A branch event at the current time and trace position.
+#[expect(
+    clippy::inline_always,
+    reason = "the fast loop's registers hold up only if this is inlined"
+)]
+#[inline(always)]
+fn event(fast: &Fast, kind: BranchKind, from: u64, to: u64) -> BranchEvent {
+    let seen = &fast.times[fast.seen];
+    BranchEvent {
+        kind,
+        from,
+        to,
+        tsc: seen.tsc,
+        has_tsc: seen.has_tsc,
+        offset: fast.pos,
+        error: None,
+    }
 }
 
 /// What the branch that ends a block does.
