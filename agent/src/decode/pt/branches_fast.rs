@@ -26,7 +26,7 @@ use crate::decode::pt::packet::{ExecMode, IpCompression, Packet};
 use crate::decode::pt::parse_hot::{Hot, hot_packet, skip_pads};
 
 /// Branch events a fast run produces before handing them out.
-const BATCH: usize = 256;
+const BATCH: usize = 1024;
 
 /// The largest instruction count a fast run starts from: it adds at most
 /// [`MAX_STALLED_INSNS`] plus a block before the count starts over, so it cannot overflow.
