@@ -8,6 +8,12 @@
 //! place an event or PSB gives an address). Each event carries the time of the last
 //! timing update. [`decode_counts`] runs the whole trace and only counts, for `--stats`
 //! and benchmarks; [`BlockInsns`] lists the instructions of a block.
+//!
+//! Between other events, most of a trace is TNT and TIP packets over code already
+//! seen: there the fast path (`branches_fast.rs`) takes whole blocks from a table, one
+//! lookup each, and reads those packets itself; everything else goes block by block
+//! through the flow layer. Both give the same events (`branches_fast_tests.rs` holds
+//! them to it).
 
 use super::events::{Event, EventKind, FlowError};
 use super::fast_blocks::FastBlocks;
@@ -185,7 +191,7 @@ pub struct Branches<'a> {
     /// A block's branch held back until the event after it shows whether it left the
     /// traced code (then a trace stop reports it).
     held: Option<(BranchKind, u64, u64)>,
-    /// Blocks for the fast path ([`fast`]); `None` when it is off.
+    /// Blocks for the fast path (`branches_fast.rs`); `None` when it is off.
     fast: Option<FastBlocks>,
     /// Blocks the fast path decoded.
     fast_blocks: u64,

@@ -7,9 +7,10 @@
 //! ([`flow`]: blocks of executed instructions, TNT/TIP resolved against the code that
 //! [`insn`] decodes from an [`image`], return compression, errata, a block cache), and
 //! what later stages consume: [`branches`] (calls, returns, jumps, far transfers,
-//! interrupts, trace start/stop/gap, errors, with time). `ptdump`- and `ptxed`-style
-//! text dumps ([`ptdump`], [`ptxed`]) are checked against Intel libipt's conformance
-//! corpus.
+//! interrupts, trace start/stop/gap, errors, with time; runs of TNT and TIP packets
+//! take a fast path over whole cached blocks that gives the same events). `ptdump`- and
+//! `ptxed`-style text dumps ([`ptdump`], [`ptxed`]) are checked against Intel libipt's
+//! conformance corpus.
 //!
 //! Everything here is sans-IO: callers hand in byte slices and an [`ImageProvider`]
 //! for code bytes, and get values back.
