@@ -5,25 +5,30 @@
 //! the branch events of the blocks that follow, up to [`BATCH`] at a time, exactly as the
 //! general path (`next_block`, its cache walk, the event layer) would report them: same
 //! events, times, offsets, counts and decoder state. Blocks come whole from
-//! [`FastBlocks`] (one lookup per block), TNT bits are used from a word, and TNT and TIP
-//! packets are read straight from the trace ([`hot_packet`]). Anything else goes to the
-//! general path: a block the fast path cannot take (not cached yet, a far transfer, a
-//! TNT where a TIP is due ...) is left to it whole; when a block's last TNT bit or its
-//! TIP is used and the next packet is not a TNT or TIP (PSB+, timing, MODE, FUP, OVF
-//! ...), the general path fetches that event and ends the block itself.
+//! [`FastBlocks`] (one lookup per block), TNT bits are used from a word, TNT and TIP
+//! packets are read straight from the trace ([`hot_packet`]), and timing packets between
+//! them (MTC, CYC, TSC, TMA) go to the clock as the event layer applies them. Anything
+//! else goes to the general path: a block the fast path cannot take (not cached yet, a
+//! far transfer, a TNT where a TIP is due ...) is left to it whole; when a block's last
+//! TNT bit or its TIP is used and the next event is not a TNT or TIP (PSB+, CBR, MODE,
+//! FUP, OVF, PTWRITE, a timing error ...), the general path fetches that event and ends
+//! the block itself.
 //!
 //! The loop is instruction-bound: it keeps only what changes per block in registers (the
 //! IP, the TNT word, the batch position) and what changes per trace event in memory
 //! ([`Fast`], [`Tally`]), which are written back to the decoder when it stops.
 
 use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
+use crate::decode::pt::evdec::apply_timing;
 use crate::decode::pt::events::{Event, EventKind};
 use crate::decode::pt::fast_blocks::{self, Exit, FastBlock, FastBlocks};
 use crate::decode::pt::flow::{Block, BlockDecoder, RetStack};
 use crate::decode::pt::insn::InsnClass;
 use crate::decode::pt::last_ip::LastIp;
 use crate::decode::pt::packet::{ExecMode, IpCompression, Packet};
+use crate::decode::pt::parse::{BlockContext, decode_packet};
 use crate::decode::pt::parse_hot::{Hot, hot_packet, skip_pads};
+use crate::decode::pt::timing::{Time, TimeCal, TimingConfig};
 
 /// Branch events a fast run produces before handing them out.
 const BATCH: usize = 1024;
@@ -68,12 +73,15 @@ struct Fast {
     /// skipped), or the current TIP itself (the event layer moves past a TIP on the
     /// next event).
     pos: usize,
-    /// Times: what was seen at entry, the current event's at entry, new events' (no
-    /// timing packet is read here).
-    times: [Stamp; 3],
-    /// The index in `times` of the last event used up (what branch events carry); the
-    /// current event's is the next one (at most 2).
-    seen: usize,
+    /// The time of the last event used up: what branch events carry.
+    seen: Stamp,
+    /// The time of the current event.
+    cur_time: Stamp,
+    /// The event layer's clock (timing packets between TNTs and TIPs are applied here
+    /// as it applies them), and its configuration.
+    time: Time,
+    tcal: TimeCal,
+    timing: TimingConfig,
     /// The instruction count for TRIG (`BlockDecoder::icnt`): `icnt_base` plus the
     /// instructions after the first `icnt_mark` of the run, when on.
     icnt_on: bool,
@@ -108,12 +116,6 @@ impl Fast {
             (EventKind::Tip { ip }, Packet::Tip(_)) if ev.bound => (ip, 0, true),
             _ => return None,
         };
-        let seen = Stamp {
-            tsc: dec.tsc,
-            has_tsc: dec.has_tsc,
-            lost_mtc: dec.lost_mtc,
-            lost_cyc: dec.lost_cyc,
-        };
         Some(Self {
             ip: dec.ip,
             mode: dec.mode,
@@ -122,12 +124,16 @@ impl Fast {
             tip,
             tip_size: read,
             pos,
-            times: [
-                seen,
-                Stamp::of(&dec.event),
-                Stamp::of(&ev.timed(EventKind::Ignore)),
-            ],
-            seen: 0,
+            seen: Stamp {
+                tsc: dec.tsc,
+                has_tsc: dec.has_tsc,
+                lost_mtc: dec.lost_mtc,
+                lost_cyc: dec.lost_cyc,
+            },
+            cur_time: Stamp::of(&dec.event),
+            time: ev.time,
+            tcal: ev.tcal,
+            timing: ev.config.timing,
             icnt_on: dec.icnt.is_some(),
             icnt_base: dec.icnt.unwrap_or(0),
             icnt_mark: 0,
@@ -135,53 +141,96 @@ impl Fast {
         })
     }
 
-    /// The current event's time.
-    fn cur_time(&self) -> Stamp {
-        self.times[(self.seen + 1).min(2)]
-    }
-
-    /// Moves on to the next event if it is a TNT or a TIP with an IP; false (and no
-    /// change) otherwise. `insns` is the run's instruction count so far.
+    /// Moves on to the next event if it is a TNT or a TIP with an IP, after any timing
+    /// packets (MTC, CYC, TSC, TMA) before it; false (and no change) otherwise.
+    /// `insns` is the run's instruction count so far.
     #[expect(
         clippy::inline_always,
         reason = "the fast loop's registers hold up only if this is inlined"
     )]
     #[inline(always)]
     fn next_event(&mut self, trace: &[u8], insns: u64) -> bool {
-        let at = if self.tip {
+        let mut at = if self.tip {
             skip_pads(trace, self.pos + self.tip_size)
         } else {
             self.pos
         };
-        match hot_packet(trace, at) {
-            Hot::Tnt { bits, count, size } => {
-                self.pos = skip_pads(trace, at + size);
-                self.bits = bits;
-                self.left = count;
-                self.tip = false;
+        let mut clock = None;
+        // Each round moves on by a packet, so this ends with the trace.
+        loop {
+            match hot_packet(trace, at) {
+                Hot::Tnt { bits, count, size } => {
+                    self.pos = skip_pads(trace, at + size);
+                    self.bits = bits;
+                    self.left = count;
+                    self.tip = false;
+                    break;
+                }
+                Hot::Tip { payload, size } => {
+                    if payload.compression == IpCompression::Suppressed {
+                        return false;
+                    }
+                    let mut last_ip = self.last_ip;
+                    last_ip.update(payload);
+                    let Ok(ip) = last_ip.ip() else {
+                        return false;
+                    };
+                    self.last_ip = last_ip;
+                    self.pos = at;
+                    self.bits = ip;
+                    self.left = 0;
+                    self.tip = true;
+                    self.tip_size = size;
+                    break;
+                }
+                Hot::Other => {
+                    let Some((next, time, tcal)) = self.timing_packet(trace, at, clock) else {
+                        return false;
+                    };
+                    clock = Some((time, tcal));
+                    at = next;
+                }
             }
-            Hot::Tip { payload, size } if payload.compression != IpCompression::Suppressed => {
-                let mut last_ip = self.last_ip;
-                last_ip.update(payload);
-                let Ok(ip) = last_ip.ip() else {
-                    return false;
-                };
-                self.last_ip = last_ip;
-                self.pos = at;
-                self.bits = ip;
-                self.left = 0;
-                self.tip = true;
-                self.tip_size = size;
-            }
-            _ => return false,
         }
         // As `BlockDecoder::fetch_event`: the used-up event's time counts as seen, and
         // a TNT or TIP anchors the instruction count.
-        self.seen = (self.seen + 1).min(2);
+        self.seen = self.cur_time;
+        if let Some((time, tcal)) = clock {
+            self.time = time;
+            self.tcal = tcal;
+        }
+        self.cur_time = Stamp {
+            tsc: self.time.relative_tsc(),
+            has_tsc: self.time.tsc().is_ok(),
+            lost_mtc: self.time.lost().0,
+            lost_cyc: self.time.lost().1,
+        };
         self.icnt_on = true;
         self.icnt_base = 0;
         self.icnt_mark = insns;
         true
+    }
+
+    /// Applies the timing packet at `at` to `clock` (or, if `None`, to the current clock),
+    /// as the event layer does between events: the clock after it and where the next
+    /// packet starts; `None` for any other packet, or where the event layer fails.
+    #[cold]
+    fn timing_packet(
+        &self,
+        trace: &[u8],
+        at: usize,
+        clock: Option<(Time, TimeCal)>,
+    ) -> Option<(usize, Time, TimeCal)> {
+        let decoded = decode_packet(trace, at, self.timing.errata, BlockContext::None).ok()?;
+        if !matches!(
+            decoded.packet,
+            Packet::Mtc { .. } | Packet::Cyc { .. } | Packet::Tsc { .. } | Packet::Tma { .. }
+        ) {
+            return None;
+        }
+        let (mut time, mut tcal) = clock.unwrap_or((self.time, self.tcal));
+        apply_timing(&mut time, &mut tcal, &self.timing, &decoded.packet, false).ok()?;
+        Some((skip_pads(trace, at + decoded.size), time, tcal))
     }
 
     /// Writes the state back, as the general path would have left it (`insns`: the
@@ -196,7 +245,7 @@ impl Fast {
         )]
         let added = insns.wrapping_sub(self.icnt_mark) as u32;
         dec.icnt = self.icnt_on.then_some(self.icnt_base.wrapping_add(added));
-        let seen = self.times[self.seen];
+        let seen = self.seen;
         dec.tsc = seen.tsc;
         dec.has_tsc = seen.has_tsc;
         dec.lost_mtc = seen.lost_mtc;
@@ -209,7 +258,7 @@ impl Fast {
                 size: self.left,
             }
         };
-        let cur = self.cur_time();
+        let cur = self.cur_time;
         dec.event = Event {
             kind,
             ip_suppressed: false,
@@ -220,6 +269,8 @@ impl Fast {
             lost_cyc: cur.lost_cyc,
         };
         dec.evdec.ip = self.last_ip;
+        dec.evdec.time = self.time;
+        dec.evdec.tcal = self.tcal;
         dec.evdec.pkt.seek(self.pos);
         dec.evdec.fetch_packet();
         dec.evdec.bound = self.tip;
@@ -466,7 +517,7 @@ fn run(
 )]
 #[inline(always)]
 fn event(fast: &Fast, kind: BranchKind, from: u64, to: u64) -> BranchEvent {
-    let seen = &fast.times[fast.seen];
+    let seen = &fast.seen;
     BranchEvent {
         kind,
         from,

@@ -60,9 +60,9 @@ fn the_fast_path_matches_the_general_one_on_encoded_traces() {
     }
 }
 
-/// `trace` with packets that the fast path leaves to the general one (timing, MODE.Exec,
-/// PAD, now and then a FUP or junk) inserted at random packet boundaries after the
-/// first PSB+.
+/// `trace` with other packets inserted at random packet boundaries after the first PSB+:
+/// timing packets and PADs (which the fast path reads too), MODE.Exec and CBR (which it
+/// leaves to the general path), and junk.
 fn with_interruptions(trace: &[u8], rng: &mut Rng, every: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(trace.len() * 2);
     let mut last = 0;
@@ -111,6 +111,12 @@ fn the_fast_path_matches_the_general_one_around_other_packets() {
             let what = format!("seed {seed}, one in {every}");
             let fast = same(&trace, &image, FlowConfig::default(), &what);
             assert!(fast > 100, "{what}: only {fast} fast blocks");
+            // Time moves (the inserted TSCs), so the times compared above differ.
+            let times: std::collections::HashSet<u64> =
+                Branches::new(&trace, &image, FlowConfig::default())
+                    .map(|e| e.tsc)
+                    .collect();
+            assert!(times.len() > 5, "{what}: {} times", times.len());
         }
     }
 }
