@@ -467,16 +467,32 @@ impl Iterator for Branches<'_> {
 }
 
 impl Branches<'_> {
+    /// The next branch events, a batch at a time (empty at the end of the trace): the
+    /// same events as the iterator gives, without a call per event.
+    pub fn next_batch(&mut self) -> &[BranchEvent] {
+        if !self.fill() {
+            return &[];
+        }
+        let (head, len) = (self.queue.head, self.queue.len);
+        self.queue.head = len;
+        self.queue.buf.get(head..len).unwrap_or_default()
+    }
+
     /// Decodes on until there are branch events to hand out (or the trace ends).
     #[inline(never)]
     fn refill(&mut self) -> Option<BranchEvent> {
+        if self.fill() { self.queue.pop() } else { None }
+    }
+
+    /// Decodes on until there are branch events queued; false at the end of the trace.
+    fn fill(&mut self) -> bool {
         loop {
-            if let Some(event) = self.queue.pop() {
-                return Some(event);
+            if self.queue.head < self.queue.len {
+                return true;
             }
             self.queue.clear();
             match self.state {
-                State::Done => return None,
+                State::Done => return false,
                 State::Sync => self.sync(),
                 State::Running(status) => {
                     if !status.event_pending && !status.eos && self.run_fast() {
@@ -492,7 +508,7 @@ impl Branches<'_> {
 /// Decodes the whole trace to branch events and returns only the counts.
 pub fn decode_counts(trace: &[u8], image: &dyn ImageProvider, config: FlowConfig) -> DecodeCounts {
     let mut branches = Branches::new(trace, image, config);
-    for _ in branches.by_ref() {}
+    while !branches.next_batch().is_empty() {}
     branches.counts
 }
 

@@ -191,3 +191,21 @@ fn the_fast_path_matches_the_general_one_on_the_libipt_corpus() {
     }
     assert!(cases > 100, "only {cases} corpus cases");
 }
+
+#[test]
+fn batches_hand_out_the_iterators_events() {
+    let (trace, image) = synth(3, 12, 64 * 1024);
+    let one_by_one: Vec<BranchEvent> =
+        Branches::new(&trace, &image, FlowConfig::default()).collect();
+    let mut branches = Branches::new(&trace, &image, FlowConfig::default());
+    let mut batched = Vec::new();
+    loop {
+        let batch = branches.next_batch();
+        if batch.is_empty() {
+            break;
+        }
+        batched.extend_from_slice(batch);
+    }
+    assert_eq!(batched, one_by_one);
+    assert!(branches.next().is_none());
+}
