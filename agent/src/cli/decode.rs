@@ -358,7 +358,7 @@ fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions) -> CliResult {
     let packet_time = started.elapsed();
     let started = Instant::now();
     let mut branches = Branches::new(trace, image, opts.flow);
-    for _ in branches.by_ref() {}
+    while !branches.next_batch().is_empty() {}
     let decode_time = started.elapsed();
     let counts: &DecodeCounts = branches.counts();
     let mut out = stdout();

@@ -8,10 +8,15 @@
 //! place an event or PSB gives an address). Each event carries the time of the last
 //! timing update. [`decode_counts`] runs the whole trace and only counts, for `--stats`
 //! and benchmarks; [`BlockInsns`] lists the instructions of a block.
-
-use std::collections::VecDeque;
+//!
+//! Between other events, most of a trace is TNT and TIP packets over code already
+//! seen: there the fast path (`branches_fast.rs`) takes whole blocks from a table, one
+//! lookup each, and reads those packets itself; everything else goes block by block
+//! through the flow layer. Both give the same events (`branches_fast_tests.rs` holds
+//! them to it).
 
 use super::events::{Event, EventKind, FlowError};
+use super::fast_blocks::FastBlocks;
 use super::flow::{Block, BlockDecoder, FlowConfig, Status};
 use super::image::{Image, ImageProvider};
 use super::insn::{self, Insn, InsnClass, InsnKind};
@@ -124,6 +129,44 @@ impl DecodeCounts {
 /// segment (only corrupt traces get there: code that loops without producing trace).
 pub const MAX_STALLED_INSNS: u64 = 1 << 20;
 
+/// Branch events decoded and not handed out yet: `buf[head..len]`. The buffer keeps its
+/// length, so that the fast path writes into slots instead of pushing.
+#[derive(Debug, Clone, Default)]
+struct Queue {
+    buf: Vec<BranchEvent>,
+    head: usize,
+    len: usize,
+}
+
+impl Queue {
+    fn push(&mut self, event: BranchEvent) {
+        match self.buf.get_mut(self.len) {
+            Some(slot) => *slot = event,
+            None => self.buf.push(event),
+        }
+        self.len += 1;
+    }
+
+    fn last_mut(&mut self) -> Option<&mut BranchEvent> {
+        self.len.checked_sub(1).and_then(|i| self.buf.get_mut(i))
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<BranchEvent> {
+        if self.head >= self.len {
+            return None;
+        }
+        let event = self.buf.get(self.head).copied();
+        self.head += 1;
+        event
+    }
+
+    fn clear(&mut self) {
+        self.head = 0;
+        self.len = 0;
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Sync,
@@ -136,7 +179,7 @@ pub struct Branches<'a> {
     dec: BlockDecoder<'a>,
     image: &'a dyn ImageProvider,
     state: State,
-    queue: VecDeque<BranchEvent>,
+    queue: Queue,
     counts: DecodeCounts,
     last_sync: Option<usize>,
     last_error: Option<usize>,
@@ -148,6 +191,10 @@ pub struct Branches<'a> {
     /// A block's branch held back until the event after it shows whether it left the
     /// traced code (then a trace stop reports it).
     held: Option<(BranchKind, u64, u64)>,
+    /// Blocks for the fast path (`branches_fast.rs`); `None` when it is off.
+    fast: Option<FastBlocks>,
+    /// Blocks the fast path decoded.
+    fast_blocks: u64,
 }
 
 impl<'a> Branches<'a> {
@@ -163,7 +210,7 @@ impl<'a> Branches<'a> {
             dec: BlockDecoder::new(trace, image, config),
             image,
             state: State::Sync,
-            queue: VecDeque::new(),
+            queue: Queue::default(),
             counts: DecodeCounts::default(),
             last_sync: None,
             last_error: None,
@@ -171,7 +218,16 @@ impl<'a> Branches<'a> {
             tracing: false,
             last_ip: 0,
             held: None,
+            fast: Some(FastBlocks::default()),
+            fast_blocks: 0,
         }
+    }
+
+    /// Decodes without the fast path (to check it against the general one).
+    #[cfg(test)]
+    pub(crate) fn general_only(mut self) -> Self {
+        self.fast = None;
+        self
     }
 
     /// What was seen so far.
@@ -182,7 +238,7 @@ impl<'a> Branches<'a> {
     fn push(&mut self, kind: BranchKind, from: u64, to: u64) {
         let (tsc, has_tsc, _, _) = self.dec.time();
         self.counts.branches[kind.index()] += 1;
-        self.queue.push_back(BranchEvent {
+        self.queue.push(BranchEvent {
             kind,
             from,
             to,
@@ -198,7 +254,7 @@ impl<'a> Branches<'a> {
         let offset = self.dec.offset();
         self.counts.errors.push((offset, err));
         self.push(BranchKind::Error, 0, 0);
-        if let Some(last) = self.queue.back_mut() {
+        if let Some(last) = self.queue.last_mut() {
             last.error = Some(err);
         }
         // Go on where an event gives an IP, unless that makes no progress.
@@ -264,10 +320,16 @@ impl<'a> Branches<'a> {
         }
         let offset = self.dec.offset();
         let (block, result) = self.dec.next_block();
+        self.finish_block(offset, &block, result);
+    }
+
+    /// Counts a block that started at trace offset `offset`, reports its branch and
+    /// goes on with what followed it.
+    fn finish_block(&mut self, offset: usize, block: &Block, result: Result<Status, FlowError>) {
         self.counts.blocks += 1;
         self.counts.instructions += u64::from(block.ninsn);
         self.held = None;
-        if let Some((kind, from, to)) = self.block_branch(&block, result.is_ok()) {
+        if let Some((kind, from, to)) = self.block_branch(block, result.is_ok()) {
             if matches!(result, Ok(status) if status.event_pending) {
                 self.held = Some((kind, from, to));
             } else {
@@ -277,7 +339,7 @@ impl<'a> Branches<'a> {
         match result {
             Ok(status) => {
                 self.state = State::Running(status);
-                self.check_stall(offset, &block, status);
+                self.check_stall(offset, block, status);
             }
             Err(FlowError::Eos) => self.state = State::Done,
             Err(err) => self.error(err),
@@ -395,15 +457,49 @@ fn far_kind(insn: &Insn) -> Option<BranchKind> {
 impl Iterator for Branches<'_> {
     type Item = BranchEvent;
 
+    #[inline]
     fn next(&mut self) -> Option<BranchEvent> {
+        match self.queue.pop() {
+            Some(event) => Some(event),
+            None => self.refill(),
+        }
+    }
+}
+
+impl Branches<'_> {
+    /// The next branch events, a batch at a time (empty at the end of the trace): the
+    /// same events as the iterator gives, without a call per event.
+    pub fn next_batch(&mut self) -> &[BranchEvent] {
+        if !self.fill() {
+            return &[];
+        }
+        let (head, len) = (self.queue.head, self.queue.len);
+        self.queue.head = len;
+        self.queue.buf.get(head..len).unwrap_or_default()
+    }
+
+    /// Decodes on until there are branch events to hand out (or the trace ends).
+    #[inline(never)]
+    fn refill(&mut self) -> Option<BranchEvent> {
+        if self.fill() { self.queue.pop() } else { None }
+    }
+
+    /// Decodes on until there are branch events queued; false at the end of the trace.
+    fn fill(&mut self) -> bool {
         loop {
-            if let Some(event) = self.queue.pop_front() {
-                return Some(event);
+            if self.queue.head < self.queue.len {
+                return true;
             }
+            self.queue.clear();
             match self.state {
-                State::Done => return None,
+                State::Done => return false,
                 State::Sync => self.sync(),
-                State::Running(status) => self.step(status),
+                State::Running(status) => {
+                    if !status.event_pending && !status.eos && self.run_fast() {
+                        continue;
+                    }
+                    self.step(status);
+                }
             }
         }
     }
@@ -412,7 +508,7 @@ impl Iterator for Branches<'_> {
 /// Decodes the whole trace to branch events and returns only the counts.
 pub fn decode_counts(trace: &[u8], image: &dyn ImageProvider, config: FlowConfig) -> DecodeCounts {
     let mut branches = Branches::new(trace, image, config);
-    for _ in branches.by_ref() {}
+    while !branches.next_batch().is_empty() {}
     branches.counts
 }
 
@@ -468,6 +564,13 @@ impl Iterator for BlockInsns<'_> {
     }
 }
 
+#[path = "branches_fast.rs"]
+mod fast;
+
 #[cfg(test)]
 #[path = "branches_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "branches_fast_tests.rs"]
+mod fast_tests;

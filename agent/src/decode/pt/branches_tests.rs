@@ -8,7 +8,7 @@
 use super::*;
 use crate::decode::pt::image::Image;
 
-const PSB: [u8; 16] = [
+pub(super) const PSB: [u8; 16] = [
     2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82,
 ];
 
@@ -60,23 +60,23 @@ fn missing_code_is_an_error_event_and_decoding_goes_on() {
 }
 
 /// A small xorshift generator, so the test needs no dependency and is repeatable.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
 
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
+    pub(super) fn bytes(&mut self, len: usize) -> Vec<u8> {
         (0..len).map(|_| self.next() as u8).collect()
     }
 }
 
 /// A random but well-formed packet (mostly), so the decoder gets past the packet layer.
-fn random_packet(rng: &mut Rng) -> Vec<u8> {
+pub(super) fn random_packet(rng: &mut Rng) -> Vec<u8> {
     let r = rng.next();
     let ip = |rng: &mut Rng, op: u8| {
         let n = [0usize, 2, 4, 6, 6, 8][(rng.next() % 6) as usize];
@@ -121,7 +121,7 @@ fn random_packet(rng: &mut Rng) -> Vec<u8> {
 }
 
 /// Code that is mostly branches and simple instructions.
-fn random_code(rng: &mut Rng) -> Vec<u8> {
+pub(super) fn random_code(rng: &mut Rng) -> Vec<u8> {
     let mut code = Vec::new();
     while code.len() < 0x200 {
         let pieces: [&[u8]; 10] = [

@@ -102,6 +102,13 @@ impl<'a> PacketDecoder<'a> {
         Ok(())
     }
 
+    /// Goes on at `offset`, a packet boundary after TNT, TIP and PAD packets that the
+    /// caller (the decode fast path) read itself.
+    pub(crate) fn seek(&mut self, offset: usize) {
+        self.pos = Some(offset);
+        self.block = BlockContext::None;
+    }
+
     /// Decodes the packet at the current position: `None` at the end of the trace. On an
     /// error the position stays put; call [`Self::sync_forward`] to go on.
     pub fn next_packet(&mut self) -> Option<Result<(usize, Packet), PacketError>> {

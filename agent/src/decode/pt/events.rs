@@ -357,6 +357,10 @@ impl EventQueue {
         self.entries.clear();
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Appends an event waiting for `bind`; [`FlowError::NoMemory`] when full.
     pub fn enqueue(&mut self, bind: u8, kind: EventKind) -> Result<usize, FlowError> {
         self.push(bind, Event::new(kind))

@@ -93,28 +93,52 @@ impl Status {
     };
 }
 
-/// Return addresses of calls, for compressed returns (64 deep, oldest dropped).
-#[derive(Debug, Clone, Default)]
+/// Return addresses of calls, for compressed returns (64 deep, oldest dropped): a ring
+/// of 64 slots, so that a push onto a full stack costs no more than any other.
+#[derive(Debug, Clone)]
 pub(crate) struct RetStack {
-    stack: Vec<u64>,
+    slots: [u64; RETSTACK_SIZE],
+    /// The slot after the top (modulo the size).
+    top: usize,
+    len: usize,
 }
 
 const RETSTACK_SIZE: usize = 64;
 
-impl RetStack {
-    pub fn push(&mut self, ip: u64) {
-        if self.stack.len() == RETSTACK_SIZE {
-            self.stack.remove(0);
+impl Default for RetStack {
+    fn default() -> Self {
+        Self {
+            slots: [0; RETSTACK_SIZE],
+            top: 0,
+            len: 0,
         }
-        self.stack.push(ip);
+    }
+}
+
+impl RetStack {
+    #[inline]
+    pub fn push(&mut self, ip: u64) {
+        self.slots[self.top % RETSTACK_SIZE] = ip;
+        self.top = self.top.wrapping_add(1);
+        self.len = (self.len + 1).min(RETSTACK_SIZE);
     }
 
+    #[inline]
     pub fn pop(&mut self) -> Result<u64, FlowError> {
-        self.stack.pop().ok_or(FlowError::RetStackEmpty)
+        if self.len == 0 {
+            return Err(FlowError::RetStackEmpty);
+        }
+        self.len -= 1;
+        self.top = self.top.wrapping_sub(1);
+        Ok(self.slots[self.top % RETSTACK_SIZE])
     }
 
     pub fn clear(&mut self) {
-        self.stack.clear();
+        self.len = 0;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

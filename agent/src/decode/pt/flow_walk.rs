@@ -41,16 +41,16 @@ pub(crate) enum Qualifier {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CacheEntry {
     /// From the run's first instruction to the decision point (16-bit, as libipt's).
-    displacement: i16,
+    pub(crate) displacement: i16,
     /// Instructions in the run, the decision point included (8-bit, as libipt's).
-    ninsn: u8,
-    mode: ExecMode,
-    qualifier: Qualifier,
+    pub(crate) ninsn: u8,
+    pub(crate) mode: ExecMode,
+    pub(crate) qualifier: Qualifier,
     /// The decision point's size when it fits 3 bits; 0 otherwise.
-    isize: u8,
+    pub(crate) isize: u8,
     /// The decision point's branch displacement, for conditional and direct branches
     /// (so that hot branches are not decoded again).
-    disp: Option<i32>,
+    pub(crate) disp: Option<i32>,
 }
 
 /// Steps one fill of the cache may take before it leaves a trampoline.

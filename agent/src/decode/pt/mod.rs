@@ -7,8 +7,9 @@
 //! ([`flow`]: blocks of executed instructions, TNT/TIP resolved against the code that
 //! [`insn`] decodes from an [`image`], return compression, errata, a block cache), and
 //! what later stages consume: [`branches`] (calls, returns, jumps, far transfers,
-//! interrupts, trace start/stop/gap, errors, with time). `ptdump`- and `ptxed`-style
-//! text dumps ([`ptdump`], [`ptxed`]; the latter with perf sideband through
+//! interrupts, trace start/stop/gap, errors, with time; runs of TNT and TIP packets
+//! take a fast path over whole cached blocks that gives the same events). `ptdump`- and
+//! `ptxed`-style text dumps ([`ptdump`], [`ptxed`]; the latter with perf sideband through
 //! [`sb_session`]: process images from MMAP records, switched at execs and context
 //! switches) are checked against Intel libipt's conformance corpus.
 //!
@@ -25,6 +26,7 @@ mod evdec_cfe;
 mod evdec_ip;
 mod evdec_ovf;
 pub mod events;
+mod fast_blocks;
 pub mod flow;
 mod flow_events;
 mod flow_trailing;
@@ -34,6 +36,7 @@ pub mod insn;
 pub mod last_ip;
 pub mod packet;
 pub mod parse;
+mod parse_hot;
 pub mod pevent;
 pub mod pevent_body;
 pub mod ptdump;

@@ -1,0 +1,616 @@
+//! The fast path of [`Branches`]: TNT and TIP packets straight to branch events.
+//!
+//! In: a [`Branches`] whose decoder is between blocks in the common state: tracing on,
+//! the current event a TNT or a TIP, nothing queued or postponed, no TSX, no ticks. Out:
+//! the branch events of the blocks that follow, up to [`BATCH`] at a time, exactly as the
+//! general path (`next_block`, its cache walk, the event layer) would report them: same
+//! events, times, offsets, counts and decoder state. Blocks come whole from
+//! [`FastBlocks`] (one lookup per block), TNT bits are used from a word, TNT and TIP
+//! packets are read straight from the trace ([`hot_packet`]), and timing packets between
+//! them (MTC, CYC, TSC, TMA) go to the clock as the event layer applies them. Anything
+//! else goes to the general path: a block the fast path cannot take (not cached yet, a
+//! far transfer, a TNT where a TIP is due ...) is left to it whole; when a block's last
+//! TNT bit or its TIP is used and the next event is not a TNT or TIP (PSB+, CBR, MODE,
+//! FUP, OVF, PTWRITE, a timing error ...), the general path fetches that event and ends
+//! the block itself.
+//!
+//! The loop is instruction-bound: it keeps only what changes per block in registers (the
+//! IP, the TNT word, the batch position) and what changes per trace event in memory
+//! ([`Fast`], [`Tally`]), which are written back to the decoder when it stops.
+
+use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
+use crate::decode::pt::evdec::apply_timing;
+use crate::decode::pt::events::{Event, EventKind};
+use crate::decode::pt::fast_blocks::{self, Exit, FastBlock, FastBlocks};
+use crate::decode::pt::flow::{Block, BlockDecoder, RetStack};
+use crate::decode::pt::insn::InsnClass;
+use crate::decode::pt::last_ip::LastIp;
+use crate::decode::pt::packet::{ExecMode, IpCompression, Packet};
+use crate::decode::pt::parse::{BlockContext, decode_packet};
+use crate::decode::pt::parse_hot::{Hot, hot_packet, skip_pads};
+use crate::decode::pt::timing::{Time, TimeCal, TimingConfig};
+
+/// Branch events a fast run produces before handing them out.
+const BATCH: usize = 1024;
+
+/// The largest instruction count a fast run starts from: it adds at most
+/// [`MAX_STALLED_INSNS`] plus a block before the count starts over, so it cannot overflow.
+const MAX_ENTRY_ICNT: u32 = u32::MAX - (1 << 22);
+
+/// The time fields of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    tsc: u64,
+    has_tsc: bool,
+    lost_mtc: u32,
+    lost_cyc: u32,
+}
+
+impl Stamp {
+    fn of(event: &Event) -> Self {
+        Self {
+            tsc: event.tsc,
+            has_tsc: event.has_tsc,
+            lost_mtc: event.lost_mtc,
+            lost_cyc: event.lost_cyc,
+        }
+    }
+}
+
+/// The decoder state the fast path works on.
+#[derive(Debug, Clone, Copy)]
+struct Fast {
+    ip: u64,
+    mode: ExecMode,
+    /// The current event: a TNT with `left` outcomes still to use in `bits` (the next
+    /// is bit `left - 1`), or, with `tip`, a TIP to `bits`, `tip_size` bytes at `pos`.
+    /// (A used-up TNT has `left` 0 only until the next event replaces it.)
+    bits: u64,
+    left: u8,
+    tip: bool,
+    tip_size: usize,
+    /// Where the event layer reads on: the packet after the current TNT (PADs
+    /// skipped), or the current TIP itself (the event layer moves past a TIP on the
+    /// next event).
+    pos: usize,
+    /// The time of the last event used up: what branch events carry.
+    seen: Stamp,
+    /// The time of the current event.
+    cur_time: Stamp,
+    /// The event layer's clock (timing packets between TNTs and TIPs are applied here
+    /// as it applies them), and its configuration.
+    time: Time,
+    tcal: TimeCal,
+    timing: TimingConfig,
+    /// The instruction count for TRIG (`BlockDecoder::icnt`): `icnt_base` plus the
+    /// instructions after the first `icnt_mark` of the run, when on.
+    icnt_on: bool,
+    icnt_base: u32,
+    icnt_mark: u64,
+    last_ip: LastIp,
+}
+
+impl Fast {
+    /// The decoder's state, if the fast path can take it from here.
+    fn enter(dec: &BlockDecoder<'_>) -> Option<Self> {
+        let ev = &dec.evdec;
+        if dec.status.is_err()
+            || !dec.enabled
+            || dec.postponed.is_some()
+            || dec.config.tick_events
+            || dec.speculative
+            || dec.mode == ExecMode::Unknown
+            || dec.icnt.is_some_and(|n| n > MAX_ENTRY_ICNT)
+            || ev.status.is_err()
+            || !ev.enabled
+            || ev.event.is_some()
+            || !ev.evq.is_empty()
+            || dec.event.ip_suppressed
+            || dec.event.status_update
+        {
+            return None;
+        }
+        let (pos, packet, read) = ev.packet?;
+        let (bits, left, tip) = match (dec.event.kind, packet) {
+            (EventKind::Tnt { bits, size }, _) if size > 0 && !ev.bound => (bits, size, false),
+            (EventKind::Tip { ip }, Packet::Tip(_)) if ev.bound => (ip, 0, true),
+            _ => return None,
+        };
+        Some(Self {
+            ip: dec.ip,
+            mode: dec.mode,
+            bits,
+            left,
+            tip,
+            tip_size: read,
+            pos,
+            seen: Stamp {
+                tsc: dec.tsc,
+                has_tsc: dec.has_tsc,
+                lost_mtc: dec.lost_mtc,
+                lost_cyc: dec.lost_cyc,
+            },
+            cur_time: Stamp::of(&dec.event),
+            time: ev.time,
+            tcal: ev.tcal,
+            timing: ev.config.timing,
+            icnt_on: dec.icnt.is_some(),
+            icnt_base: dec.icnt.unwrap_or(0),
+            icnt_mark: 0,
+            last_ip: ev.ip,
+        })
+    }
+
+    /// Moves on to the next event if it is a TNT or a TIP with an IP, after any timing
+    /// packets (MTC, CYC, TSC, TMA) before it; false (and no change) otherwise.
+    /// `insns` is the run's instruction count so far.
+    #[expect(
+        clippy::inline_always,
+        reason = "the fast loop's registers hold up only if this is inlined"
+    )]
+    #[inline(always)]
+    fn next_event(&mut self, trace: &[u8], insns: u64) -> bool {
+        let mut at = if self.tip {
+            skip_pads(trace, self.pos + self.tip_size)
+        } else {
+            self.pos
+        };
+        let mut clock = None;
+        // Each round moves on by a packet, so this ends with the trace.
+        loop {
+            match hot_packet(trace, at) {
+                Hot::Tnt { bits, count, size } => {
+                    self.pos = skip_pads(trace, at + size);
+                    self.bits = bits;
+                    self.left = count;
+                    self.tip = false;
+                    break;
+                }
+                Hot::Tip { payload, size } => {
+                    if payload.compression == IpCompression::Suppressed {
+                        return false;
+                    }
+                    let mut last_ip = self.last_ip;
+                    last_ip.update(payload);
+                    let Ok(ip) = last_ip.ip() else {
+                        return false;
+                    };
+                    self.last_ip = last_ip;
+                    self.pos = at;
+                    self.bits = ip;
+                    self.left = 0;
+                    self.tip = true;
+                    self.tip_size = size;
+                    break;
+                }
+                Hot::Other => {
+                    let Some((next, time, tcal)) = self.timing_packet(trace, at, clock) else {
+                        return false;
+                    };
+                    clock = Some((time, tcal));
+                    at = next;
+                }
+            }
+        }
+        // As `BlockDecoder::fetch_event`: the used-up event's time counts as seen, and
+        // a TNT or TIP anchors the instruction count.
+        self.seen = self.cur_time;
+        if let Some((time, tcal)) = clock {
+            self.time = time;
+            self.tcal = tcal;
+        }
+        self.cur_time = Stamp {
+            tsc: self.time.relative_tsc(),
+            has_tsc: self.time.tsc().is_ok(),
+            lost_mtc: self.time.lost().0,
+            lost_cyc: self.time.lost().1,
+        };
+        self.icnt_on = true;
+        self.icnt_base = 0;
+        self.icnt_mark = insns;
+        true
+    }
+
+    /// Applies the timing packet at `at` to `clock` (or, if `None`, to the current clock),
+    /// as the event layer does between events: the clock after it and where the next
+    /// packet starts; `None` for any other packet, or where the event layer fails.
+    #[cold]
+    fn timing_packet(
+        &self,
+        trace: &[u8],
+        at: usize,
+        clock: Option<(Time, TimeCal)>,
+    ) -> Option<(usize, Time, TimeCal)> {
+        let decoded = decode_packet(trace, at, self.timing.errata, BlockContext::None).ok()?;
+        if !matches!(
+            decoded.packet,
+            Packet::Mtc { .. } | Packet::Cyc { .. } | Packet::Tsc { .. } | Packet::Tma { .. }
+        ) {
+            return None;
+        }
+        let (mut time, mut tcal) = clock.unwrap_or((self.time, self.tcal));
+        apply_timing(&mut time, &mut tcal, &self.timing, &decoded.packet, false).ok()?;
+        Some((skip_pads(trace, at + decoded.size), time, tcal))
+    }
+
+    /// Writes the state back, as the general path would have left it (`insns`: the
+    /// run's instruction count).
+    fn store(&self, dec: &mut BlockDecoder<'_>, insns: u64) {
+        dec.ip = self.ip;
+        // Wrapping: a run adds at most MAX_STALLED_INSNS and a block to a count it took
+        // at most MAX_ENTRY_ICNT, or to 0, so this is exact.
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the difference is below 2^22, see above"
+        )]
+        let added = insns.wrapping_sub(self.icnt_mark) as u32;
+        dec.icnt = self.icnt_on.then_some(self.icnt_base.wrapping_add(added));
+        let seen = self.seen;
+        dec.tsc = seen.tsc;
+        dec.has_tsc = seen.has_tsc;
+        dec.lost_mtc = seen.lost_mtc;
+        dec.lost_cyc = seen.lost_cyc;
+        let kind = if self.tip {
+            EventKind::Tip { ip: self.bits }
+        } else {
+            EventKind::Tnt {
+                bits: self.bits,
+                size: self.left,
+            }
+        };
+        let cur = self.cur_time;
+        dec.event = Event {
+            kind,
+            ip_suppressed: false,
+            status_update: false,
+            has_tsc: cur.has_tsc,
+            tsc: cur.tsc,
+            lost_mtc: cur.lost_mtc,
+            lost_cyc: cur.lost_cyc,
+        };
+        dec.evdec.ip = self.last_ip;
+        dec.evdec.time = self.time;
+        dec.evdec.tcal = self.tcal;
+        dec.evdec.pkt.seek(self.pos);
+        dec.evdec.fetch_packet();
+        dec.evdec.bound = self.tip;
+    }
+}
+
+/// What the fast path counts as it goes, written to `Branches` when it stops.
+#[derive(Debug, Clone, Copy)]
+struct Tally {
+    blocks: u64,
+    insns: u64,
+    /// Calls, returns and jumps.
+    branches: [u64; 3],
+    last_ip: u64,
+    stalled: (usize, u64),
+    /// Events in the batch.
+    queued: usize,
+}
+
+impl Tally {
+    fn store(self, branches: &mut Branches<'_>) {
+        let counts = &mut branches.counts;
+        counts.blocks += self.blocks;
+        counts.instructions += self.insns;
+        for (kind, n) in [BranchKind::Call, BranchKind::Return, BranchKind::Jump]
+            .into_iter()
+            .zip(self.branches)
+        {
+            counts.branches[kind.index()] += n;
+        }
+        branches.fast_blocks += self.blocks;
+        branches.last_ip = self.last_ip;
+        branches.stalled = self.stalled;
+        branches.held = None;
+        branches.queue.len = self.queued;
+    }
+}
+
+/// Why a fast run stopped.
+enum Stop {
+    /// The batch is full, or the next block is for the general path.
+    Pause,
+    /// The branch ending `block` used up its trace event and the next event is not one
+    /// the fast path reads: the general path fetches it and ends the block.
+    HandOver { offset: usize, block: FastBlock },
+}
+
+/// A slot filler for the event buffer.
+const NO_EVENT: BranchEvent = BranchEvent {
+    kind: BranchKind::Error,
+    from: 0,
+    to: 0,
+    tsc: 0,
+    has_tsc: false,
+    offset: 0,
+    error: None,
+};
+
+impl Branches<'_> {
+    /// Decodes blocks on the fast path while it can; false if it could not take even
+    /// one (then nothing changed).
+    pub(super) fn run_fast(&mut self) -> bool {
+        let Some(mut fast) = self
+            .fast
+            .is_some()
+            .then(|| Fast::enter(&self.dec))
+            .flatten()
+        else {
+            return false;
+        };
+        if self.queue.buf.len() < BATCH {
+            self.queue.buf.resize(BATCH, NO_EVENT);
+        }
+        let mut tally = Tally {
+            blocks: 0,
+            insns: 0,
+            branches: [0; 3],
+            last_ip: self.last_ip,
+            stalled: self.stalled,
+            queued: self.queue.len,
+        };
+        let mut retstack = std::mem::take(&mut self.dec.retstack);
+        let stop = match (
+            self.fast.as_mut(),
+            self.queue
+                .buf
+                .get_mut(..BATCH)
+                .and_then(|b| b.try_into().ok()),
+        ) {
+            (Some(table), Some(buf)) => {
+                run(&mut fast, &mut tally, &mut retstack, table, buf, &self.dec)
+            }
+            _ => Stop::Pause,
+        };
+        self.dec.retstack = retstack;
+        let progressed = tally.blocks > 0;
+        tally.store(self);
+        match stop {
+            Stop::HandOver { offset, block } => {
+                // The block's instructions count for TRIG before the next event.
+                fast.store(&mut self.dec, tally.insns + u64::from(block.ninsn));
+                self.hand_over(&fast, offset, &block);
+                true
+            }
+            Stop::Pause if progressed => {
+                fast.store(&mut self.dec, tally.insns);
+                true
+            }
+            Stop::Pause => false,
+        }
+    }
+
+    /// Ends `block` on the general path after its trace event was used up.
+    fn hand_over(&mut self, fast: &Fast, offset: usize, block: &FastBlock) {
+        let block = general_block(block);
+        let result = if fast.tip {
+            self.dec
+                .fetch_event()
+                .and_then(|()| self.dec.proceed_trailing_event(Some(&block)))
+        } else {
+            // A used-up TNT is left behind by the trailing-event check itself.
+            self.dec.proceed_trailing_event(Some(&block))
+        };
+        self.finish_block(offset, &block, result);
+    }
+}
+
+/// The fast loop: blocks to branch events in `buf` until the batch is full or the
+/// general path is needed. (Not inlined, so that `fast` and `tally` stay in memory and
+/// the registers go to the per-block values.)
+#[inline(never)]
+fn run(
+    fast: &mut Fast,
+    tally: &mut Tally,
+    retstack: &mut RetStack,
+    table: &mut FastBlocks,
+    buf: &mut [BranchEvent; BATCH],
+    dec: &BlockDecoder<'_>,
+) -> Stop {
+    let trace = dec.evdec.pkt.trace();
+    let mode = fast.mode;
+    let mut ip = fast.ip;
+    let mut bits = fast.bits;
+    let mut left = fast.left;
+    let mut queued = tally.queued;
+    let mut resolved = None;
+    let stop = loop {
+        if queued >= BATCH {
+            break Stop::Pause;
+        }
+        let offset = fast.pos;
+        let Some(block) = table.get(ip, mode) else {
+            // Resolve it (then it is there on the next round); a block that does not
+            // resolve (or, which cannot happen, is not found after) is the general
+            // path's.
+            if resolved == Some(ip) {
+                break Stop::Pause;
+            }
+            match fast_blocks::resolve(dec, ip, mode) {
+                Some(block) => table.insert(block),
+                None => break Stop::Pause,
+            }
+            resolved = Some(ip);
+            continue;
+        };
+        let ninsn = u64::from(block.ninsn);
+        let stalled = if offset == tally.stalled.0 {
+            tally.stalled.1 + ninsn + 1
+        } else {
+            0
+        };
+        if stalled > MAX_STALLED_INSNS {
+            break Stop::Pause;
+        }
+        if block.exit == Exit::Cond && left > 1 {
+            // The common case, in short: a TNT bit that is not the event's last.
+            left -= 1;
+            ip = if bits >> left & 1 == 1 {
+                block.target
+            } else {
+                block.fall
+            };
+            tally.insns += ninsn;
+            tally.blocks += 1;
+            tally.last_ip = block.end_ip;
+            tally.stalled = (offset, stalled);
+            if ip != block.fall {
+                tally.branches[BranchKind::Jump.index()] += 1;
+                buf[queued] = event(fast, BranchKind::Jump, block.end_ip, ip);
+                queued += 1;
+            }
+            continue;
+        }
+        let Some(Taken {
+            to,
+            kind,
+            left: bits_left,
+            used,
+        }) = take(block, bits, left, retstack)
+        else {
+            break Stop::Pause;
+        };
+        left = bits_left;
+        ip = to;
+        tally.insns += ninsn;
+        if used {
+            fast.bits = bits;
+            fast.left = left;
+            if !fast.next_event(trace, tally.insns) {
+                // The general path counts the block.
+                tally.insns -= ninsn;
+                break Stop::HandOver {
+                    offset,
+                    block: *block,
+                };
+            }
+            bits = fast.bits;
+            left = fast.left;
+        }
+        tally.blocks += 1;
+        tally.last_ip = block.end_ip;
+        tally.stalled = (offset, stalled);
+        if let Some(kind) = kind {
+            if let Some(n) = tally.branches.get_mut(kind.index()) {
+                *n += 1;
+            }
+            buf[queued] = event(fast, kind, block.end_ip, to);
+            queued += 1;
+        }
+    };
+    fast.ip = ip;
+    if !matches!(stop, Stop::HandOver { .. }) {
+        fast.bits = bits;
+        fast.left = left;
+    }
+    tally.queued = queued;
+    stop
+}
+
+/// A branch event at the current time and trace position.
+#[expect(
+    clippy::inline_always,
+    reason = "the fast loop's registers hold up only if this is inlined"
+)]
+#[inline(always)]
+fn event(fast: &Fast, kind: BranchKind, from: u64, to: u64) -> BranchEvent {
+    let seen = &fast.seen;
+    BranchEvent {
+        kind,
+        from,
+        to,
+        tsc: seen.tsc,
+        has_tsc: seen.has_tsc,
+        offset: fast.pos,
+        error: None,
+    }
+}
+
+/// What the branch that ends a block does.
+struct Taken {
+    to: u64,
+    /// The branch event's kind, if one is due.
+    kind: Option<BranchKind>,
+    /// TNT bits left.
+    left: u8,
+    /// The trace event is used up.
+    used: bool,
+}
+
+/// Takes the branch that ends `block`, given the current event (`bits`, `left`: see
+/// [`Fast`]); `None` (and no change) where the trace does not fit, which the general
+/// path reports as an error.
+#[expect(
+    clippy::inline_always,
+    reason = "the fast loop's registers hold up only if this is inlined"
+)]
+#[inline(always)]
+fn take(block: &FastBlock, bits: u64, left: u8, retstack: &mut RetStack) -> Option<Taken> {
+    let taken = |to, kind, left| Taken {
+        to,
+        kind,
+        left,
+        used: left == 0,
+    };
+    Some(match block.exit {
+        Exit::Cond => {
+            let left = left.checked_sub(1)?;
+            let to = if bits >> left & 1 == 1 {
+                block.target
+            } else {
+                block.fall
+            };
+            taken(to, (to != block.fall).then_some(BranchKind::Jump), left)
+        }
+        Exit::DirectCall => {
+            if block.push_ret {
+                retstack.push(block.fall);
+            }
+            Taken {
+                used: false,
+                ..taken(block.target, Some(BranchKind::Call), left)
+            }
+        }
+        Exit::DirectJump => Taken {
+            used: false,
+            ..taken(block.target, Some(BranchKind::Jump), left)
+        },
+        Exit::Return if left > 0 => {
+            let left = left - 1;
+            if bits >> left & 1 == 0 || retstack.is_empty() {
+                return None;
+            }
+            taken(retstack.pop().ok()?, Some(BranchKind::Return), left)
+        }
+        Exit::Return => taken(bits, Some(BranchKind::Return), 0),
+        Exit::IndirectCall | Exit::IndirectJump if left > 0 => return None,
+        Exit::IndirectCall => {
+            retstack.push(block.fall);
+            taken(bits, Some(BranchKind::Call), 0)
+        }
+        Exit::IndirectJump => taken(bits, Some(BranchKind::Jump), 0),
+    })
+}
+
+/// The general path's block for `block` (for the hand-over).
+fn general_block(block: &FastBlock) -> Block {
+    Block {
+        ip: block.ip,
+        end_ip: block.end_ip,
+        mode: block.mode,
+        isid: block.isid,
+        ninsn: block.ninsn,
+        class: match block.exit {
+            Exit::Cond => InsnClass::CondJump,
+            Exit::DirectCall | Exit::IndirectCall => InsnClass::Call,
+            Exit::DirectJump => InsnClass::Jump,
+            Exit::Return => InsnClass::Return,
+            Exit::IndirectJump => InsnClass::Indirect,
+        },
+        size: block.size,
+        ..Block::default()
+    }
+}
