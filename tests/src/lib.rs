@@ -9,6 +9,14 @@ use std::{
     sync::OnceLock,
 };
 
+/// Whether this process runs as root (the effective uid that `/proc/self` belongs to):
+/// tests that load BPF programs or open perf events skip with a note otherwise.
+#[must_use]
+pub fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
 /// The workspace root: the parent of this crate's directory.
 ///
 /// # Panics

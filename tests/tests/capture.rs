@@ -18,19 +18,7 @@ use lookback::capture::{
     sampling::SAMPLE_TYPE,
 };
 use lookback::snapshot;
-use lookback_tests::{ring_samples, workload};
-
-fn is_root() -> bool {
-    // /proc/self/status names the effective uid.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|uid| uid == "0"))
-        })
-        .unwrap_or(false)
-}
+use lookback_tests::{is_root, ring_samples, workload};
 
 /// `false` (with a note on stderr) when the test cannot run here.
 #[expect(clippy::print_stderr, reason = "a skipped test says why")]

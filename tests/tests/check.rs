@@ -3,9 +3,9 @@
 //! machine-specific expectations follow sysfs (`intel_pt` present or not), not a hard-coded
 //! host; the privileged ones need root and say so when skipped.
 
-use std::{os::unix::fs::MetadataExt as _, path::Path, process::Command};
+use std::{path::Path, process::Command};
 
-use lookback_tests::lookback_bin;
+use lookback_tests::{is_root, lookback_bin};
 use serde_json::Value;
 
 fn run_check(args: &[&str]) -> (Option<i32>, String) {
@@ -36,11 +36,6 @@ fn assert_probe(json: &Value, key: &str) {
             "{key} failed without a reason: {item}"
         );
     }
-}
-
-fn is_root() -> bool {
-    // /proc/self belongs to the effective uid.
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 #[test]

@@ -8,18 +8,7 @@ use lookback::{
     rules::{SyscallSet, SyscallTrigger, Trigger},
     triggers::{EngineRule, TriggerEngine},
 };
-
-fn is_root() -> bool {
-    // /proc/self/status names the effective uid.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|uid| uid == "0"))
-        })
-        .unwrap_or(false)
-}
+use lookback_tests::is_root;
 
 /// The value of one sample line `name{labels} value` of the exposition text.
 fn sample(text: &str, series: &str) -> f64 {

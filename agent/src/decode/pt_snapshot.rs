@@ -526,14 +526,21 @@ pub fn decode(
             span: (0, 0, None),
             seen_last: None,
         };
-        for event in Branches::new(&ring.data, image.as_ref(), config) {
-            summary.branches += 1;
-            if event.kind == BranchKind::Error {
-                summary.errors += 1;
+        let mut branches = Branches::new(&ring.data, image.as_ref(), config);
+        loop {
+            let batch = branches.next_batch();
+            if batch.is_empty() {
+                break;
             }
-            let track = ring_out.track(&event);
-            if ring_out.sink.keep(track, &event) {
-                ring_out.push(track, &event);
+            for event in batch {
+                summary.branches += 1;
+                if event.kind == BranchKind::Error {
+                    summary.errors += 1;
+                }
+                let track = ring_out.track(event);
+                if ring_out.sink.keep(track, event) {
+                    ring_out.push(track, event);
+                }
             }
         }
         ring_out.finish();
