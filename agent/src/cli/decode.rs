@@ -25,6 +25,7 @@ use super::{CliError, CliResult};
 use crate::decode::pt::branches::{BranchKind, Branches, DecodeCounts};
 use crate::decode::pt::decoder::PacketDecoder;
 use crate::decode::pt::image::{Image, RawSpec};
+use crate::decode::pt::packet::PacketKind;
 use crate::decode::pt::pevent::SidebandStream;
 use crate::decode::pt::ptdump::ptdump_with_sideband;
 use crate::decode::pt::ptdump_opts::{PeventFile, PtdumpOptions};
@@ -334,20 +335,23 @@ fn run_branches(trace: &[u8], image: &Image, opts: &PtxedOptions) -> CliResult {
 
 /// Packets by type, and packet-level errors.
 fn count_packets(trace: &[u8], opts: &PtxedOptions) -> (Vec<(&'static str, u64)>, u64) {
-    let mut counts: Vec<(&'static str, u64)> = Vec::new();
+    // Keyed by kind, not name: a string compare per packet was a tenth of this pass.
+    let mut by_kind: Vec<(PacketKind, u64)> = Vec::new();
     let mut errors = 0;
     for item in PacketDecoder::new(trace, opts.flow.events.timing.errata) {
         match item {
             Ok((_, packet)) => {
-                let name = packet.kind().name();
-                match counts.iter_mut().find(|(n, _)| *n == name) {
+                let kind = packet.kind();
+                match by_kind.iter_mut().find(|(k, _)| *k == kind) {
                     Some((_, count)) => *count += 1,
-                    None => counts.push((name, 1)),
+                    None => by_kind.push((kind, 1)),
                 }
             }
             Err(_) => errors += 1,
         }
     }
+    let mut counts: Vec<(&'static str, u64)> =
+        by_kind.into_iter().map(|(k, n)| (k.name(), n)).collect();
     counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     (counts, errors)
 }

@@ -14,9 +14,12 @@
 //! FUP, OVF, PTWRITE, a timing error ...), the general path fetches that event and ends
 //! the block itself.
 //!
-//! The loop is instruction-bound: it keeps only what changes per block in registers (the
-//! IP, the TNT word, the batch position) and what changes per trace event in memory
-//! ([`Fast`], [`Tally`]), which are written back to the decoder when it stops.
+//! The loop is instruction-bound, so it is shaped for the register allocator: what
+//! changes per block or per trace event (the IP, the TNT word, the trace position, the
+//! counts, the batch position) lives in locals, the table is read through a [`fast_blocks::View`]
+//! (a `&mut` table was reloaded after every store), the common packets are read inline,
+//! and the clock and the rest of [`Fast`] are touched once per event; all of it is
+//! written back to the decoder when the loop stops.
 
 use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
 use crate::decode::pt::evdec::apply_timing;
@@ -47,6 +50,15 @@ struct Stamp {
 }
 
 impl Stamp {
+    fn of_time(time: &Time) -> Self {
+        Self {
+            tsc: time.relative_tsc(),
+            has_tsc: time.tsc().is_ok(),
+            lost_mtc: time.lost().0,
+            lost_cyc: time.lost().1,
+        }
+    }
+
     fn of(event: &Event) -> Self {
         Self {
             tsc: event.tsc,
@@ -77,6 +89,9 @@ struct Fast {
     seen: Stamp,
     /// The time of the current event.
     cur_time: Stamp,
+    /// The time fields of `time`: what the next event will carry unless a timing
+    /// packet comes first.
+    now: Stamp,
     /// The event layer's clock (timing packets between TNTs and TIPs are applied here
     /// as it applies them), and its configuration.
     time: Time,
@@ -131,6 +146,7 @@ impl Fast {
                 lost_cyc: dec.lost_cyc,
             },
             cur_time: Stamp::of(&dec.event),
+            now: Stamp::of_time(&ev.time),
             time: ev.time,
             tcal: ev.tcal,
             timing: ev.config.timing,
@@ -144,11 +160,7 @@ impl Fast {
     /// Moves on to the next event if it is a TNT or a TIP with an IP, after any timing
     /// packets (MTC, CYC, TSC, TMA) before it; false (and no change) otherwise.
     /// `insns` is the run's instruction count so far.
-    #[expect(
-        clippy::inline_always,
-        reason = "the fast loop's registers hold up only if this is inlined"
-    )]
-    #[inline(always)]
+    #[inline(never)]
     fn next_event(&mut self, trace: &[u8], insns: u64) -> bool {
         let mut at = if self.tip {
             skip_pads(trace, self.pos + self.tip_size)
@@ -194,21 +206,29 @@ impl Fast {
         }
         // As `BlockDecoder::fetch_event`: the used-up event's time counts as seen, and
         // a TNT or TIP anchors the instruction count.
-        self.seen = self.cur_time;
         if let Some((time, tcal)) = clock {
             self.time = time;
             self.tcal = tcal;
+            self.now = Stamp::of_time(&time);
         }
-        self.cur_time = Stamp {
-            tsc: self.time.relative_tsc(),
-            has_tsc: self.time.tsc().is_ok(),
-            lost_mtc: self.time.lost().0,
-            lost_cyc: self.time.lost().1,
-        };
+        self.took_event(insns);
+        true
+    }
+
+    /// What `BlockDecoder::fetch_event` does once the next TNT or TIP is in place:
+    /// the used-up event's time counts as seen, the new one carries the clock's, and it
+    /// anchors the instruction count.
+    #[expect(
+        clippy::inline_always,
+        reason = "the fast loop's registers hold up only if this is inlined"
+    )]
+    #[inline(always)]
+    fn took_event(&mut self, insns: u64) {
+        self.seen = self.cur_time;
+        self.cur_time = self.now;
         self.icnt_on = true;
         self.icnt_base = 0;
         self.icnt_mark = insns;
-        true
     }
 
     /// Applies the timing packet at `at` to `clock` (or, if `None`, to the current clock),
@@ -399,9 +419,13 @@ impl Branches<'_> {
 }
 
 /// The fast loop: blocks to branch events in `buf` until the batch is full or the
-/// general path is needed. (Not inlined, so that `fast` and `tally` stay in memory and
-/// the registers go to the per-block values.)
+/// general path is needed. What changes per block or per trace event is in locals
+/// (registers, mostly); the clock and the rest of [`Fast`] are touched per event only.
 #[inline(never)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one loop whose values stay in registers; split up, they were spilled"
+)]
 fn run(
     fast: &mut Fast,
     tally: &mut Tally,
@@ -413,186 +437,285 @@ fn run(
     let trace = dec.evdec.pkt.trace();
     let mode = fast.mode;
     let mut ip = fast.ip;
-    let mut bits = fast.bits;
-    let mut left = fast.left;
+    let mut ev = Current {
+        bits: fast.bits,
+        left: fast.left,
+        tip: fast.tip,
+        tip_size: fast.tip_size,
+        pos: fast.pos,
+    };
     let mut queued = tally.queued;
+    let mut insns = tally.insns;
+    let mut blocks = tally.blocks;
+    let mut last_ip = tally.last_ip;
+    // The stall count as `Branches::check_stall` keeps it for the current offset, or
+    // FRESH where the next block starts it at 0.
+    let mut stalled = if tally.stalled.0 == ev.pos {
+        i64::try_from(tally.stalled.1).unwrap_or(i64::MAX)
+    } else {
+        FRESH
+    };
     let mut resolved = None;
     let stop = loop {
-        if queued >= BATCH {
-            break Stop::Pause;
-        }
-        let offset = fast.pos;
-        let Some(block) = table.get(ip, mode) else {
-            // Resolve it (then it is there on the next round); a block that does not
-            // resolve (or, which cannot happen, is not found after) is the general
-            // path's.
-            if resolved == Some(ip) {
-                break Stop::Pause;
+        let view = table.view();
+        let ended = loop {
+            if queued >= BATCH {
+                break Step::Stop(Stop::Pause);
             }
-            match fast_blocks::resolve(dec, ip, mode) {
-                Some(block) => table.insert(block),
-                None => break Stop::Pause,
-            }
-            resolved = Some(ip);
-            continue;
-        };
-        let ninsn = u64::from(block.ninsn);
-        let stalled = if offset == tally.stalled.0 {
-            tally.stalled.1 + ninsn + 1
-        } else {
-            0
-        };
-        if stalled > MAX_STALLED_INSNS {
-            break Stop::Pause;
-        }
-        if block.exit == Exit::Cond && left > 1 {
-            // The common case, in short: a TNT bit that is not the event's last.
-            left -= 1;
-            ip = if bits >> left & 1 == 1 {
-                block.target
-            } else {
-                block.fall
+            let Some(block) = view.get(ip, mode) else {
+                break Step::Miss;
             };
-            tally.insns += ninsn;
-            tally.blocks += 1;
-            tally.last_ip = block.end_ip;
-            tally.stalled = (offset, stalled);
-            if ip != block.fall {
-                tally.branches[BranchKind::Jump.index()] += 1;
-                buf[queued] = event(fast, BranchKind::Jump, block.end_ip, ip);
-                queued += 1;
+            let after = (stalled + i64::from(block.ninsn) + 1).max(0);
+            if after > MAX_STALLED {
+                break Step::Stop(Stop::Pause);
             }
-            continue;
-        }
-        let Some(Taken {
-            to,
-            kind,
-            left: bits_left,
-            used,
-        }) = take(block, bits, left, retstack)
-        else {
-            break Stop::Pause;
-        };
-        left = bits_left;
-        ip = to;
-        tally.insns += ninsn;
-        if used {
-            fast.bits = bits;
-            fast.left = left;
-            if !fast.next_event(trace, tally.insns) {
-                // The general path counts the block.
-                tally.insns -= ninsn;
-                break Stop::HandOver {
+            // Where the branch goes, its event, and whether it used up the trace event.
+            // `left` is 0 for a TIP and at least 1 for a TNT; a branch that does not fit
+            // the event is left to the general path, which reports the error.
+            let (to, kind, used) = match block.exit {
+                Exit::Cond => {
+                    let Some(left) = ev.left.checked_sub(1) else {
+                        break Step::Stop(Stop::Pause);
+                    };
+                    ev.left = left;
+                    let taken = ev.bits >> left & 1 == 1;
+                    if left > 0 {
+                        // The common case, in short: a bit that is not the TNT's last.
+                        insns += u64::from(block.ninsn);
+                        blocks += 1;
+                        last_ip = block.end_ip;
+                        stalled = after;
+                        if taken {
+                            ip = block.target;
+                            if block.target != block.fall {
+                                tally.branches[BranchKind::Jump.index()] += 1;
+                                emit(
+                                    buf,
+                                    &mut queued,
+                                    &fast.seen,
+                                    ev.pos,
+                                    BranchKind::Jump,
+                                    block.end_ip,
+                                    ip,
+                                );
+                            }
+                        } else {
+                            ip = block.fall;
+                        }
+                        continue;
+                    }
+                    let to = if taken { block.target } else { block.fall };
+                    (to, (to != block.fall).then_some(BranchKind::Jump), true)
+                }
+                Exit::DirectCall | Exit::DirectJump => {
+                    // No trace needed.
+                    let kind = if block.exit == Exit::DirectCall {
+                        if block.push_ret {
+                            retstack.push(block.fall);
+                        }
+                        BranchKind::Call
+                    } else {
+                        BranchKind::Jump
+                    };
+                    insns += u64::from(block.ninsn);
+                    blocks += 1;
+                    last_ip = block.end_ip;
+                    stalled = after;
+                    ip = block.target;
+                    tally.branches[kind.index()] += 1;
+                    emit(buf, &mut queued, &fast.seen, ev.pos, kind, block.end_ip, ip);
+                    continue;
+                }
+                Exit::Return if ev.left > 0 => {
+                    let left = ev.left - 1;
+                    if ev.bits >> left & 1 == 0 {
+                        break Step::Stop(Stop::Pause);
+                    }
+                    let Ok(to) = retstack.pop() else {
+                        break Step::Stop(Stop::Pause);
+                    };
+                    ev.left = left;
+                    (to, Some(BranchKind::Return), left == 0)
+                }
+                Exit::Return => (ev.bits, Some(BranchKind::Return), true),
+                Exit::IndirectCall | Exit::IndirectJump if ev.left > 0 => {
+                    break Step::Stop(Stop::Pause);
+                }
+                Exit::IndirectCall => {
+                    retstack.push(block.fall);
+                    (ev.bits, Some(BranchKind::Call), true)
+                }
+                Exit::IndirectJump => (ev.bits, Some(BranchKind::Jump), true),
+            };
+            let offset = ev.pos;
+            insns += u64::from(block.ninsn);
+            if used && !fetch(trace, fast, &mut ev, insns) {
+                // The general path fetches the next event, ends the block and counts it.
+                insns -= u64::from(block.ninsn);
+                ip = to;
+                break Step::Stop(Stop::HandOver {
                     offset,
                     block: *block,
-                };
+                });
             }
-            bits = fast.bits;
-            left = fast.left;
-        }
-        tally.blocks += 1;
-        tally.last_ip = block.end_ip;
-        tally.stalled = (offset, stalled);
-        if let Some(kind) = kind {
-            if let Some(n) = tally.branches.get_mut(kind.index()) {
-                *n += 1;
+            ip = to;
+            blocks += 1;
+            last_ip = block.end_ip;
+            stalled = if ev.pos == offset { after } else { FRESH };
+            if let Some(kind) = kind {
+                tally.branches[kind.index()] += 1;
+                emit(buf, &mut queued, &fast.seen, ev.pos, kind, block.end_ip, to);
             }
-            buf[queued] = event(fast, kind, block.end_ip, to);
-            queued += 1;
+        };
+        match ended {
+            Step::Stop(stop) => break stop,
+            // Resolve the block (then it is there on the next round); a block that does
+            // not resolve (or, which cannot happen, is not found after) is the general
+            // path's.
+            Step::Miss if resolved == Some(ip) => break Stop::Pause,
+            Step::Miss => match fast_blocks::resolve(dec, ip, mode) {
+                Some(block) => {
+                    table.insert(block);
+                    resolved = Some(ip);
+                }
+                None => break Stop::Pause,
+            },
         }
     };
     fast.ip = ip;
-    if !matches!(stop, Stop::HandOver { .. }) {
-        fast.bits = bits;
-        fast.left = left;
-    }
+    fast.bits = ev.bits;
+    fast.left = ev.left;
+    fast.tip = ev.tip;
+    fast.tip_size = ev.tip_size;
+    fast.pos = ev.pos;
     tally.queued = queued;
+    tally.insns = insns;
+    tally.blocks = blocks;
+    tally.last_ip = last_ip;
+    // (At a hand-over, as the count was before the block: the general path counts it.)
+    tally.stalled = match u64::try_from(stalled) {
+        Ok(n) => (ev.pos, n),
+        // No offset matches: the next block starts the count.
+        Err(_) => (usize::MAX, 0),
+    };
     stop
 }
 
-/// A branch event at the current time and trace position.
-#[expect(
-    clippy::inline_always,
-    reason = "the fast loop's registers hold up only if this is inlined"
-)]
-#[inline(always)]
-fn event(fast: &Fast, kind: BranchKind, from: u64, to: u64) -> BranchEvent {
-    let seen = &fast.seen;
-    BranchEvent {
-        kind,
-        from,
-        to,
-        tsc: seen.tsc,
-        has_tsc: seen.has_tsc,
-        offset: fast.pos,
-        error: None,
-    }
+/// How the inner loop of [`run`] ended.
+enum Step {
+    Stop(Stop),
+    /// The block at the IP is not in the table.
+    Miss,
 }
 
-/// What the branch that ends a block does.
-struct Taken {
-    to: u64,
-    /// The branch event's kind, if one is due.
-    kind: Option<BranchKind>,
-    /// TNT bits left.
+/// The stall limit, as the loop's signed count has it.
+#[expect(clippy::cast_possible_wrap, reason = "MAX_STALLED_INSNS is 2^20")]
+const MAX_STALLED: i64 = MAX_STALLED_INSNS as i64;
+
+/// The stall count where a new trace event starts: the first block there brings it
+/// to 0 (as `Branches::check_stall` does), whatever its size.
+const FRESH: i64 = i64::MIN / 2;
+
+/// The trace event the fast loop is on (see [`Fast`]).
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    bits: u64,
     left: u8,
-    /// The trace event is used up.
-    used: bool,
+    tip: bool,
+    tip_size: usize,
+    pos: usize,
 }
 
-/// Takes the branch that ends `block`, given the current event (`bits`, `left`: see
-/// [`Fast`]); `None` (and no change) where the trace does not fit, which the general
-/// path reports as an error.
+/// Moves `ev` on to the next event if it is a TNT or a TIP with an IP (after timing
+/// packets, through [`Fast::next_event`]); false (and `ev` unchanged) otherwise. The
+/// common packets are read here, inline.
 #[expect(
     clippy::inline_always,
     reason = "the fast loop's registers hold up only if this is inlined"
 )]
 #[inline(always)]
-fn take(block: &FastBlock, bits: u64, left: u8, retstack: &mut RetStack) -> Option<Taken> {
-    let taken = |to, kind, left| Taken {
-        to,
-        kind,
-        left,
-        used: left == 0,
+fn fetch(trace: &[u8], fast: &mut Fast, ev: &mut Current, insns: u64) -> bool {
+    let at = if ev.tip {
+        skip_pads(trace, ev.pos + ev.tip_size)
+    } else {
+        ev.pos
     };
-    Some(match block.exit {
-        Exit::Cond => {
-            let left = left.checked_sub(1)?;
-            let to = if bits >> left & 1 == 1 {
-                block.target
-            } else {
-                block.fall
+    match hot_packet(trace, at) {
+        Hot::Tnt { bits, count, size } => {
+            *ev = Current {
+                bits,
+                left: count,
+                tip: false,
+                tip_size: ev.tip_size,
+                pos: skip_pads(trace, at + size),
             };
-            taken(to, (to != block.fall).then_some(BranchKind::Jump), left)
         }
-        Exit::DirectCall => {
-            if block.push_ret {
-                retstack.push(block.fall);
+        Hot::Tip { payload, size } if payload.compression != IpCompression::Suppressed => {
+            let mut last_ip = fast.last_ip;
+            last_ip.update(payload);
+            let Ok(ip) = last_ip.ip() else {
+                return false;
+            };
+            fast.last_ip = last_ip;
+            *ev = Current {
+                bits: ip,
+                left: 0,
+                tip: true,
+                tip_size: size,
+                pos: at,
+            };
+        }
+        Hot::Tip { .. } => return false,
+        Hot::Other => {
+            fast.bits = ev.bits;
+            fast.left = ev.left;
+            fast.tip = ev.tip;
+            fast.tip_size = ev.tip_size;
+            fast.pos = ev.pos;
+            if !fast.next_event(trace, insns) {
+                return false;
             }
-            Taken {
-                used: false,
-                ..taken(block.target, Some(BranchKind::Call), left)
-            }
+            *ev = Current {
+                bits: fast.bits,
+                left: fast.left,
+                tip: fast.tip,
+                tip_size: fast.tip_size,
+                pos: fast.pos,
+            };
+            return true;
         }
-        Exit::DirectJump => Taken {
-            used: false,
-            ..taken(block.target, Some(BranchKind::Jump), left)
-        },
-        Exit::Return if left > 0 => {
-            let left = left - 1;
-            if bits >> left & 1 == 0 || retstack.is_empty() {
-                return None;
-            }
-            taken(retstack.pop().ok()?, Some(BranchKind::Return), left)
-        }
-        Exit::Return => taken(bits, Some(BranchKind::Return), 0),
-        Exit::IndirectCall | Exit::IndirectJump if left > 0 => return None,
-        Exit::IndirectCall => {
-            retstack.push(block.fall);
-            taken(bits, Some(BranchKind::Call), 0)
-        }
-        Exit::IndirectJump => taken(bits, Some(BranchKind::Jump), 0),
-    })
+    }
+    fast.took_event(insns);
+    true
+}
+
+/// Adds a branch event at time `seen` and trace offset `pos` to the batch.
+#[expect(
+    clippy::inline_always,
+    reason = "the fast loop's registers hold up only if this is inlined"
+)]
+#[inline(always)]
+fn emit(
+    buf: &mut [BranchEvent; BATCH],
+    queued: &mut usize,
+    seen: &Stamp,
+    pos: usize,
+    kind: BranchKind,
+    from: u64,
+    to: u64,
+) {
+    if let Some(slot) = buf.get_mut(*queued) {
+        *slot = BranchEvent {
+            kind,
+            from,
+            to,
+            tsc: seen.tsc,
+            has_tsc: seen.has_tsc,
+            offset: pos,
+            error: None,
+        };
+        *queued += 1;
+    }
 }
 
 /// The general path's block for `block` (for the hand-over).

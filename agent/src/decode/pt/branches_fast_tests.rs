@@ -209,3 +209,59 @@ fn batches_hand_out_the_iterators_events() {
     assert_eq!(batched, one_by_one);
     assert!(branches.next().is_none());
 }
+
+/// Code that never needs the trace again (direct jumps and calls in a loop) stalls the
+/// decoder: both paths give up at the same instruction, after the same events, whether
+/// the loop starts with TNT bits left, right after a TNT or a TIP, or some blocks into
+/// one.
+#[test]
+fn the_fast_path_stalls_where_the_general_one_does() {
+    // PSB+ with MODE.Exec (64-bit) and a FUP to 0x1000.
+    let start = |tail: &[u8]| {
+        let mut trace = PSB.to_vec();
+        trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+        trace.extend_from_slice(tail);
+        trace.extend_from_slice(&PSB);
+        trace
+    };
+    let cases: [(&str, Vec<u8>, Vec<u8>); 6] = [
+        // jmp . (2 instructions a round with the block)
+        ("jmp .", vec![0xeb, 0xfe], start(&[0x06])),
+        // jne +2; jmp . / jmp 0x1000: not taken, then stuck with bits left
+        (
+            "jne; jmp .",
+            vec![0x75, 0x02, 0xeb, 0xfe, 0xeb, 0xfa],
+            start(&[0x02, 0xa3, 0xfa, 0xff, 0xff, 0xff, 0xff, 0x7f]),
+        ),
+        // jne +0 (to the next instruction) many times, then the loop
+        (
+            "jne +0; jmp .",
+            vec![0x75, 0x00, 0x75, 0x00, 0xeb, 0xfe],
+            start(&[0x0c, 0x06]),
+        ),
+        // jmp rax to a TIP, then jmp . there
+        (
+            "jmp rax; jmp .",
+            vec![0xff, 0xe0, 0x90, 0x90, 0xeb, 0xfe],
+            start(&[0x2d, 0x04, 0x10, 0x06]),
+        ),
+        // call . (calls need no trace)
+        ("call .", vec![0xe8, 0xfb, 0xff, 0xff, 0xff], start(&[0x06])),
+        // jne . while taken, then jmp . right after the TNT that ended the loop
+        (
+            "jne .; jmp .",
+            vec![0x75, 0xfe, 0xeb, 0xfe],
+            start(&[0x0e, 0x0e, 0x0e, 0x0e, 0x0e, 0x0e, 0x0c, 0x0e]),
+        ),
+    ];
+    for (what, code, trace) in cases {
+        let mut image = Image::new();
+        image.add("stall", code, 0x1000);
+        let fast = same(&trace, &image, FlowConfig::default(), what);
+        assert!(fast > 1000, "{what}: only {fast} fast blocks");
+        let errors: Vec<BranchEvent> = Branches::new(&trace, &image, FlowConfig::default())
+            .filter(|e| e.kind == BranchKind::Error)
+            .collect();
+        assert!(!errors.is_empty(), "{what}: no stall reported");
+    }
+}

@@ -131,6 +131,30 @@ pub(crate) fn resolve(dec: &BlockDecoder<'_>, ip: u64, mode: ExecMode) -> Option
     None
 }
 
+/// The slot of `ip` in a table of `2^(64 - shift)` slots.
+#[inline]
+fn slot_index(ip: u64, shift: u32) -> usize {
+    // Fibonacci hashing; the top bits index the table, which has at most 2^16 slots.
+    usize::try_from(ip.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift).unwrap_or(0)
+}
+
+/// Lookups in a [`FastBlocks`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View<'a> {
+    slots: &'a [FastBlock],
+    shift: u32,
+}
+
+impl<'a> View<'a> {
+    /// The block at `ip` in `mode`, if it was resolved before.
+    #[inline]
+    pub fn get(self, ip: u64, mode: ExecMode) -> Option<&'a FastBlock> {
+        self.slots
+            .get(slot_index(ip, self.shift))
+            .filter(|b| b.ip == ip && b.mode == mode)
+    }
+}
+
 /// Slots of a new table; it doubles (up to [`MAX_SLOTS`]) when blocks keep evicting
 /// each other.
 const MIN_SLOTS: usize = 1 << 10;
@@ -162,16 +186,17 @@ impl FastBlocks {
     }
 
     fn index(&self, ip: u64) -> usize {
-        // Fibonacci hashing; the top bits index the table, which has at most 2^16 slots.
-        usize::try_from(ip.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift).unwrap_or(0)
+        slot_index(ip, self.shift)
     }
 
-    /// The block at `ip` in `mode`, if it was resolved before.
+    /// The table for lookups only: a loop that holds it keeps the slots and the shift
+    /// in registers (through `&mut self` they are reloaded after every store).
     #[inline]
-    pub fn get(&self, ip: u64, mode: ExecMode) -> Option<&FastBlock> {
-        self.slots
-            .get(self.index(ip))
-            .filter(|b| b.ip == ip && b.mode == mode)
+    pub fn view(&self) -> View<'_> {
+        View {
+            slots: &self.slots,
+            shift: self.shift,
+        }
     }
 
     /// Adds a block; it can be found right after (`get`).

@@ -136,10 +136,6 @@ impl RetStack {
     pub fn clear(&mut self) {
         self.len = 0;
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 /// Which events were already bound to the postponed instruction.

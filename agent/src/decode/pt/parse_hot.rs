@@ -20,7 +20,12 @@ pub(crate) enum Hot {
 }
 
 /// Reads the packet at `pos`, if it is a TNT or a TIP.
-#[inline]
+#[expect(
+    clippy::inline_always,
+    reason = "called once per trace event in the decode fast loop, which keeps its \
+              registers only if this is inlined"
+)]
+#[inline(always)]
 pub(crate) fn hot_packet(trace: &[u8], pos: usize) -> Hot {
     let Some(&opc) = trace.get(pos) else {
         return Hot::Other;
