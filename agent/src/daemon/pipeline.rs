@@ -124,6 +124,23 @@ impl Pipeline {
         }
     }
 
+    /// Freezes every snapshot still waiting out its `post_trigger` (shutdown): those
+    /// triggers were accepted, so their snapshots are written with what was recorded until
+    /// now rather than lost with the recorders.
+    pub fn freeze_all_pending(&mut self, tracer: &mut Tracer) {
+        if self.pending.is_empty() {
+            return;
+        }
+        log::info!(
+            "shutdown: freezing {} snapshot(s) before their post_trigger ends",
+            self.pending.len()
+        );
+        let pids: Vec<u32> = self.pending.keys().copied().collect();
+        for pid in pids {
+            self.freeze_pending(tracer, pid);
+        }
+    }
+
     /// Waits for a written snapshot; `None` at once when none is in flight.
     pub async fn next_done(&mut self) -> Option<()> {
         match self.jobs.join_next().await? {
