@@ -251,6 +251,8 @@ fn write(job: &SnapshotJob, metrics: &Metrics) {
     match output::write_snapshot(job) {
         Ok(written) => {
             metrics.decode_duration(backend, written.decode);
+            // Only sampling snapshots report losses (perf LOST records); the PT writer
+            // counts none, so `aux` stays 0 (docs/verification.md).
             if written.lost > 0 {
                 let source = match job.snap.meta.backend {
                     crate::capture::Backend::IntelPt => LossSource::Aux,
