@@ -890,6 +890,33 @@ rules:
     agent.stop_ok();
 }
 
+#[test]
+fn a_bad_rules_file_at_start_exits_2_with_its_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("rules.yaml");
+    write_rules(
+        &config,
+        "version: 1\nrules:\n  - name: r\n    target: { comm: workload }\n    trigger: { signal: { signals: [SIGUSR1], bogus: 1 } }\n",
+    );
+    let out = Command::new(lookback_bin())
+        .args(["agent", "--config"])
+        .arg(&config)
+        .args(["--metrics-addr", "127.0.0.1:0", "--output-dir"])
+        .arg(dir.path().join("out"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("lookback agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // FILE:LINE:COL of the offending key, then what is wrong.
+    let want = format!("{}:5:46: ", config.display());
+    assert!(
+        stderr.contains(&want) && stderr.contains("bogus"),
+        "no {want:?} in: {stderr}"
+    );
+    assert!(!dir.path().join("out").exists(), "it wrote output");
+}
+
 /// A cgroup v2 directory named like a containerd container of a Kubernetes pod, removed
 /// (with its processes gone) on drop.
 struct ContainerCgroup(PathBuf);
