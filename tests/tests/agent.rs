@@ -14,7 +14,7 @@
     reason = "each test is one scenario, read top to bottom"
 )]
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpStream,
     os::unix::fs::PermissionsExt as _,
@@ -43,6 +43,22 @@ impl Agent {
 
     /// [`start`](Self::start) with extra environment variables.
     fn start_with_env(rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut agent = Self::launch(rules, extra, env);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while agent.get("/readyz").0 != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "agent never ready:\n{}",
+                agent.log()
+            );
+            agent.assert_running();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        agent
+    }
+
+    /// Starts the agent and waits for its metrics address, not for readiness.
+    fn launch(rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("rules.yaml");
         write_rules(&config, rules);
@@ -89,16 +105,6 @@ impl Agent {
             .and_then(|s| s.split('/').next())
             .expect("metrics address in the log")
             .to_owned();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while agent.get("/readyz").0 != 200 {
-            assert!(
-                Instant::now() < deadline,
-                "agent never ready:\n{}",
-                agent.log()
-            );
-            agent.assert_running();
-            std::thread::sleep(Duration::from_millis(100));
-        }
         agent
     }
 
@@ -173,6 +179,11 @@ impl Agent {
 
     /// The value of `name` with exactly `labels` (as `k="v"` pairs, any order); 0 when absent.
     fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.metric_opt(name, labels).unwrap_or(0.0)
+    }
+
+    /// The value of `name` with exactly `labels`; `None` when the series is not exposed.
+    fn metric_opt(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
         self.metrics()
             .iter()
@@ -191,7 +202,7 @@ impl Agent {
                 want.sort_unstable();
                 (rest.is_empty() || rest.starts_with('{')) && have == want
             })
-            .map_or(0.0, |(_, v)| *v)
+            .map(|(_, v)| *v)
     }
 
     /// Waits until `name{labels}` equals `value` (metrics are refreshed from the kernel
@@ -380,12 +391,13 @@ fn several_rules_and_workloads_give_exact_counts() {
             n,
         );
     }
+    // The series must exist: a missing one would read as 0 through `metric`.
     assert_eq!(
-        agent.metric(
+        agent.metric_opt(
             "lookback_triggers_suppressed_total",
             &[("rule", "enoent"), ("reason", "busy")]
         ),
-        0.0
+        Some(0.0)
     );
     assert_eq!(agent.metric("lookback_rules_loaded", &[]), 3.0);
     assert_eq!(
@@ -511,24 +523,41 @@ rules:
 
 #[test]
 fn hot_reload_adds_and_removes_rules_and_keeps_them_on_a_broken_file() {
-    let one = r"
+    const WORK: &str = "  - name: work\n    target: { comm: workload }\n    trigger: { function: { symbol: lb_work, binary: @WORKLOAD@ } }\n";
+    let one = format!(
+        r"
 version: 1
-defaults: { capture: { backend: sampling, buffer_size: 256KiB }, snapshot: { cooldown: 0s, max_per_hour: 1000 } }
+defaults: {{ capture: {{ backend: sampling, buffer_size: 256KiB }}, snapshot: {{ cooldown: 0s, max_per_hour: 1000 }} }}
 rules:
   - name: usr1
-    target: { comm: workload }
-    trigger: { signal: { signals: [SIGUSR1] } }
-";
+    target: {{ comm: workload }}
+    trigger: {{ signal: {{ signals: [SIGUSR1] }} }}
+{WORK}"
+    );
     let two = format!(
         "{one}  - name: sleeps\n    target: {{ comm: workload }}\n    trigger: {{ syscall: {{ names: [nanosleep, clock_nanosleep], min_duration: 1ms }} }}\n"
     );
-    let mut agent = Agent::start(one, &[]);
+    let json_files = |dir: &Path| {
+        files(dir)
+            .into_iter()
+            .filter(|f| f.ends_with(".json"))
+            .count()
+    };
+    let mut agent = Agent::start(&one, &[]);
     agent.run_workload(&["usr1"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "usr1")], 1.0);
+    // The function rule: three calls of lb_work, three snapshots on disk.
+    agent.run_workload(&["calls", "3", "1", "2000", "2000", "1"]);
+    let ok = |rule| [("rule", rule), ("backend", "sampling"), ("result", "ok")];
+    agent.expect_metric("lookback_snapshots_total", &ok("work"), 3.0);
+    let work_dir = agent.out().join("work");
+    assert_eq!(json_files(&work_dir), 3, "{:?}", files(&work_dir));
+    let probes = agent.metric_opt("lookback_probes_attached", &[("rule", "work")]);
+    assert!(probes.is_some_and(|n| n >= 1.0), "work probes: {probes:?}");
     // Add a rule by changing the file (no signal).
     write_rules(&agent.config(), &two);
     agent.expect_metric("lookback_config_reloads_total", &[("result", "ok")], 1.0);
-    agent.expect_metric("lookback_rules_loaded", &[], 2.0);
+    agent.expect_metric("lookback_rules_loaded", &[], 3.0);
     agent.run_workload(&["nanosleep", "3", "2000"]);
     agent.run_workload(&["usr1"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 3.0);
@@ -540,26 +569,33 @@ rules:
     agent.expect_metric("lookback_config_reloads_total", &[("result", "error")], 1.0);
     let line = agent.wait_log("reload rejected", Duration::from_secs(5));
     assert!(line.contains("rules.yaml:"), "no position: {line}");
-    assert_eq!(agent.metric("lookback_rules_loaded", &[]), 2.0);
+    assert_eq!(agent.metric("lookback_rules_loaded", &[]), 3.0);
     agent.run_workload(&["nanosleep", "2", "2000"]);
     agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 5.0);
-    // Remove a rule with SIGHUP after fixing the file.
-    let only_sleeps = two.replace(
-        "  - name: usr1\n    target: { comm: workload }\n    trigger: { signal: { signals: [SIGUSR1] } }\n",
-        "",
-    );
-    assert_ne!(only_sleeps, two);
-    write_rules(&agent.config(), &only_sleeps);
+    // Remove the function rule with SIGHUP after fixing the file: its uprobes go.
+    let without_work = two.replace(WORK, "");
+    assert_ne!(without_work, two);
+    write_rules(&agent.config(), &without_work);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(i32::try_from(agent.child.id()).expect("pid"), libc::SIGHUP) };
-    agent.expect_metric("lookback_rules_loaded", &[], 1.0);
-    agent.run_workload(&["usr1"]);
-    agent.run_workload(&["nanosleep", "1", "2000"]);
-    agent.expect_metric("lookback_triggers_total", &[("rule", "sleeps")], 6.0);
+    agent.expect_metric("lookback_rules_loaded", &[], 2.0);
     assert_eq!(
-        agent.metric("lookback_triggers_total", &[("rule", "usr1")]),
-        2.0,
-        "a removed rule fires no more"
+        agent.metric_opt("lookback_probes_attached", &[("rule", "work")]),
+        None,
+        "the removed rule's probe gauge is still exposed"
+    );
+    agent.run_workload(&["calls", "3", "1", "2000", "2000", "1"]);
+    // The rules that stay still fire (and their snapshots are written after any the
+    // calls above could have caused): then the removed rule's directory must not grow.
+    agent.run_workload(&["usr1"]);
+    agent.expect_metric("lookback_snapshots_total", &ok("usr1"), 3.0);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        json_files(&work_dir),
+        3,
+        "a removed rule fired: {:?}\n{}",
+        files(&work_dir),
+        agent.log()
     );
     assert!(agent.metric("lookback_config_reloads_total", &[("result", "ok")]) >= 2.0);
     agent.stop_ok();
@@ -643,29 +679,68 @@ rules:
     agent.stop_ok();
 }
 
+/// The ids of the BPF programs process `pid` holds (program fds, and links through their
+/// program), and how many of its fds are bpf links or perf events (each uprobe is one).
+fn bpf_fds(pid: u32) -> (BTreeSet<u32>, usize) {
+    let mut programs = BTreeSet::new();
+    let mut attachments = 0;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fd dir");
+    for fd in fds.filter_map(Result::ok) {
+        let Ok(target) = std::fs::read_link(fd.path()) else {
+            continue;
+        };
+        let target = target.to_string_lossy();
+        if target == "anon_inode:[perf_event]" || target == "anon_inode:bpf_link" {
+            attachments += 1;
+        }
+        if !target.starts_with("anon_inode:bpf") {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        programs.extend(
+            info.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:"))
+                .filter_map(|v| v.trim().parse::<u32>().ok()),
+        );
+    }
+    (programs, attachments)
+}
+
+/// Ids of the programs loaded on the machine, and the program ids links point to.
+fn loaded_program_and_link_ids() -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let programs = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| p.id())
+        .collect();
+    let linked = aya::programs::loaded_links()
+        .filter_map(Result::ok)
+        .map(|l| l.program_id())
+        .collect();
+    (programs, linked)
+}
+
 #[test]
 fn sigterm_detaches_everything() {
-    let settle = |done: &dyn Fn(&[String]) -> bool| {
-        let mut programs = lookback_programs();
-        for _ in 0..50 {
-            if done(&programs) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-            programs = lookback_programs();
-        }
-        programs
-    };
-    let before = settle(&|p| p.is_empty());
-    let uprobes =
-        || std::fs::read_to_string("/sys/kernel/tracing/uprobe_events").unwrap_or_default();
-    let uprobes_before = uprobes();
     let mut agent = Agent::start(RULES, &[]);
-    let loaded = lookback_programs();
+    let names = lookback_programs();
     assert!(
-        loaded.iter().filter(|n| !before.contains(n)).count() >= 6,
-        "the agent's programs are not loaded: {loaded:?}"
+        names.len() >= 6,
+        "the agent's programs are not loaded: {names:?}"
     );
+    // What this agent holds, by kernel id (other lookback processes may run meanwhile).
+    let pid = agent.child.id();
+    let (ours, attachments) = bpf_fds(pid);
+    let (loaded, _) = loaded_program_and_link_ids();
+    assert!(
+        ours.len() >= 6 && ours.is_subset(&loaded),
+        "program ids held by the agent: {ours:?}, loaded: {loaded:?}"
+    );
+    // slow-work's uprobes (entry and return) and the tracepoints, at least.
+    assert!(attachments >= 8, "{attachments} links/perf events");
     // A snapshot in flight when SIGTERM arrives is finished, not torn.
     agent.run_workload(&["usr1"]);
     agent.wait_log("trigger usr1", Duration::from_secs(10));
@@ -673,17 +748,173 @@ fn sigterm_detaches_everything() {
     let (status, log) = agent.stop();
     assert!(status.success(), "{status}\n{log}");
     assert!(log.contains("every probe detached"), "{log}");
-    let after = settle(&|p| p.iter().all(|n| before.contains(n)));
+    // The kernel frees a program once its last reference goes (after an RCU grace period).
+    let mut left = (BTreeSet::new(), BTreeSet::new());
+    for _ in 0..50 {
+        let (programs, linked) = loaded_program_and_link_ids();
+        left = (
+            ours.intersection(&programs).copied().collect(),
+            ours.intersection(&linked).copied().collect(),
+        );
+        if left.0.is_empty() && left.1.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     assert!(
-        after.iter().all(|n| before.contains(n)),
-        "programs left behind: {after:?}"
+        left.0.is_empty() && left.1.is_empty(),
+        "the agent's programs {:?} (linked: {:?}) outlive it",
+        left.0,
+        left.1
     );
-    assert_eq!(uprobes(), uprobes_before);
     let usr1 = files(&out.join("usr1"));
     assert!(
         usr1.iter().any(|f| f.ends_with(".json")) && usr1.iter().all(|f| !f.contains(".tmp")),
         "{usr1:?}\n{log}"
     );
+}
+
+/// A workload that is killed when the test ends, passed or not.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn sigterm_writes_snapshots_still_waiting_for_post_trigger() {
+    // The freeze is due 30 s after the trigger, the shutdown timeout is 10 s: only a freeze
+    // at shutdown writes the snapshot, and only a bounded shutdown exits in time.
+    let rules = r"
+version: 1
+defaults: { capture: { backend: sampling, buffer_size: 256KiB } }
+rules:
+  - name: sleeps
+    target: { comm: workload }
+    trigger: { syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1ms } }
+    snapshot: { cooldown: 1h, post_trigger: 30s }
+";
+    let mut agent = Agent::start(rules, &[]);
+    // A hundred 100 ms sleeps: the process outlives the test (its exit would freeze too).
+    let mut child = Command::new(workload())
+        .args(["--wait", "nanosleep", "100", "100000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("workload");
+    let stdin = child.stdin.take();
+    let workload = Running(child);
+    agent.wait_log(
+        &format!("tracing process {} ", workload.0.id()),
+        Duration::from_secs(10),
+    );
+    let _ = stdin.expect("stdin").write_all(b"go\n");
+    agent.wait_log("trigger sleeps", Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    let out = agent.out();
+    let asked = Instant::now();
+    let (status, log) = agent.stop();
+    let took = asked.elapsed();
+    assert!(status.success(), "{status}\n{log}");
+    assert!(
+        took < Duration::from_secs(4),
+        "SIGTERM took {took:?} with a 30 s post_trigger pending\n{log}"
+    );
+    assert!(log.contains("freezing 1 snapshot(s)"), "{log}");
+    let written = files(&out.join("sleeps"));
+    assert!(
+        written.iter().any(|f| f.ends_with(".json"))
+            && written.iter().any(|f| f.ends_with(".fxt.gz"))
+            && written.iter().all(|f| !f.contains(".tmp")),
+        "{written:?}\n{log}"
+    );
+    drop(workload);
+}
+
+#[test]
+fn a_function_rule_without_its_symbol_is_not_ready() {
+    let usr1 = r"
+version: 1
+defaults: { capture: { backend: sampling, buffer_size: 256KiB } }
+rules:
+  - name: usr1
+    target: { comm: workload }
+    trigger: { signal: { signals: [SIGUSR1] } }
+";
+    let rules = format!(
+        "{usr1}  - name: missing\n    target: {{ comm: workload }}\n    trigger: {{ function: {{ symbol: lb_no_such_function, binary: @WORKLOAD@ }} }}\n"
+    );
+    let mut agent = Agent::launch(&rules, &[], &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (status, body) = agent.get("/readyz");
+        if body.contains("rule missing") {
+            assert_eq!(status, 503, "{body}");
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never names the rule: {status} {body}\n{}",
+            agent.log()
+        );
+        agent.assert_running();
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        body.contains("no probe attached") && body.contains("lb_no_such_function"),
+        "{body}"
+    );
+    // It stays so (readiness is re-evaluated every tick), and the agent is alive.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(agent.get("/readyz").0, 503);
+    assert_eq!(agent.get("/healthz").0, 200);
+    assert!(
+        agent.log().contains("rule missing: no uprobe in"),
+        "{}",
+        agent.log()
+    );
+    // Fixing the rules makes it ready.
+    write_rules(&agent.config(), usr1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while agent.get("/readyz").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "still not ready\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    agent.stop_ok();
+}
+
+#[test]
+fn a_bad_rules_file_at_start_exits_2_with_its_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("rules.yaml");
+    write_rules(
+        &config,
+        "version: 1\nrules:\n  - name: r\n    target: { comm: workload }\n    trigger: { signal: { signals: [SIGUSR1], bogus: 1 } }\n",
+    );
+    let out = Command::new(lookback_bin())
+        .args(["agent", "--config"])
+        .arg(&config)
+        .args(["--metrics-addr", "127.0.0.1:0", "--output-dir"])
+        .arg(dir.path().join("out"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("lookback agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // FILE:LINE:COL of the offending key, then what is wrong.
+    let want = format!("{}:5:46: ", config.display());
+    assert!(
+        stderr.contains(&want) && stderr.contains("bogus"),
+        "no {want:?} in: {stderr}"
+    );
+    assert!(!dir.path().join("out").exists(), "it wrote output");
 }
 
 /// A cgroup v2 directory named like a containerd container of a Kubernetes pod, removed

@@ -1,7 +1,8 @@
 //! Daemon stage: the HTTP endpoint of `lookback agent` (`--metrics-addr`, default
 //! 127.0.0.1:9464). In: TCP connections. Out: `/metrics` (the registry of
 //! [`super::metrics::Metrics`], text format 0.0.4), `/healthz` (200 while the process runs),
-//! `/readyz` (200 once rules are loaded and probes attached, else 503 with the reason).
+//! `/readyz` (200 once the rules are installed and no function rule is left without
+//! uprobes by a failed attach, else 503 with the reason: [`super::readiness`]).
 //!
 //! A deliberately small HTTP/1.1 server on tokio: one request per connection
 //! (`Connection: close`), GET and HEAD only, no request bodies. Every connection runs in its
@@ -75,7 +76,7 @@ impl Default for Readiness {
 }
 
 impl Readiness {
-    /// Rules loaded and probes attached.
+    /// Rules installed and every function rule that needs probes has some.
     pub fn set_ready(&self) {
         *self.lock() = None;
     }

@@ -384,8 +384,18 @@ impl Metrics {
                 c.with_label_values(labels).inc_by(d);
             }
         };
-        // Series exist from the first observation on, so a rule that never fires reads 0.
+        // Series exist from the first observation on, so a rule that never fires (or is
+        // never suppressed, for any reason) reads 0 rather than missing.
         self.triggers.with_label_values(&[rule]).inc_by(0);
+        for reason in [
+            Suppression::Cooldown,
+            Suppression::RateLimit,
+            Suppression::Busy,
+        ] {
+            self.suppressed
+                .with_label_values(&[rule, reason.label()])
+                .inc_by(0);
+        }
         add(&self.triggers, &[rule], last.met, now.met);
         add(
             &self.suppressed,

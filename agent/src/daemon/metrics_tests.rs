@@ -368,3 +368,16 @@ fn busy_is_counted_per_rule() {
     };
     assert_eq!((busy("a"), busy("b")), (2.0, 1.0));
 }
+
+#[test]
+fn an_observed_rule_exposes_every_suppression_reason_from_zero() {
+    let m = Metrics::new("sampling").expect("registry");
+    m.observe_rule_counters("quiet", &RuleCounters::default());
+    let text = m.encode().expect("encode");
+    // Present at 0, so a dashboard (or test) can tell "never suppressed" from "no such rule".
+    for reason in ["cooldown", "rate_limit", "busy"] {
+        let line =
+            format!("lookback_triggers_suppressed_total{{reason=\"{reason}\",rule=\"quiet\"}} 0");
+        assert!(text.contains(&line), "{line} missing:\n{text}");
+    }
+}

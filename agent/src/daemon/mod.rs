@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod output;
 pub mod pipeline;
 pub mod pod_targets;
+pub mod readiness;
 pub mod retention;
 pub mod targets;
 
@@ -36,12 +37,13 @@ use self::{
     metrics::{Metrics, MetricsError},
     pipeline::Pipeline,
     pod_targets::PodSelection,
+    readiness::{RuleProbes, not_ready_reason},
     targets::{ApplyError, ErrorChain, RuleChanges, Tracer},
 };
 use crate::{
     capture::BackendRequest,
     check::{self, Backend},
-    rules::{RuleSet, RulesError},
+    rules::{RuleSet, RulesError, Trigger},
     triggers::{
         TriggerEngine, TriggerError,
         pump::{PumpError, TriggerPump, Wait},
@@ -136,8 +138,16 @@ pub fn run(opts: AgentOptions) -> Result<(), DaemonError> {
         .max_blocking_threads(opts.workers.max(1) + 1)
         .thread_keep_alive(Duration::from_hours(24))
         .build()?;
-    runtime.block_on(run_async(opts))
+    let result = runtime.block_on(run_async(opts));
+    // A decode still running after `--shutdown-timeout` cannot be aborted (it is on the
+    // blocking pool), and dropping the runtime would wait for it without bound: leave it
+    // behind; the process exits under it.
+    runtime.shutdown_timeout(SHUTDOWN_MARGIN);
+    result
 }
+
+/// How long the runtime waits for abandoned blocking jobs after `--shutdown-timeout`.
+const SHUTDOWN_MARGIN: Duration = Duration::from_millis(500);
 
 /// At most two glibc malloc arenas: the decode jobs allocate and free tens of megabytes
 /// each; with an arena per thread that high-water mark is kept once per thread (measured:
@@ -227,7 +237,9 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     let (mut pipeline, mut due) = Pipeline::new(&opts, Arc::clone(&metrics));
     let changes = tracer.apply_rules(&rules)?;
     report_changes(&changes);
-    after_rules(&tracer, &metrics, &state, &changes);
+    // Rules the last accepted rule file could not install, for readiness.
+    let mut failed = changes.failed;
+    after_rules(&tracer, &metrics, &state, &failed);
     log::info!(
         "agent ready: {} rule(s), {} process(es) traced",
         tracer.rules().count(),
@@ -281,6 +293,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             Some(()) = pipeline.next_done() => {}
             _ = tick.tick() => {
                 refresh_metrics(&tracer, &metrics);
+                update_readiness(&tracer, &state, &failed);
                 tracer.poll_recorders();
                 if let Some(p) = pods.as_mut()
                     && sync_pods(p, &mut tracer, false)
@@ -291,7 +304,9 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             _ = config_tick.tick() => {
                 if config.changed() {
                     log::info!("{} changed; reloading", config.path().display());
-                    reload(&mut config, &mut tracer, &metrics, &state);
+                    if let Some(f) = reload(&mut config, &mut tracer, &metrics, &state) {
+                        failed = f;
+                    }
                     reload_pods(&opts, &mut pods, &mut tracer);
                 }
             }
@@ -304,7 +319,9 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             }
             _ = sighup.recv() => {
                 log::info!("SIGHUP: reloading {}", config.path().display());
-                reload(&mut config, &mut tracer, &metrics, &state);
+                if let Some(f) = reload(&mut config, &mut tracer, &metrics, &state) {
+                    failed = f;
+                }
                 reload_pods(&opts, &mut pods, &mut tracer);
             }
             _ = sigterm.recv() => { log::info!("SIGTERM: shutting down"); break; }
@@ -314,6 +331,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     state.readiness.set_not_ready("shutting down");
     // Stop triggers first: no new snapshot starts while the last ones are written.
     drop(triggers);
+    pipeline.freeze_all_pending(&mut tracer);
     pipeline.finish(opts.shutdown_timeout).await;
     refresh_metrics(&tracer, &metrics);
     drop(processes);
@@ -370,13 +388,20 @@ fn reload_pods(opts: &AgentOptions, pods: &mut Option<PodSelection>, tracer: &mu
     }
 }
 
-fn reload(config: &mut ConfigFile, tracer: &mut Tracer, metrics: &Metrics, state: &HttpState) {
+/// Applies the rule file again; returns the rules it could not install, or `None` when the
+/// file was rejected (the previous rules keep running).
+fn reload(
+    config: &mut ConfigFile,
+    tracer: &mut Tracer,
+    metrics: &Metrics,
+    state: &HttpState,
+) -> Option<Vec<String>> {
     let rules: RuleSet = match config.load() {
         Ok(rules) => rules,
         Err(e) => {
             log::error!("reload rejected, the previous rules keep running: {e}");
             metrics.config_reload(false);
-            return;
+            return None;
         }
     };
     match tracer.apply_rules(&rules) {
@@ -386,11 +411,13 @@ fn reload(config: &mut ConfigFile, tracer: &mut Tracer, metrics: &Metrics, state
                 metrics.remove_rule(name);
             }
             metrics.config_reload(true);
-            after_rules(tracer, metrics, state, &changes);
+            after_rules(tracer, metrics, state, &changes.failed);
+            Some(changes.failed)
         }
         Err(e) => {
             log::error!("reload rejected, the previous rules keep running: {e}");
             metrics.config_reload(false);
+            None
         }
     }
 }
@@ -411,16 +438,38 @@ fn report_changes(c: &RuleChanges) {
 }
 
 /// Gauges and readiness after the rule set changed.
-fn after_rules(tracer: &Tracer, metrics: &Metrics, state: &HttpState, c: &RuleChanges) {
+fn after_rules(tracer: &Tracer, metrics: &Metrics, state: &HttpState, failed: &[String]) {
     metrics.set_rules_loaded(tracer.rules().count());
     refresh_metrics(tracer, metrics);
-    if tracer.rules().count() == 0 && !c.failed.is_empty() {
-        state.readiness.set_not_ready(format!(
-            "no rule could be installed: {}",
-            c.failed.join(", ")
-        ));
-    } else {
-        state.readiness.set_ready();
+    update_readiness(tracer, state, failed);
+}
+
+/// Sets `/readyz` from the installed rules and their probes: after a rule change, and on
+/// every tick, since probes come and go with the processes. A change to not ready is
+/// logged once, with the reason.
+fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String]) {
+    let installed: Vec<RuleProbes<'_>> = tracer
+        .rules()
+        .map(|a| RuleProbes {
+            rule: &a.rule.name,
+            needs_probes: match &a.rule.trigger {
+                Trigger::Function(f) => {
+                    !a.targets.is_empty() || f.binary.is_some() || a.rule.target.exe.is_some()
+                }
+                _ => false,
+            },
+            probes: tracer.engine().probe_count(a.id),
+            error: a.probe_error.as_deref(),
+        })
+        .collect();
+    match not_ready_reason(&installed, failed) {
+        Some(reason) => {
+            if state.readiness.status().err().as_deref() != Some(reason.as_str()) {
+                log::error!("not ready: {reason}");
+            }
+            state.readiness.set_not_ready(reason);
+        }
+        None => state.readiness.set_ready(),
     }
 }
 

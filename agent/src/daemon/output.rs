@@ -252,8 +252,12 @@ pub fn monotonic_to_unix_ns(monotonic_ns: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{civil_from_days, utc_stamp};
+pub(super) mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::capture::{Backend, CapturedData, RecorderParams};
+    use crate::rules::OutputPolicy;
 
     #[test]
     fn stamps_are_utc_with_microseconds() {
@@ -274,5 +278,109 @@ mod tests {
         let b = utc_stamp(1_700_000_000_000_001_000);
         let c = utc_stamp(1_800_000_000_000_000_000);
         assert!(a < b && b < c);
+    }
+
+    /// A sampling snapshot with no samples: it decodes to an (almost) empty trace.
+    pub(in crate::daemon) fn empty_job(root: &Path) -> SnapshotJob {
+        let captured = CapturedData {
+            backend: Backend::Sampling,
+            params: RecorderParams {
+                event: "cpu-clock".to_owned(),
+                perf_type: 1,
+                config: 0,
+                config_fields: BTreeMap::new(),
+                sample_type: 0,
+                sample_id_all: true,
+                sample_frequency: Some(1000),
+                buffer_size: 1 << 16,
+                include_kernel: false,
+                clockid: Some(1),
+                cpus: vec![0],
+                aux_pause: false,
+                address_filter: None,
+            },
+            freeze_time_ns: 2_000,
+            pause_duration_ns: 0,
+            rings: vec![],
+            sideband: vec![],
+            clock: None,
+            processes: vec![],
+            code: vec![],
+            window: None,
+        };
+        let event = TriggerEvent {
+            rule_id: 0,
+            kind: TriggerKind::Signal,
+            on_entry: true,
+            pid: 42,
+            tid: 43,
+            comm: "workload".to_owned(),
+            timestamp_ns: 1_000,
+            duration_ns: None,
+            syscall: None,
+            ret: None,
+            errno: None,
+            signal: Some(10),
+            sender_pid: Some(42),
+            ip: None,
+            depth: None,
+        };
+        SnapshotJob {
+            rule: "usr1".to_owned(),
+            root: root.to_owned(),
+            policy: OutputPolicy::default(),
+            snap: Snapshot::from_captured(captured, None),
+            event,
+            trigger_unix_ns: 1_700_000_000_000_000_000,
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_snapshot_is_written_whole() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let job = empty_job(root.path());
+        let written = write_snapshot(&job).expect("written");
+        let stem = "20231114T221320.000000Z-42-43";
+        assert_eq!(
+            names(&root.path().join("usr1")),
+            [
+                format!("{stem}.fxt.gz"),
+                format!("{stem}.json"),
+                format!("{stem}.lbsnap")
+            ]
+        );
+        assert_eq!(
+            written.metadata,
+            root.path().join(format!("usr1/{stem}.json"))
+        );
+    }
+
+    #[test]
+    fn a_metadata_write_that_fails_leaves_no_file() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let job = empty_job(root.path());
+        let dir = root.path().join("usr1");
+        // A directory where the metadata goes: the raw file and the trace are written,
+        // then the rename of the metadata onto it fails.
+        let blocker = dir.join("20231114T221320.000000Z-42-43.json");
+        fs::create_dir_all(blocker.join("keep")).expect("blocker");
+        let err = write_snapshot(&job).expect_err("metadata cannot be written");
+        assert!(matches!(err, OutputError::Metadata { .. }), "{err:?}");
+        let left = names(&dir);
+        assert_eq!(
+            left,
+            ["20231114T221320.000000Z-42-43.json"],
+            "files of a failed snapshot remain"
+        );
+        assert!(blocker.is_dir());
     }
 }

@@ -521,14 +521,22 @@ fn place_probe(
             }
             Err(e) => {
                 let msg = format!("{}", ErrorChain(&e));
-                log::error!("rule {}: {msg}", active.rule.name);
+                log::error!(
+                    "rule {}: attaching the uprobe in {} failed: {msg}",
+                    active.rule.name,
+                    binary.display()
+                );
                 active.probe_error = Some(msg);
                 false
             }
         },
         Err(e) => {
             let msg = e.to_string();
-            log::error!("rule {}: {msg}", active.rule.name);
+            log::error!(
+                "rule {}: no uprobe in {}: {msg}",
+                active.rule.name,
+                binary.display()
+            );
             active.probe_error = Some(msg);
             false
         }

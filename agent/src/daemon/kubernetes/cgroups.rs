@@ -43,14 +43,14 @@ impl Default for HostPaths {
     }
 }
 
-/// Overrides [`HostPaths::proc_root`].
-pub const PROC_ROOT_ENV: &str = "LOOKBACK_PROC_ROOT";
 /// Overrides [`HostPaths::cgroup_root`]. The `DaemonSet` sets `/host/sys/fs/cgroup`: a
 /// container's own `/sys/fs/cgroup` shows only its own cgroup (cgroup namespace).
 pub const CGROUP_ROOT_ENV: &str = "LOOKBACK_CGROUP_ROOT";
 
 impl HostPaths {
-    /// The defaults, overridden by `LOOKBACK_PROC_ROOT` and `LOOKBACK_CGROUP_ROOT`.
+    /// The defaults, the cgroup root overridden by `LOOKBACK_CGROUP_ROOT`. The proc root
+    /// has no variable: it is the agent's `--proc-root` (set by the caller), so discovery
+    /// and pod matching read the same procfs.
     pub fn from_env() -> HostPaths {
         Self::from_lookup(|name| std::env::var_os(name))
     }
@@ -60,7 +60,7 @@ impl HostPaths {
         let defaults = HostPaths::default();
         let get = |name| lookup(name).filter(|v| !v.is_empty()).map(PathBuf::from);
         HostPaths {
-            proc_root: get(PROC_ROOT_ENV).unwrap_or(defaults.proc_root),
+            proc_root: defaults.proc_root,
             cgroup_root: get(CGROUP_ROOT_ENV).unwrap_or(defaults.cgroup_root),
         }
     }

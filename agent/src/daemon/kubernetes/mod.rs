@@ -34,8 +34,8 @@ mod tests;
 mod tests_fake_api;
 
 pub use cgroups::{
-    CGROUP_ROOT_ENV, CgroupContainer, CgroupResolver, ContainerProcesses, HostPaths, PROC_ROOT_ENV,
-    ProcIndex, ProcessCgroups, ProcessEntry, container_of_path, container_processes,
+    CGROUP_ROOT_ENV, CgroupContainer, CgroupResolver, ContainerProcesses, HostPaths, ProcIndex,
+    ProcessCgroups, ProcessEntry, container_of_path, container_processes,
 };
 pub use client::{KubeClient, WatchStream};
 pub use config::{API_OVERRIDE_ENV, KubeConfig, NODE_NAME_ENV, SERVICE_ACCOUNT_DIR};

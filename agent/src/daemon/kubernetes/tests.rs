@@ -457,8 +457,11 @@ fn host_paths_go_through_the_process_root() {
 fn host_paths_from_the_environment() {
     let none = HostPaths::from_lookup(|_| None);
     assert_eq!(none, HostPaths::default());
-    let set = HostPaths::from_lookup(|name| {
-        (name == "LOOKBACK_CGROUP_ROOT").then(|| "/host/sys/fs/cgroup".into())
+    // LOOKBACK_PROC_ROOT is no override (the proc root is `--proc-root`).
+    let set = HostPaths::from_lookup(|name| match name {
+        "LOOKBACK_CGROUP_ROOT" => Some("/host/sys/fs/cgroup".into()),
+        "LOOKBACK_PROC_ROOT" => Some("/host/proc".into()),
+        _ => None,
     });
     assert_eq!(set.cgroup_root, Path::new("/host/sys/fs/cgroup"));
     assert_eq!(set.proc_root, Path::new("/proc"));
