@@ -457,12 +457,12 @@ fn run(
     };
     let mut resolved = None;
     let stop = loop {
-        let view = table.view();
+        let view = table.view(mode);
         let ended = loop {
             if queued >= BATCH {
                 break Step::Stop(Stop::Pause);
             }
-            let Some(block) = view.get(ip, mode) else {
+            let Some(block) = view.get(ip) else {
                 break Step::Miss;
             };
             let after = (stalled + i64::from(block.ninsn) + 1).max(0);
@@ -472,80 +472,85 @@ fn run(
             // Where the branch goes, its event, and whether it used up the trace event.
             // `left` is 0 for a TIP and at least 1 for a TNT; a branch that does not fit
             // the event is left to the general path, which reports the error.
-            let (to, kind, used) = match block.exit {
-                Exit::Cond => {
-                    let Some(left) = ev.left.checked_sub(1) else {
-                        break Step::Stop(Stop::Pause);
-                    };
-                    ev.left = left;
-                    let taken = ev.bits >> left & 1 == 1;
-                    if left > 0 {
-                        // The common case, in short: a bit that is not the TNT's last.
-                        insns += u64::from(block.ninsn);
-                        blocks += 1;
-                        last_ip = block.end_ip;
-                        stalled = after;
-                        if taken {
-                            ip = block.target;
-                            if block.target != block.fall {
-                                tally.branches[BranchKind::Jump.index()] += 1;
-                                emit(
-                                    buf,
-                                    &mut queued,
-                                    &fast.seen,
-                                    ev.pos,
-                                    BranchKind::Jump,
-                                    block.end_ip,
-                                    ip,
-                                );
-                            }
-                        } else {
-                            ip = block.fall;
-                        }
-                        continue;
-                    }
-                    let to = if taken { block.target } else { block.fall };
-                    (to, (to != block.fall).then_some(BranchKind::Jump), true)
-                }
-                Exit::DirectCall | Exit::DirectJump => {
-                    // No trace needed.
-                    let kind = if block.exit == Exit::DirectCall {
-                        if block.push_ret {
-                            retstack.push(block.fall);
-                        }
-                        BranchKind::Call
-                    } else {
-                        BranchKind::Jump
-                    };
+            // Conditional branches first: they are most blocks, and a jump table
+            // costs more than a compare.
+            let (to, kind, used) = if block.exit == Exit::Cond {
+                let Some(left) = ev.left.checked_sub(1) else {
+                    break Step::Stop(Stop::Pause);
+                };
+                ev.left = left;
+                let taken = ev.bits >> left & 1 == 1;
+                if left > 0 {
+                    // The common case, in short: a bit that is not the TNT's last.
                     insns += u64::from(block.ninsn);
                     blocks += 1;
                     last_ip = block.end_ip;
                     stalled = after;
-                    ip = block.target;
-                    tally.branches[kind.index()] += 1;
-                    emit(buf, &mut queued, &fast.seen, ev.pos, kind, block.end_ip, ip);
+                    if taken {
+                        ip = block.target;
+                        if block.target != block.fall {
+                            tally.branches[BranchKind::Jump.index()] += 1;
+                            emit(
+                                buf,
+                                &mut queued,
+                                &fast.seen,
+                                ev.pos,
+                                BranchKind::Jump,
+                                block.end_ip,
+                                ip,
+                            );
+                        }
+                    } else {
+                        ip = block.fall;
+                    }
                     continue;
                 }
-                Exit::Return if ev.left > 0 => {
-                    let left = ev.left - 1;
-                    if ev.bits >> left & 1 == 0 {
+                let to = if taken { block.target } else { block.fall };
+                (to, (to != block.fall).then_some(BranchKind::Jump), true)
+            } else {
+                match block.exit {
+                    Exit::DirectCall | Exit::DirectJump => {
+                        // No trace needed.
+                        let kind = if block.exit == Exit::DirectCall {
+                            if block.push_ret {
+                                retstack.push(block.fall);
+                            }
+                            BranchKind::Call
+                        } else {
+                            BranchKind::Jump
+                        };
+                        insns += u64::from(block.ninsn);
+                        blocks += 1;
+                        last_ip = block.end_ip;
+                        stalled = after;
+                        ip = block.target;
+                        tally.branches[kind.index()] += 1;
+                        emit(buf, &mut queued, &fast.seen, ev.pos, kind, block.end_ip, ip);
+                        continue;
+                    }
+                    Exit::Return if ev.left > 0 => {
+                        let left = ev.left - 1;
+                        if ev.bits >> left & 1 == 0 {
+                            break Step::Stop(Stop::Pause);
+                        }
+                        let Ok(to) = retstack.pop() else {
+                            break Step::Stop(Stop::Pause);
+                        };
+                        ev.left = left;
+                        (to, Some(BranchKind::Return), left == 0)
+                    }
+                    Exit::Return => (ev.bits, Some(BranchKind::Return), true),
+                    Exit::IndirectCall | Exit::IndirectJump if ev.left > 0 => {
                         break Step::Stop(Stop::Pause);
                     }
-                    let Ok(to) = retstack.pop() else {
-                        break Step::Stop(Stop::Pause);
-                    };
-                    ev.left = left;
-                    (to, Some(BranchKind::Return), left == 0)
+                    Exit::IndirectCall => {
+                        retstack.push(block.fall);
+                        (ev.bits, Some(BranchKind::Call), true)
+                    }
+                    Exit::IndirectJump => (ev.bits, Some(BranchKind::Jump), true),
+                    // (Taken above.)
+                    Exit::Cond => break Step::Stop(Stop::Pause),
                 }
-                Exit::Return => (ev.bits, Some(BranchKind::Return), true),
-                Exit::IndirectCall | Exit::IndirectJump if ev.left > 0 => {
-                    break Step::Stop(Stop::Pause);
-                }
-                Exit::IndirectCall => {
-                    retstack.push(block.fall);
-                    (ev.bits, Some(BranchKind::Call), true)
-                }
-                Exit::IndirectJump => (ev.bits, Some(BranchKind::Jump), true),
             };
             let offset = ev.pos;
             insns += u64::from(block.ninsn);

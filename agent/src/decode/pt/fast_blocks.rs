@@ -52,9 +52,10 @@ pub(crate) struct FastBlock {
 }
 
 impl FastBlock {
-    /// An unused slot: no block is ever looked up with an unknown mode.
+    /// An unused slot. Its address is looked up in another slot, which holds no such
+    /// empty block ([`FastBlocks::with_slots`]), so that it matches no lookup.
     const EMPTY: Self = Self {
-        ip: 0,
+        ip: u64::MAX,
         mode: ExecMode::Unknown,
         end_ip: 0,
         fall: 0,
@@ -146,12 +147,12 @@ pub(crate) struct View<'a> {
 }
 
 impl<'a> View<'a> {
-    /// The block at `ip` in `mode`, if it was resolved before.
+    /// The block at `ip` (in the view's mode), if it was resolved before.
     #[inline]
-    pub fn get(self, ip: u64, mode: ExecMode) -> Option<&'a FastBlock> {
+    pub fn get(self, ip: u64) -> Option<&'a FastBlock> {
         self.slots
             .get(slot_index(ip, self.shift))
-            .filter(|b| b.ip == ip && b.mode == mode)
+            .filter(|b| b.ip == ip)
     }
 }
 
@@ -164,6 +165,9 @@ const MAX_SLOTS: usize = 1 << 16;
 #[derive(Debug, Clone)]
 pub(crate) struct FastBlocks {
     slots: Vec<FastBlock>,
+    /// The mode of every block in the table: one mode at a time, so that a lookup
+    /// compares the address only (modes change at most at PSBs and far transfers).
+    mode: ExecMode,
     /// 64 minus log2 of the slot count.
     shift: u32,
     /// Valid blocks replaced since the table last grew.
@@ -178,42 +182,146 @@ impl Default for FastBlocks {
 
 impl FastBlocks {
     fn with_slots(slots: usize) -> Self {
-        Self {
+        let mut table = Self {
             slots: vec![FastBlock::EMPTY; slots],
+            mode: ExecMode::Unknown,
             shift: 64 - slots.trailing_zeros(),
             evictions: 0,
+        };
+        // Lookups compare addresses only: the slot where EMPTY's own address is looked
+        // up gets another address for its empty block, one that is looked up elsewhere.
+        let home = table.index(FastBlock::EMPTY.ip);
+        let other = (1..=u64::from(u16::MAX))
+            .map(|d| FastBlock::EMPTY.ip - d)
+            .find(|&ip| table.index(ip) != home);
+        if let (Some(slot), Some(ip)) = (table.slots.get_mut(home), other) {
+            slot.ip = ip;
         }
+        table
     }
 
     fn index(&self, ip: u64) -> usize {
         slot_index(ip, self.shift)
     }
 
-    /// The table for lookups only: a loop that holds it keeps the slots and the shift
-    /// in registers (through `&mut self` they are reloaded after every store).
+    /// The table for lookups of blocks in `mode` (emptied if it held another mode's):
+    /// a loop that holds the view keeps the slots and the shift in registers (through
+    /// `&mut self` they are reloaded after every store).
     #[inline]
-    pub fn view(&self) -> View<'_> {
+    pub fn view(&mut self, mode: ExecMode) -> View<'_> {
+        if self.mode != mode {
+            self.empty_for(mode);
+        }
         View {
             slots: &self.slots,
             shift: self.shift,
         }
     }
 
-    /// Adds a block; it can be found right after (`get`).
+    fn empty_for(&mut self, mode: ExecMode) {
+        *self = Self::with_slots(self.slots.len());
+        self.mode = mode;
+    }
+
+    /// Adds a block (emptying the table first if it held another mode's); it can be
+    /// found right after (`view`).
     pub fn insert(&mut self, block: FastBlock) {
+        if block.mode != self.mode {
+            self.empty_for(block.mode);
+        }
         let index = self.index(block.ip);
         let Some(slot) = self.slots.get_mut(index) else {
             return;
         };
-        if slot.mode != ExecMode::Unknown {
+        if slot.ninsn != 0 {
             self.evictions += 1;
         }
         *slot = block;
         if self.evictions > 2 * self.slots.len() && self.slots.len() < MAX_SLOTS {
             // The working set outgrew the table: start over, twice as large (with this
             // block, which callers look up next).
+            let mode = self.mode;
             *self = Self::with_slots(self.slots.len() * 2);
+            self.mode = mode;
             self.insert(block);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(ip: u64, mode: ExecMode) -> FastBlock {
+        FastBlock {
+            ip,
+            mode,
+            end_ip: ip.wrapping_add(2),
+            fall: ip.wrapping_add(4),
+            ..FastBlock::EMPTY
+        }
+    }
+
+    #[test]
+    fn a_table_holds_one_mode_at_a_time() {
+        let mut table = FastBlocks::default();
+        table.insert(block(0x1000, ExecMode::Bits64));
+        table.insert(block(0x2000, ExecMode::Bits64));
+        assert_eq!(
+            table.view(ExecMode::Bits64).get(0x1000).map(|b| b.fall),
+            Some(0x1004)
+        );
+        assert!(table.view(ExecMode::Bits64).get(0x1004).is_none());
+        // Another mode's lookups find nothing (and empty the table) ...
+        assert!(table.view(ExecMode::Bits32).get(0x1000).is_none());
+        assert!(table.view(ExecMode::Bits64).get(0x2000).is_none());
+        // ... and so does inserting another mode's block.
+        table.insert(block(0x2000, ExecMode::Bits64));
+        table.insert(block(0x3000, ExecMode::Bits32));
+        assert!(table.view(ExecMode::Bits32).get(0x3000).is_some());
+        assert!(table.view(ExecMode::Bits32).get(0x2000).is_none());
+    }
+
+    #[test]
+    fn empty_slots_match_no_address() {
+        let mut table = FastBlocks::default();
+        for ip in [0, 1, u64::MAX, u64::MAX - 1] {
+            assert!(table.view(ExecMode::Bits64).get(ip).is_none(), "{ip:#x}");
+        }
+        // Blocks at the empty slots' addresses are found.
+        for ip in [u64::MAX, u64::MAX - 1, 0] {
+            table.insert(FastBlock {
+                ninsn: 1,
+                ..block(ip, ExecMode::Bits64)
+            });
+            assert_eq!(
+                table.view(ExecMode::Bits64).get(ip).map(|b| b.ip),
+                Some(ip),
+                "{ip:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_table_grows_when_blocks_keep_evicting_each_other() {
+        let mut table = FastBlocks::default();
+        let ips: Vec<u64> = (0..4 * MIN_SLOTS as u64)
+            .map(|i| 0x40_0000 + 16 * i)
+            .collect();
+        for _ in 0..4 {
+            for &ip in &ips {
+                table.insert(FastBlock {
+                    ninsn: 1,
+                    ..block(ip, ExecMode::Bits64)
+                });
+                assert!(table.view(ExecMode::Bits64).get(ip).is_some());
+            }
+        }
+        assert!(table.slots.len() > MIN_SLOTS);
+        let found = ips
+            .iter()
+            .filter(|&&ip| table.view(ExecMode::Bits64).get(ip).is_some())
+            .count();
+        assert!(found > ips.len() / 2, "{found} of {}", ips.len());
     }
 }
