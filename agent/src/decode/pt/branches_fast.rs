@@ -92,6 +92,8 @@ struct Fast {
     /// The time fields of `time`: what the next event will carry unless a timing
     /// packet comes first.
     now: Stamp,
+    /// Events taken since the clock last moved (counting to 2; see `took_event`).
+    settled: u8,
     /// The event layer's clock (timing packets between TNTs and TIPs are applied here
     /// as it applies them), and its configuration.
     time: Time,
@@ -147,6 +149,7 @@ impl Fast {
             },
             cur_time: Stamp::of(&dec.event),
             now: Stamp::of_time(&ev.time),
+            settled: 0,
             time: ev.time,
             tcal: ev.tcal,
             timing: ev.config.timing,
@@ -210,6 +213,7 @@ impl Fast {
             self.time = time;
             self.tcal = tcal;
             self.now = Stamp::of_time(&time);
+            self.settled = 0;
         }
         self.took_event(insns);
         true
@@ -224,11 +228,16 @@ impl Fast {
     )]
     #[inline(always)]
     fn took_event(&mut self, insns: u64) {
-        self.seen = self.cur_time;
-        self.cur_time = self.now;
-        self.icnt_on = true;
-        self.icnt_base = 0;
         self.icnt_mark = insns;
+        // Two events after the clock last moved, `seen`, `cur_time` and `now` are equal
+        // and the instruction count is on from 0: nothing else to do.
+        if self.settled < 2 {
+            self.seen = self.cur_time;
+            self.cur_time = self.now;
+            self.icnt_on = true;
+            self.icnt_base = 0;
+            self.settled += 1;
+        }
     }
 
     /// Applies the timing packet at `at` to `clock` (or, if `None`, to the current clock),
