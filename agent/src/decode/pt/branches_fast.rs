@@ -24,7 +24,7 @@
 use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
 use crate::decode::pt::evdec::apply_timing;
 use crate::decode::pt::events::{Event, EventKind};
-use crate::decode::pt::fast_blocks::{self, Exit, FastBlock, FastBlocks};
+use crate::decode::pt::fast_blocks::{self, Exit, FastBlock, FastBlocks, View};
 use crate::decode::pt::flow::{Block, BlockDecoder, RetStack};
 use crate::decode::pt::insn::InsnClass;
 use crate::decode::pt::last_ip::LastIp;
@@ -431,10 +431,6 @@ impl Branches<'_> {
 /// general path is needed. What changes per block or per trace event is in locals
 /// (registers, mostly); the clock and the rest of [`Fast`] are touched per event only.
 #[inline(never)]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one loop whose values stay in registers; split up, they were spilled"
-)]
 fn run(
     fast: &mut Fast,
     tally: &mut Tally,
@@ -443,176 +439,276 @@ fn run(
     buf: &mut [BranchEvent; BATCH],
     dec: &BlockDecoder<'_>,
 ) -> Stop {
-    let trace = dec.evdec.pkt.trace();
     let mode = fast.mode;
-    let mut ip = fast.ip;
-    let mut ev = Current {
-        bits: fast.bits,
-        left: fast.left,
-        tip: fast.tip,
-        tip_size: fast.tip_size,
-        pos: fast.pos,
-    };
-    let mut queued = tally.queued;
-    let mut insns = tally.insns;
-    let mut blocks = tally.blocks;
-    let mut last_ip = tally.last_ip;
-    // The stall count as `Branches::check_stall` keeps it for the current offset, or
-    // FRESH where the next block starts it at 0.
-    let mut stalled = if tally.stalled.0 == ev.pos {
-        i64::try_from(tally.stalled.1).unwrap_or(i64::MAX)
-    } else {
-        FRESH
+    let mut st = Locals {
+        ip: fast.ip,
+        ev: Current {
+            bits: fast.bits,
+            left: fast.left,
+            tip: fast.tip,
+            tip_size: fast.tip_size,
+            pos: fast.pos,
+        },
+        queued: tally.queued,
+        insns: tally.insns,
+        blocks: tally.blocks,
+        last_ip: tally.last_ip,
+        // The stall count as `Branches::check_stall` keeps it for the current offset.
+        mark: (tally.insns + tally.blocks).wrapping_sub(tally.stalled.1),
+        fresh: tally.stalled.0 != fast.pos,
     };
     let mut resolved = None;
+    let mut loops = Loops {
+        trace: dec.evdec.pkt.trace(),
+        fast,
+        tally,
+        retstack,
+        buf,
+    };
     let stop = loop {
+        // No block count at one offset can reach the stall limit in this round: the
+        // loop need not count per block.
+        let unchecked = table.stall_free(st.stalled(), PER_OFFSET, MAX_STALLED_INSNS);
         let view = table.view(mode);
-        let ended = loop {
-            if queued >= BATCH {
-                break Step::Stop(Stop::Pause);
-            }
-            let Some(block) = view.get(ip) else {
-                break Step::Miss;
-            };
-            let after = (stalled + i64::from(block.ninsn) + 1).max(0);
-            if after > MAX_STALLED {
-                break Step::Stop(Stop::Pause);
-            }
-            // Where the branch goes, its event, and whether it used up the trace event.
-            // `left` is 0 for a TIP and at least 1 for a TNT; a branch that does not fit
-            // the event is left to the general path, which reports the error.
-            // Conditional branches first: they are most blocks, and a jump table
-            // costs more than a compare.
-            let (to, kind, used) = if block.exit == Exit::Cond {
-                let Some(left) = ev.left.checked_sub(1) else {
-                    break Step::Stop(Stop::Pause);
-                };
-                ev.left = left;
-                let taken = ev.bits >> left & 1 == 1;
-                if left > 0 {
-                    // The common case, in short: a bit that is not the TNT's last.
-                    insns += u64::from(block.ninsn);
-                    blocks += 1;
-                    last_ip = block.end_ip;
-                    stalled = after;
-                    if taken {
-                        ip = block.target;
-                        if block.target != block.fall {
-                            tally.branches[BranchKind::Jump.index()] += 1;
-                            emit(
-                                buf,
-                                &mut queued,
-                                &fast.seen,
-                                ev.pos,
-                                BranchKind::Jump,
-                                block.end_ip,
-                                ip,
-                            );
-                        }
-                    } else {
-                        ip = block.fall;
-                    }
-                    continue;
-                }
-                let to = if taken { block.target } else { block.fall };
-                (to, (to != block.fall).then_some(BranchKind::Jump), true)
-            } else {
-                match block.exit {
-                    Exit::DirectCall | Exit::DirectJump => {
-                        // No trace needed.
-                        let kind = if block.exit == Exit::DirectCall {
-                            if block.push_ret {
-                                retstack.push(block.fall);
-                            }
-                            BranchKind::Call
-                        } else {
-                            BranchKind::Jump
-                        };
-                        insns += u64::from(block.ninsn);
-                        blocks += 1;
-                        last_ip = block.end_ip;
-                        stalled = after;
-                        ip = block.target;
-                        tally.branches[kind.index()] += 1;
-                        emit(buf, &mut queued, &fast.seen, ev.pos, kind, block.end_ip, ip);
-                        continue;
-                    }
-                    Exit::Return if ev.left > 0 => {
-                        let left = ev.left - 1;
-                        if ev.bits >> left & 1 == 0 {
-                            break Step::Stop(Stop::Pause);
-                        }
-                        let Ok(to) = retstack.pop() else {
-                            break Step::Stop(Stop::Pause);
-                        };
-                        ev.left = left;
-                        (to, Some(BranchKind::Return), left == 0)
-                    }
-                    Exit::Return => (ev.bits, Some(BranchKind::Return), true),
-                    Exit::IndirectCall | Exit::IndirectJump if ev.left > 0 => {
-                        break Step::Stop(Stop::Pause);
-                    }
-                    Exit::IndirectCall => {
-                        retstack.push(block.fall);
-                        (ev.bits, Some(BranchKind::Call), true)
-                    }
-                    Exit::IndirectJump => (ev.bits, Some(BranchKind::Jump), true),
-                    // (Taken above.)
-                    Exit::Cond => break Step::Stop(Stop::Pause),
-                }
-            };
-            let offset = ev.pos;
-            insns += u64::from(block.ninsn);
-            if used && !fetch(trace, fast, &mut ev, insns) {
-                // The general path fetches the next event, ends the block and counts it.
-                insns -= u64::from(block.ninsn);
-                ip = to;
-                break Step::Stop(Stop::HandOver {
-                    offset,
-                    block: *block,
-                });
-            }
-            ip = to;
-            blocks += 1;
-            last_ip = block.end_ip;
-            stalled = if ev.pos == offset { after } else { FRESH };
-            if let Some(kind) = kind {
-                tally.branches[kind.index()] += 1;
-                emit(buf, &mut queued, &fast.seen, ev.pos, kind, block.end_ip, to);
-            }
+        let ended = if unchecked {
+            blocks::<false>(&mut st, &mut loops, view)
+        } else {
+            blocks::<true>(&mut st, &mut loops, view)
         };
         match ended {
             Step::Stop(stop) => break stop,
             // Resolve the block (then it is there on the next round); a block that does
             // not resolve (or, which cannot happen, is not found after) is the general
             // path's.
-            Step::Miss if resolved == Some(ip) => break Stop::Pause,
-            Step::Miss => match fast_blocks::resolve(dec, ip, mode) {
+            Step::Miss if resolved == Some(st.ip) => break Stop::Pause,
+            Step::Miss => match fast_blocks::resolve(dec, st.ip, mode) {
                 Some(block) => {
                     table.insert(block);
-                    resolved = Some(ip);
+                    resolved = Some(st.ip);
                 }
                 None => break Stop::Pause,
             },
         }
     };
-    fast.ip = ip;
-    fast.bits = ev.bits;
-    fast.left = ev.left;
-    fast.tip = ev.tip;
-    fast.tip_size = ev.tip_size;
-    fast.pos = ev.pos;
-    tally.queued = queued;
-    tally.insns = insns;
-    tally.blocks = blocks;
-    tally.last_ip = last_ip;
+    let Loops { fast, tally, .. } = loops;
+    fast.ip = st.ip;
+    fast.bits = st.ev.bits;
+    fast.left = st.ev.left;
+    fast.tip = st.ev.tip;
+    fast.tip_size = st.ev.tip_size;
+    fast.pos = st.ev.pos;
+    tally.queued = st.queued;
+    tally.insns = st.insns;
+    tally.blocks = st.blocks;
+    tally.last_ip = st.last_ip;
     // (At a hand-over, as the count was before the block: the general path counts it.)
-    tally.stalled = match u64::try_from(stalled) {
-        Ok(n) => (ev.pos, n),
+    tally.stalled = if st.fresh {
         // No offset matches: the next block starts the count.
-        Err(_) => (usize::MAX, 0),
+        (usize::MAX, 0)
+    } else {
+        (st.ev.pos, st.stalled())
     };
     stop
+}
+
+/// What the fast loop changes per block or per event, in registers while it runs.
+struct Locals {
+    ip: u64,
+    ev: Current,
+    queued: usize,
+    insns: u64,
+    blocks: u64,
+    last_ip: u64,
+    /// `insns + blocks` where the stall count at the current offset was 0 (wrapping).
+    mark: u64,
+    /// No block at the current offset yet: the next one starts the stall count at 0
+    /// (as `Branches::check_stall` does), whatever its size.
+    fresh: bool,
+}
+
+impl Locals {
+    /// The stall count at the current offset (0 before its first block).
+    fn stalled(&self) -> u64 {
+        if self.fresh {
+            0
+        } else {
+            (self.insns + self.blocks).wrapping_sub(self.mark)
+        }
+    }
+
+    /// Counts a block that went on at the same offset (`used`: and a new event at a
+    /// new offset came after it).
+    #[expect(
+        clippy::inline_always,
+        reason = "the fast loop's registers hold up only if this is inlined"
+    )]
+    #[inline(always)]
+    fn count(&mut self, block: &FastBlock, new_offset: bool) {
+        self.insns += u64::from(block.ninsn);
+        self.blocks += 1;
+        self.last_ip = block.end_ip;
+        if new_offset {
+            self.fresh = true;
+        } else if self.fresh {
+            self.fresh = false;
+            self.mark = self.insns + self.blocks;
+        }
+    }
+}
+
+/// What the fast loop works on besides its locals.
+struct Loops<'r, 't> {
+    trace: &'t [u8],
+    fast: &'r mut Fast,
+    tally: &'r mut Tally,
+    retstack: &'r mut RetStack,
+    buf: &'r mut [BranchEvent; BATCH],
+}
+
+/// The most blocks at one trace offset in one round of [`blocks`]: the bits of a TNT
+/// and a TIP (at most 48), and a direct call or jump per batch slot (each has an event).
+const PER_OFFSET: usize = 64 + BATCH;
+
+/// Blocks to branch events until the batch is full, the block at the IP is not in the
+/// table, or the general path is needed. With `CHECKED`, each block is checked against
+/// the stall limit; without, the caller has made sure no count can reach it
+/// ([`FastBlocks::stall_free`] over [`PER_OFFSET`] blocks).
+#[expect(
+    clippy::inline_always,
+    reason = "two copies of the hot loop in `run`, its values in registers"
+)]
+#[inline(always)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one loop whose values stay in registers; split up, they were spilled"
+)]
+fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: View<'_>) -> Step {
+    let trace = lp.trace;
+    loop {
+        if st.queued >= BATCH {
+            return Step::Stop(Stop::Pause);
+        }
+        let Some(block) = view.get(st.ip) else {
+            return Step::Miss;
+        };
+        if CHECKED && st.stalled() + u64::from(block.ninsn) + 1 > MAX_STALLED_INSNS {
+            return Step::Stop(Stop::Pause);
+        }
+        // Where the branch goes, its event, and whether it used up the trace event.
+        // `left` is 0 for a TIP and at least 1 for a TNT; a branch that does not fit the
+        // event is left to the general path, which reports the error. Conditional
+        // branches first: they are most blocks.
+        let (to, kind, used) = if block.exit == Exit::Cond {
+            let Some(left) = st.ev.left.checked_sub(1) else {
+                return Step::Stop(Stop::Pause);
+            };
+            st.ev.left = left;
+            let taken = st.ev.bits >> left & 1 == 1;
+            if left > 0 {
+                // The common case, in short: a bit that is not the TNT's last.
+                st.count(block, false);
+                if taken {
+                    st.ip = block.target;
+                    if block.target != block.fall {
+                        lp.tally.branches[BranchKind::Jump.index()] += 1;
+                        emit(
+                            lp.buf,
+                            &mut st.queued,
+                            &lp.fast.seen,
+                            st.ev.pos,
+                            BranchKind::Jump,
+                            block.end_ip,
+                            block.target,
+                        );
+                    }
+                } else {
+                    st.ip = block.fall;
+                }
+                continue;
+            }
+            let to = if taken { block.target } else { block.fall };
+            (to, (to != block.fall).then_some(BranchKind::Jump), true)
+        } else {
+            match block.exit {
+                Exit::DirectCall | Exit::DirectJump => {
+                    // No trace needed.
+                    let kind = if block.exit == Exit::DirectCall {
+                        if block.push_ret {
+                            lp.retstack.push(block.fall);
+                        }
+                        BranchKind::Call
+                    } else {
+                        BranchKind::Jump
+                    };
+                    st.count(block, false);
+                    st.ip = block.target;
+                    lp.tally.branches[kind.index()] += 1;
+                    emit(
+                        lp.buf,
+                        &mut st.queued,
+                        &lp.fast.seen,
+                        st.ev.pos,
+                        kind,
+                        block.end_ip,
+                        block.target,
+                    );
+                    continue;
+                }
+                Exit::Return if st.ev.left > 0 => {
+                    let left = st.ev.left - 1;
+                    if st.ev.bits >> left & 1 == 0 {
+                        return Step::Stop(Stop::Pause);
+                    }
+                    let Ok(to) = lp.retstack.pop() else {
+                        return Step::Stop(Stop::Pause);
+                    };
+                    st.ev.left = left;
+                    (to, Some(BranchKind::Return), left == 0)
+                }
+                Exit::Return => (st.ev.bits, Some(BranchKind::Return), true),
+                Exit::IndirectCall | Exit::IndirectJump if st.ev.left > 0 => {
+                    return Step::Stop(Stop::Pause);
+                }
+                Exit::IndirectCall => {
+                    lp.retstack.push(block.fall);
+                    (st.ev.bits, Some(BranchKind::Call), true)
+                }
+                Exit::IndirectJump => (st.ev.bits, Some(BranchKind::Jump), true),
+                // (Taken above.)
+                Exit::Cond => return Step::Stop(Stop::Pause),
+            }
+        };
+        let offset = st.ev.pos;
+        if used
+            && !fetch(
+                trace,
+                lp.fast,
+                &mut st.ev,
+                st.insns + u64::from(block.ninsn),
+            )
+        {
+            // The general path fetches the next event, ends the block and counts it.
+            st.ip = to;
+            return Step::Stop(Stop::HandOver {
+                offset,
+                block: *block,
+            });
+        }
+        st.ip = to;
+        st.count(block, st.ev.pos != offset);
+        if let Some(kind) = kind {
+            lp.tally.branches[kind.index()] += 1;
+            emit(
+                lp.buf,
+                &mut st.queued,
+                &lp.fast.seen,
+                st.ev.pos,
+                kind,
+                block.end_ip,
+                to,
+            );
+        }
+    }
 }
 
 /// How the inner loop of [`run`] ended.
@@ -621,14 +717,6 @@ enum Step {
     /// The block at the IP is not in the table.
     Miss,
 }
-
-/// The stall limit, as the loop's signed count has it.
-#[expect(clippy::cast_possible_wrap, reason = "MAX_STALLED_INSNS is 2^20")]
-const MAX_STALLED: i64 = MAX_STALLED_INSNS as i64;
-
-/// The stall count where a new trace event starts: the first block there brings it
-/// to 0 (as `Branches::check_stall` does), whatever its size.
-const FRESH: i64 = i64::MIN / 2;
 
 /// The trace event the fast loop is on (see [`Fast`]).
 #[derive(Debug, Clone, Copy)]

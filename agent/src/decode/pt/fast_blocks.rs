@@ -172,6 +172,9 @@ pub(crate) struct FastBlocks {
     shift: u32,
     /// Valid blocks replaced since the table last grew.
     evictions: usize,
+    /// The most instructions of any block in the table: bounds how far a run of
+    /// blocks can stall without a look at each one ([`Self::stall_free`]).
+    max_ninsn: u16,
 }
 
 impl Default for FastBlocks {
@@ -187,6 +190,7 @@ impl FastBlocks {
             mode: ExecMode::Unknown,
             shift: 64 - slots.trailing_zeros(),
             evictions: 0,
+            max_ninsn: 0,
         };
         // Lookups compare addresses only: the slot where EMPTY's own address is looked
         // up gets another address for its empty block, one that is looked up elsewhere.
@@ -218,6 +222,17 @@ impl FastBlocks {
         }
     }
 
+    /// Whether `blocks` blocks from this table, each adding its instructions plus one
+    /// to a stall count of `stalled`, stay within `limit`.
+    pub fn stall_free(&self, stalled: u64, blocks: usize, limit: u64) -> bool {
+        let per_block = u64::from(self.max_ninsn) + 1;
+        u64::try_from(blocks)
+            .ok()
+            .and_then(|n| n.checked_mul(per_block))
+            .and_then(|n| n.checked_add(stalled))
+            .is_some_and(|n| n <= limit)
+    }
+
     fn empty_for(&mut self, mode: ExecMode) {
         *self = Self::with_slots(self.slots.len());
         self.mode = mode;
@@ -237,6 +252,7 @@ impl FastBlocks {
             self.evictions += 1;
         }
         *slot = block;
+        self.max_ninsn = self.max_ninsn.max(block.ninsn);
         if self.evictions > 2 * self.slots.len() && self.slots.len() < MAX_SLOTS {
             // The working set outgrew the table: start over, twice as large (with this
             // block, which callers look up next).
