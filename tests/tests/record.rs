@@ -267,6 +267,40 @@ fn without_a_trigger_the_snapshot_is_taken_at_exit() {
 }
 
 #[test]
+fn rules_file_capture_section_configures_the_recorder() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1
+rules:
+  - name: slow-spin
+    target: { comm: workload }
+    trigger: { function: { symbol: lb_spin, min_duration: 20ms } }
+    capture: { sample_frequency: 997 }
+",
+    )
+    .expect("writing rules.yaml");
+    let rules = rules.to_str().expect("UTF-8 temp path");
+    run_lookback(dir.path(), &["--rules", rules], &["spin", "40", "1"]);
+    let snap = read_snapshot(&dir.path().join("trace.lbsnap"));
+    assert_eq!(
+        snap.meta.trigger.as_ref().expect("trigger").rule,
+        "slow-spin"
+    );
+    assert_eq!(snap.meta.recorder.sample_frequency, Some(997));
+    // A flag given on the command line overrides the file.
+    let over = dir.path().join("override");
+    run_lookback(
+        &over,
+        &["--rules", rules, "--sample-frequency", "1999"],
+        &["spin", "40", "1"],
+    );
+    let snap = read_snapshot(&over.join("trace.lbsnap"));
+    assert_eq!(snap.meta.recorder.sample_frequency, Some(1999));
+}
+
+#[test]
 fn intel_pt_is_refused_with_a_clear_message_where_it_does_not_exist() {
     if Path::new("/sys/bus/event_source/devices/intel_pt").exists() {
         return; // a PT machine: this check does not apply

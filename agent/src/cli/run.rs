@@ -5,7 +5,10 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, anyhow};
-use clap::Args;
+use clap::{
+    Args,
+    builder::{PossibleValuesParser, TypedValueParser as _},
+};
 
 use super::{
     CliError, CliResult,
@@ -14,7 +17,8 @@ use super::{
 };
 use crate::{
     capture::{BackendRequest, CaptureOptions, PtOptions},
-    rules::{self, Trigger},
+    daemon::targets::capture_options,
+    rules::{self, Backend, Rule, Trigger},
     triggers::{EngineRule, pump::Wait},
 };
 
@@ -30,8 +34,12 @@ pub struct CommonArgs {
     /// syscall:openat=ENOENT,EACCES, signal:SIGSEGV,SIGABRT. Durations: 500us, 2ms, 1.5s.
     #[arg(long = "trigger", value_name = "SPEC", value_parser = parse_trigger)]
     pub triggers: Vec<Trigger>,
-    /// Rules file (YAML): the trigger and snapshot parts of each rule apply to the
-    /// process(es) given here; `target` is ignored.
+    /// Rules file (YAML): the trigger, capture and snapshot parts of each rule apply to the
+    /// process(es) given here; `target` and `output` are ignored. A run has one recorder,
+    /// so the first rule's `capture` section applies (with a warning naming the rules whose
+    /// capture differs), and every trigger waits the largest `post_trigger` of the rules, so
+    /// no rule gets less than it asks for. Recorder flags given on the command line override
+    /// the file.
     #[arg(long, value_name = "FILE")]
     pub rules: Option<PathBuf>,
     /// Print each trigger instead of recording.
@@ -39,16 +47,21 @@ pub struct CommonArgs {
     pub dry_run: bool,
     /// Recorder: intel-pt (Intel PT through perf AUX buffers), sampling (cpu-clock or
     /// cycles with callchains; works everywhere), auto (intel-pt when `lookback check` says
-    /// it works).
-    #[arg(long, value_name = "BACKEND", default_value = "auto", value_parser = ["auto", "intel-pt", "sampling"])]
-    pub backend: String,
+    /// it works). [default: auto, or the rules file's]
+    // The recorder flags are `Option`s (defaults in the help text) so that a flag given on
+    // the command line can be told from one left out, which the rules file then decides.
+    #[arg(long, value_name = "BACKEND", value_parser = PossibleValuesParser::new(["auto", "intel-pt", "sampling"]).try_map(|s| s.parse::<Backend>()))]
+    pub backend: Option<Backend>,
     /// Ring size per CPU (PT AUX area or sample ring); rounded up to a power of two.
-    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_size)]
-    pub buffer_size: u64,
-    /// Samples per second per thread (sampling backend).
-    #[arg(long, value_name = "HZ", default_value_t = 10_000)]
-    pub sample_frequency: u64,
-    /// Record kernel code too (PT kernel trace, kernel callchains).
+    /// [default: 4MiB, or the rules file's]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub buffer_size: Option<u64>,
+    /// Samples per second per thread (sampling backend). [default: 10000, or the rules
+    /// file's]
+    #[arg(long, value_name = "HZ")]
+    pub sample_frequency: Option<u64>,
+    /// Record kernel code too (PT kernel trace, kernel callchains); also when the rules
+    /// file says `include_kernel: true`.
     #[arg(long)]
     pub include_kernel: bool,
     /// Intel PT only: trace only the code of this binary (an executable or shared
@@ -56,12 +69,13 @@ pub struct CommonArgs {
     /// (`lookback check`: `nr_addr_filters`, usually 2 to 4), and the trace is smaller and
     /// reaches further back in the same buffer. Example: --trace-binary /usr/bin/myserver
     /// --trace-binary /usr/lib/x86_64-linux-gnu/libssl.so.3. Ignored by the sampling
-    /// backend.
+    /// backend. Replaces the rules file's `trace_binaries`.
     #[arg(long = "trace-binary", value_name = "PATH")]
     pub trace_binaries: Vec<PathBuf>,
-    /// Keep recording this long after a trigger before freezing.
-    #[arg(long, value_name = "DURATION", default_value = "0ms", value_parser = parse_duration)]
-    pub post_trigger: Duration,
+    /// Keep recording this long after a trigger before freezing. [default: 0ms, or the
+    /// largest `post_trigger` of the rules file]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub post_trigger: Option<Duration>,
     /// Trace file: FXT (`.fxt`, `.fxt.gz`) or Chrome JSON (`.json`, `.json.gz`), gzipped
     /// when the name ends in `.gz`; later snapshots go to `trace-2.fxt.gz`, ... Raw
     /// snapshots (`--keep-raw`) take its stem (`trace.lbsnap`, `trace-2.lbsnap`, ...).
@@ -126,33 +140,35 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     rules::parse_duration(s).map_err(|e| e.to_string())
 }
 
-/// The rules the `--rules` file and the `--trigger` options describe, with ids in order.
-fn engine_rules(common: &CommonArgs) -> Result<Vec<EngineRule>, CliError> {
-    let from_file = match &common.rules {
-        Some(path) => {
-            rules::RuleSet::from_file(path)
-                .map_err(CliError::usage)?
-                .rules
-        }
-        None => Vec::new(),
-    };
-    if common.triggers.is_empty() && from_file.is_empty() && common.dry_run {
+/// The rules of the `--rules` file, in file order (none without the option).
+fn file_rules(common: &CommonArgs) -> Result<Vec<Rule>, CliError> {
+    match &common.rules {
+        Some(path) => Ok(rules::RuleSet::from_file(path)
+            .map_err(CliError::usage)?
+            .rules),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The rules `file_rules` and the `--trigger` options describe, with ids in order.
+fn engine_rules(common: &CommonArgs, file_rules: &[Rule]) -> Result<Vec<EngineRule>, CliError> {
+    if common.triggers.is_empty() && file_rules.is_empty() && common.dry_run {
         return Err(CliError::usage(anyhow!(
             "no trigger given: add --trigger SPEC (e.g. --trigger 'func:handle_request>2ms') \
              or --rules FILE"
         )));
     }
     let max = lookback_common::MAX_RULES as usize;
-    if common.triggers.len() + from_file.len() > max {
+    if common.triggers.len() + file_rules.len() > max {
         return Err(CliError::usage(anyhow!(
             "at most {max} rules and triggers together"
         )));
     }
     let follow_forks = !common.no_follow_forks;
-    let file_rules = from_file.into_iter().map(|rule| EngineRule {
+    let from_file = file_rules.iter().map(|rule| EngineRule {
         id: 0,
-        name: rule.name,
-        trigger: rule.trigger,
+        name: rule.name.clone(),
+        trigger: rule.trigger.clone(),
         cooldown: rule.snapshot.cooldown,
         max_per_hour: rule.snapshot.max_per_hour,
         follow_forks,
@@ -165,47 +181,96 @@ fn engine_rules(common: &CommonArgs) -> Result<Vec<EngineRule>, CliError> {
         max_per_hour: common.max_per_hour,
         follow_forks,
     });
-    Ok(file_rules
+    Ok(from_file
         .chain(cli_rules)
         .zip(0u32..)
         .map(|(rule, id)| EngineRule { id, ..rule })
         .collect())
 }
 
-fn record_options(common: &CommonArgs) -> Option<RecordOptions> {
+/// The recorder of a run: the first file rule's capture section (one recorder per run, as
+/// the agent's one per process) with the recorder flags given on the command line on top;
+/// without a file, the flags and their defaults alone.
+fn record_options(common: &CommonArgs, file_rules: &[Rule]) -> Option<RecordOptions> {
     if common.dry_run {
         return None;
     }
-    let backend = match common.backend.as_str() {
-        "intel-pt" => BackendRequest::IntelPt,
-        "sampling" => BackendRequest::Sampling,
-        _ => BackendRequest::Auto,
-    };
+    let mut capture = file_rules
+        .first()
+        .map_or_else(CaptureOptions::default, |rule| {
+            capture_options(&rule.capture)
+        });
+    if let Some(backend) = common.backend {
+        capture.backend = match backend {
+            Backend::Auto => BackendRequest::Auto,
+            Backend::IntelPt => BackendRequest::IntelPt,
+            Backend::Sampling => BackendRequest::Sampling,
+        };
+    }
+    if let Some(size) = common.buffer_size {
+        capture.buffer_size = usize::try_from(size).unwrap_or(usize::MAX);
+    }
+    if let Some(hz) = common.sample_frequency {
+        capture.sample_frequency = hz;
+    }
+    capture.include_kernel |= common.include_kernel;
+    if !common.trace_binaries.is_empty() {
+        capture.pt = PtOptions {
+            trace_binaries: common.trace_binaries.clone(),
+            ..PtOptions::default()
+        };
+    }
+    // The largest wait leaves every rule at least the time after its trigger it asks for.
+    let post_trigger = common.post_trigger.unwrap_or_else(|| {
+        file_rules
+            .iter()
+            .map(|rule| rule.snapshot.post_trigger)
+            .max()
+            .unwrap_or(Duration::ZERO)
+    });
     Some(RecordOptions {
-        capture: CaptureOptions {
-            backend,
-            buffer_size: usize::try_from(common.buffer_size).unwrap_or(usize::MAX),
-            sample_frequency: common.sample_frequency,
-            include_kernel: common.include_kernel,
-            pt: PtOptions {
-                trace_binaries: common.trace_binaries.clone(),
-                ..PtOptions::default()
-            },
-            ..CaptureOptions::default()
-        },
+        capture,
         output: common.output.clone(),
-        post_trigger: common.post_trigger,
+        post_trigger,
         keep_raw: common.keep_raw,
     })
 }
 
+/// The warning for file rules whose capture section differs from the first rule's: the run
+/// has one recorder, so theirs is ignored. `None` when all agree.
+fn capture_warning(file_rules: &[Rule]) -> Option<String> {
+    let (first, rest) = file_rules.split_first()?;
+    let ignored: Vec<String> = rest
+        .iter()
+        .filter(|rule| rule.capture != first.capture)
+        .map(|rule| format!("`{}`", rule.name))
+        .collect();
+    if ignored.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "one recorder per run, with the capture options of the first rule, `{}`: the \
+         differing capture section of rule(s) {} is ignored",
+        first.name,
+        ignored.join(", ")
+    ))
+}
+
 fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
+    let file_rules = file_rules(common)?;
+    let record = record_options(common, &file_rules);
+    if record.is_some()
+        && let Some(path) = &common.rules
+        && let Some(warning) = capture_warning(&file_rules)
+    {
+        log::warn!("{}: {warning}", path.display());
+    }
     Ok(Session {
-        rules: engine_rules(common)?,
+        rules: engine_rules(common, &file_rules)?,
         target,
         json: common.json,
         max_events: common.max_snapshots,
-        record: record_options(common),
+        record,
         wait: if common.freeze_spin {
             Wait::Spin
         } else {
@@ -252,4 +317,228 @@ fn resolve_program(cmd: &str) -> anyhow::Result<PathBuf> {
     found
         .canonicalize()
         .with_context(|| format!("resolving {}", found.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{path::PathBuf, time::Duration};
+
+    use clap::{CommandFactory as _, Parser};
+
+    use super::{CommonArgs, capture_warning, engine_rules, record_options};
+    use crate::{
+        capture::BackendRequest,
+        cli::record::RecordOptions,
+        rules::{Rule, RuleSet},
+    };
+
+    /// `CommonArgs` alone, parsed like `lookback run`'s.
+    #[derive(Debug, Parser)]
+    struct Common {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn parse(args: &[&str]) -> CommonArgs {
+        let command_line = std::iter::once("lookback").chain(args.iter().copied());
+        match Common::try_parse_from(command_line) {
+            Ok(parsed) => parsed.common,
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    fn rules(yaml: &str) -> Vec<Rule> {
+        match RuleSet::from_str(yaml, "test.yaml") {
+            Ok(set) => set.rules,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn record(common: &CommonArgs, file: &[Rule]) -> RecordOptions {
+        record_options(common, file).unwrap_or_else(|| panic!("no record options"))
+    }
+
+    /// One rule with every capture field and a `post_trigger` set, none at its default.
+    const FULL: &str = "version: 1
+rules:
+  - name: slow
+    target: { pid: 1 }
+    trigger: { signal: { signals: [SIGSEGV] } }
+    capture:
+      backend: sampling
+      buffer_size: 1MiB
+      sample_frequency: 997
+      include_kernel: true
+      trace_binaries: [/usr/bin/true]
+    snapshot: { post_trigger: 20ms }
+";
+
+    #[test]
+    fn without_rules_file_the_cli_defaults_apply() {
+        let opts = record(&parse(&[]), &[]);
+        assert_eq!(opts.capture.backend, BackendRequest::Auto);
+        assert_eq!(opts.capture.buffer_size, 4 << 20);
+        assert_eq!(opts.capture.sample_frequency, 10_000);
+        assert!(!opts.capture.include_kernel);
+        assert!(opts.capture.pt.trace_binaries.is_empty());
+        assert_eq!(opts.post_trigger, Duration::ZERO);
+        assert_eq!(opts.output, PathBuf::from("trace.fxt.gz"));
+        let opts = record(
+            &parse(&[
+                "--backend",
+                "sampling",
+                "--buffer-size",
+                "64KiB",
+                "--sample-frequency",
+                "99",
+                "--include-kernel",
+                "--trace-binary",
+                "/bin/ls",
+                "--post-trigger",
+                "5ms",
+            ]),
+            &[],
+        );
+        assert_eq!(opts.capture.backend, BackendRequest::Sampling);
+        assert_eq!(opts.capture.buffer_size, 64 << 10);
+        assert_eq!(opts.capture.sample_frequency, 99);
+        assert!(opts.capture.include_kernel);
+        assert_eq!(opts.capture.pt.trace_binaries, [PathBuf::from("/bin/ls")]);
+        assert_eq!(opts.post_trigger, Duration::from_millis(5));
+    }
+
+    #[test]
+    fn rules_file_capture_and_post_trigger_apply() {
+        let file = rules(FULL);
+        let opts = record(&parse(&["--rules", "test.yaml"]), &file);
+        assert_eq!(opts.capture.backend, BackendRequest::Sampling);
+        assert_eq!(opts.capture.buffer_size, 1 << 20);
+        assert_eq!(opts.capture.sample_frequency, 997);
+        assert!(opts.capture.include_kernel);
+        assert_eq!(
+            opts.capture.pt.trace_binaries,
+            [PathBuf::from("/usr/bin/true")]
+        );
+        assert_eq!(opts.post_trigger, Duration::from_millis(20));
+        assert_eq!(capture_warning(&file), None);
+    }
+
+    #[test]
+    fn flags_given_override_the_rules_file() {
+        let file = rules(FULL);
+        let opts = record(
+            &parse(&[
+                "--backend",
+                "intel-pt",
+                "--rules",
+                "test.yaml",
+                "--buffer-size",
+                "64KiB",
+                "--sample-frequency",
+                "50",
+                "--trace-binary",
+                "/bin/ls",
+                "--post-trigger",
+                "0ms",
+            ]),
+            &file,
+        );
+        assert_eq!(opts.capture.backend, BackendRequest::IntelPt);
+        assert_eq!(opts.capture.buffer_size, 64 << 10);
+        assert_eq!(opts.capture.sample_frequency, 50);
+        assert_eq!(opts.capture.pt.trace_binaries, [PathBuf::from("/bin/ls")]);
+        assert_eq!(opts.post_trigger, Duration::ZERO);
+        // One flag overrides its field only; the rest still come from the file.
+        let opts = record(&parse(&["--sample-frequency", "50"]), &file);
+        assert_eq!(opts.capture.sample_frequency, 50);
+        assert_eq!(opts.capture.backend, BackendRequest::Sampling);
+        assert_eq!(opts.capture.buffer_size, 1 << 20);
+        assert_eq!(opts.post_trigger, Duration::from_millis(20));
+        // --include-kernel turns it on over a file that leaves it off.
+        let plain = rules(&FULL.replace("include_kernel: true", "include_kernel: false"));
+        assert!(!record(&parse(&[]), &plain).capture.include_kernel);
+        assert!(
+            record(&parse(&["--include-kernel"]), &plain)
+                .capture
+                .include_kernel
+        );
+    }
+
+    #[test]
+    fn first_rule_capture_wins_with_a_warning() {
+        let file = rules(
+            "version: 1
+rules:
+  - name: first
+    target: { pid: 1 }
+    trigger: { signal: { signals: [SIGSEGV] } }
+    capture: { backend: sampling, sample_frequency: 500 }
+    snapshot: { post_trigger: 1ms }
+  - name: same
+    target: { pid: 1 }
+    trigger: { signal: { signals: [SIGABRT] } }
+    capture: { backend: sampling, sample_frequency: 500 }
+    snapshot: { post_trigger: 30ms }
+  - name: other
+    target: { pid: 1 }
+    trigger: { signal: { signals: [SIGBUS] } }
+    capture: { sample_frequency: 2000 }
+  - name: bigger
+    target: { pid: 1 }
+    trigger: { signal: { signals: [SIGILL] } }
+    capture: { backend: sampling, sample_frequency: 500, buffer_size: 16MiB }
+",
+        );
+        let opts = record(&parse(&[]), &file);
+        assert_eq!(opts.capture.backend, BackendRequest::Sampling);
+        assert_eq!(opts.capture.sample_frequency, 500);
+        assert_eq!(opts.capture.buffer_size, 4 << 20);
+        assert_eq!(opts.post_trigger, Duration::from_millis(30));
+        assert_eq!(
+            capture_warning(&file).as_deref(),
+            Some(
+                "one recorder per run, with the capture options of the first rule, `first`: \
+                 the differing capture section of rule(s) `other`, `bigger` is ignored"
+            )
+        );
+    }
+
+    #[test]
+    fn dry_run_records_nothing() {
+        assert!(record_options(&parse(&["--dry-run"]), &rules(FULL)).is_none());
+    }
+
+    #[test]
+    fn file_rules_come_before_trigger_options() {
+        let common = parse(&[
+            "--rules",
+            "test.yaml",
+            "--trigger",
+            "syscall:fsync>5ms",
+            "--cooldown",
+            "1s",
+        ]);
+        let engine =
+            engine_rules(&common, &rules(FULL)).unwrap_or_else(|e| panic!("{:#}", e.error));
+        let names: Vec<(u32, &str)> = engine.iter().map(|r| (r.id, r.name.as_str())).collect();
+        assert_eq!(names, [(0, "slow"), (1, "syscall:fsync>5ms")]);
+        assert_eq!(engine[0].cooldown, Duration::from_secs(10));
+        assert_eq!(engine[1].cooldown, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn help_shows_the_defaults() {
+        // Words only: the help is wrapped to the terminal's width.
+        let help = Common::command().render_long_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for default in [
+            "[default: auto, or the rules file's]",
+            "[default: 4MiB, or the rules file's]",
+            "[default: 10000, or the rules file's]",
+            "[default: 0ms, or the largest `post_trigger` of the rules file]",
+            "[possible values: auto, intel-pt, sampling]",
+        ] {
+            assert!(help.contains(default), "{default} missing from:\n{help}");
+        }
+    }
 }
