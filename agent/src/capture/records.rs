@@ -17,7 +17,14 @@ pub const PERF_RECORD_EXIT: u32 = 4;
 pub const PERF_RECORD_FORK: u32 = 7;
 pub const PERF_RECORD_SAMPLE: u32 = 9;
 pub const PERF_RECORD_MMAP2: u32 = 10;
+pub const PERF_RECORD_AUX: u32 = 11;
 pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
+
+/// `PERF_RECORD_AUX` flags: the kernel cut the AUX data short (no room), the PMU stopped
+/// part-way (a partial record), or a collision in the PMU's buffer.
+pub const PERF_AUX_FLAG_TRUNCATED: u64 = 0x01;
+pub const PERF_AUX_FLAG_PARTIAL: u64 = 0x04;
+pub const PERF_AUX_FLAG_COLLISION: u64 = 0x08;
 
 pub const SAMPLE_IP: u64 = 1 << 0;
 pub const SAMPLE_TID: u64 = 1 << 1;
@@ -241,6 +248,38 @@ impl StreamSummary {
     }
 }
 
+/// What a PT recorder's sideband says was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PtLosses {
+    /// `PERF_RECORD_AUX` records flagged truncated, partial or collided: trace data the
+    /// kernel or the PMU dropped (an overwrite-mode record is no loss: that is the ring).
+    pub aux: u64,
+    /// Sideband records dropped (`LOST`, `LOST_SAMPLES` counts).
+    pub perf: u64,
+}
+
+impl PtLosses {
+    /// Adds the losses reported in the sideband `stream`.
+    pub fn add(&mut self, stream: &[u8]) {
+        const LOSS: u64 = PERF_AUX_FLAG_TRUNCATED | PERF_AUX_FLAG_PARTIAL | PERF_AUX_FLAG_COLLISION;
+        let word = |body: &[u8], at: usize| {
+            body.get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        for rec in records(stream) {
+            match rec.kind {
+                // aux_offset, aux_size, flags
+                PERF_RECORD_AUX if word(rec.body, 16) & LOSS != 0 => self.aux += 1,
+                // id, lost
+                PERF_RECORD_LOST => self.perf += word(rec.body, 8),
+                PERF_RECORD_LOST_SAMPLES => self.perf += word(rec.body, 0),
+                _ => {}
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +355,32 @@ mod tests {
         assert_eq!(sum.pids.into_iter().collect::<Vec<_>>(), vec![10, 20]);
         assert_eq!(sum.tids.into_iter().collect::<Vec<_>>(), vec![11, 12]);
         assert_eq!((sum.first_time, sum.last_time), (Some(500), Some(900)));
+    }
+
+    #[test]
+    fn pt_losses_count_flagged_aux_records_and_lost_records() {
+        const OVERWRITE: u64 = 0x02;
+        let mut stream = Vec::new();
+        for flags in [
+            OVERWRITE,
+            OVERWRITE | PERF_AUX_FLAG_TRUNCATED,
+            PERF_AUX_FLAG_PARTIAL,
+            PERF_AUX_FLAG_COLLISION,
+            0,
+        ] {
+            stream.extend(rec(PERF_RECORD_AUX, &words(&[0, 4096, flags, 7])));
+        }
+        stream.extend(rec(PERF_RECORD_LOST, &words(&[1, 5])));
+        stream.extend(rec(PERF_RECORD_LOST_SAMPLES, &words(&[2])));
+        // A record too short for its flags is no loss.
+        stream.extend(rec(PERF_RECORD_AUX, &words(&[0])));
+        let mut losses = PtLosses::default();
+        losses.add(&stream);
+        losses.add(&rec(
+            PERF_RECORD_AUX,
+            &words(&[0, 1, PERF_AUX_FLAG_TRUNCATED]),
+        ));
+        assert_eq!(losses, PtLosses { aux: 4, perf: 7 });
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub struct Written {
     pub decode: Duration,
     /// Records the kernel reported lost in the recorder's rings (perf `LOST` records).
     pub lost: u64,
+    /// PT: AUX records the kernel flagged truncated, partial or collided.
+    pub lost_aux: u64,
 }
 
 /// Why a snapshot could not be written.
@@ -110,15 +112,16 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
             path: metadata.clone(),
             source,
         })?;
-        Ok((decode, summary.lost_samples))
+        Ok((decode, summary.lost_samples, summary.lost_aux))
     })();
     match result {
-        Ok((decode, lost)) => Ok(Written {
+        Ok((decode, lost, lost_aux)) => Ok(Written {
             trace,
             raw,
             metadata,
             decode,
             lost,
+            lost_aux,
         }),
         Err(e) => {
             for path in done {

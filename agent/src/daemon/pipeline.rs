@@ -251,14 +251,13 @@ fn write(job: &SnapshotJob, metrics: &Metrics) {
     match output::write_snapshot(job) {
         Ok(written) => {
             metrics.decode_duration(backend, written.decode);
-            // Only sampling snapshots report losses (perf LOST records); the PT writer
-            // counts none, so `aux` stays 0 (docs/verification.md).
+            // perf: LOST records in the sampling rings or the PT sideband; aux: AUX
+            // records flagged truncated, partial or collided (PT).
             if written.lost > 0 {
-                let source = match job.snap.meta.backend {
-                    crate::capture::Backend::IntelPt => LossSource::Aux,
-                    crate::capture::Backend::Sampling => LossSource::Perf,
-                };
-                metrics.events_lost(source, written.lost);
+                metrics.events_lost(LossSource::Perf, written.lost);
+            }
+            if written.lost_aux > 0 {
+                metrics.events_lost(LossSource::Aux, written.lost_aux);
             }
             metrics.snapshot_done(&job.rule, backend, true, raw_bytes, since_trigger(job));
             log::info!(

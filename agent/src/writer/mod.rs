@@ -145,8 +145,11 @@ pub struct TraceSummary {
     pub unknown_frames: u64,
     /// Sample records that could not be read.
     pub malformed_samples: u64,
-    /// Samples the kernel reported lost (each loss is an instant `[lost samples]`).
+    /// Samples the kernel reported lost (each loss is an instant `[lost samples]`); PT:
+    /// sideband records lost.
     pub lost_samples: u64,
+    /// PT: AUX records the kernel flagged truncated, partial or collided.
+    pub lost_aux: u64,
     /// PT: branch events decoded.
     pub branches: u64,
     /// PT: decode errors (each a `[decode error: ...]` slice).

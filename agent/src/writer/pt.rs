@@ -24,6 +24,7 @@ use std::rc::Rc;
 
 use super::{Arg, ArgValue, TraceSink, TraceSummary, trigger_instant};
 use crate::capture::MapEntry;
+use crate::capture::records::PtLosses;
 use crate::decode::pt::flow::IpHasher;
 use crate::decode::pt::{BranchEvent, BranchKind};
 use crate::decode::pt_snapshot::{self, BranchSink, CodeSource, Track};
@@ -245,10 +246,16 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         tracks: BTreeMap::new(),
     };
     let decoded = pt_snapshot::decode(snap, &DiskCode, &mut stacks);
+    let mut losses = PtLosses::default();
+    for sideband in &snap.sideband {
+        losses.add(&sideband.data);
+    }
     let mut summary = TraceSummary {
         threads: stacks.tracks.len(),
         branches: decoded.branches,
         decode_errors: decoded.errors,
+        lost_samples: losses.perf,
+        lost_aux: losses.aux,
         ..TraceSummary::default()
     };
     let trigger = snap.meta.trigger.as_ref().filter(|t| t.pid != 0);

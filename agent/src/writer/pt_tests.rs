@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::capture::intel_pt::SIDEBAND_SAMPLE_TYPE;
+use crate::capture::records::{PERF_AUX_FLAG_TRUNCATED, PERF_RECORD_AUX, PERF_RECORD_LOST};
 use crate::capture::{
     CapturedData, CodeRegion, MapEntry, ProcessMaps, RecorderParams, RingData, RingKind,
     SidebandData,
@@ -456,4 +457,44 @@ fn lookback_decode_turns_a_pt_lbsnap_into_a_trace() {
     let (_, got) = threads.get(&u64::from(ids(0).1)).expect("the thread");
     assert_eq!(got, &expected(&case.flow, true));
     assert_eq!(got, &["+[unknown @ 0x100004]", "-"]);
+}
+
+#[test]
+fn sideband_losses_reach_the_summary() {
+    let Some(dir) = shared_corpus("libipt/core", "MANIFEST.tsv") else {
+        println!("skipped: ../shared/corpus/libipt not found");
+        return;
+    };
+    let case = load_case(&dir, "call_direct-ret_compressed", 0x0010_0000).expect("corpus case");
+    let mut snap = bundle(std::slice::from_ref(&case), true);
+    let (summary, _) = json_events(&snap);
+    assert_eq!((summary.lost_samples, summary.lost_aux), (0, 0));
+    // An overwrite-mode AUX record (no loss), a truncated one, and a LOST record of 3.
+    let record = |kind: u32, words: &[u64]| {
+        let mut r = kind.to_le_bytes().to_vec();
+        r.extend(0u16.to_le_bytes());
+        r.extend(
+            u16::try_from(8 + 8 * words.len())
+                .expect("small")
+                .to_le_bytes(),
+        );
+        r.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        r
+    };
+    let sideband = &mut snap.sideband[0].data;
+    sideband.extend(record(PERF_RECORD_AUX, &[0, 4096, 0x02]));
+    sideband.extend(record(
+        PERF_RECORD_AUX,
+        &[4096, 4096, 0x02 | PERF_AUX_FLAG_TRUNCATED],
+    ));
+    sideband.extend(record(PERF_RECORD_LOST, &[1, 3]));
+    let (summary, events) = json_events(&snap);
+    assert_eq!((summary.lost_samples, summary.lost_aux), (3, 1));
+    // The flow itself is unchanged.
+    assert_eq!(
+        slices_by_thread(&events)
+            .get(&u64::from(ids(0).1))
+            .map(|t| &t.1),
+        Some(&expected(&case.flow, true))
+    );
 }
