@@ -4,7 +4,8 @@
 //! setup`), the `ServiceMonitor` CRD against an embedded subset of its schema, and the
 //! references between the files; the `ConfigMap`'s rules through `lookback rules validate`.
 //! A deliberately broken copy of each kind must be rejected, so the check cannot pass
-//! vacuously. No root needed.
+//! vacuously. Also the Kubernetes API responses the selector tests replay
+//! (`tests/scripts/check_api_fixtures.py`). No root needed.
 use std::{
     fs,
     path::Path,
@@ -14,8 +15,8 @@ use std::{
 use lookback_tests::{lookback_bin, workspace_root};
 use serde_json::Value;
 
-/// `python3 check_manifests.py DIR [ARGS]`, or `None` (skip) without python3.
-fn check_manifests(dir: &Path, args: &[&std::ffi::OsStr]) -> Option<Output> {
+/// Whether python3 runs here (on CI it must); prints why a test is skipped if not.
+fn have_python() -> bool {
     if Command::new("python3").arg("--version").output().is_err() {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -25,6 +26,14 @@ fn check_manifests(dir: &Path, args: &[&std::ffi::OsStr]) -> Option<Output> {
         {
             eprintln!("skipped: python3 is missing, the manifests cannot be checked");
         }
+        return false;
+    }
+    true
+}
+
+/// `python3 check_manifests.py DIR [ARGS]`, or `None` (skip) without python3.
+fn check_manifests(dir: &Path, args: &[&std::ffi::OsStr]) -> Option<Output> {
+    if !have_python() {
         return None;
     }
     let out = Command::new("python3")
@@ -179,6 +188,99 @@ fn broken_manifests_are_rejected() {
         );
         assert!(
             stderr.contains(message),
+            "{file}: {from:?} → {to:?}: expected {message:?} in:\n{stderr}"
+        );
+    }
+}
+
+/// `python3 check_api_fixtures.py DIR`, or `None` (skip) without python3.
+fn check_api_fixtures(dir: &Path) -> Option<Output> {
+    if !have_python() {
+        return None;
+    }
+    let out = Command::new("python3")
+        .arg(workspace_root().join("tests/scripts/check_api_fixtures.py"))
+        .arg(dir)
+        .output()
+        .expect("python3");
+    assert_ne!(
+        out.status.code(),
+        Some(3),
+        "run `cargo xtask setup` to install kubernetes-validate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(out)
+}
+
+fn api_fixtures_dir() -> std::path::PathBuf {
+    workspace_root().join("agent/src/daemon/kubernetes/testdata")
+}
+
+/// The API responses the Kubernetes selector tests replay (written by hand in an API
+/// server's shape: there is no cluster here) are what the Kubernetes schemas allow:
+/// `PodList`s, watch events of `Pod`s, `Status` errors, strict, oldest and newest version.
+#[test]
+fn recorded_api_responses_match_the_kubernetes_schemas() {
+    let Some(out) = check_api_fixtures(&api_fixtures_dir()) else {
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "check_api_fixtures.py rejected the fixtures:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).expect("a JSON summary");
+    assert_eq!(summary["checked"]["podlist-two-nodes.json"], "PodList");
+    assert_eq!(summary["checked"]["status-gone.json"], "Status");
+    let watch = summary["checked"]["watch-add-then-delete.jsonl"]
+        .as_array()
+        .expect("watch events");
+    assert!(watch.len() >= 3, "{watch:?}");
+}
+
+#[test]
+fn broken_api_responses_are_rejected() {
+    let broken: [(&str, &str, &str, &str); 3] = [
+        (
+            "podlist-two-nodes.json",
+            "\"restartCount\": 0",
+            "\"restartCount\": \"none\"",
+            "restartCount",
+        ),
+        (
+            "podlist-two-nodes.json",
+            "\"containerID\"",
+            "\"containerId\"",
+            "containerId",
+        ),
+        (
+            "status-gone.json",
+            "\"code\": 410",
+            "\"code\": \"410\"",
+            "Status",
+        ),
+    ];
+    for (file, from, to, message) in broken {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for entry in fs::read_dir(api_fixtures_dir()).expect("testdata") {
+            let entry = entry.expect("entry");
+            fs::copy(entry.path(), tmp.path().join(entry.file_name())).expect("copy");
+        }
+        let path = tmp.path().join(file);
+        let text = fs::read_to_string(&path).expect("fixture");
+        assert!(text.contains(from), "{file} no longer contains {from:?}");
+        fs::write(&path, text.replacen(from, to, 1)).expect("write");
+        let Some(out) = check_api_fixtures(tmp.path()) else {
+            return;
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{file}: {from:?} → {to:?} was accepted"
+        );
+        assert!(
+            stderr.contains(message) && stderr.contains(file),
             "{file}: {from:?} → {to:?}: expected {message:?} in:\n{stderr}"
         );
     }
