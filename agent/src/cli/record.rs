@@ -65,8 +65,20 @@ impl Recording {
         sample_filter: Option<BorrowedFd<'_>>,
     ) -> anyhow::Result<Self> {
         let sample_filter = sample_filter.filter(|_| opts.post_trigger.is_zero());
-        let (recorder, filtered) = open_recorder_filtered(&opts.capture, pids, sample_filter)
-            .context("starting the recorder")?;
+        let opened = match sample_filter {
+            // A kernel that refuses the filter still records; only the freeze is later.
+            Some(filter) => {
+                open_recorder_filtered(&opts.capture, pids, Some(filter)).or_else(|e| {
+                    log::warn!(
+                        "recording without the in-kernel freeze: {:#}",
+                        anyhow::Error::from(e)
+                    );
+                    open_recorder_filtered(&opts.capture, pids, None)
+                })
+            }
+            None => open_recorder_filtered(&opts.capture, pids, None),
+        };
+        let (recorder, filtered) = opened.context("starting the recorder")?;
         log::info!(
             "recording with {} ({}), {} per ring",
             recorder.backend().as_str(),
