@@ -19,6 +19,13 @@ pub const FLAG_ANY_SYSCALL: u32 = 1 << 1;
 pub const FLAG_ERRNO: u32 = 1 << 2;
 /// Follow children: a process forked by a target becomes a target of the same rules.
 pub const FLAG_FOLLOW_FORKS: u32 = 1 << 3;
+/// Stop the triggering process's samples in the kernel when the trigger is sent (`FROZEN`,
+/// read by the sampling recorder's `sample_filter`). Set by userspace for rules frozen at
+/// once (no `post_trigger`) while a sampling recorder runs that filter.
+pub const FLAG_FREEZE_IN_KERNEL: u32 = 1 << 4;
+
+/// Capacity of the `FROZEN` map (processes frozen at the same time).
+pub const MAX_FROZEN: u32 = 4096;
 
 /// Syscall numbers covered by [`RuleSpec::syscalls`] (x86-64 has ~460).
 pub const SYSCALL_BITMAP_WORDS: usize = 8;

@@ -6,19 +6,19 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::BPF_RB_FORCE_WAKEUP,
+    bindings::{BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
     helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
 };
 use lookback_common::{
     MAX_RULES,
     rule::{
         COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL, COUNTER_SUPPRESSED_COOLDOWN,
-        COUNTER_SUPPRESSED_RATE, COUNTERS_PER_RULE, RuleSpec,
+        COUNTER_SUPPRESSED_RATE, COUNTERS_PER_RULE, FLAG_FREEZE_IN_KERNEL, RuleSpec,
     },
     trigger::TriggerRecord,
 };
 
-use crate::maps::{COUNTERS, EVENTS, RULE_STATE};
+use crate::maps::{COUNTERS, EVENTS, FROZEN, RULE_STATE};
 
 const HOUR_NS: u64 = 3_600_000_000_000;
 
@@ -56,17 +56,43 @@ pub fn fire(rule_id: u32, rule: &RuleSpec, mut record: TriggerRecord) {
     if let Ok(comm) = bpf_get_current_comm() {
         record.comm = comm;
     }
-    match EVENTS.reserve::<TriggerRecord>(0) {
-        Some(mut entry) => {
-            entry.write(record);
-            // Wake the reader on every trigger: the default (adaptive) wakeup skips it when
-            // the reader has not caught up, and the freeze must not wait for a later record.
-            // Triggers are rare (suppressed in here), so the forced wakeup costs nothing.
-            entry.submit(u64::from(BPF_RB_FORCE_WAKEUP));
-            count(rule_id, COUNTER_EMITTED);
+    // Frozen before the record is submitted: its forced wakeup can preempt this program
+    // (the reader runs SCHED_FIFO), and the freeze must not wait for the reader.
+    let frozen = rule.flags & FLAG_FREEZE_IN_KERNEL != 0 && freeze(record.pid);
+    if let Some(mut entry) = EVENTS.reserve::<TriggerRecord>(0) {
+        entry.write(record);
+        // Wake the reader on every trigger: the default (adaptive) wakeup skips it when
+        // the reader has not caught up, and the freeze must not wait for a later record.
+        // Triggers are rare (suppressed in here), so the forced wakeup costs nothing.
+        entry.submit(u64::from(BPF_RB_FORCE_WAKEUP));
+        count(rule_id, COUNTER_EMITTED);
+    } else {
+        if frozen {
+            // No snapshot will come to unfreeze the process.
+            let _ = FROZEN.remove(record.pid);
         }
-        None => count(rule_id, COUNTER_RINGBUF_FULL),
+        count(rule_id, COUNTER_RINGBUF_FULL);
     }
+}
+
+/// Stops the samples of process `tgid`: `sample_filter` drops them from now on, until
+/// userspace removes the entry after the snapshot. A process already frozen keeps its
+/// earlier time (`BPF_NOEXIST`); returns whether this call froze it. The time is written
+/// again after the insert, so it is a moment when the filter already held: no kept sample
+/// of the process is later.
+#[inline(always)]
+fn freeze(tgid: u32) -> bool {
+    if FROZEN
+        .insert(tgid, now_ns(), u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        return false;
+    }
+    if let Some(at) = FROZEN.get_ptr_mut(tgid) {
+        // SAFETY: `at` points into the map value just inserted; a plain u64.
+        unsafe { write_volatile(at, now_ns()) };
+    }
+    true
 }
 
 /// Applies the cooldown and the hourly limit; returns the counter of the reason to drop.

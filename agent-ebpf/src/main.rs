@@ -26,6 +26,7 @@ mod emit;
 mod function;
 mod maps;
 mod process;
+mod sample_filter;
 mod signal;
 mod syscall;
 

@@ -5,7 +5,9 @@ use aya_ebpf::{
 };
 use lookback_common::{
     MAX_RULES,
-    rule::{COUNTERS_PER_RULE, EngineConfig, EntryStack, RuleSpec, RuleState, SyscallStart},
+    rule::{
+        COUNTERS_PER_RULE, EngineConfig, EntryStack, MAX_FROZEN, RuleSpec, RuleState, SyscallStart,
+    },
 };
 
 /// Rule id → rule.
@@ -44,6 +46,13 @@ pub static SYSCALL_START: LruHashMap<u32, SyscallStart> = LruHashMap::with_max_e
 /// Triggers for the agent: `lookback_common::trigger::TriggerRecord`s.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Process (tgid) → kernel time from which its samples are dropped (`sample_filter`): a
+/// trigger of a rule with `FLAG_FREEZE_IN_KERNEL` stops its process's recording here, at
+/// once, instead of when userspace pauses the rings. Userspace removes the entry once the
+/// snapshot is copied.
+#[map]
+pub static FROZEN: HashMap<u32, u64> = HashMap::with_max_entries(MAX_FROZEN, 0);
 
 /// `comm` after exec (NUL-padded) → rules whose target may match it. Checked at exec so a
 /// process started later is a target from its first instruction; the agent confirms (or

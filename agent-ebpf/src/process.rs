@@ -15,7 +15,7 @@ use lookback_common::process::{PROC_EXEC, PROC_EXIT, ProcessRecord};
 
 use crate::{
     emit::now_ns,
-    maps::{EXEC_COMMS, PROC_EVENTS, TARGET_TGIDS, config, task_u32},
+    maps::{EXEC_COMMS, FROZEN, PROC_EVENTS, TARGET_TGIDS, config, task_u32},
 };
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
@@ -89,6 +89,8 @@ fn try_process_exit(ctx: &RawTracePointContext) -> Option<()> {
     if pid != tgid {
         return None; // a thread; the process lives on
     }
+    // A reused pid must not start frozen.
+    let _ = FROZEN.remove(tgid);
     // SAFETY: plain u64 value, only tested for presence.
     unsafe { TARGET_TGIDS.get(tgid) }?;
     let _ = TARGET_TGIDS.remove(tgid);

@@ -253,7 +253,7 @@ pub fn symbol_range(
 /// Names of loaded BPF programs that belong to lookback (the kernel keeps 15 bytes of a
 /// name), from aya's listing of every program on the machine.
 pub fn lookback_programs() -> Vec<String> {
-    const OURS: [&str; 8] = [
+    const OURS: [&str; 9] = [
         "function_entry",
         "function_return",
         "sys_enter",
@@ -262,6 +262,7 @@ pub fn lookback_programs() -> Vec<String> {
         "process_fork",
         "process_exec",
         "process_exit",
+        "sample_filter",
     ];
     aya::programs::loaded_programs()
         .filter_map(Result::ok)

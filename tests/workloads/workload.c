@@ -20,6 +20,9 @@
  *     spin MS THREADS          each thread busy-loops in lb_spin() for MS ms (on-CPU work for
  *                              sampling tests)
  *     forkspin MS              fork a child that runs lb_spin(MS); the parent waits
+ *     spinbg MS COUNT BG_MS    a thread busy-loops in lb_busy() for BG_MS ms while the main
+ *                              thread calls lb_spin(MS) COUNT times (on-CPU work after a
+ *                              trigger: in-kernel freeze tests)
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -69,6 +72,16 @@ __attribute__((noinline)) void lb_spin(long ms) {
 
 static void *spin_thread(void *p) { lb_spin(*(long *)p); return NULL; }
 
+/* lb_spin under another name, for work that must not trigger a lb_spin rule. */
+__attribute__((noinline)) void lb_busy(long ms) {
+    long long end = now_ns() + ms * 1000000LL;
+    long i = 0;
+    while (now_ns() < end)
+        for (int k = 0; k < 1000; k++) lb_noop(i++);
+}
+
+static void *busy_thread(void *p) { lb_busy(*(long *)p); return NULL; }
+
 struct calls { long n, slow_every, slow_us, fast_us; };
 
 static void *calls_thread(void *p) {
@@ -112,6 +125,12 @@ int main(int argc, char **argv) {
         pthread_t t[64];
         for (long i = 0; i < threads && i < 64; i++) pthread_create(&t[i], NULL, spin_thread, &ms);
         for (long i = 0; i < threads && i < 64; i++) pthread_join(t[i], NULL);
+    } else if (!strcmp(mode, "spinbg")) {
+        long bg = ARG(2);
+        pthread_t t;
+        pthread_create(&t, NULL, busy_thread, &bg);
+        for (long i = 0; i < ARG(1); i++) lb_spin(ARG(0));
+        pthread_join(t, NULL);
     } else if (!strcmp(mode, "forkspin")) {
         pid_t child = fork();
         if (child == 0) {

@@ -78,7 +78,8 @@ pub fn bench(env: &BuildEnv, freeze_only: bool, triggers: usize) -> Result<()> {
 }
 
 /// Trigger → freeze latency of the sampling backend over `triggers` triggers: the kernel's
-/// trigger timestamp to the moment the rings stopped, as recorded in each snapshot.
+/// trigger timestamp to the moment the process's samples stopped being recorded (in the
+/// kernel, by the recorder's `sample_filter`), as recorded in each snapshot.
 fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path, triggers: usize) -> Result<()> {
     println!();
     println!("| trigger → freeze (sampling) | pump | triggers | p50 | p90 | p99 | max |");

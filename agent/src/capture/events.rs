@@ -29,6 +29,9 @@ pub(super) struct EventSpec {
     /// Set on every event opened from this spec (`PERF_EVENT_IOC_SET_FILTER`): Intel PT
     /// address filters.
     pub filter: Option<CString>,
+    /// Set on every event opened from this spec (`PERF_EVENT_IOC_SET_BPF`): the sampling
+    /// recorder's in-kernel freeze (`sample_filter`).
+    pub bpf_prog: Option<OwnedFd>,
 }
 
 /// The events of a recorder and its per-CPU rings.
@@ -98,6 +101,14 @@ impl<R: CpuRing> EventSet<R> {
                     perf::set_filter(fd.as_fd(), filter).map_err(|source| {
                         CaptureError::Syscall {
                             what: "setting the Intel PT address filter (PERF_EVENT_IOC_SET_FILTER)",
+                            source,
+                        }
+                    })?;
+                }
+                if let Some(prog) = &spec.bpf_prog {
+                    perf::set_bpf(fd.as_fd(), prog.as_fd()).map_err(|source| {
+                        CaptureError::Syscall {
+                            what: "setting the sample filter (PERF_EVENT_IOC_SET_BPF)",
                             source,
                         }
                     })?;

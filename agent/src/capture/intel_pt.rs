@@ -204,11 +204,13 @@ impl PtRecorder {
                     name: "intel_pt",
                     attr: pt_attr(&cfg, opts.include_kernel),
                     filter,
+                    bpf_prog: None,
                 },
                 EventSpec {
                     name: "dummy (tracking)",
                     attr: tracking_attr(opts.include_kernel),
                     filter: None,
+                    bpf_prog: None,
                 },
             ],
             data_pages: pages_for(SIDEBAND_RING_BYTES)?,

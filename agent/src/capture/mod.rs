@@ -31,7 +31,7 @@ pub mod records;
 pub mod ring;
 pub mod sampling;
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, os::fd::BorrowedFd, path::PathBuf, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -252,6 +252,12 @@ pub trait Recorder: Send {
     fn freeze_switch(&self) -> Option<Arc<freeze::FreezeSwitch>> {
         None
     }
+    /// Runs BPF program `prog` (the trigger engine's `sample_filter`) on every sample, so
+    /// that a trigger stops its process's samples in the kernel. Call before
+    /// [`add_process`](Self::add_process). `Ok(false)`: this recorder cannot (Intel PT).
+    fn set_sample_filter(&mut self, _prog: BorrowedFd<'_>) -> Result<bool, CaptureError> {
+        Ok(false)
+    }
 }
 
 /// Why a recorder could not be set up or frozen.
@@ -300,6 +306,16 @@ pub fn open_recorder(
     opts: &CaptureOptions,
     pids: &[u32],
 ) -> Result<Box<dyn Recorder>, CaptureError> {
+    open_recorder_filtered(opts, pids, None).map(|(recorder, _)| recorder)
+}
+
+/// [`open_recorder`], with `sample_filter` set on the recorder when it takes one (see
+/// [`Recorder::set_sample_filter`]); the flag says whether it did.
+pub fn open_recorder_filtered(
+    opts: &CaptureOptions,
+    pids: &[u32],
+    sample_filter: Option<BorrowedFd<'_>>,
+) -> Result<(Box<dyn Recorder>, bool), CaptureError> {
     let mut recorder: Box<dyn Recorder> = match opts.backend {
         BackendRequest::IntelPt => Box::new(intel_pt::PtRecorder::open(opts)?),
         BackendRequest::Sampling => {
@@ -333,10 +349,14 @@ pub fn open_recorder(
             "trace_binaries limits Intel PT only: the sampling backend samples every binary"
         );
     }
+    let filtered = match sample_filter {
+        Some(prog) => recorder.set_sample_filter(prog)?,
+        None => false,
+    };
     for &pid in pids {
         recorder.add_process(pid)?;
     }
-    Ok(recorder)
+    Ok((recorder, filtered))
 }
 
 /// `CLOCK_MONOTONIC` in ns (the clock of BPF trigger timestamps and of sampling records).

@@ -127,6 +127,7 @@ impl SamplingRecorder {
                 name: event.as_str(),
                 attr,
                 filter: None,
+                bpf_prog: None,
             }],
             data_pages,
             params,
@@ -285,6 +286,20 @@ impl Recorder for SamplingRecorder {
 
     fn freeze_switch(&self) -> Option<Arc<FreezeSwitch>> {
         Some(Arc::clone(&self.switch))
+    }
+
+    fn set_sample_filter(&mut self, prog: BorrowedFd<'_>) -> Result<bool, CaptureError> {
+        let prog = prog
+            .try_clone_to_owned()
+            .map_err(|source| CaptureError::Syscall {
+                what: "duplicating the sample filter's fd",
+                source: crate::sys::SyscallError {
+                    call: "fcntl(F_DUPFD_CLOEXEC)",
+                    source,
+                },
+            })?;
+        self.spec[0].bpf_prog = Some(prog);
+        Ok(true)
     }
 }
 

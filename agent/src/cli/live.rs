@@ -243,7 +243,19 @@ fn start(session: &Session) -> Result<Live, CliError> {
             .with_context(|| format!("adding target {pid}"))?;
     }
     let recording = match &session.record {
-        Some(opts) => Some(Recording::start(opts.clone(), &pids)?),
+        Some(opts) => {
+            let filter = engine.sample_filter().context("the sample filter")?;
+            let mut recording = Recording::start(opts.clone(), &pids, Some(filter))?;
+            if recording.filters_in_kernel() {
+                // Each trigger stops its process's samples in the kernel at once; the
+                // pump's pause of the rings follows as the second line.
+                recording.set_frozen(engine.take_frozen().context("the FROZEN map")?);
+                engine
+                    .set_freeze_in_kernel(true)
+                    .context("turning on the in-kernel freeze")?;
+            }
+            Some(recording)
+        }
         None => None,
     };
     // Triggers that fired meanwhile wait in the kernel's ring; the pump reads them first.

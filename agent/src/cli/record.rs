@@ -6,6 +6,7 @@
 //! `trace-2.fxt.gz`, ...); the `.lbsnap` stays only with `--keep-raw`, or when no trace
 //! could be written, so `lookback decode` can retry later.
 use std::{
+    os::fd::BorrowedFd,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -13,9 +14,9 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    capture::{CaptureOptions, Recorder, monotonic_ns, open_recorder},
+    capture::{CaptureOptions, Recorder, monotonic_ns, open_recorder_filtered},
     snapshot::{self, Snapshot, TriggerMeta},
-    triggers::{TriggerEvent, event::format_ns},
+    triggers::{TriggerEvent, engine::FrozenProcesses, event::format_ns},
     writer,
 };
 
@@ -48,12 +49,36 @@ pub struct Recording {
     recorder: Box<dyn Recorder>,
     opts: RecordOptions,
     written: u32,
+    /// Whether the recorder runs the engine's `sample_filter` on its samples.
+    filtered: bool,
+    /// The processes the kernel froze at their trigger, when the rules do that.
+    frozen: Option<FrozenProcesses>,
 }
 
 impl Recording {
-    /// Starts recording `pids` (threads and children follow).
-    pub fn start(opts: RecordOptions, pids: &[u32]) -> anyhow::Result<Self> {
-        let recorder = open_recorder(&opts.capture, pids).context("starting the recorder")?;
+    /// Starts recording `pids` (threads and children follow). `sample_filter`: the trigger
+    /// engine's program, set on the recorder's samples when it takes it (sampling backend)
+    /// and the snapshots are taken at once (no `post_trigger`).
+    pub fn start(
+        opts: RecordOptions,
+        pids: &[u32],
+        sample_filter: Option<BorrowedFd<'_>>,
+    ) -> anyhow::Result<Self> {
+        let sample_filter = sample_filter.filter(|_| opts.post_trigger.is_zero());
+        let opened = match sample_filter {
+            // A kernel that refuses the filter still records; only the freeze is later.
+            Some(filter) => {
+                open_recorder_filtered(&opts.capture, pids, Some(filter)).or_else(|e| {
+                    log::warn!(
+                        "recording without the in-kernel freeze: {:#}",
+                        anyhow::Error::from(e)
+                    );
+                    open_recorder_filtered(&opts.capture, pids, None)
+                })
+            }
+            None => open_recorder_filtered(&opts.capture, pids, None),
+        };
+        let (recorder, filtered) = opened.context("starting the recorder")?;
         log::info!(
             "recording with {} ({}), {} per ring",
             recorder.backend().as_str(),
@@ -64,7 +89,21 @@ impl Recording {
             recorder,
             opts,
             written: 0,
+            filtered,
+            frozen: None,
         })
+    }
+
+    /// Whether the recorder drops the samples of processes the kernel froze at a trigger
+    /// (then hand the engine's `FROZEN` map over with [`set_frozen`](Self::set_frozen)).
+    pub fn filters_in_kernel(&self) -> bool {
+        self.filtered
+    }
+
+    /// The engine's `FROZEN` map: each snapshot reads its process's freeze time there and
+    /// removes the process, so that its samples are recorded again.
+    pub fn set_frozen(&mut self, frozen: FrozenProcesses) {
+        self.frozen = Some(frozen);
     }
 
     /// Lets the recorder drain its sideband (PT); cheap, call it often.
@@ -90,7 +129,23 @@ impl Recording {
         &mut self,
         trigger: Option<(&str, &TriggerEvent)>,
     ) -> anyhow::Result<SnapshotFiles> {
-        let data = self.recorder.freeze().context("freezing the recorder")?;
+        let mut data = self.recorder.freeze().context("freezing the recorder")?;
+        if let (Some((_, event)), Some(frozen)) = (trigger, self.frozen.as_mut()) {
+            // The rings are copied: the process may record again once they resume.
+            let at = frozen.frozen_at(event.pid);
+            log::debug!(
+                "process {} frozen in the kernel at {at:?}, trigger at {}, rings paused at {}",
+                event.pid,
+                event.timestamp_ns,
+                data.freeze_time_ns
+            );
+            if let Err(e) = frozen.thaw(event.pid) {
+                log::warn!("unfreezing process {}: {e:#}", event.pid);
+            }
+            if let Some(at) = kernel_freeze(event.timestamp_ns, at, data.freeze_time_ns) {
+                data.freeze_time_ns = at;
+            }
+        }
         let meta = match trigger {
             Some((rule, event)) => TriggerMeta::from_event(rule, event),
             None => TriggerMeta {
@@ -187,6 +242,13 @@ impl Recording {
 }
 
 /// The stem and the extension (with its dot, possibly empty) of a trace path's name.
+/// When the triggering process stopped being recorded: the kernel's freeze time of the
+/// process (`FROZEN`) when it belongs to this trigger — not before it (a stale entry) and
+/// not after the rings were paused (a later trigger of the same process overwrote it).
+fn kernel_freeze(trigger_ns: u64, kernel_ns: Option<u64>, paused_ns: u64) -> Option<u64> {
+    kernel_ns.filter(|&k| k >= trigger_ns && k <= paused_ns)
+}
+
 fn split_name(output: &Path) -> (String, &'static str) {
     let name = output
         .file_name()
@@ -235,7 +297,20 @@ pub fn numbered_trace(output: &Path, n: u32) -> PathBuf {
 mod tests {
     use std::path::Path;
 
-    use super::{numbered, numbered_trace, raw_only};
+    use super::{kernel_freeze, numbered, numbered_trace, raw_only};
+
+    #[test]
+    fn the_kernel_freeze_counts_only_between_trigger_and_pause() {
+        assert_eq!(kernel_freeze(1_000, Some(1_002), 90_000), Some(1_002));
+        assert_eq!(kernel_freeze(1_000, Some(1_000), 1_000), Some(1_000));
+        assert_eq!(kernel_freeze(1_000, None, 90_000), None, "not frozen");
+        assert_eq!(kernel_freeze(1_000, Some(999), 90_000), None, "stale entry");
+        assert_eq!(
+            kernel_freeze(1_000, Some(90_001), 90_000),
+            None,
+            "a later trigger"
+        );
+    }
 
     #[test]
     fn an_lbsnap_output_means_snapshots_only() {

@@ -94,7 +94,8 @@ pub struct Metadata {
     /// `freeze_time_ns - trigger_time_ns`, when there was a trigger.
     #[serde(default)]
     pub trigger_to_freeze_ns: Option<u64>,
-    /// `CLOCK_MONOTONIC` when the rings stopped.
+    /// `CLOCK_MONOTONIC` when recording stopped: when the kernel stopped the triggering
+    /// process's samples (sampling `sample_filter`), else when the rings were paused.
     pub freeze_time_ns: u64,
     /// How long stopping the rings took.
     #[serde(default)]

@@ -153,6 +153,21 @@ pub fn set_filter(fd: BorrowedFd<'_>, filter: &CStr) -> Result<(), SyscallError>
     }
 }
 
+/// `PERF_EVENT_IOC_SET_BPF`: run BPF program `prog` (type `perf_event`) at each overflow
+/// of `fd`; the sample is kept only when it returns nonzero. Inherited events (threads and
+/// children of the traced task) run it too.
+pub fn set_bpf(fd: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> Result<(), SyscallError> {
+    // SAFETY: both descriptors are live; SET_BPF takes an fd number, no pointer.
+    let ret = unsafe {
+        perf_event_open_sys::ioctls::SET_BPF(fd.as_raw_fd(), prog.as_raw_fd().cast_unsigned())
+    };
+    if ret < 0 {
+        Err(SyscallError::last("ioctl(PERF_EVENT_IOC_SET_BPF)"))
+    } else {
+        Ok(())
+    }
+}
+
 /// `PERF_EVENT_IOC_SET_OUTPUT`: `fd` writes its records into `target`'s ring buffer (same
 /// CPU, same clock, same `write_backward`).
 pub fn set_output(fd: BorrowedFd<'_>, target: BorrowedFd<'_>) -> Result<(), SyscallError> {

@@ -4,13 +4,16 @@
 //!
 //! Dropping the engine detaches every probe and unloads every program (aya closes the link
 //! and program fds); nothing is pinned, so nothing outlives the process.
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    os::fd::{AsFd as _, BorrowedFd},
+};
 
 use aya::{
     Ebpf, EbpfError,
     maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
-        ProgramError, RawTracePoint, UProbe,
+        PerfEvent, ProgramError, RawTracePoint, UProbe,
         raw_trace_point::RawTracePointLinkId,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
@@ -20,8 +23,8 @@ use lookback_common::{
     rule::{
         COUNTER_DEPTH_OVERFLOW, COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL,
         COUNTER_SUPPRESSED_COOLDOWN, COUNTER_SUPPRESSED_RATE, COUNTER_UNMATCHED_RETURN,
-        COUNTERS_PER_RULE, EngineConfig, FLAG_FOLLOW_FORKS, KIND_FUNCTION, KIND_SIGNAL,
-        KIND_SYSCALL, RuleSpec,
+        COUNTERS_PER_RULE, EngineConfig, FLAG_FOLLOW_FORKS, FLAG_FREEZE_IN_KERNEL, KIND_FUNCTION,
+        KIND_SIGNAL, KIND_SYSCALL, RuleSpec,
     },
 };
 use serde::Serialize;
@@ -37,6 +40,8 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 
 const PROG_FUNCTION_ENTRY: &str = "function_entry";
 const PROG_FUNCTION_RETURN: &str = "function_return";
+/// The sampling recorder's in-kernel freeze: set on its perf events, not attached here.
+const PROG_SAMPLE_FILTER: &str = "sample_filter";
 /// Raw tracepoint programs and the tracepoint each attaches to.
 const PROG_SYS_ENTER: (&str, &str) = ("sys_enter", "sys_enter");
 const PROG_SYS_EXIT: (&str, &str) = ("sys_exit", "sys_exit");
@@ -165,6 +170,8 @@ impl TriggerEngine {
             let prog: &mut RawTracePoint = program(&mut ebpf, name)?;
             prog.load().map_err(prog_err(name))?;
         }
+        let filter: &mut PerfEvent = program(&mut ebpf, PROG_SAMPLE_FILTER)?;
+        filter.load().map_err(prog_err(PROG_SAMPLE_FILTER))?;
         let mut engine = Self {
             ebpf,
             config,
@@ -190,6 +197,51 @@ impl TriggerEngine {
     /// Takes the ring buffer of trigger records (once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, TriggerError> {
         self.take_ring("EVENTS")
+    }
+
+    /// The loaded `sample_filter` program, for a sampling recorder to set on its perf events
+    /// (it drops the samples of processes in `FROZEN`).
+    pub fn sample_filter(&self) -> Result<BorrowedFd<'_>, TriggerError> {
+        let name = PROG_SAMPLE_FILTER;
+        let prog = self
+            .ebpf
+            .program(name)
+            .ok_or(TriggerError::MissingProgram { name })?;
+        let prog: &PerfEvent = prog.try_into().map_err(prog_err(name))?;
+        Ok(prog.fd().map_err(prog_err(name))?.as_fd())
+    }
+
+    /// Takes the `FROZEN` map out of the object (once): the processes whose samples the
+    /// kernel stopped at a trigger.
+    pub fn take_frozen(&mut self) -> Result<FrozenProcesses, TriggerError> {
+        let name = "FROZEN";
+        let map = self
+            .ebpf
+            .take_map(name)
+            .ok_or(TriggerError::MissingMap { name })?;
+        Ok(FrozenProcesses {
+            map: BpfHashMap::try_from(map).map_err(map_err(name))?,
+        })
+    }
+
+    /// Makes the installed rules stop their process's samples in the kernel when they send a
+    /// trigger (`FLAG_FREEZE_IN_KERNEL`), or not. Only for rules whose snapshot is taken at
+    /// once, with a recorder that runs [`sample_filter`](Self::sample_filter); userspace
+    /// then removes the process from `FROZEN` after each snapshot ([`FrozenProcesses`]).
+    pub fn set_freeze_in_kernel(&mut self, on: bool) -> Result<(), TriggerError> {
+        let specs: Vec<(u32, RuleSpec)> = self
+            .rules
+            .iter_mut()
+            .map(|(&id, loaded)| {
+                loaded.spec.flags = with_flag(loaded.spec.flags, FLAG_FREEZE_IN_KERNEL, on);
+                (id, loaded.spec)
+            })
+            .collect();
+        let mut rules: Array<_, RuleSpec> = map_mut(&mut self.ebpf, "RULES")?;
+        for (id, spec) in specs {
+            rules.set(id, spec, 0).map_err(map_err("RULES"))?;
+        }
+        Ok(())
     }
 
     /// Takes ring buffer map `name` out of the object (once).
@@ -616,6 +668,35 @@ impl TriggerEngine {
     }
 }
 
+/// The kernel's `FROZEN` map: processes whose samples the sampling recorder's filter drops
+/// since a trigger, with the kernel time from which it does.
+pub struct FrozenProcesses {
+    map: BpfHashMap<MapData, u32, u64>,
+}
+
+impl FrozenProcesses {
+    /// `CLOCK_MONOTONIC` ns from which the kernel dropped `tgid`'s samples, if it does.
+    pub fn frozen_at(&self, tgid: u32) -> Option<u64> {
+        self.map.get(&tgid, 0).ok()
+    }
+
+    /// Lets `tgid`'s samples be recorded again.
+    pub fn thaw(&mut self, tgid: u32) -> Result<(), TriggerError> {
+        match self.map.remove(&tgid) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(())
+            }
+            Err(e) => Err(map_err("FROZEN")(e)),
+        }
+    }
+}
+
+/// `flags` with `flag` set (`on`) or cleared.
+fn with_flag(flags: u32, flag: u32, on: bool) -> u32 {
+    if on { flags | flag } else { flags & !flag }
+}
+
 /// Cumulative run-time statistics of one loaded eBPF program (`bpf_prog_info`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ProgramStats {
@@ -652,4 +733,24 @@ where
         .program_mut(name)
         .ok_or(TriggerError::MissingProgram { name })?;
     prog.try_into().map_err(prog_err(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_in_kernel_freeze_flag_is_set_and_cleared_alone() {
+        let both = FLAG_FOLLOW_FORKS | FLAG_FREEZE_IN_KERNEL;
+        assert_eq!(
+            with_flag(FLAG_FOLLOW_FORKS, FLAG_FREEZE_IN_KERNEL, true),
+            both
+        );
+        assert_eq!(with_flag(both, FLAG_FREEZE_IN_KERNEL, true), both);
+        assert_eq!(
+            with_flag(both, FLAG_FREEZE_IN_KERNEL, false),
+            FLAG_FOLLOW_FORKS
+        );
+        assert_eq!(with_flag(0, FLAG_FREEZE_IN_KERNEL, false), 0);
+    }
 }

@@ -1,0 +1,21 @@
+//! The sampling recorder's filter, set on each of its perf events with
+//! `PERF_EVENT_IOC_SET_BPF`: drops every sample of a process in `FROZEN`, so a trigger stops
+//! its process's recording in the kernel, at the trigger, instead of when userspace gets to
+//! pause the rings (tens to hundreds of µs later). The kernel keeps a sample only when a
+//! perf event program returns nonzero (`__perf_event_overflow`); threads and children
+//! inherit the program with the event.
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::bpf_get_current_pid_tgid;
+
+use crate::maps::FROZEN;
+
+/// Written without `#[perf_event]`: that macro ignores the function's result and returns 0,
+/// which would drop every sample.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "perf_event")]
+pub extern "C" fn sample_filter(_ctx: *mut c_void) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: only tested for presence.
+    u32::from(unsafe { FROZEN.get(tgid) }.is_none())
+}
