@@ -31,13 +31,13 @@ fn have_python() -> bool {
     true
 }
 
-/// `python3 check_manifests.py DIR [ARGS]`, or `None` (skip) without python3.
-fn check_manifests(dir: &Path, args: &[&std::ffi::OsStr]) -> Option<Output> {
+/// `python3 tests/scripts/SCRIPT DIR [ARGS]`, or `None` (skip) without python3.
+fn run_check(script: &str, dir: &Path, args: &[&std::ffi::OsStr]) -> Option<Output> {
     if !have_python() {
         return None;
     }
     let out = Command::new("python3")
-        .arg(workspace_root().join("tests/scripts/check_manifests.py"))
+        .arg(workspace_root().join("tests/scripts").join(script))
         .arg(dir)
         .args(args)
         .output()
@@ -49,6 +49,36 @@ fn check_manifests(dir: &Path, args: &[&std::ffi::OsStr]) -> Option<Output> {
         String::from_utf8_lossy(&out.stderr)
     );
     Some(out)
+}
+
+/// `check_manifests.py DIR [ARGS]`, or `None` (skip) without python3.
+fn check_manifests(dir: &Path, args: &[&std::ffi::OsStr]) -> Option<Output> {
+    run_check("check_manifests.py", dir, args)
+}
+
+/// A copy of `src` with `from` replaced by `to` in `file`, run through `check`: its stderr,
+/// after asserting the check rejected it (exit 1); `None` (skip) without python3.
+fn rejected_copy(
+    src: &Path,
+    (file, from, to): (&str, &str, &str),
+    check: impl Fn(&Path) -> Option<Output>,
+) -> Option<String> {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for entry in fs::read_dir(src).expect("source directory") {
+        let entry = entry.expect("entry");
+        fs::copy(entry.path(), tmp.path().join(entry.file_name())).expect("copy");
+    }
+    let path = tmp.path().join(file);
+    let text = fs::read_to_string(&path).expect("file");
+    assert!(text.contains(from), "{file} no longer contains {from:?}");
+    fs::write(&path, text.replacen(from, to, 1)).expect("write");
+    let out = check(tmp.path())?;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{file}: {from:?} → {to:?} was accepted"
+    );
+    Some(String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 fn deploy_dir() -> std::path::PathBuf {
@@ -168,24 +198,11 @@ const BROKEN: [(&str, &str, &str, &str); 7] = [
 #[test]
 fn broken_manifests_are_rejected() {
     for (file, from, to, message) in BROKEN {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        for entry in fs::read_dir(deploy_dir()).expect("deploy/kubernetes") {
-            let entry = entry.expect("entry");
-            fs::copy(entry.path(), tmp.path().join(entry.file_name())).expect("copy");
-        }
-        let path = tmp.path().join(file);
-        let text = fs::read_to_string(&path).expect("manifest");
-        assert!(text.contains(from), "{file} no longer contains {from:?}");
-        fs::write(&path, text.replacen(from, to, 1)).expect("write");
-        let Some(out) = check_manifests(tmp.path(), &[]) else {
+        let Some(stderr) = rejected_copy(&deploy_dir(), (file, from, to), |dir| {
+            check_manifests(dir, &[])
+        }) else {
             return;
         };
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(1),
-            "{file}: {from:?} → {to:?} was accepted"
-        );
         assert!(
             stderr.contains(message),
             "{file}: {from:?} → {to:?}: expected {message:?} in:\n{stderr}"
@@ -193,23 +210,9 @@ fn broken_manifests_are_rejected() {
     }
 }
 
-/// `python3 check_api_fixtures.py DIR`, or `None` (skip) without python3.
+/// `check_api_fixtures.py DIR`, or `None` (skip) without python3.
 fn check_api_fixtures(dir: &Path) -> Option<Output> {
-    if !have_python() {
-        return None;
-    }
-    let out = Command::new("python3")
-        .arg(workspace_root().join("tests/scripts/check_api_fixtures.py"))
-        .arg(dir)
-        .output()
-        .expect("python3");
-    assert_ne!(
-        out.status.code(),
-        Some(3),
-        "run `cargo xtask setup` to install kubernetes-validate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(out)
+    run_check("check_api_fixtures.py", dir, &[])
 }
 
 fn api_fixtures_dir() -> std::path::PathBuf {
@@ -261,24 +264,10 @@ fn broken_api_responses_are_rejected() {
         ),
     ];
     for (file, from, to, message) in broken {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        for entry in fs::read_dir(api_fixtures_dir()).expect("testdata") {
-            let entry = entry.expect("entry");
-            fs::copy(entry.path(), tmp.path().join(entry.file_name())).expect("copy");
-        }
-        let path = tmp.path().join(file);
-        let text = fs::read_to_string(&path).expect("fixture");
-        assert!(text.contains(from), "{file} no longer contains {from:?}");
-        fs::write(&path, text.replacen(from, to, 1)).expect("write");
-        let Some(out) = check_api_fixtures(tmp.path()) else {
+        let Some(stderr) = rejected_copy(&api_fixtures_dir(), (file, from, to), check_api_fixtures)
+        else {
             return;
         };
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(1),
-            "{file}: {from:?} → {to:?} was accepted"
-        );
         assert!(
             stderr.contains(message) && stderr.contains(file),
             "{file}: {from:?} → {to:?}: expected {message:?} in:\n{stderr}"

@@ -232,20 +232,25 @@ impl StreamSummary {
                             .insert(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
                     }
                 }
-                PERF_RECORD_LOST => {
-                    if let Some(b) = rec.body.get(8..16) {
-                        self.lost += u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-                    }
-                }
-                PERF_RECORD_LOST_SAMPLES => {
-                    if let Some(b) = rec.body.get(..8) {
-                        self.lost += u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-                    }
-                }
+                PERF_RECORD_LOST | PERF_RECORD_LOST_SAMPLES => self.lost += lost_count(&rec),
                 _ => {}
             }
         }
     }
+}
+
+/// How many records a `LOST` (id, lost) or `LOST_SAMPLES` (lost) record reports; 0 for
+/// any other record or a short body.
+fn lost_count(rec: &RawRecord<'_>) -> u64 {
+    let at = match rec.kind {
+        PERF_RECORD_LOST => 8,
+        PERF_RECORD_LOST_SAMPLES => 0,
+        _ => return 0,
+    };
+    rec.body
+        .get(at..at + 8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 /// What a PT recorder's sideband says was lost.
@@ -262,19 +267,14 @@ impl PtLosses {
     /// Adds the losses reported in the sideband `stream`.
     pub fn add(&mut self, stream: &[u8]) {
         const LOSS: u64 = PERF_AUX_FLAG_TRUNCATED | PERF_AUX_FLAG_PARTIAL | PERF_AUX_FLAG_COLLISION;
-        let word = |body: &[u8], at: usize| {
-            body.get(at..at + 8)
-                .and_then(|b| b.try_into().ok())
-                .map_or(0, u64::from_le_bytes)
-        };
         for rec in records(stream) {
+            // aux_offset, aux_size, flags
+            let flags = rec.body.get(16..24).and_then(|b| b.try_into().ok());
             match rec.kind {
-                // aux_offset, aux_size, flags
-                PERF_RECORD_AUX if word(rec.body, 16) & LOSS != 0 => self.aux += 1,
-                // id, lost
-                PERF_RECORD_LOST => self.perf += word(rec.body, 8),
-                PERF_RECORD_LOST_SAMPLES => self.perf += word(rec.body, 0),
-                _ => {}
+                PERF_RECORD_AUX if flags.map_or(0, u64::from_le_bytes) & LOSS != 0 => {
+                    self.aux += 1;
+                }
+                _ => self.perf += lost_count(&rec),
             }
         }
     }

@@ -20,7 +20,7 @@ use crate::capture::{
 };
 use crate::decode::pt::packet::ExecMode;
 use crate::decode::pt::{Image, InsnClass, insn};
-use crate::test_support::{shared_corpus, thread_start_records};
+use crate::test_support::{shared_corpus, sideband_record, thread_start_records};
 
 /// One corpus case: its code, its trace and the flow ptxed printed for it.
 struct Case {
@@ -384,13 +384,21 @@ fn libipt_corpus_flows_nest_in_the_trace_as_their_calls_and_returns() {
     );
 }
 
-#[test]
-fn a_ring_without_sideband_is_a_cpu_track_with_the_same_slices() {
+/// The corpus case with one call and one compressed return, or `None` (skipped, with a
+/// message) without ../shared.
+fn call_and_return_case() -> Option<Case> {
     let Some(dir) = shared_corpus("libipt/core", "MANIFEST.tsv") else {
         println!("skipped: ../shared/corpus/libipt not found");
+        return None;
+    };
+    Some(load_case(&dir, "call_direct-ret_compressed", 0x0010_0000).expect("corpus case"))
+}
+
+#[test]
+fn a_ring_without_sideband_is_a_cpu_track_with_the_same_slices() {
+    let Some(case) = call_and_return_case() else {
         return;
     };
-    let case = load_case(&dir, "call_direct-ret_compressed", 0x0010_0000).expect("corpus case");
     let want = expected(&case.flow, true);
     assert_eq!(want, ["+[unknown @ 0x100008]", "-"]);
     let snap = bundle(std::slice::from_ref(&case), false);
@@ -405,11 +413,9 @@ fn a_ring_without_sideband_is_a_cpu_track_with_the_same_slices() {
 
 #[test]
 fn missing_code_is_a_decode_error_slice_not_a_panic() {
-    let Some(dir) = shared_corpus("libipt/core", "MANIFEST.tsv") else {
-        println!("skipped: ../shared/corpus/libipt not found");
+    let Some(case) = call_and_return_case() else {
         return;
     };
-    let case = load_case(&dir, "call_direct-ret_compressed", 0x0010_0000).expect("corpus case");
     let mut snap = bundle(std::slice::from_ref(&case), true);
     snap.code.clear();
     let (summary, events) = json_events(&snap);
@@ -461,25 +467,16 @@ fn lookback_decode_turns_a_pt_lbsnap_into_a_trace() {
 
 #[test]
 fn sideband_losses_reach_the_summary() {
-    let Some(dir) = shared_corpus("libipt/core", "MANIFEST.tsv") else {
-        println!("skipped: ../shared/corpus/libipt not found");
+    let Some(case) = call_and_return_case() else {
         return;
     };
-    let case = load_case(&dir, "call_direct-ret_compressed", 0x0010_0000).expect("corpus case");
     let mut snap = bundle(std::slice::from_ref(&case), true);
     let (summary, _) = json_events(&snap);
     assert_eq!((summary.lost_samples, summary.lost_aux), (0, 0));
     // An overwrite-mode AUX record (no loss), a truncated one, and a LOST record of 3.
     let record = |kind: u32, words: &[u64]| {
-        let mut r = kind.to_le_bytes().to_vec();
-        r.extend(0u16.to_le_bytes());
-        r.extend(
-            u16::try_from(8 + 8 * words.len())
-                .expect("small")
-                .to_le_bytes(),
-        );
-        r.extend(words.iter().flat_map(|w| w.to_le_bytes()));
-        r
+        let body: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        sideband_record(kind, 0, &body, ids(0), 0, 0)
     };
     let sideband = &mut snap.sideband[0].data;
     sideband.extend(record(PERF_RECORD_AUX, &[0, 4096, 0x02]));
