@@ -462,7 +462,9 @@ fn run(
         trace: dec.evdec.pkt.trace(),
         fast,
         tally,
-        retstack,
+        // A copy in the loop's own frame: through the `&mut`, its top and length were
+        // written back after every push and pop.
+        retstack: retstack.clone(),
         buf,
     };
     let stop = loop {
@@ -490,7 +492,13 @@ fn run(
             },
         }
     };
-    let Loops { fast, tally, .. } = loops;
+    let Loops {
+        fast,
+        tally,
+        retstack: returns,
+        ..
+    } = loops;
+    *retstack = returns;
     fast.ip = st.ip;
     fast.bits = st.ev.bits;
     fast.left = st.ev.left;
@@ -561,7 +569,7 @@ struct Loops<'r, 't> {
     trace: &'t [u8],
     fast: &'r mut Fast,
     tally: &'r mut Tally,
-    retstack: &'r mut RetStack,
+    retstack: RetStack,
     buf: &'r mut [BranchEvent; BATCH],
 }
 
@@ -598,7 +606,7 @@ fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: Vi
         // `left` is 0 for a TIP and at least 1 for a TNT; a branch that does not fit the
         // event is left to the general path, which reports the error. Conditional
         // branches first: they are most blocks.
-        let (to, kind, used) = if block.exit == Exit::Cond {
+        let (to, kind, keep, used) = if block.exit == Exit::Cond {
             let Some(left) = st.ev.left.checked_sub(1) else {
                 return Step::Stop(Stop::Pause);
             };
@@ -606,77 +614,74 @@ fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: Vi
             let taken = st.ev.bits >> left & 1 == 1;
             if left > 0 {
                 // The common case, in short: a bit that is not the TNT's last.
+                // Without branches on the bit, which the CPU cannot predict where the
+                // trace's outcomes are irregular: the event is written either way and
+                // counted only for a taken jump.
                 st.count(block, false);
-                if taken {
-                    st.ip = block.target;
-                    if block.target != block.fall {
-                        lp.tally.branches[BranchKind::Jump.index()] += 1;
-                        emit(
-                            lp.buf,
-                            &mut st.queued,
-                            &lp.fast.seen,
-                            st.ev.pos,
-                            BranchKind::Jump,
-                            block.end_ip,
-                            block.target,
-                        );
-                    }
-                } else {
-                    st.ip = block.fall;
-                }
+                #[expect(clippy::needless_bitwise_bool, reason = "no branch on the outcome bit")]
+                let jump = taken & (block.target != block.fall);
+                st.ip = if taken { block.target } else { block.fall };
+                lp.tally.branches[BranchKind::Jump.index()] += u64::from(jump);
+                emit_if(
+                    jump,
+                    lp.buf,
+                    &mut st.queued,
+                    &lp.fast.seen,
+                    st.ev.pos,
+                    BranchKind::Jump,
+                    block.end_ip,
+                    block.target,
+                );
                 continue;
             }
             let to = if taken { block.target } else { block.fall };
-            (to, (to != block.fall).then_some(BranchKind::Jump), true)
-        } else {
-            match block.exit {
-                Exit::DirectCall | Exit::DirectJump => {
-                    // No trace needed.
-                    let kind = if block.exit == Exit::DirectCall {
-                        if block.push_ret {
-                            lp.retstack.push(block.fall);
-                        }
-                        BranchKind::Call
-                    } else {
-                        BranchKind::Jump
-                    };
-                    st.count(block, false);
-                    st.ip = block.target;
-                    lp.tally.branches[kind.index()] += 1;
-                    emit(
-                        lp.buf,
-                        &mut st.queued,
-                        &lp.fast.seen,
-                        st.ev.pos,
-                        kind,
-                        block.end_ip,
-                        block.target,
-                    );
-                    continue;
+            (to, BranchKind::Jump, to != block.fall, true)
+        } else if block.exit.is_direct() {
+            // No trace needed.
+            let kind = if block.exit == Exit::DirectCall {
+                if block.push_ret {
+                    lp.retstack.push(block.fall);
                 }
-                Exit::Return if st.ev.left > 0 => {
-                    let left = st.ev.left - 1;
-                    if st.ev.bits >> left & 1 == 0 {
-                        return Step::Stop(Stop::Pause);
-                    }
-                    let Ok(to) = lp.retstack.pop() else {
-                        return Step::Stop(Stop::Pause);
-                    };
-                    st.ev.left = left;
-                    (to, Some(BranchKind::Return), left == 0)
-                }
-                Exit::Return => (st.ev.bits, Some(BranchKind::Return), true),
-                Exit::IndirectCall | Exit::IndirectJump if st.ev.left > 0 => {
+                BranchKind::Call
+            } else {
+                BranchKind::Jump
+            };
+            st.count(block, false);
+            st.ip = block.target;
+            lp.tally.branches[kind.index()] += 1;
+            emit_if(
+                true,
+                lp.buf,
+                &mut st.queued,
+                &lp.fast.seen,
+                st.ev.pos,
+                kind,
+                block.end_ip,
+                block.target,
+            );
+            continue;
+        } else if block.exit == Exit::Return {
+            if st.ev.left > 0 {
+                let left = st.ev.left - 1;
+                if st.ev.bits >> left & 1 == 0 {
                     return Step::Stop(Stop::Pause);
                 }
-                Exit::IndirectCall => {
-                    lp.retstack.push(block.fall);
-                    (st.ev.bits, Some(BranchKind::Call), true)
-                }
-                Exit::IndirectJump => (st.ev.bits, Some(BranchKind::Jump), true),
-                // (Taken above.)
-                Exit::Cond => return Step::Stop(Stop::Pause),
+                let Ok(to) = lp.retstack.pop() else {
+                    return Step::Stop(Stop::Pause);
+                };
+                st.ev.left = left;
+                (to, BranchKind::Return, true, left == 0)
+            } else {
+                (st.ev.bits, BranchKind::Return, true, true)
             }
+        } else if st.ev.left > 0 {
+            // An indirect call or jump needs a TIP.
+            return Step::Stop(Stop::Pause);
+        } else if block.exit == Exit::IndirectCall {
+            lp.retstack.push(block.fall);
+            (st.ev.bits, BranchKind::Call, true, true)
+        } else {
+            (st.ev.bits, BranchKind::Jump, true, true)
         };
         let offset = st.ev.pos;
         if used
@@ -696,18 +701,18 @@ fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: Vi
         }
         st.ip = to;
         st.count(block, st.ev.pos != offset);
-        if let Some(kind) = kind {
-            lp.tally.branches[kind.index()] += 1;
-            emit(
-                lp.buf,
-                &mut st.queued,
-                &lp.fast.seen,
-                st.ev.pos,
-                kind,
-                block.end_ip,
-                to,
-            );
-        }
+        // (Without a branch on `keep`: a TNT's last bit decides it.)
+        lp.tally.branches[kind.index()] += u64::from(keep);
+        emit_if(
+            keep,
+            lp.buf,
+            &mut st.queued,
+            &lp.fast.seen,
+            st.ev.pos,
+            kind,
+            block.end_ip,
+            to,
+        );
     }
 }
 
@@ -791,13 +796,20 @@ fn fetch(trace: &[u8], fast: &mut Fast, ev: &mut Current, insns: u64) -> bool {
     true
 }
 
-/// Adds a branch event at time `seen` and trace offset `pos` to the batch.
+/// Writes a branch event at time `seen` and trace offset `pos` to the next free slot of
+/// the batch, and keeps it only if `keep` (written either way, so that a caller needs no
+/// branch on it).
 #[expect(
     clippy::inline_always,
     reason = "the fast loop's registers hold up only if this is inlined"
 )]
 #[inline(always)]
-fn emit(
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the event's fields, from the fast loop's registers"
+)]
+fn emit_if(
+    keep: bool,
     buf: &mut [BranchEvent; BATCH],
     queued: &mut usize,
     seen: &Stamp,
@@ -816,7 +828,7 @@ fn emit(
             offset: pos,
             error: None,
         };
-        *queued += 1;
+        *queued += usize::from(keep);
     }
 }
 

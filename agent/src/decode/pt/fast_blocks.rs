@@ -15,20 +15,32 @@ use super::insn::{self, InsnClass};
 use super::packet::ExecMode;
 
 /// How a block ends, and what the trace must say there.
+///
+/// One bit each, so that the fast loop's tests of a block's exit stay a few compares
+/// and tests instead of becoming a jump table (one indirect jump per block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Exit {
     /// A conditional branch: a TNT bit picks `target` or `fall`.
-    Cond,
+    Cond = 1,
     /// A near direct call to `target` (no trace).
-    DirectCall,
+    DirectCall = 2,
     /// A near direct jump to `target` (no trace).
-    DirectJump,
+    DirectJump = 4,
     /// A near return: a taken TNT bit (compressed) or a TIP.
-    Return,
+    Return = 8,
     /// A near indirect call: a TIP; returns to `fall`.
-    IndirectCall,
+    IndirectCall = 16,
     /// A near indirect jump: a TIP.
-    IndirectJump,
+    IndirectJump = 32,
+}
+
+impl Exit {
+    /// A direct call or jump: no trace needed.
+    #[inline]
+    pub fn is_direct(self) -> bool {
+        self as u8 & (Self::DirectCall as u8 | Self::DirectJump as u8) != 0
+    }
 }
 
 /// A block from `ip` to the branch at `end_ip`, as the general walk would build it.
