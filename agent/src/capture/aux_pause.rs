@@ -1,7 +1,8 @@
 //! `aux_pause` (Linux 6.13): pausing Intel PT in the kernel at the trigger itself, from
 //! another perf event of the PT event's group. This module decides which lookback
-//! triggers can be such an event and packs its `perf_event_attr`; the PT recorder does not
-//! open these events yet (see "Not wired" below and docs/verification.md).
+//! triggers can be such an event and builds the group members the PT recorder opens next
+//! to each PT event ([`members`]): one pause event per trigger that maps, and one resume
+//! event. Never run on PT hardware (see docs/verification.md).
 //!
 //! How the kernel does it (kernel/events/core.c, the patch "perf/core: Add `aux_pause`,
 //! `aux_resume`, `aux_start_paused`"): `perf_event_attr.aux_action` (the former `__reserved_3`, a u32 at
@@ -22,7 +23,9 @@
 //!   does not touch other tools).
 //! - `syscall:` without `min_duration` → `raw_syscalls:sys_exit` with the filter
 //!   `(id == N || ...) && (ret == -E || ...)` (the errno part only with `errno`).
-//! - `func:SYMBOL` (entry, no duration) → a uprobe perf event at the resolved probe point.
+//! - `func:SYMBOL` (entry, no duration) → a uprobe perf event at the resolved probe point:
+//!   not built yet (the recorder does not get the engine's resolved probe), so these keep
+//!   the userspace freeze.
 //! - Not mappable: a `min_duration` on a syscall (needs the entry time: state, hence BPF,
 //!   and a BPF program on a tracepoint perf event is shared by every perf event of that
 //!   tracepoint, results and-ed, so it would silence other tools) and on a function (a
@@ -30,14 +33,24 @@
 //!   the mechanism, but it needs a second program sharing the engine's entry-time map).
 //!   These keep the userspace freeze (the trigger pump).
 //!
-//! Not wired, and why: (1) the kernel pauses on *every* match, including the ones the
-//! engine suppresses by cooldown or rate limit, and (2) nothing but an `aux_resume`
-//! overflow in the traced thread restarts a paused trace, so after each snapshot (or
-//! suppressed match) the recorder would have to reopen its PT events or keep an
-//! `aux_resume` member that fires on demand. Both need PT hardware to get right.
+//! Suppressed matches and the sticky pause: the kernel pauses on *every* match, including
+//! the ones the engine then drops (cooldown, rate limit, a snapshot already in progress),
+//! and nothing but an `aux_resume` overflow in the traced thread restarts a paused trace
+//! (not `PERF_EVENT_IOC_ENABLE` after the snapshot). So every group also gets a resume
+//! member: a `cpu-clock` event of the thread that overflows every [`RESUME_PERIOD_NS`] of
+//! its CPU time. A dropped match costs that thread at most that much trace; after a
+//! snapshot, its trace restarts within that time. The userspace freeze still follows every
+//! trigger (other threads, other CPUs' buffers). Only with `post_trigger` zero (the run
+//! asks for no trace after the trigger); `run`/`attach` only (the agent: not yet).
+
+use std::{
+    ffi::CString,
+    path::{Path, PathBuf},
+};
 
 use perf_event_open_sys::bindings::{
-    PERF_SAMPLE_IDENTIFIER, PERF_SAMPLE_TID, PERF_SAMPLE_TIME, PERF_TYPE_TRACEPOINT,
+    PERF_COUNT_SW_CPU_CLOCK, PERF_SAMPLE_IDENTIFIER, PERF_SAMPLE_TID, PERF_SAMPLE_TIME,
+    PERF_TYPE_SOFTWARE, PERF_TYPE_TRACEPOINT,
 };
 
 use crate::{
@@ -139,6 +152,106 @@ pub fn tracepoint_pause_attr(tracepoint_id: u64) -> perf_event_attr {
     pause_attr(PERF_TYPE_TRACEPOINT, tracepoint_id)
 }
 
+/// CPU time of a traced thread after which the resume member restarts a trace the kernel
+/// paused. The pause is sticky, so without it a thread would stay untraced after its first
+/// snapshot (`PERF_EVENT_IOC_ENABLE` does not clear it) and after every match the engine
+/// then suppressed (cooldown, rate limit, busy). Longer: a thread's trace after a snapshot
+/// starts later; shorter: more often the resume comes before the userspace freeze
+/// (50–300 µs after the trigger) and the trace runs on until then, as without `aux_pause`.
+pub const RESUME_PERIOD_NS: u64 = 10_000_000;
+
+/// The member that resumes the leader's trace: a `cpu-clock` event of the traced thread
+/// that overflows every [`RESUME_PERIOD_NS`] of its CPU time (`aux_action = AUX_RESUME`).
+pub fn resume_attr() -> perf_event_attr {
+    let mut attr = pause_attr(PERF_TYPE_SOFTWARE, u64::from(PERF_COUNT_SW_CPU_CLOCK));
+    attr.__bindgen_anon_1.sample_period = RESUME_PERIOD_NS;
+    attr.__bindgen_anon_5.aux_action = AUX_RESUME;
+    attr
+}
+
+/// One event to open in every PT event's group (same thread, same CPU).
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub name: &'static str,
+    pub attr: perf_event_attr,
+    /// The tracepoint filter (`PERF_EVENT_IOC_SET_FILTER`).
+    pub filter: Option<CString>,
+}
+
+/// The group members for `sources`: one pause event per distinct source, then the resume
+/// event (none at all when no source maps). Sources that cannot be opened here come back
+/// as notes (why), not errors: their triggers keep the userspace freeze.
+///
+/// `tracing_dirs`: where tracefs may be (`events/SYSTEM/NAME/id`), first found wins.
+pub fn members(sources: &[PauseSource], tracing_dirs: &[PathBuf]) -> (Vec<Member>, Vec<String>) {
+    let mut out: Vec<Member> = Vec::new();
+    let mut notes = Vec::new();
+    let mut seen: Vec<&PauseSource> = Vec::new();
+    for source in sources {
+        if seen.contains(&source) {
+            continue;
+        }
+        seen.push(source);
+        match source {
+            PauseSource::Tracepoint {
+                system,
+                name,
+                filter,
+            } => {
+                let Some(id) = tracing_dirs
+                    .iter()
+                    .find_map(|dir| tracepoint_id(dir, system, name))
+                else {
+                    notes.push(format!(
+                        "{system}:{name}: no tracepoint id in tracefs (not mounted?)"
+                    ));
+                    continue;
+                };
+                let Ok(filter) = filter.as_deref().map(CString::new).transpose() else {
+                    notes.push(format!("{system}:{name}: filter contains a NUL byte"));
+                    continue;
+                };
+                out.push(Member {
+                    name: "aux_pause (tracepoint)",
+                    attr: tracepoint_pause_attr(id),
+                    filter,
+                });
+            }
+            PauseSource::FunctionEntry { symbol } => notes.push(format!(
+                "func:{symbol}: a uprobe pause event needs the engine's resolved probe \
+                 (binary and offset), not passed to the recorder yet"
+            )),
+        }
+    }
+    if !out.is_empty() {
+        out.push(Member {
+            name: "aux_resume (cpu-clock)",
+            attr: resume_attr(),
+            filter: None,
+        });
+    }
+    (out, notes)
+}
+
+/// `DIR/events/SYSTEM/NAME/id`.
+fn tracepoint_id(dir: &Path, system: &str, name: &str) -> Option<u64> {
+    std::fs::read_to_string(dir.join("events").join(system).join(name).join("id"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Where tracefs may be mounted, for the sysfs tree of `event_sources`
+/// (`SYS/bus/event_source/devices`): `SYS/kernel/tracing`, `SYS/kernel/debug/tracing`.
+pub fn tracing_dirs(event_sources: &Path) -> Vec<PathBuf> {
+    event_sources
+        .ancestors()
+        .nth(3)
+        .map(|sys| vec![sys.join("kernel/tracing"), sys.join("kernel/debug/tracing")])
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use std::{mem::offset_of, time::Duration};
@@ -179,6 +292,99 @@ mod tests {
         for (bit, want) in [(AUX_START_PAUSED, 0), (AUX_PAUSE, 1), (AUX_RESUME, 2)] {
             assert_eq!(bit, 1 << want);
         }
+    }
+
+    /// A sysfs tree whose tracefs lists `signal:signal_deliver` (id 181) and
+    /// `raw_syscalls:sys_exit` (id 22), under `debug/tracing` as on older mounts.
+    fn fixture() -> (tempfile::TempDir, Vec<PathBuf>) {
+        let root = tempfile::tempdir().unwrap();
+        let sys = root.path().join("sys");
+        for (event, id) in [
+            ("signal/signal_deliver", "181\n"),
+            ("raw_syscalls/sys_exit", "22\n"),
+        ] {
+            let dir = sys.join("kernel/debug/tracing/events").join(event);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("id"), id).unwrap();
+        }
+        let dirs = tracing_dirs(&sys.join("bus/event_source/devices"));
+        assert_eq!(dirs[1], sys.join("kernel/debug/tracing"));
+        (root, dirs)
+    }
+
+    fn signal(filter: &str) -> PauseSource {
+        PauseSource::Tracepoint {
+            system: "signal",
+            name: "signal_deliver",
+            filter: Some(filter.to_owned()),
+        }
+    }
+
+    #[test]
+    fn members_are_one_pause_event_per_source_then_the_resume_event() {
+        let (_root, dirs) = fixture();
+        let exit = PauseSource::Tracepoint {
+            system: "raw_syscalls",
+            name: "sys_exit",
+            filter: None,
+        };
+        let sources = [
+            signal("sig == 11"),
+            exit.clone(),
+            signal("sig == 11"),
+            PauseSource::FunctionEntry {
+                symbol: "handle".to_owned(),
+            },
+        ];
+        let (members, notes) = members(&sources, &dirs);
+        // The repeated source once, the function entry as a note, the resume event last.
+        assert_eq!(members.len(), 3, "{members:?}");
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].starts_with("func:handle:"), "{notes:?}");
+        let configs: Vec<(u32, u64)> = members
+            .iter()
+            .map(|m| (m.attr.type_, m.attr.config))
+            .collect();
+        assert_eq!(
+            configs,
+            [
+                (PERF_TYPE_TRACEPOINT, 181),
+                (PERF_TYPE_TRACEPOINT, 22),
+                (PERF_TYPE_SOFTWARE, u64::from(PERF_COUNT_SW_CPU_CLOCK)),
+            ]
+        );
+        assert_eq!(members[0].filter.as_deref(), Some(c"sig == 11"));
+        assert_eq!(members[1].filter, None);
+        // SAFETY: aux_action and sample_period are plain integers in their unions.
+        let (actions, periods): (Vec<u32>, Vec<u64>) = members
+            .iter()
+            .map(|m| unsafe {
+                (
+                    m.attr.__bindgen_anon_5.aux_action,
+                    m.attr.__bindgen_anon_1.sample_period,
+                )
+            })
+            .unzip();
+        assert_eq!(actions, [AUX_PAUSE, AUX_PAUSE, AUX_RESUME]);
+        assert_eq!(periods, [1, 1, RESUME_PERIOD_NS]);
+        // Inherited like the PT event, so new threads get them too; never paused at start.
+        assert!(
+            members
+                .iter()
+                .all(|m| m.attr.inherit() == 1 && m.attr.freq() == 0)
+        );
+        // A tracepoint member must see kernel context: that is where tracepoints fire.
+        assert!(members.iter().all(|m| m.attr.exclude_kernel() == 0));
+    }
+
+    #[test]
+    fn without_tracefs_nothing_pauses_not_even_a_lone_resume_event() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs = tracing_dirs(&root.path().join("sys/bus/event_source/devices"));
+        let (members, notes) = members(&[signal("sig == 6")], &dirs);
+        assert!(members.is_empty());
+        assert!(notes[0].contains("no tracepoint id"), "{notes:?}");
+        assert!(tracing_dirs(Path::new("devices")).is_empty());
     }
 
     #[test]

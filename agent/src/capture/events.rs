@@ -4,7 +4,9 @@
 //! perf refuses to `mmap` an inherited per-task event with `cpu = -1` (all children would
 //! write into one buffer from every CPU), hence per-CPU events even for one thread. Threads
 //! and processes created later by a traced thread inherit its events and write into the
-//! same per-CPU rings; threads that already exist are found in `/proc/PID/task`.
+//! same per-CPU rings; threads that already exist are found in `/proc/PID/task`. A spec
+//! can instead join the group of an earlier spec's event of the same thread and CPU, with
+//! no ring (PT's `aux_pause`/`aux_resume` members).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,11 +29,15 @@ pub(super) struct EventSpec {
     pub name: &'static str,
     pub attr: perf_event_attr,
     /// Set on every event opened from this spec (`PERF_EVENT_IOC_SET_FILTER`): Intel PT
-    /// address filters.
+    /// address filters, tracepoint filters.
     pub filter: Option<CString>,
     /// Set on every event opened from this spec (`PERF_EVENT_IOC_SET_BPF`): the sampling
     /// recorder's in-kernel freeze (`sample_filter`).
     pub bpf_prog: Option<OwnedFd>,
+    /// Open each event in the group of spec N's event for the same thread and CPU (which
+    /// comes earlier in the list), with no ring: a member whose overflow is what counts
+    /// (PT's `aux_pause`/`aux_resume` events), not its records.
+    pub group: Option<usize>,
 }
 
 /// The events of a recorder and its per-CPU rings.
@@ -43,6 +49,16 @@ pub(super) struct EventSet<R> {
     tids: BTreeSet<u32>,
 }
 
+/// Where an event opened for the current thread and CPU went: a group member's leader is
+/// looked up there.
+#[derive(Debug, Clone, Copy)]
+enum Opened {
+    /// It became the CPU's ring.
+    Ring,
+    /// `followers[N]`.
+    Follower(usize),
+}
+
 impl<R: CpuRing> EventSet<R> {
     pub fn new(cpus: Vec<u32>) -> Self {
         Self {
@@ -50,6 +66,14 @@ impl<R: CpuRing> EventSet<R> {
             rings: BTreeMap::new(),
             followers: Vec::new(),
             tids: BTreeSet::new(),
+        }
+    }
+
+    /// The event at `loc`, opened for the thread and CPU being set up.
+    fn event_at(&self, loc: Opened, cpu: u32) -> Option<BorrowedFd<'_>> {
+        match loc {
+            Opened::Ring => self.rings.get(&cpu).map(CpuRing::output_fd),
+            Opened::Follower(at) => self.followers.get(at).map(|(_, fd)| fd.as_fd()),
         }
     }
 
@@ -83,9 +107,24 @@ impl<R: CpuRing> EventSet<R> {
         }
         let pid = libc::pid_t::try_from(tid).map_err(|_| CaptureError::NoProcess { pid: tid })?;
         for &cpu in &self.cpus {
+            let mut opened: Vec<Option<Opened>> = vec![None; specs.len()];
             for (index, spec) in specs.iter().enumerate() {
+                let leader = spec
+                    .group
+                    .and_then(|lead| opened.get(lead).copied().flatten())
+                    .and_then(|loc| self.event_at(loc, cpu));
+                if spec.group.is_some() && leader.is_none() {
+                    return Err(CaptureError::Syscall {
+                        what: "opening a group member before its leader",
+                        source: crate::sys::SyscallError {
+                            call: "perf_event_open",
+                            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+                        },
+                    });
+                }
                 let fd =
-                    match perf::perf_event_open(&spec.attr, Target::Pid(pid), Some(cpu), None, 0) {
+                    match perf::perf_event_open(&spec.attr, Target::Pid(pid), Some(cpu), leader, 0)
+                    {
                         Ok(fd) => fd,
                         Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(false),
                         Err(source) => {
@@ -100,7 +139,7 @@ impl<R: CpuRing> EventSet<R> {
                 if let Some(filter) = &spec.filter {
                     perf::set_filter(fd.as_fd(), filter).map_err(|source| {
                         CaptureError::Syscall {
-                            what: "setting the Intel PT address filter (PERF_EVENT_IOC_SET_FILTER)",
+                            what: "setting an event filter (PERF_EVENT_IOC_SET_FILTER)",
                             source,
                         }
                     })?;
@@ -116,18 +155,22 @@ impl<R: CpuRing> EventSet<R> {
                 if index == 0 && !self.rings.contains_key(&cpu) {
                     let ring = make_ring(fd, cpu)?;
                     self.rings.insert(cpu, ring);
+                    opened[index] = Some(Opened::Ring);
                     continue;
                 }
-                let Some(ring) = self.rings.get(&cpu) else {
-                    // The ring owner is always opened first (index 0).
-                    continue;
-                };
-                perf::set_output(fd.as_fd(), ring.output_fd()).map_err(|source| {
-                    CaptureError::Syscall {
-                        what: "redirecting an event into its CPU's ring",
-                        source,
-                    }
-                })?;
+                if spec.group.is_none() {
+                    let Some(ring) = self.rings.get(&cpu) else {
+                        // The ring owner is always opened first (index 0).
+                        continue;
+                    };
+                    perf::set_output(fd.as_fd(), ring.output_fd()).map_err(|source| {
+                        CaptureError::Syscall {
+                            what: "redirecting an event into its CPU's ring",
+                            source,
+                        }
+                    })?;
+                }
+                opened[index] = Some(Opened::Follower(self.followers.len()));
                 self.followers.push((index, fd));
             }
         }
@@ -215,6 +258,110 @@ mod tests {
             assert_eq!(parse_cpu_list(bad), None, "{bad:?}");
         }
         assert!(!online_cpus().unwrap().is_empty());
+    }
+
+    /// The calling thread's id (`/proc/thread-self` is `PID/task/TID`).
+    fn this_tid() -> u32 {
+        let link = std::fs::read_link("/proc/thread-self").unwrap();
+        link.file_name().unwrap().to_str().unwrap().parse().unwrap()
+    }
+
+    /// A CPU's ring for the tests (one data page: nothing is read from it).
+    struct Bare(super::super::ring::PerfRing);
+
+    impl CpuRing for Bare {
+        fn output_fd(&self) -> BorrowedFd<'_> {
+            self.0.fd()
+        }
+    }
+
+    fn bare(fd: OwnedFd, _cpu: u32) -> Result<Bare, CaptureError> {
+        super::super::ring::PerfRing::map(fd, 1, false).map(Bare)
+    }
+
+    fn software(config: u32) -> perf_event_attr {
+        perf_event_attr {
+            type_: perf_event_open_sys::bindings::PERF_TYPE_SOFTWARE,
+            config: u64::from(config),
+            ..perf_event_attr::default()
+        }
+    }
+
+    /// How many events the group of `leader` has (`PERF_FORMAT_GROUP`: the first u64).
+    fn group_size(leader: BorrowedFd<'_>) -> u64 {
+        use std::io::Read as _;
+        let mut file = std::fs::File::from(leader.try_clone_to_owned().unwrap());
+        let mut buf = [0u8; 64];
+        let n = file.read(&mut buf).unwrap();
+        assert!(n >= 8, "read {n} bytes");
+        u64::from_ne_bytes(buf[..8].try_into().unwrap())
+    }
+
+    #[test]
+    fn group_members_join_their_leaders_event_on_each_thread_and_cpu() {
+        use perf_event_open_sys::bindings::{
+            PERF_COUNT_SW_CPU_CLOCK, PERF_COUNT_SW_DUMMY, PERF_FORMAT_GROUP,
+        };
+        let mut leader = software(PERF_COUNT_SW_CPU_CLOCK);
+        leader.read_format = u64::from(PERF_FORMAT_GROUP);
+        let spec = |name, attr, group| EventSpec {
+            name,
+            attr,
+            filter: None,
+            bpf_prog: None,
+            group,
+        };
+        // The ring owner leads; the tracking-like event is redirected into the ring, not
+        // grouped; two members join the leader of their own thread and CPU.
+        let specs = [
+            spec("leader", leader, None),
+            spec("follower", software(PERF_COUNT_SW_DUMMY), None),
+            spec("member", software(PERF_COUNT_SW_DUMMY), Some(0)),
+            spec("member 2", software(PERF_COUNT_SW_CPU_CLOCK), Some(0)),
+        ];
+        let cpus = online_cpus().unwrap();
+        let mut set = EventSet::<Bare>::new(cpus.clone());
+        let mut make_ring = bare;
+        // This thread first (its leaders own the rings), then a second one (its leaders
+        // follow: the member must find them among the followers).
+        let (park, parked) = std::sync::mpsc::channel::<()>();
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let other = std::thread::spawn(move || {
+            tid_tx.send(this_tid()).unwrap();
+            let _ = parked.recv();
+        });
+        let other_tid = tid_rx.recv().unwrap();
+        assert!(set.add_thread(this_tid(), &specs, &mut make_ring).unwrap());
+        assert!(set.add_thread(other_tid, &specs, &mut make_ring).unwrap());
+        let owners: Vec<u64> = set
+            .rings()
+            .map(|(_, ring)| group_size(ring.0.fd()))
+            .collect();
+        let followers: Vec<u64> = set.followers_of(0).map(group_size).collect();
+        assert_eq!(owners, vec![3; cpus.len()]);
+        assert_eq!(followers, vec![3; cpus.len()]);
+        // Members are kept (closed with the set), apart from the redirected events.
+        assert_eq!(set.followers_of(2).count(), 2 * cpus.len());
+        assert_eq!(set.followers_of(1).count(), 2 * cpus.len());
+        drop(park);
+        other.join().unwrap();
+    }
+
+    #[test]
+    fn a_member_before_its_leader_is_refused() {
+        let specs = [EventSpec {
+            name: "member",
+            attr: software(perf_event_open_sys::bindings::PERF_COUNT_SW_DUMMY),
+            filter: None,
+            bpf_prog: None,
+            group: Some(1),
+        }];
+        let mut set = EventSet::<Bare>::new(online_cpus().unwrap());
+        let mut make_ring = bare;
+        assert!(matches!(
+            set.add_thread(this_tid(), &specs, &mut make_ring),
+            Err(CaptureError::Syscall { what, .. }) if what.contains("before its leader")
+        ));
     }
 
     #[test]

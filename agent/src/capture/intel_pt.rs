@@ -10,17 +10,17 @@
 //! Freeze = `PERF_EVENT_IOC_DISABLE` on the PT events (it reaches inherited children), read
 //! `aux_head`, copy, drain the sideband; resume = `PERF_EVENT_IOC_ENABLE`. The sideband
 //! ring is a normal (consumed) ring: call [`Recorder::poll`] now and then so it never
-//! fills. `aux_pause` (Linux 6.13: pause PT in the kernel from another event of its group)
-//! is detected by `lookback check`; which triggers could be such an event, and why it is
-//! not wired yet, is in [`super::aux_pause`]. Until then the trigger pump disables PT
-//! from userspace ([`super::freeze`]). `trace_binaries` become address filters
-//! ([`super::pt_filter`]).
+//! fills. Triggers that map onto a perf event (`signal:`, `syscall:` without a duration;
+//! [`super::aux_pause`]) also pause PT in the kernel at the event itself, from members of
+//! each PT event's group (`aux_pause`, Linux 6.13), when the kernel takes them (tried at
+//! open); the trigger pump still disables PT from userspace ([`super::freeze`]) for the
+//! rest. `trace_binaries` become address filters ([`super::pt_filter`]).
 //!
 //! Never run on PT hardware: see docs/verification.md.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    os::fd::{BorrowedFd, OwnedFd},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
     sync::Arc,
 };
 
@@ -30,6 +30,7 @@ use super::{
     Backend, CaptureError, CaptureOptions, CapturedData, ClockConversion, EmbedCode, Recorder,
     RecorderParams, RingData, RingKind, SidebandData,
     aux::AuxArea,
+    aux_pause,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
     freeze::{FreezeSwitch, StopMethod},
     pages_for, procmaps,
@@ -40,7 +41,10 @@ use super::{
 };
 use crate::{
     check::{PmuReadError, read_pmu},
-    sys::perf::{self, perf_event_attr},
+    sys::{
+        SyscallError,
+        perf::{self, Target, perf_event_attr},
+    },
 };
 
 /// The sample fields appended to every sideband record (`sample_id_all`).
@@ -104,6 +108,55 @@ impl PtCpuRing {
     }
 }
 
+/// The `aux_pause`/`aux_resume` members for the triggers in `opts.pt.pause_on`, each in
+/// the group of the PT event (spec 0).
+fn pause_specs(opts: &CaptureOptions) -> Vec<EventSpec> {
+    if opts.pt.pause_on.is_empty() {
+        return Vec::new();
+    }
+    let dirs = aux_pause::tracing_dirs(&opts.event_sources);
+    let (members, notes) = aux_pause::members(&opts.pt.pause_on, &dirs);
+    for note in notes {
+        log::info!("intel_pt: no aux_pause for {note}; that trigger freezes from userspace");
+    }
+    members
+        .into_iter()
+        .map(|m| EventSpec {
+            name: m.name,
+            attr: m.attr,
+            filter: m.filter,
+            bpf_prog: None,
+            group: Some(0),
+        })
+        .collect()
+}
+
+/// Whether the kernel takes `members` in a group led by `pt` (tried on the calling thread
+/// and `cpu`, closed right away): a kernel before 6.13 rejects `aux_action` (`EINVAL`), a
+/// PT PMU that cannot pause rejects the members (`EOPNOTSUPP`/`EINVAL`).
+fn kernel_takes_members(
+    pt: &perf_event_attr,
+    members: &[EventSpec],
+    cpu: u32,
+) -> Result<(), SyscallError> {
+    let mut leader_attr = *pt;
+    leader_attr.set_inherit(0);
+    let leader = perf::perf_event_open(&leader_attr, Target::CurrentThread, Some(cpu), None, 0)?;
+    let mut open = Vec::new();
+    for member in members {
+        let mut attr = member.attr;
+        attr.set_inherit(0);
+        open.push(perf::perf_event_open(
+            &attr,
+            Target::CurrentThread,
+            Some(cpu),
+            Some(leader.as_fd()),
+            0,
+        )?);
+    }
+    Ok(())
+}
+
 fn pt_attr(cfg: &PtConfig, include_kernel: bool) -> perf_event_attr {
     let mut attr = perf_event_attr {
         type_: cfg.pmu_type,
@@ -142,7 +195,9 @@ fn tracking_attr(include_kernel: bool) -> perf_event_attr {
 /// Intel PT into per-CPU overwrite AUX areas.
 pub struct PtRecorder {
     events: EventSet<PtCpuRing>,
-    specs: [EventSpec; 2],
+    /// The PT event (index 0: leader and ring owner), the tracking event, then the
+    /// `aux_pause`/`aux_resume` members of the PT event's group, if any.
+    specs: Vec<EventSpec>,
     data_pages: usize,
     aux_size: usize,
     params: RecorderParams,
@@ -180,6 +235,23 @@ impl PtRecorder {
         let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
         let aux_pages = pages_for(opts.buffer_size)?;
         let cpus = online_cpus()?;
+        let pt = pt_attr(&cfg, opts.include_kernel);
+        let mut pause = pause_specs(opts);
+        if let (false, Some(&cpu)) = (pause.is_empty(), cpus.first())
+            && let Err(err) = kernel_takes_members(&pt, &pause, cpu)
+        {
+            log::warn!(
+                "intel_pt: the kernel refused the aux_pause group members ({err}): needs \
+                 Linux 6.13+ and a PT PMU that can pause; snapshots freeze from userspace"
+            );
+            pause.clear();
+        }
+        if !pause.is_empty() {
+            log::info!(
+                "intel_pt: {} trigger(s) pause the trace in the kernel (aux_pause)",
+                pause.len() - 1
+            );
+        }
         let params = RecorderParams {
             event: "intel_pt".to_owned(),
             perf_type: cfg.pmu_type,
@@ -192,7 +264,7 @@ impl PtRecorder {
             include_kernel: opts.include_kernel,
             clockid: None,
             cpus: cpus.clone(),
-            aux_pause: false,
+            aux_pause: !pause.is_empty(),
             address_filter: filter.as_ref().map(|f| f.to_string_lossy().into_owned()),
         };
         Ok(Self {
@@ -202,17 +274,22 @@ impl PtRecorder {
             specs: [
                 EventSpec {
                     name: "intel_pt",
-                    attr: pt_attr(&cfg, opts.include_kernel),
+                    attr: pt,
                     filter,
                     bpf_prog: None,
+                    group: None,
                 },
                 EventSpec {
                     name: "dummy (tracking)",
                     attr: tracking_attr(opts.include_kernel),
                     filter: None,
                     bpf_prog: None,
+                    group: None,
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(pause)
+            .collect(),
             data_pages: pages_for(SIDEBAND_RING_BYTES)?,
             aux_size: aux_pages * page,
             params,
@@ -419,6 +496,38 @@ mod tests {
             // SAFETY: `aux_action` and its bitfield view are both a plain u32.
             unsafe { self.__bindgen_anon_5.aux_action }
         }
+    }
+
+    #[test]
+    fn pause_members_join_the_pt_events_group() {
+        let root = tempfile::tempdir().unwrap();
+        let sys = root.path().join("sys");
+        let event = sys.join("kernel/tracing/events/signal/signal_deliver");
+        std::fs::create_dir_all(&event).unwrap();
+        std::fs::write(event.join("id"), "181\n").unwrap();
+        let mut opts = CaptureOptions {
+            event_sources: sys.join("bus/event_source/devices"),
+            ..CaptureOptions::default()
+        };
+        assert!(pause_specs(&opts).is_empty());
+        opts.pt.pause_on = vec![aux_pause::PauseSource::Tracepoint {
+            system: "signal",
+            name: "signal_deliver",
+            filter: Some("sig == 11".to_owned()),
+        }];
+        let specs = pause_specs(&opts);
+        let shape: Vec<(&str, Option<usize>, u64)> = specs
+            .iter()
+            .map(|s| (s.name, s.group, s.attr.config))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("aux_pause (tracepoint)", Some(0), 181),
+                ("aux_resume (cpu-clock)", Some(0), 0),
+            ]
+        );
+        assert_eq!(specs[0].filter.as_deref(), Some(c"sig == 11"));
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub struct PtOptions {
     /// Trace only the code of these binaries (address filters; empty: everything). See
     /// [`super::pt_filter`].
     pub trace_binaries: Vec<PathBuf>,
+    /// Triggers that also pause the trace in the kernel, at the event itself (`aux_pause`,
+    /// Linux 6.13): each becomes a member of every PT event's group. See
+    /// [`super::aux_pause`].
+    pub pause_on: Vec<super::aux_pause::PauseSource>,
 }
 
 impl Default for PtOptions {
@@ -54,6 +58,7 @@ impl Default for PtOptions {
             pwr_evt: false,
             strict: false,
             trace_binaries: Vec::new(),
+            pause_on: Vec::new(),
         }
     }
 }

@@ -74,6 +74,7 @@ fn every_option_lands_in_its_field() {
         pwr_evt: true,
         strict: true,
         trace_binaries: Vec::new(),
+        pause_on: Vec::new(),
     };
     let cfg = pack(&pmu, &opts).unwrap();
     let want = 1 << 0 // pt

@@ -128,6 +128,7 @@ impl SamplingRecorder {
                 attr,
                 filter: None,
                 bpf_prog: None,
+                group: None,
             }],
             data_pages,
             params,

@@ -16,7 +16,7 @@ use super::{
     record::RecordOptions,
 };
 use crate::{
-    capture::{BackendRequest, CaptureOptions, PtOptions},
+    capture::{BackendRequest, CaptureOptions, PtOptions, aux_pause},
     daemon::targets::capture_options,
     rules::{self, Backend, Rule, Trigger},
     triggers::{EngineRule, pump::Wait},
@@ -228,6 +228,17 @@ fn record_options(common: &CommonArgs, file_rules: &[Rule]) -> Option<RecordOpti
             .max()
             .unwrap_or(Duration::ZERO)
     });
+    if post_trigger.is_zero() {
+        // Triggers the kernel can turn into a pause of the PT trace at the event itself
+        // (the PT recorder checks the kernel takes them). Not with a post_trigger: that
+        // asks for trace after the trigger.
+        capture.pt.pause_on = file_rules
+            .iter()
+            .map(|rule| &rule.trigger)
+            .chain(&common.triggers)
+            .filter_map(|trigger| aux_pause::pause_source(trigger).ok())
+            .collect();
+    }
     Some(RecordOptions {
         capture,
         output: common.output.clone(),
@@ -462,6 +473,37 @@ rules:
                 .capture
                 .include_kernel
         );
+    }
+
+    #[test]
+    fn triggers_the_kernel_can_pause_pt_on_go_to_the_recorder_unless_post_trigger() {
+        use crate::capture::aux_pause::PauseSource;
+        // FULL: a SIGSEGV trigger (mappable), post_trigger 20ms: no pause in the kernel.
+        let file = rules(FULL);
+        assert!(record(&parse(&[]), &file).capture.pt.pause_on.is_empty());
+        // Without the post_trigger, the file's signal trigger and a plain syscall trigger
+        // from the command line pause; a duration trigger does not.
+        let opts = record(
+            &parse(&[
+                "--post-trigger",
+                "0ms",
+                "--trigger",
+                "syscall:fsync>5ms",
+                "--trigger",
+                "syscall:fsync=EIO",
+            ]),
+            &file,
+        );
+        let pause = &opts.capture.pt.pause_on;
+        assert_eq!(pause.len(), 2, "{pause:?}");
+        assert!(matches!(
+            &pause[0],
+            PauseSource::Tracepoint { name: "signal_deliver", filter: Some(f), .. } if f == "sig == 11"
+        ));
+        assert!(matches!(
+            &pause[1],
+            PauseSource::Tracepoint { name: "sys_exit", filter: Some(f), .. } if f.contains("ret == -5")
+        ));
     }
 
     #[test]
