@@ -82,14 +82,14 @@ pub fn bench(env: &BuildEnv, freeze_only: bool, triggers: usize) -> Result<()> {
 /// kernel, by the recorder's `sample_filter`), as recorded in each snapshot.
 fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path, triggers: usize) -> Result<()> {
     println!();
-    println!("| trigger → freeze (sampling) | pump | triggers | p50 | p90 | p99 | max |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| trigger → freeze (sampling) | pump | triggers | p50 | p90 | p99 | max | ≥ 50 µs |");
+    println!("|---|---|---|---|---|---|---|---|");
     for spin in [false, true] {
         let mut lat = freeze_run(env, lookback, workload, triggers, spin)?;
         lat.sort_unstable();
         let pct = |p: usize| lat[(lat.len() * p / 100).min(lat.len() - 1)];
         println!(
-            "| `func:lb_work>1ms`, one every 10 ms | {} | {} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs |",
+            "| `func:lb_work>1ms`, one every 10 ms | {} | {} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {} |",
             if spin {
                 "`--freeze-spin`"
             } else {
@@ -99,10 +99,57 @@ fn freeze_latency(env: &BuildEnv, lookback: &Path, workload: &Path, triggers: us
             us(pct(50)),
             us(pct(90)),
             us(pct(99)),
-            us(lat[lat.len() - 1])
+            us(lat[lat.len() - 1]),
+            lat.iter().filter(|&&ns| ns >= 50_000).count()
+        );
+    }
+    cpu_stalls(env)
+}
+
+/// The reference for the freeze table: how often this machine keeps a CPU from a program
+/// that never blocks (interrupts, preemption, a host not running the vCPU), per CPU.
+/// A trigger's BPF program that meets such a stall carries it into its latency.
+fn cpu_stalls(env: &BuildEnv) -> Result<()> {
+    const SECS: u64 = 5;
+    let bin = env.root.join("target/bench/cpu_stalls");
+    run(Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(env.root.join("benches/cpu_stalls.c")))?;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    println!();
+    println!(
+        "| reference: a loop reading the clock on one CPU, {SECS} s | stalls ≥ 10 µs | ≥ 20 µs | ≥ 50 µs | ≥ 100 µs | longest |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for cpu in 0..cpus {
+        let out = Command::new(&bin)
+            .arg(SECS.to_string())
+            .arg(cpu.to_string())
+            .output()
+            .context("running cpu_stalls")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let get = |key: &str| -> u64 {
+            text.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+                .unwrap_or(0)
+        };
+        let per_sec = |key: &str| format!("{:.0}/s", per_second(get(key), SECS));
+        println!(
+            "| CPU {cpu} | {} | {} | {} | {} | {} µs |",
+            per_sec("ge10us"),
+            per_sec("ge20us"),
+            per_sec("ge50us"),
+            per_sec("ge100us"),
+            get("max_us")
         );
     }
     Ok(())
+}
+
+#[expect(clippy::cast_precision_loss, reason = "display only")]
+fn per_second(count: u64, secs: u64) -> f64 {
+    count as f64 / secs as f64
 }
 
 /// The `trigger_to_freeze_ns` of each snapshot of one `lookback run`.
