@@ -23,9 +23,8 @@
 //!   does not touch other tools).
 //! - `syscall:` without `min_duration` → `raw_syscalls:sys_exit` with the filter
 //!   `(id == N || ...) && (ret == -E || ...)` (the errno part only with `errno`).
-//! - `func:SYMBOL` (entry, no duration) → a uprobe perf event at the resolved probe point:
-//!   not built yet (the recorder does not get the engine's resolved probe), so these keep
-//!   the userspace freeze.
+//! - `func:SYMBOL` (entry, no duration) → a uprobe perf event (uprobe PMU) at the entry
+//!   probe the trigger engine placed ([`resolve_entries`]).
 //! - Not mappable: a `min_duration` on a syscall (needs the entry time: state, hence BPF,
 //!   and a BPF program on a tracepoint perf event is shared by every perf event of that
 //!   tracepoint, results and-ed, so it would silence other tools) and on a function (a
@@ -74,9 +73,27 @@ pub enum PauseSource {
         name: &'static str,
         filter: Option<String>,
     },
-    /// A uprobe (uprobe PMU) at the function's entry; the path and offset come from the
-    /// trigger engine's probe resolution.
+    /// A function's entry, before its probe point is known ([`resolve_entries`] turns it
+    /// into an [`Self::Uprobe`] with the trigger engine's probe).
     FunctionEntry { symbol: String },
+    /// A uprobe (uprobe PMU) at `offset` in the file at `path`.
+    Uprobe { path: PathBuf, offset: u64 },
+}
+
+/// Replaces each [`PauseSource::FunctionEntry`] with a [`PauseSource::Uprobe`] at the
+/// entry probe `probe_of` gives for the symbol (the one the trigger engine attached);
+/// entries without one stay as they are (and [`members`] notes them).
+pub fn resolve_entries(
+    sources: &mut [PauseSource],
+    probe_of: impl Fn(&str) -> Option<(PathBuf, u64)>,
+) {
+    for source in sources {
+        if let PauseSource::FunctionEntry { symbol } = source
+            && let Some((path, offset)) = probe_of(symbol)
+        {
+            *source = PauseSource::Uprobe { path, offset };
+        }
+    }
 }
 
 /// Why a trigger cannot pause PT in the kernel (it keeps the userspace freeze).
@@ -173,17 +190,41 @@ pub fn resume_attr() -> perf_event_attr {
 #[derive(Debug, Clone)]
 pub struct Member {
     pub name: &'static str,
+    /// For a uprobe, `config1` points into `keep`.
     pub attr: perf_event_attr,
     /// The tracepoint filter (`PERF_EVENT_IOC_SET_FILTER`).
     pub filter: Option<CString>,
+    /// Memory `attr` points to (a uprobe's path): kept as long as the member may be
+    /// opened (new threads). A `CString`'s bytes stay put when it moves.
+    pub keep: Option<CString>,
+}
+
+/// The attr of a uprobe pause event (uprobe PMU `type_`): `config1` is the path
+/// (`uprobe_path`), `config2` the file offset (`probe_offset`), `config` 0 (entry).
+pub fn uprobe_pause_attr(type_: u32, path: &CString, offset: u64) -> perf_event_attr {
+    let mut attr = pause_attr(type_, 0);
+    attr.__bindgen_anon_3.config1 = path.as_ptr() as u64;
+    attr.__bindgen_anon_4.config2 = offset;
+    attr
+}
+
+/// The uprobe PMU's type, from `EVENT_SOURCES/uprobe/type`.
+fn uprobe_type(event_sources: &Path) -> Option<u32> {
+    std::fs::read_to_string(event_sources.join("uprobe/type"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The group members for `sources`: one pause event per distinct source, then the resume
 /// event (none at all when no source maps). Sources that cannot be opened here come back
 /// as notes (why), not errors: their triggers keep the userspace freeze.
 ///
-/// `tracing_dirs`: where tracefs may be (`events/SYSTEM/NAME/id`), first found wins.
-pub fn members(sources: &[PauseSource], tracing_dirs: &[PathBuf]) -> (Vec<Member>, Vec<String>) {
+/// `event_sources`: the PMUs (`/sys/bus/event_source/devices`, for the uprobe PMU);
+/// tracefs is looked for beside it ([`tracing_dirs`]).
+pub fn members(sources: &[PauseSource], event_sources: &Path) -> (Vec<Member>, Vec<String>) {
+    let dirs = tracing_dirs(event_sources);
     let mut out: Vec<Member> = Vec::new();
     let mut notes = Vec::new();
     let mut seen: Vec<&PauseSource> = Vec::new();
@@ -198,10 +239,7 @@ pub fn members(sources: &[PauseSource], tracing_dirs: &[PathBuf]) -> (Vec<Member
                 name,
                 filter,
             } => {
-                let Some(id) = tracing_dirs
-                    .iter()
-                    .find_map(|dir| tracepoint_id(dir, system, name))
-                else {
+                let Some(id) = dirs.iter().find_map(|dir| tracepoint_id(dir, system, name)) else {
                     notes.push(format!(
                         "{system}:{name}: no tracepoint id in tracefs (not mounted?)"
                     ));
@@ -215,12 +253,28 @@ pub fn members(sources: &[PauseSource], tracing_dirs: &[PathBuf]) -> (Vec<Member
                     name: "aux_pause (tracepoint)",
                     attr: tracepoint_pause_attr(id),
                     filter,
+                    keep: None,
                 });
             }
-            PauseSource::FunctionEntry { symbol } => notes.push(format!(
-                "func:{symbol}: a uprobe pause event needs the engine's resolved probe \
-                 (binary and offset), not passed to the recorder yet"
-            )),
+            PauseSource::FunctionEntry { symbol } => {
+                notes.push(format!("func:{symbol}: no entry probe was placed for it"));
+            }
+            PauseSource::Uprobe { path, offset } => {
+                let Some(type_) = uprobe_type(event_sources) else {
+                    notes.push(format!("{}: no uprobe PMU", path.display()));
+                    continue;
+                };
+                let Ok(c_path) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+                    notes.push(format!("{}: path contains a NUL byte", path.display()));
+                    continue;
+                };
+                out.push(Member {
+                    name: "aux_pause (uprobe)",
+                    attr: uprobe_pause_attr(type_, &c_path, *offset),
+                    filter: None,
+                    keep: Some(c_path),
+                });
+            }
         }
     }
     if !out.is_empty() {
@@ -228,6 +282,7 @@ pub fn members(sources: &[PauseSource], tracing_dirs: &[PathBuf]) -> (Vec<Member
             name: "aux_resume (cpu-clock)",
             attr: resume_attr(),
             filter: None,
+            keep: None,
         });
     }
     (out, notes)
@@ -296,7 +351,7 @@ mod tests {
 
     /// A sysfs tree whose tracefs lists `signal:signal_deliver` (id 181) and
     /// `raw_syscalls:sys_exit` (id 22), under `debug/tracing` as on older mounts.
-    fn fixture() -> (tempfile::TempDir, Vec<PathBuf>) {
+    fn fixture() -> (tempfile::TempDir, PathBuf) {
         let root = tempfile::tempdir().unwrap();
         let sys = root.path().join("sys");
         for (event, id) in [
@@ -307,9 +362,9 @@ mod tests {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join("id"), id).unwrap();
         }
-        let dirs = tracing_dirs(&sys.join("bus/event_source/devices"));
-        assert_eq!(dirs[1], sys.join("kernel/debug/tracing"));
-        (root, dirs)
+        let sources = sys.join("bus/event_source/devices");
+        assert_eq!(tracing_dirs(&sources)[1], sys.join("kernel/debug/tracing"));
+        (root, sources)
     }
 
     fn signal(filter: &str) -> PauseSource {
@@ -380,11 +435,98 @@ mod tests {
     #[test]
     fn without_tracefs_nothing_pauses_not_even_a_lone_resume_event() {
         let root = tempfile::tempdir().unwrap();
-        let dirs = tracing_dirs(&root.path().join("sys/bus/event_source/devices"));
-        let (members, notes) = members(&[signal("sig == 6")], &dirs);
+        let (members, notes) = members(
+            &[signal("sig == 6")],
+            &root.path().join("sys/bus/event_source/devices"),
+        );
         assert!(members.is_empty());
         assert!(notes[0].contains("no tracepoint id"), "{notes:?}");
         assert!(tracing_dirs(Path::new("devices")).is_empty());
+    }
+
+    /// The function the uprobe test probes (exported, so the test finds its symbol).
+    #[unsafe(no_mangle)]
+    #[inline(never)]
+    pub extern "C" fn lookback_aux_pause_probe_target(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_add(1)
+    }
+
+    #[test]
+    fn entry_sources_take_the_engines_probe_and_become_uprobe_members() {
+        let mut sources = vec![
+            PauseSource::FunctionEntry {
+                symbol: "handle".to_owned(),
+            },
+            PauseSource::FunctionEntry {
+                symbol: "elsewhere".to_owned(),
+            },
+            signal("sig == 11"),
+        ];
+        resolve_entries(&mut sources, |symbol| {
+            (symbol == "handle").then(|| (PathBuf::from("/srv/app"), 0x1234))
+        });
+        assert_eq!(
+            sources[0],
+            PauseSource::Uprobe {
+                path: PathBuf::from("/srv/app"),
+                offset: 0x1234
+            }
+        );
+        assert!(matches!(&sources[1], PauseSource::FunctionEntry { .. }));
+        assert_eq!(sources[2], signal("sig == 11"));
+        // Members: the uprobe PMU's type from sysfs, the path behind config1.
+        let (root, event_sources) = fixture();
+        std::fs::create_dir_all(event_sources.join("uprobe")).unwrap();
+        std::fs::write(event_sources.join("uprobe/type"), "8\n").unwrap();
+        let (members, notes) = members(&sources[..2], &event_sources);
+        assert_eq!(notes, ["func:elsewhere: no entry probe was placed for it"]);
+        assert_eq!(members.len(), 2, "{members:?}");
+        let uprobe = &members[0];
+        assert_eq!((uprobe.attr.type_, uprobe.attr.config), (8, 0));
+        let keep = uprobe.keep.as_ref().unwrap();
+        assert_eq!(keep.as_c_str(), c"/srv/app");
+        // SAFETY: config1/config2 are plain u64s in their unions.
+        let (config1, config2) = unsafe {
+            (
+                uprobe.attr.__bindgen_anon_3.config1,
+                uprobe.attr.__bindgen_anon_4.config2,
+            )
+        };
+        assert_eq!(config1, keep.as_ptr() as u64);
+        assert_eq!(config2, 0x1234);
+        drop(root);
+    }
+
+    #[test]
+    fn a_uprobe_member_attr_counts_the_calls_of_its_function() {
+        // The pause member's attr without its aux_action (no PT leader here), opened on
+        // this thread at this test's own function: the kernel must take the path and the
+        // offset where the member puts them, and count each call.
+        let exe = std::env::current_exe().unwrap();
+        let point =
+            crate::triggers::resolve::resolve_symbol(&exe, "lookback_aux_pause_probe_target")
+                .unwrap();
+        let type_ = uprobe_type(Path::new("/sys/bus/event_source/devices")).unwrap();
+        let path = CString::new(point.path.as_os_str().as_encoded_bytes()).unwrap();
+        let mut attr = uprobe_pause_attr(type_, &path, point.file_offset);
+        attr.__bindgen_anon_5.aux_action = 0;
+        let fd = crate::sys::perf::perf_event_open(
+            &attr,
+            crate::sys::perf::Target::CurrentThread,
+            None,
+            None,
+            0,
+        )
+        .unwrap();
+        let mut sum = 0;
+        for i in 0..5 {
+            sum += lookback_aux_pause_probe_target(i);
+        }
+        assert_eq!(sum, 15);
+        assert_eq!(
+            crate::sys::perf::read_count(std::os::fd::AsFd::as_fd(&fd)).unwrap(),
+            5
+        );
     }
 
     #[test]

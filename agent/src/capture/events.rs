@@ -38,6 +38,12 @@ pub(super) struct EventSpec {
     /// comes earlier in the list), with no ring: a member whose overflow is what counts
     /// (PT's `aux_pause`/`aux_resume` events), not its records.
     pub group: Option<usize>,
+    /// Memory `attr` points to (a uprobe's path), kept while the spec may be opened.
+    #[expect(
+        dead_code,
+        reason = "never read: it owns what `attr.config1` points to"
+    )]
+    pub keep: Option<CString>,
 }
 
 /// The events of a recorder and its per-CPU rings.
@@ -310,6 +316,7 @@ mod tests {
             filter: None,
             bpf_prog: None,
             group,
+            keep: None,
         };
         // The ring owner leads; the tracking-like event is redirected into the ring, not
         // grouped; two members join the leader of their own thread and CPU.
@@ -355,6 +362,7 @@ mod tests {
             filter: None,
             bpf_prog: None,
             group: Some(1),
+            keep: None,
         }];
         let mut set = EventSet::<Bare>::new(online_cpus().unwrap());
         let mut make_ring = bare;

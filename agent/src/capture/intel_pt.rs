@@ -10,7 +10,8 @@
 //! Freeze = `PERF_EVENT_IOC_DISABLE` on the PT events (it reaches inherited children), read
 //! `aux_head`, copy, drain the sideband; resume = `PERF_EVENT_IOC_ENABLE`. The sideband
 //! ring is a normal (consumed) ring: call [`Recorder::poll`] now and then so it never
-//! fills. Triggers that map onto a perf event (`signal:`, `syscall:` without a duration;
+//! fills. Triggers that map onto a perf event (`signal:`, `syscall:` and `func:` without a
+//! duration;
 //! [`super::aux_pause`]) also pause PT in the kernel at the event itself, from members of
 //! each PT event's group (`aux_pause`, Linux 6.13), when the kernel takes them (tried at
 //! open); the trigger pump still disables PT from userspace ([`super::freeze`]) for the
@@ -114,8 +115,7 @@ fn pause_specs(opts: &CaptureOptions) -> Vec<EventSpec> {
     if opts.pt.pause_on.is_empty() {
         return Vec::new();
     }
-    let dirs = aux_pause::tracing_dirs(&opts.event_sources);
-    let (members, notes) = aux_pause::members(&opts.pt.pause_on, &dirs);
+    let (members, notes) = aux_pause::members(&opts.pt.pause_on, &opts.event_sources);
     for note in notes {
         log::info!("intel_pt: no aux_pause for {note}; that trigger freezes from userspace");
     }
@@ -127,6 +127,7 @@ fn pause_specs(opts: &CaptureOptions) -> Vec<EventSpec> {
             filter: m.filter,
             bpf_prog: None,
             group: Some(0),
+            keep: m.keep,
         })
         .collect()
 }
@@ -278,6 +279,7 @@ impl PtRecorder {
                     filter,
                     bpf_prog: None,
                     group: None,
+                    keep: None,
                 },
                 EventSpec {
                     name: "dummy (tracking)",
@@ -285,6 +287,7 @@ impl PtRecorder {
                     filter: None,
                     bpf_prog: None,
                     group: None,
+                    keep: None,
                 },
             ]
             .into_iter()

@@ -129,6 +129,7 @@ impl SamplingRecorder {
                 filter: None,
                 bpf_prog: None,
                 group: None,
+                keep: None,
             }],
             data_pages,
             params,

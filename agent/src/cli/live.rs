@@ -22,6 +22,7 @@ use super::{
     record::{RecordOptions, Recording},
 };
 use crate::{
+    capture::aux_pause,
     rules::Trigger,
     sys::process::HeldProcess,
     triggers::{
@@ -84,6 +85,27 @@ fn probe_points(target: &Target, trigger: &Trigger) -> Result<Vec<ProbePoint>, R
         }
     };
     Ok(vec![point])
+}
+
+/// `opts` with each function-entry PT pause source pointed at the entry uprobe the engine
+/// placed for that function (the pause event must fire where the trigger does).
+fn with_entry_probes(
+    opts: &RecordOptions,
+    installed: &[(EngineRule, Vec<AttachedProbe>)],
+) -> RecordOptions {
+    let mut opts = opts.clone();
+    aux_pause::resolve_entries(&mut opts.capture.pt.pause_on, |symbol| {
+        installed
+            .iter()
+            .find_map(|(rule, probes)| match &rule.trigger {
+                Trigger::Function(f) if f.symbol == symbol && f.min_duration.is_none() => probes
+                    .iter()
+                    .find(|p| !p.is_return)
+                    .map(|p| (PathBuf::from(&p.path), p.file_offset)),
+                _ => None,
+            })
+    });
+    opts
 }
 
 /// Before exec, a program's shared libraries are not mapped yet: ask the dynamic loader
@@ -245,7 +267,8 @@ fn start(session: &Session) -> Result<Live, CliError> {
     let recording = match &session.record {
         Some(opts) => {
             let filter = engine.sample_filter().context("the sample filter")?;
-            let mut recording = Recording::start(opts.clone(), &pids, Some(filter))?;
+            let opts = with_entry_probes(opts, &installed);
+            let mut recording = Recording::start(opts, &pids, Some(filter))?;
             if recording.filters_in_kernel() {
                 // Each trigger stops its process's samples in the kernel at once; the
                 // pump's pause of the rings follows as the second line.
