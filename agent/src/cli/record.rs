@@ -22,7 +22,11 @@ use super::write_queue::WriteQueue;
 use crate::{
     capture::{CaptureOptions, Recorder, monotonic_ns, open_recorder_filtered},
     snapshot::{self, Snapshot, TriggerMeta},
-    triggers::{TriggerEvent, engine::FrozenProcesses, event::format_ns},
+    triggers::{
+        TriggerEvent,
+        engine::{FrozenProcesses, kernel_freeze},
+        event::format_ns,
+    },
     writer,
 };
 
@@ -352,13 +356,6 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
     }
 }
 
-/// When the triggering process stopped being recorded: the kernel's freeze time of the
-/// process (`FROZEN`) when it belongs to this trigger — not before it (a stale entry) and
-/// not after the rings were paused (a later trigger of the same process overwrote it).
-fn kernel_freeze(trigger_ns: u64, kernel_ns: Option<u64>, paused_ns: u64) -> Option<u64> {
-    kernel_ns.filter(|&k| k >= trigger_ns && k <= paused_ns)
-}
-
 /// The stem and the extension (with its dot, possibly empty) of a trace path's name.
 fn split_name(output: &Path) -> (String, &'static str) {
     let name = output
@@ -408,20 +405,7 @@ pub fn numbered_trace(output: &Path, n: u32) -> PathBuf {
 mod tests {
     use std::path::Path;
 
-    use super::{kernel_freeze, numbered, numbered_trace, raw_only};
-
-    #[test]
-    fn the_kernel_freeze_counts_only_between_trigger_and_pause() {
-        assert_eq!(kernel_freeze(1_000, Some(1_002), 90_000), Some(1_002));
-        assert_eq!(kernel_freeze(1_000, Some(1_000), 1_000), Some(1_000));
-        assert_eq!(kernel_freeze(1_000, None, 90_000), None, "not frozen");
-        assert_eq!(kernel_freeze(1_000, Some(999), 90_000), None, "stale entry");
-        assert_eq!(
-            kernel_freeze(1_000, Some(90_001), 90_000),
-            None,
-            "a later trigger"
-        );
-    }
+    use super::{numbered, numbered_trace, raw_only};
 
     #[test]
     fn an_lbsnap_output_means_snapshots_only() {
