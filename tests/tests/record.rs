@@ -165,10 +165,8 @@ fn the_kernel_stops_sampling_at_the_trigger_and_resumes_after_the_snapshot() {
     let out = run_lookback_with(
         dir.path(),
         &["--max-snapshots", "3", "--trigger", "func:lb_spin>20ms"],
-        // Three triggers 400 ms apart: `run` handles snapshots one after the other, each
-        // copied (and its process unfrozen) only after the previous trace file is written
-        // (60–250 ms here); with triggers 40 ms apart the process was often still frozen
-        // for the first when the second came.
+        // Three triggers 400 ms apart, each snapshot written before the next trigger;
+        // triggers closer than a trace file takes to write: the next test.
         &["spinbg", "400", "3", "1600"],
         &[("RUST_LOG", "lookback::cli::record=debug")],
     );
@@ -229,6 +227,86 @@ fn the_kernel_stops_sampling_at_the_trigger_and_resumes_after_the_snapshot() {
         resumed >= 20,
         "{resumed} samples between the first freeze and the second trigger"
     );
+}
+
+/// Triggers closer together than a trace file takes to write (40 ms apart; decoding,
+/// symbolizing and writing one takes 60–250 ms here): each snapshot is still copied and its
+/// process unfrozen right after its own trigger, the files being written in the
+/// background. So every snapshot found its own kernel freeze mark (none fell back to the
+/// rings' pause, as when a trigger found its process still frozen for the previous one),
+/// none holds a sample after it, each but the first holds samples recorded after the
+/// previous freeze, no trigger was dropped, and the files and `--json` lines come in
+/// trigger order.
+#[test]
+fn triggers_closer_than_a_trace_write_are_each_frozen_in_the_kernel() {
+    const SNAPSHOTS: usize = 4;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run_lookback_with(
+        dir.path(),
+        &[
+            "--json",
+            "--max-snapshots",
+            "4",
+            "--trigger",
+            "func:lb_spin>20ms",
+        ],
+        &["spinbg", "40", "6", "600"],
+        &[("RUST_LOG", "lookback::cli::record=debug")],
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        log.matches("frozen in the kernel at Some(").count(),
+        SNAPSHOTS,
+        "every snapshot found its own kernel mark:\n{log}"
+    );
+    assert!(!log.contains("trigger dropped"), "{log}");
+    let mut previous_freeze = None;
+    for n in 1..=SNAPSHOTS {
+        let (raw, trace) = if n == 1 {
+            ("trace.lbsnap".to_owned(), "trace.fxt.gz".to_owned())
+        } else {
+            (format!("trace-{n}.lbsnap"), format!("trace-{n}.fxt.gz"))
+        };
+        assert!(dir.path().join(&trace).is_file(), "{trace} written");
+        let snap = read_snapshot(&dir.path().join(raw));
+        let trigger = snap.meta.trigger.clone().expect("trigger");
+        let frozen = trigger.trigger_time_ns + snap.meta.trigger_to_freeze_ns.expect("latency");
+        let times: Vec<u64> = samples(&snap)
+            .iter()
+            .filter(|s| s.pid == Some(trigger.pid))
+            .filter_map(|s| s.time)
+            .collect();
+        let last = times.iter().copied().max().expect("samples");
+        assert!(
+            last <= frozen,
+            "snapshot {n}: a sample {} ns after the kernel's freeze",
+            last - frozen
+        );
+        if let Some(previous) = previous_freeze {
+            assert!(
+                previous < trigger.trigger_time_ns,
+                "snapshots in trigger order"
+            );
+            let resumed = times.iter().filter(|&&t| t > previous).count();
+            assert!(
+                resumed >= 20,
+                "snapshot {n}: {resumed} samples since the previous freeze"
+            );
+        }
+        previous_freeze = Some(frozen);
+    }
+    assert!(!dir.path().join("trace-5.lbsnap").exists());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let snapshots: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["snapshot"].as_str().map(str::to_owned))
+        .collect();
+    let expected: Vec<String> = ["trace", "trace-2", "trace-3", "trace-4"]
+        .iter()
+        .map(|s| dir.path().join(format!("{s}.lbsnap")).display().to_string())
+        .collect();
+    assert_eq!(snapshots, expected, "--json lines in trigger order");
 }
 
 #[test]

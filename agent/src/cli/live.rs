@@ -19,7 +19,7 @@ use tokio::{
 
 use super::{
     CliError, CliResult,
-    record::{RecordOptions, Recording},
+    record::{OnWritten, RecordOptions, Recording, WhenFull},
 };
 use crate::{
     capture::aux_pause,
@@ -196,23 +196,29 @@ async fn run_async(session: Session) -> CliResult {
     // Triggers still in the ring when the targets exited: a dry run prints them, a recording
     // snapshots them (the rings still hold the window before each; writing a trace takes
     // long enough for a short-lived target to exit with triggers pending).
+    // Nothing is dropped here: the snapshots wait for the writer if need be.
     for event in live.events.drain() {
         let full = session.max_events != 0 && live.snapshots >= session.max_events;
-        if full || on_trigger(&session, &mut live, &event).await? {
+        if full || on_trigger(&session, &mut live, &event, WhenFull::Wait).await? {
             break;
         }
     }
-    if let Some(recording) = live.recording.as_mut()
-        && session.rules.is_empty()
-    {
-        // No trigger given: the snapshot is taken at exit or interrupt.
-        recording.snapshot(None)?;
+    let mut dropped = 0;
+    if let Some(mut recording) = live.recording.take() {
+        if session.rules.is_empty() {
+            // No trigger given: the snapshot is taken at exit or interrupt.
+            recording.snapshot(None, WhenFull::Wait)?;
+        }
+        dropped = recording.dropped();
+        // Every snapshot taken is written before the summary and the exit.
+        recording.finish()?;
     }
     report(
         &session,
         &live.engine,
         &live.installed,
         exit_status.as_ref(),
+        dropped,
     )?;
     let Live {
         engine,
@@ -268,7 +274,8 @@ fn start(session: &Session) -> Result<Live, CliError> {
         Some(opts) => {
             let filter = engine.sample_filter().context("the sample filter")?;
             let opts = with_entry_probes(opts, &installed);
-            let mut recording = Recording::start(opts, &pids, Some(filter))?;
+            let mut recording =
+                Recording::start(opts, &pids, Some(filter), print_written(session))?;
             if recording.filters_in_kernel() {
                 // Each trigger stops its process's samples in the kernel at once; the
                 // pump's pause of the rings follows as the second line.
@@ -337,7 +344,7 @@ async fn deliver(session: &Session, live: &mut Live) -> Result<Option<ExitStatus
         tokio::select! {
             batch = live.events.next_batch() => {
                 for event in batch.context("reading triggers")? {
-                    if on_trigger(session, live, &event).await? {
+                    if on_trigger(session, live, &event, WhenFull::Drop).await? {
                         return Ok(None);
                     }
                 }
@@ -373,11 +380,12 @@ async fn deliver(session: &Session, live: &mut Live) -> Result<Option<ExitStatus
 }
 
 /// Handles one trigger: print it (dry run) or snapshot it. Returns whether the session's
-/// limit is reached.
+/// limit is reached (a dropped trigger does not count).
 async fn on_trigger(
     session: &Session,
     live: &mut Live,
     event: &TriggerEvent,
+    when_full: WhenFull,
 ) -> Result<bool, CliError> {
     let Some(recording) = live.recording.as_mut() else {
         print_event(session, event);
@@ -390,8 +398,22 @@ async fn on_trigger(
     if !post.is_zero() {
         tokio::time::sleep(post).await;
     }
-    let files = recording.snapshot(Some((rule, event)))?;
-    if session.json {
+    if recording.snapshot(Some((rule, event)), when_full)? {
+        live.snapshots += 1;
+    }
+    Ok(session.max_events != 0 && live.snapshots >= session.max_events)
+}
+
+/// With `--json`, one line per triggered snapshot once its files are written (on the
+/// writer thread, in snapshot order); without, nothing (the log says it).
+fn print_written(session: &Session) -> OnWritten {
+    if !session.json {
+        return Box::new(|_, _| {});
+    }
+    Box::new(|job, files| {
+        let Some((rule, trigger)) = job.trigger.as_ref() else {
+            return;
+        };
         println!(
             "{}",
             json!({
@@ -399,12 +421,10 @@ async fn on_trigger(
                 "trace": files.trace,
                 "trigger_to_freeze_ns": files.trigger_to_freeze_ns,
                 "rule": rule,
-                "trigger": event,
+                "trigger": trigger,
             })
         );
-    }
-    live.snapshots += 1;
-    Ok(session.max_events != 0 && live.snapshots >= session.max_events)
+    })
 }
 
 /// Waits until the pidfd says the command exited; never resolves without one.
@@ -454,6 +474,7 @@ fn report(
     engine: &TriggerEngine,
     installed: &[(EngineRule, Vec<AttachedProbe>)],
     exit: Option<&ExitStatus>,
+    dropped: u64,
 ) -> Result<(), CliError> {
     let mut rules = Vec::new();
     for (rule, probes) in installed {
@@ -471,12 +492,18 @@ fn report(
             json!({ "rule": rule.name, "id": rule.id, "counters": counters, "probes": probes }),
         );
     }
+    if dropped > 0 {
+        log::warn!("{dropped} trigger(s) dropped: earlier snapshots were still being written");
+    }
     if let Some(status) = exit {
         log::info!("command exited: {status}");
     }
     if session.json {
         let exit = exit.map(|s| json!({ "code": s.code(), "signal": std::os::unix::process::ExitStatusExt::signal(s) }));
-        println!("{}", json!({ "summary": { "rules": rules, "exit": exit } }));
+        println!(
+            "{}",
+            json!({ "summary": { "rules": rules, "exit": exit, "snapshots_dropped": dropped } })
+        );
     }
     Ok(())
 }

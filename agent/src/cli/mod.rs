@@ -14,6 +14,7 @@ pub mod pt_files;
 mod record;
 pub mod rules;
 pub mod run;
+mod write_queue;
 
 /// Exit code for runtime errors.
 pub const EXIT_RUNTIME: u8 = 1;

@@ -5,6 +5,11 @@
 //! file at `-o` (decode → stacks → symbols → writer; numbered `trace.fxt.gz`,
 //! `trace-2.fxt.gz`, ...); the `.lbsnap` stays only with `--keep-raw`, or when no trace
 //! could be written, so `lookback decode` can retry later.
+//!
+//! Only the copy happens at the trigger (then the process is unfrozen and the rings run
+//! again); the files are written on a background thread (`write_queue`), in trigger order,
+//! so a trigger that comes while an earlier trace is being written is frozen and copied
+//! on time.
 use std::{
     os::fd::BorrowedFd,
     path::{Path, PathBuf},
@@ -13,10 +18,15 @@ use std::{
 
 use anyhow::Context as _;
 
+use super::write_queue::WriteQueue;
 use crate::{
     capture::{CaptureOptions, Recorder, monotonic_ns, open_recorder_filtered},
     snapshot::{self, Snapshot, TriggerMeta},
-    triggers::{TriggerEvent, engine::FrozenProcesses, event::format_ns},
+    triggers::{
+        TriggerEvent,
+        engine::{FrozenProcesses, kernel_freeze},
+        event::format_ns,
+    },
     writer,
 };
 
@@ -44,11 +54,46 @@ pub struct SnapshotFiles {
     pub trigger_to_freeze_ns: Option<u64>,
 }
 
-/// A live recorder and the snapshots written so far.
+/// Snapshots copied and not yet written at most (each holds a copy of every ring: up to
+/// `--buffer-size` × CPUs). A trigger beyond is dropped, counted and reported, not waited
+/// for: waiting would hold the triggering process frozen (its samples dropped in the
+/// kernel) and the rings paused until a trace file is written, losing the very samples a
+/// later snapshot would show — perf and magic-trace likewise skip a trigger that comes
+/// while they are busy rather than stall the target. At exit nothing is dropped: the
+/// last triggers wait for room.
+const MAX_IN_FLIGHT: usize = 4;
+
+/// One copied snapshot on its way to disk.
+pub struct WriteJob {
+    pub snap: Snapshot,
+    /// 1 for the first snapshot of the session: decides the file names.
+    pub number: u32,
+    /// The rule and trigger it was taken for; `None` at exit or on Ctrl-C.
+    pub trigger: Option<(String, TriggerEvent)>,
+}
+
+/// Called on the writer thread after each snapshot's files are written, in order.
+pub type OnWritten = Box<dyn FnMut(&WriteJob, &SnapshotFiles) + Send>;
+
+/// What to do with a trigger when [`MAX_IN_FLIGHT`] snapshots wait to be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Unfreeze and resume at once; the trigger is counted as dropped.
+    Drop,
+    /// Wait for room (at exit: nothing is held any more that waiting could harm).
+    Wait,
+}
+
+/// A live recorder and the snapshots taken so far.
 pub struct Recording {
     recorder: Box<dyn Recorder>,
     opts: RecordOptions,
-    written: u32,
+    /// Snapshots copied (and queued for writing) so far.
+    taken: u32,
+    /// Triggers dropped because the writer was [`MAX_IN_FLIGHT`] behind.
+    dropped: u64,
+    /// Writes each snapshot's files on a background thread, in order.
+    queue: WriteQueue<WriteJob>,
     /// Whether the recorder runs the engine's `sample_filter` on its samples.
     filtered: bool,
     /// The processes the kernel froze at their trigger, when the rules do that.
@@ -58,11 +103,13 @@ pub struct Recording {
 impl Recording {
     /// Starts recording `pids` (threads and children follow). `sample_filter`: the trigger
     /// engine's program, set on the recorder's samples when it takes it (sampling backend)
-    /// and the snapshots are taken at once (no `post_trigger`).
+    /// and the snapshots are taken at once (no `post_trigger`). `on_written` runs after each
+    /// snapshot's files are on disk.
     pub fn start(
         opts: RecordOptions,
         pids: &[u32],
         sample_filter: Option<BorrowedFd<'_>>,
+        mut on_written: OnWritten,
     ) -> anyhow::Result<Self> {
         let sample_filter = sample_filter.filter(|_| opts.post_trigger.is_zero());
         let opened = match sample_filter {
@@ -85,10 +132,22 @@ impl Recording {
             recorder.params().event,
             crate::rules::format_size(opts.capture.buffer_size as u64)
         );
+        let (output, keep_raw) = (opts.output.clone(), opts.keep_raw);
+        let queue = WriteQueue::start(
+            "lookback-writer",
+            MAX_IN_FLIGHT,
+            Box::new(move |job: WriteJob| {
+                let files = write_snapshot(&output, keep_raw, &job)?;
+                on_written(&job, &files);
+                Ok(())
+            }),
+        )?;
         Ok(Self {
             recorder,
             opts,
-            written: 0,
+            taken: 0,
+            dropped: 0,
+            queue,
             filtered,
             frozen: None,
         })
@@ -123,12 +182,60 @@ impl Recording {
         self.opts.post_trigger
     }
 
-    /// Freezes, writes the snapshot for `trigger` (`None`: at exit or on Ctrl-C), resumes.
-    /// Returns the files written.
+    /// Triggers dropped so far because snapshots were still being written.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Takes the snapshot for `trigger` (`None`: at exit or on Ctrl-C): copies the rings,
+    /// unfreezes the process, resumes, and queues the files for the writer thread. Returns
+    /// whether a snapshot was taken (`false`: dropped, the writer being behind). Fails when
+    /// an earlier snapshot could not be written, as the session then stops.
     pub fn snapshot(
         &mut self,
         trigger: Option<(&str, &TriggerEvent)>,
-    ) -> anyhow::Result<SnapshotFiles> {
+        when_full: WhenFull,
+    ) -> anyhow::Result<bool> {
+        if let Some(e) = self.queue.take_error() {
+            return Err(e);
+        }
+        if !self.queue.has_room() {
+            if when_full == WhenFull::Drop {
+                self.drop_trigger(trigger);
+                return Ok(false);
+            }
+            self.queue.wait_for_room();
+        }
+        let snap = self.capture(trigger)?;
+        let resumed = self.recorder.resume();
+        self.taken += 1;
+        log::info!(
+            "snapshot {}: {} bytes of {} data, trigger to freeze {}; {} being written",
+            self.taken,
+            snap.raw_bytes(),
+            snap.meta.backend.as_str(),
+            snap.meta
+                .trigger_to_freeze_ns
+                .map_or_else(|| "-".to_owned(), format_ns),
+            self.queue.in_flight()
+        );
+        self.queue.push(WriteJob {
+            snap,
+            number: self.taken,
+            trigger: trigger.map(|(rule, event)| (rule.to_owned(), event.clone())),
+        })?;
+        resumed.context("resuming the recorder")?;
+        Ok(true)
+    }
+
+    /// Writes every queued snapshot and stops the writer thread; returns the first failure.
+    pub fn finish(self) -> anyhow::Result<()> {
+        self.queue.finish()
+    }
+
+    /// Copies the rings for `trigger` and, when the kernel froze its process, reads the
+    /// freeze time and lets the process be sampled again.
+    fn capture(&mut self, trigger: Option<(&str, &TriggerEvent)>) -> anyhow::Result<Snapshot> {
         let mut data = self.recorder.freeze().context("freezing the recorder")?;
         if let (Some((_, event)), Some(frozen)) = (trigger, self.frozen.as_mut()) {
             // The rings are copied: the process may record again once they resume.
@@ -159,96 +266,97 @@ impl Recording {
                 duration_ns: None,
             },
         };
-        let snap = Snapshot::from_captured(data, Some(meta));
-        let resumed = self.recorder.resume();
-        self.written += 1;
-        let path = numbered(&self.opts.output, self.written);
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        snapshot::write_atomic(&path, &snap)
-            .with_context(|| format!("writing {}", path.display()))?;
-        log::info!(
-            "snapshot {}: {} bytes of {} data, trigger to freeze {}",
-            path.display(),
-            snap.raw_bytes(),
-            snap.meta.backend.as_str(),
-            snap.meta
-                .trigger_to_freeze_ns
-                .map_or_else(|| "-".to_owned(), format_ns)
-        );
-        let files = self.write_trace(&snap, path);
-        resumed.context("resuming the recorder")?;
-        Ok(SnapshotFiles {
-            trigger_to_freeze_ns: snap.meta.trigger_to_freeze_ns,
-            ..files
-        })
+        Ok(Snapshot::from_captured(data, Some(meta)))
     }
 
-    /// Writes the trace of `snap` (the `.lbsnap` at `raw` is already on disk) and removes
-    /// `raw` unless it is to be kept or no trace could be written.
-    fn write_trace(&self, snap: &Snapshot, raw: PathBuf) -> SnapshotFiles {
-        if raw_only(&self.opts.output) {
-            return SnapshotFiles {
-                trace: None,
-                raw: Some(raw),
-                trigger_to_freeze_ns: None,
-            };
+    /// Lets go of a trigger that gets no snapshot: its process is sampled again and the
+    /// rings the trigger thread paused run again.
+    fn drop_trigger(&mut self, trigger: Option<(&str, &TriggerEvent)>) {
+        self.dropped += 1;
+        let rule = trigger.map_or("manual", |(rule, _)| rule);
+        log::warn!(
+            "trigger {rule}: {} snapshots are still being written; trigger dropped ({} so far)",
+            self.queue.in_flight(),
+            self.dropped
+        );
+        if let (Some((_, event)), Some(frozen)) = (trigger, self.frozen.as_mut())
+            && let Err(e) = frozen.thaw(event.pid)
+        {
+            log::warn!("unfreezing process {}: {e:#}", event.pid);
         }
-        let trace = numbered_trace(&self.opts.output, self.written);
-        let started = std::time::Instant::now();
-        match writer::write_trace(snap, &trace) {
-            Ok(summary) => {
-                log::info!(
-                    "trace {}: {} threads, {} samples, {} branches, {} slices, {} unknown frames, written in {:.1?}",
-                    trace.display(),
-                    summary.threads,
-                    summary.samples,
-                    summary.branches,
-                    summary.slices,
-                    summary.unknown_frames,
-                    started.elapsed()
-                );
-                if self.opts.keep_raw {
-                    return SnapshotFiles {
-                        trace: Some(trace),
-                        raw: Some(raw),
-                        trigger_to_freeze_ns: None,
-                    };
-                }
-                if let Err(e) = std::fs::remove_file(&raw) {
-                    log::warn!("removing {}: {e}", raw.display());
-                }
-                SnapshotFiles {
-                    trace: Some(trace),
-                    raw: None,
-                    trigger_to_freeze_ns: None,
-                }
+        if self
+            .recorder
+            .freeze_switch()
+            .is_some_and(|s| s.frozen_at().is_some())
+            && let Err(e) = self.recorder.resume()
+        {
+            log::warn!("resuming the recorder: {:#}", anyhow::Error::from(e));
+        }
+    }
+}
+
+/// Writes one snapshot's files (on the writer thread): the `.lbsnap`, then the trace,
+/// after which the `.lbsnap` is removed unless it is to be kept or no trace was written.
+fn write_snapshot(output: &Path, keep_raw: bool, job: &WriteJob) -> anyhow::Result<SnapshotFiles> {
+    let path = numbered(output, job.number);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    snapshot::write_atomic(&path, &job.snap)
+        .with_context(|| format!("writing {}", path.display()))?;
+    log::info!("snapshot {}: {}", job.number, path.display());
+    let files = write_trace(output, keep_raw, job, path);
+    Ok(SnapshotFiles {
+        trigger_to_freeze_ns: job.snap.meta.trigger_to_freeze_ns,
+        ..files
+    })
+}
+
+/// Writes the trace of `job` (the `.lbsnap` at `raw` is already on disk) and removes `raw`
+/// unless it is to be kept or no trace could be written.
+fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> SnapshotFiles {
+    let files = |trace, raw| SnapshotFiles {
+        trace,
+        raw,
+        trigger_to_freeze_ns: None,
+    };
+    if raw_only(output) {
+        return files(None, Some(raw));
+    }
+    let trace = numbered_trace(output, job.number);
+    let started = std::time::Instant::now();
+    match writer::write_trace(&job.snap, &trace) {
+        Ok(summary) => {
+            log::info!(
+                "trace {}: {} threads, {} samples, {} branches, {} slices, {} unknown frames, written in {:.1?}",
+                trace.display(),
+                summary.threads,
+                summary.samples,
+                summary.branches,
+                summary.slices,
+                summary.unknown_frames,
+                started.elapsed()
+            );
+            if keep_raw {
+                return files(Some(trace), Some(raw));
             }
-            Err(e) => {
-                log::error!(
-                    "{:#}; the raw snapshot {} is kept",
-                    anyhow::Error::new(e),
-                    raw.display()
-                );
-                SnapshotFiles {
-                    trace: None,
-                    raw: Some(raw),
-                    trigger_to_freeze_ns: None,
-                }
+            if let Err(e) = std::fs::remove_file(&raw) {
+                log::warn!("removing {}: {e}", raw.display());
             }
+            files(Some(trace), None)
+        }
+        Err(e) => {
+            log::error!(
+                "{:#}; the raw snapshot {} is kept",
+                anyhow::Error::new(e),
+                raw.display()
+            );
+            files(None, Some(raw))
         }
     }
 }
 
 /// The stem and the extension (with its dot, possibly empty) of a trace path's name.
-/// When the triggering process stopped being recorded: the kernel's freeze time of the
-/// process (`FROZEN`) when it belongs to this trigger — not before it (a stale entry) and
-/// not after the rings were paused (a later trigger of the same process overwrote it).
-fn kernel_freeze(trigger_ns: u64, kernel_ns: Option<u64>, paused_ns: u64) -> Option<u64> {
-    kernel_ns.filter(|&k| k >= trigger_ns && k <= paused_ns)
-}
-
 fn split_name(output: &Path) -> (String, &'static str) {
     let name = output
         .file_name()
@@ -297,20 +405,7 @@ pub fn numbered_trace(output: &Path, n: u32) -> PathBuf {
 mod tests {
     use std::path::Path;
 
-    use super::{kernel_freeze, numbered, numbered_trace, raw_only};
-
-    #[test]
-    fn the_kernel_freeze_counts_only_between_trigger_and_pause() {
-        assert_eq!(kernel_freeze(1_000, Some(1_002), 90_000), Some(1_002));
-        assert_eq!(kernel_freeze(1_000, Some(1_000), 1_000), Some(1_000));
-        assert_eq!(kernel_freeze(1_000, None, 90_000), None, "not frozen");
-        assert_eq!(kernel_freeze(1_000, Some(999), 90_000), None, "stale entry");
-        assert_eq!(
-            kernel_freeze(1_000, Some(90_001), 90_000),
-            None,
-            "a later trigger"
-        );
-    }
+    use super::{numbered, numbered_trace, raw_only};
 
     #[test]
     fn an_lbsnap_output_means_snapshots_only() {

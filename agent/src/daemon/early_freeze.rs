@@ -7,6 +7,10 @@
 //! freezes at once (`post_trigger: 0`); the pipeline then copies what the switch kept, or,
 //! when it suppresses the trigger, resumes the recorder. Children recorded by a parent's
 //! inherited events are not in the table: the event loop freezes those.
+//!
+//! For sampling rules this is the second line: the trigger's BPF program already stopped
+//! the triggering process's samples in the kernel (`FROZEN`); the pause here still stops
+//! the recorder's other processes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,9 +1,12 @@
 //! The snapshot pipeline: trigger → (post-trigger wait) → freeze → decode and write →
 //! retention.
 //!
-//! The freeze runs on the event loop, right when the trigger (or its `post_trigger` timer)
-//! arrives: stopping the rings is what decides which moment is kept, so nothing may wait in
-//! front of it. Decoding and writing run on tokio's blocking pool, at most `workers` at a
+//! For sampling rules without `post_trigger` the kernel already stopped the triggering
+//! process's samples at the trigger (`FROZEN`, dropped by the recorder's `sample_filter`);
+//! every trigger that set that mark removes it here, after the copy or when the trigger is
+//! dropped. The copy runs on the event loop, right when the trigger (or its `post_trigger`
+//! timer) arrives: for other processes and backends stopping the rings is what decides
+//! which moment is kept, so nothing may wait in front of it. Decoding and writing run on tokio's blocking pool, at most `workers` at a
 //! time, with at most `max_queued` snapshots frozen and not yet written; a trigger beyond
 //! that, or one for a process whose post-trigger freeze is still pending, is suppressed
 //! and counted (`reason="busy"`). The kernel already applied cooldown and rate limit.
@@ -38,9 +41,11 @@ pub struct FreezeRequest {
     pub event: TriggerEvent,
 }
 
-/// Restarts the recorder of `pid` that the trigger thread may have stopped for a trigger
-/// the pipeline then dropped (`early_freeze`); a recorder that runs is left as it is.
+/// Lets go of a trigger of `pid` that gets no snapshot: removes the process's kernel
+/// freeze mark (`FROZEN`), and restarts its recorder if the trigger thread stopped it
+/// (`early_freeze`); a recorder that runs is left as it is.
 fn resume_early(tracer: &mut Tracer, pid: u32) {
+    tracer.thaw(pid);
     if let Some((_, recorder)) = tracer.recorder_for(pid)
         && recorder
             .freeze_switch()
@@ -165,7 +170,8 @@ impl Pipeline {
             .clone()
             .or_else(|| policy.dir.clone())
             .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT_DIR));
-        let Some((_, recorder)) = tracer.recorder_for(event.pid) else {
+        let Some((owner, recorder)) = tracer.recorder_for(event.pid) else {
+            tracer.thaw(event.pid);
             log::error!(
                 "trigger {rule}: process {} has no flight recorder; no snapshot",
                 event.pid
@@ -175,22 +181,28 @@ impl Pipeline {
             return;
         };
         let backend = recorder.backend().as_str();
-        let data = match recorder.freeze() {
+        let frozen = recorder.freeze();
+        if let Err(e) = recorder.resume() {
+            log::warn!("resuming the recorder: {}", ErrorChain(&e));
+        }
+        let mut data = match frozen {
             Ok(data) => data,
             Err(e) => {
+                tracer.thaw(event.pid);
                 log::error!("trigger {rule}: freezing: {}", ErrorChain(&e));
-                if let Err(e) = recorder.resume() {
-                    log::warn!("resuming the recorder: {}", ErrorChain(&e));
-                }
                 self.metrics
                     .snapshot_done(&rule, backend, false, 0, Duration::ZERO);
                 return;
             }
         };
-        let snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
-        if let Err(e) = recorder.resume() {
-            log::warn!("resuming the recorder: {}", ErrorChain(&e));
+        // Copied: the process may be sampled again. Its kernel mark, when it stopped the
+        // samples for this trigger, is the freeze time (the rings' pause came later).
+        if let Some(at) =
+            tracer.thaw_after_copy(owner, event.pid, event.timestamp_ns, data.freeze_time_ns)
+        {
+            data.freeze_time_ns = at;
         }
+        let snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
         if let Some(ns) = snap.meta.trigger_to_freeze_ns {
             self.metrics
                 .trigger_to_freeze(backend, Duration::from_nanos(ns));

@@ -24,6 +24,7 @@ use crate::{
     rules::{self, Rule, RuleSet, Trigger},
     triggers::{
         EngineRule, TriggerEngine, TriggerError,
+        engine::{FrozenProcesses, kernel_freeze},
         resolve::{self, ResolveError},
     },
 };
@@ -52,6 +53,9 @@ pub struct Traced {
     pub mask: u64,
     /// Its flight recorder; `None` when it could not be opened (triggers still counted).
     pub recorder: Option<Box<dyn Recorder>>,
+    /// Whether the recorder runs `sample_filter`: drops the samples of processes the
+    /// kernel froze at a trigger (`FROZEN`).
+    pub filtered: bool,
 }
 
 /// What [`Tracer::apply_rules`] changed.
@@ -88,16 +92,26 @@ pub struct Tracer {
     exec_comms: HashMap<String, u64>,
     /// The recorders' freeze switches, for the trigger thread.
     early: Arc<EarlyFreeze>,
+    /// The kernel's `FROZEN` map: processes whose samples stopped at their trigger (rules
+    /// that freeze in the kernel); `None` when it could not be taken (no in-kernel freeze).
+    frozen: Option<FrozenProcesses>,
 }
 
 impl Tracer {
     pub fn new(
-        engine: TriggerEngine,
+        mut engine: TriggerEngine,
         proc_root: PathBuf,
         auto: BackendRequest,
         early: Arc<EarlyFreeze>,
     ) -> Self {
+        let frozen = engine
+            .take_frozen()
+            .inspect_err(|e| {
+                log::warn!("no in-kernel freeze: {}", ErrorChain(e));
+            })
+            .ok();
         Self {
+            frozen,
             early,
             auto,
             exec_comms: HashMap::new(),
@@ -224,6 +238,9 @@ impl Tracer {
             follow_forks: true,
         };
         self.engine.add_rule(engine_rule, &[])?;
+        if self.freezes_in_kernel(rule) {
+            self.engine.set_rule_freeze_in_kernel(id, true)?;
+        }
         let mut active = ActiveRule {
             rule: rule.clone(),
             id,
@@ -246,6 +263,52 @@ impl Tracer {
         }
         self.rules.insert(rule.name.clone(), active);
         Ok(())
+    }
+
+    /// Whether `rule`'s triggers stop their process's samples in the kernel: it snapshots
+    /// at once (with `post_trigger` the recording must go on after the trigger, as in
+    /// `run`) and records with the sampling backend (the only one `sample_filter` works
+    /// on), and the agent can remove the marks again.
+    fn freezes_in_kernel(&self, rule: &Rule) -> bool {
+        let backend = match capture_options(&rule.capture).backend {
+            BackendRequest::Auto => self.auto,
+            other => other,
+        };
+        self.frozen.is_some()
+            && rule.snapshot.post_trigger.is_zero()
+            && backend == BackendRequest::Sampling
+    }
+
+    /// After the rings for `pid`'s trigger (at `trigger_ns`) were copied from the recorder
+    /// of `owner` and paused at `paused_ns`: lets `pid` be sampled again, and returns the
+    /// time the kernel stopped its samples when that belongs to this trigger and the
+    /// recorder drops frozen samples (else the rings' pause is the freeze).
+    pub fn thaw_after_copy(
+        &mut self,
+        owner: u32,
+        pid: u32,
+        trigger_ns: u64,
+        paused_ns: u64,
+    ) -> Option<u64> {
+        let at = self.frozen.as_ref()?.frozen_at(pid);
+        self.thaw(pid);
+        let filtered = self.processes.get(&owner).is_some_and(|p| p.filtered);
+        log::debug!(
+            "process {pid} frozen in the kernel at {at:?}, trigger at {trigger_ns}, rings \
+             paused at {paused_ns}, recorder of {owner} filtered: {filtered}"
+        );
+        kernel_freeze(trigger_ns, at, paused_ns).filter(|_| filtered)
+    }
+
+    /// Lets `pid` be sampled again: every trigger that froze it in the kernel ends here,
+    /// after its snapshot's copy or when the trigger is dropped (busy, rule removed, no
+    /// recorder, an error), and when the process is forgotten (its pid may be reused).
+    pub fn thaw(&mut self, pid: u32) {
+        if let Some(frozen) = self.frozen.as_mut()
+            && let Err(e) = frozen.thaw(pid)
+        {
+            log::warn!("unfreezing process {pid}: {}", ErrorChain(&e));
+        }
     }
 
     fn uninstall(&mut self, name: &str) {
@@ -354,18 +417,21 @@ impl Tracer {
             info: info.clone(),
             mask,
             recorder: None,
+            filtered: false,
         });
         traced.info = info;
         traced.mask = mask;
         if traced.recorder.is_none()
             && let Some(opts) = capture
         {
-            match capture::open_recorder(&opts, &[pid]) {
-                Ok(r) => {
+            let filter = self.frozen.as_ref().and(self.engine.sample_filter().ok());
+            match open_recorder(&opts, pid, filter) {
+                Ok((r, filtered)) => {
                     if let Some(switch) = r.freeze_switch() {
                         self.early.insert(pid, switch);
                     }
                     traced.recorder = Some(r);
+                    traced.filtered = filtered;
                 }
                 Err(e) => log::warn!(
                     "process {pid}: no flight recorder ({}); triggers are still counted",
@@ -397,6 +463,7 @@ impl Tracer {
             return;
         }
         self.early.remove(pid);
+        self.thaw(pid);
         if kernel_gone {
             self.engine.forget_target(pid);
         } else if let Err(e) = self.engine.remove_target(pid) {
@@ -487,6 +554,25 @@ impl Tracer {
             });
         }
     }
+}
+
+/// Opens the recorder of `pid`, with `sample_filter` when given and taken (the sampling
+/// backend); a kernel that refuses the filter still records, only the freeze is later.
+fn open_recorder(
+    opts: &CaptureOptions,
+    pid: u32,
+    filter: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<(Box<dyn Recorder>, bool), capture::CaptureError> {
+    let Some(filter) = filter else {
+        return capture::open_recorder_filtered(opts, &[pid], None);
+    };
+    capture::open_recorder_filtered(opts, &[pid], Some(filter)).or_else(|e| {
+        log::warn!(
+            "process {pid}: recording without the in-kernel freeze: {}",
+            ErrorChain(&e)
+        );
+        capture::open_recorder_filtered(opts, &[pid], None)
+    })
 }
 
 /// Resolves and attaches the rule's probe for `binary` once per inode.

@@ -1,5 +1,6 @@
-//! Per-thread scheduling and wakeup primitives for the trigger pump: `SCHED_FIFO` for the
-//! calling thread, an `eventfd` to wake a thread blocked in `poll`, and that `poll`.
+//! Per-thread scheduling and wakeup primitives: `SCHED_FIFO` for the trigger pump, a
+//! higher nice value for background writers, an `eventfd` to wake a thread blocked in
+//! `poll`, and that `poll`.
 
 use std::os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd};
 
@@ -25,6 +26,21 @@ pub fn set_fifo_priority(priority: i32) -> Result<(), SyscallError> {
             call: "pthread_setschedparam(SCHED_FIFO)",
             source: std::io::Error::from_raw_os_error(ret),
         })
+    }
+}
+
+/// Sets the calling thread's nice value (Linux: per thread); `nice` > 0 lowers its share of
+/// the CPU against normal threads. Raising it needs no privilege.
+pub fn set_nice(nice: i32) -> Result<(), SyscallError> {
+    // SAFETY: plain syscalls with integer arguments; `gettid` cannot fail.
+    let ret = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid.cast_unsigned(), nice)
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(SyscallError::last("setpriority"))
     }
 }
 

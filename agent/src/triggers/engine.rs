@@ -229,19 +229,22 @@ impl TriggerEngine {
     /// once, with a recorder that runs [`sample_filter`](Self::sample_filter); userspace
     /// then removes the process from `FROZEN` after each snapshot ([`FrozenProcesses`]).
     pub fn set_freeze_in_kernel(&mut self, on: bool) -> Result<(), TriggerError> {
-        let specs: Vec<(u32, RuleSpec)> = self
-            .rules
-            .iter_mut()
-            .map(|(&id, loaded)| {
-                loaded.spec.flags = with_flag(loaded.spec.flags, FLAG_FREEZE_IN_KERNEL, on);
-                (id, loaded.spec)
-            })
-            .collect();
-        let mut rules: Array<_, RuleSpec> = map_mut(&mut self.ebpf, "RULES")?;
-        for (id, spec) in specs {
-            rules.set(id, spec, 0).map_err(map_err("RULES"))?;
+        let ids: Vec<u32> = self.rules.keys().copied().collect();
+        for id in ids {
+            self.set_rule_freeze_in_kernel(id, on)?;
         }
         Ok(())
+    }
+
+    /// [`set_freeze_in_kernel`](Self::set_freeze_in_kernel) for the installed rule `id`
+    /// alone (the agent decides per rule: its backend and `post_trigger`). Leaves the rule's
+    /// cooldown state alone.
+    pub fn set_rule_freeze_in_kernel(&mut self, id: u32, on: bool) -> Result<(), TriggerError> {
+        let loaded = self.rules.get_mut(&id).ok_or(TriggerError::RuleId { id })?;
+        loaded.spec.flags = with_flag(loaded.spec.flags, FLAG_FREEZE_IN_KERNEL, on);
+        let spec = loaded.spec;
+        let mut rules: Array<_, RuleSpec> = map_mut(&mut self.ebpf, "RULES")?;
+        rules.set(id, spec, 0).map_err(map_err("RULES"))
     }
 
     /// Takes ring buffer map `name` out of the object (once).
@@ -692,6 +695,13 @@ impl FrozenProcesses {
     }
 }
 
+/// The kernel's freeze time of a triggering process, when it belongs to this trigger: not
+/// before the trigger (a stale mark) and not after the rings were paused (a later trigger
+/// of the same process set it). `None`: the snapshot's freeze is the rings' pause.
+pub fn kernel_freeze(trigger_ns: u64, kernel_ns: Option<u64>, paused_ns: u64) -> Option<u64> {
+    kernel_ns.filter(|&k| k >= trigger_ns && k <= paused_ns)
+}
+
 /// `flags` with `flag` set (`on`) or cleared.
 fn with_flag(flags: u32, flag: u32, on: bool) -> u32 {
     if on { flags | flag } else { flags & !flag }
@@ -738,6 +748,19 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_freeze_counts_only_between_trigger_and_pause() {
+        assert_eq!(kernel_freeze(1_000, Some(1_002), 90_000), Some(1_002));
+        assert_eq!(kernel_freeze(1_000, Some(1_000), 1_000), Some(1_000));
+        assert_eq!(kernel_freeze(1_000, None, 90_000), None, "not frozen");
+        assert_eq!(kernel_freeze(1_000, Some(999), 90_000), None, "stale entry");
+        assert_eq!(
+            kernel_freeze(1_000, Some(90_001), 90_000),
+            None,
+            "a later trigger"
+        );
+    }
 
     #[test]
     fn the_in_kernel_freeze_flag_is_set_and_cleared_alone() {
