@@ -229,7 +229,7 @@ fn the_kernel_stops_sampling_at_the_trigger_and_resumes_after_the_snapshot() {
     );
 }
 
-/// Triggers closer together than a trace file takes to write (40 ms apart; decoding,
+/// Triggers closer together than a trace file takes to write (60 ms apart; decoding,
 /// symbolizing and writing one takes 60–250 ms here): each snapshot is still copied and its
 /// process unfrozen right after its own trigger, the files being written in the
 /// background. So every snapshot found its own kernel freeze mark (none fell back to the
@@ -248,9 +248,9 @@ fn triggers_closer_than_a_trace_write_are_each_frozen_in_the_kernel() {
             "--max-snapshots",
             "4",
             "--trigger",
-            "func:lb_spin>20ms",
+            "func:lb_spin>30ms",
         ],
-        &["spinbg", "40", "6", "600"],
+        &["spinbg", "60", "6", "600"],
         &[("RUST_LOG", "lookback::cli::record=debug")],
     );
     let log = String::from_utf8_lossy(&out.stderr);
@@ -302,9 +302,12 @@ fn triggers_closer_than_a_trace_write_are_each_frozen_in_the_kernel() {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v["snapshot"].as_str().map(str::to_owned))
         .collect();
-    let expected: Vec<String> = ["trace", "trace-2", "trace-3", "trace-4"]
-        .iter()
-        .map(|s| dir.path().join(format!("{s}.lbsnap")).display().to_string())
+    let expected: Vec<String> = (1..=SNAPSHOTS)
+        .map(|n| match n {
+            1 => "trace.lbsnap".to_owned(),
+            n => format!("trace-{n}.lbsnap"),
+        })
+        .map(|name| dir.path().join(name).display().to_string())
         .collect();
     assert_eq!(snapshots, expected, "--json lines in trigger order");
 }

@@ -6,7 +6,8 @@
 //!   the newest records. `data_head` (a decreasing counter) is where the newest record
 //!   starts. Reading walks forward from there, newest to oldest, and stops at an unwritten
 //!   (zero) header, after one ring size (the oldest record, partly overwritten, is dropped),
-//!   or at an invalid header. [`walk_backward`] is that walk over a plain byte slice.
+//!   or at an invalid header. [`walk_backward`] is that walk over a plain byte slice;
+//!   [`PerfRing`] walks its mapping in place ([`RingBytes`]) and copies only the records.
 //! - **Forward mode** (the PT sideband ring; mapped read-write): records between
 //!   `data_tail` and `data_head`, consumed and committed with `data_tail` ([`drain_forward`]).
 //!
@@ -76,10 +77,70 @@ fn copy_wrapped(data: &[u8], start: usize, len: usize, out: &mut Vec<u8>) {
     out.extend_from_slice(&data[..len - first]);
 }
 
+/// The bytes of a ring's data area as the walkers read them: a slice (tests, fixtures) or
+/// the mapping itself ([`MappedData`]), so that a snapshot copies its records and not the
+/// whole area (4 MiB per CPU by default, and freshly allocated pages are slow to fault in
+/// on some VMs: the first snapshot took 58 ms to copy 73 KB of records).
+pub trait RingBytes {
+    /// The data area's size.
+    fn size(&self) -> usize;
+    /// The type and size of the record header at the 8-aligned `offset`.
+    fn header(&self, offset: usize) -> Option<(u32, u16)>;
+    /// Appends `len` bytes starting at `start`, wrapping at the end.
+    fn append(&self, start: usize, len: usize, out: &mut Vec<u8>);
+}
+
+impl RingBytes for [u8] {
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn header(&self, offset: usize) -> Option<(u32, u16)> {
+        header_at(self, offset)
+    }
+
+    fn append(&self, start: usize, len: usize, out: &mut Vec<u8>) {
+        copy_wrapped(self, start, len, out);
+    }
+}
+
+/// The data area of a mapped ring, read in place (volatile reads; the ring should be
+/// paused or disabled, or be a forward ring read below `data_head`).
+pub struct MappedData<'a> {
+    map: &'a Mapping,
+    offset: usize,
+    size: usize,
+}
+
+impl RingBytes for MappedData<'_> {
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn header(&self, offset: usize) -> Option<(u32, u16)> {
+        if offset.checked_add(HEADER_SIZE)? > self.size {
+            return None;
+        }
+        let word = self.map.read_u64(self.offset.checked_add(offset)?)?;
+        header_at(&word.to_ne_bytes(), 0)
+    }
+
+    fn append(&self, start: usize, len: usize, out: &mut Vec<u8>) {
+        let first = len.min(self.size.saturating_sub(start));
+        self.map.copy_out(self.offset + start, first, out);
+        self.map.copy_out(self.offset, len - first, out);
+    }
+}
+
 /// Reads an overwrite-mode (`write_backward`) ring: `data` is the whole data area (a power
 /// of two, multiple of 8), `head` the `data_head` value. Returns the records oldest first.
 pub fn walk_backward(data: &[u8], head: u64) -> RingCopy {
-    let size = data.len();
+    walk_backward_in(data, head)
+}
+
+/// [`walk_backward`] over any [`RingBytes`].
+pub fn walk_backward_in<D: RingBytes + ?Sized>(data: &D, head: u64) -> RingCopy {
+    let size = data.size();
     let mut records: Vec<(usize, usize)> = Vec::new();
     let empty = |stop| RingCopy {
         data: Vec::new(),
@@ -103,7 +164,7 @@ pub fn walk_backward(data: &[u8], head: u64) -> RingCopy {
             break WalkStop::Wrapped;
         }
         let at = (start + read) % size;
-        let Some((_, rec_size)) = header_at(data, at) else {
+        let Some((_, rec_size)) = data.header(at) else {
             break WalkStop::BadHeader {
                 offset: at as u64,
                 size: 0,
@@ -132,7 +193,7 @@ pub fn walk_backward(data: &[u8], head: u64) -> RingCopy {
     };
     let mut out = Vec::with_capacity(read);
     for &(at, len) in records.iter().rev() {
-        copy_wrapped(data, at, len, &mut out);
+        data.append(at, len, &mut out);
     }
     RingCopy {
         data: out,
@@ -145,7 +206,17 @@ pub fn walk_backward(data: &[u8], head: u64) -> RingCopy {
 /// appends the valid records to `out`. Returns the new tail (where reading stopped) and
 /// why it stopped.
 pub fn drain_forward(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>) -> (u64, WalkStop) {
-    let size = data.len();
+    drain_forward_in(data, tail, head, out)
+}
+
+/// [`drain_forward`] over any [`RingBytes`].
+pub fn drain_forward_in<D: RingBytes + ?Sized>(
+    data: &D,
+    tail: u64,
+    head: u64,
+    out: &mut Vec<u8>,
+) -> (u64, WalkStop) {
+    let size = data.size();
     if size == 0 || !size.is_multiple_of(8) {
         return (head, WalkStop::Empty);
     }
@@ -154,7 +225,7 @@ pub fn drain_forward(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>) -> (u
     let mut pos = tail.max(head.saturating_sub(size as u64));
     while pos < head {
         let at = usize::try_from(pos % size as u64).unwrap_or(0);
-        let Some((_, rec_size)) = header_at(data, at) else {
+        let Some((_, rec_size)) = data.header(at) else {
             return (
                 head,
                 WalkStop::BadHeader {
@@ -173,7 +244,7 @@ pub fn drain_forward(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>) -> (u
                 },
             );
         }
-        copy_wrapped(data, at, usize::from(rec_size), out);
+        data.append(at, usize::from(rec_size), out);
         pos += len;
     }
     (pos, WalkStop::Head)
@@ -279,18 +350,20 @@ impl PerfRing {
         self.map.write_u64(OFF_DATA_TAIL, tail);
     }
 
-    /// A copy of the whole data area (the ring should be paused or disabled).
-    fn data_copy(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        self.map
-            .copy_out(self.data_offset, self.data_size, &mut out);
-        out
+    /// The data area, read in place.
+    fn data(&self) -> MappedData<'_> {
+        MappedData {
+            map: &self.map,
+            offset: self.data_offset,
+            size: self.data_size,
+        }
     }
 
-    /// Overwrite mode: the records in the ring now, oldest first.
+    /// Overwrite mode: the records in the ring now, oldest first (the ring should be
+    /// paused or disabled).
     pub fn copy_backward(&self) -> RingCopy {
         let head = self.head();
-        walk_backward(&self.data_copy(), head)
+        walk_backward_in(&self.data(), head)
     }
 
     /// Forward mode: appends the records since the last drain to `out` and commits the
@@ -301,7 +374,8 @@ impl PerfRing {
         if head == tail {
             return WalkStop::Head;
         }
-        let (new_tail, stop) = drain_forward(&self.data_copy(), tail, head, out);
+        // Below `head` the kernel does not write until the tail moves on.
+        let (new_tail, stop) = drain_forward_in(&self.data(), tail, head, out);
         self.set_tail(new_tail);
         stop
     }

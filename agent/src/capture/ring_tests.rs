@@ -227,3 +227,46 @@ fn page_clock_reads_the_published_conversion() {
         }
     );
 }
+
+#[test]
+fn walks_over_the_mapping_read_what_walks_over_a_copy_read() {
+    // The rings are walked in place (no copy of the whole area); every walk must stop
+    // where the slice walk stops, with the same records: wrapped and partial rings,
+    // records split at the end of the area, bad headers, garbage.
+    let recs: Vec<Vec<u8>> = (0..200)
+        .map(|i| record(i, 8 * (1 + i as usize % 7)))
+        .collect();
+    let mut cases: Vec<(Vec<u8>, u64)> = [5usize, 60, 200]
+        .into_iter()
+        .map(|n| backward_ring(4096, &recs[..n]))
+        .collect();
+    let garbage: Vec<u8> = (0..4096u32)
+        .map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()[1])
+        .collect();
+    for head in [0u64, 8, 4088, u64::MAX - 7, 3] {
+        cases.push((garbage.clone(), head));
+    }
+    let (mut bad, head) = backward_ring(4096, &recs[..60]);
+    let at = usize::try_from(head % 4096).unwrap() + 6;
+    bad[at] = 3;
+    cases.push((bad, head));
+    for (data, head) in &cases {
+        let ring = fake_ring(data, *head);
+        assert_eq!(
+            ring.copy_backward(),
+            walk_backward(data, *head),
+            "head {head}"
+        );
+    }
+    // Forward: a record split at the end of the area, then one at its start.
+    let mut data = vec![0u8; 64];
+    let (a, b) = (record(1, 24), record(2, 16));
+    for (i, byte) in a.iter().chain(&b).enumerate() {
+        data[(48 + i) % 64] = *byte;
+    }
+    let mut ring = fake_ring(&data, 88);
+    ring.fake_write(OFF_DATA_TAIL, &48u64.to_le_bytes());
+    let mut out = Vec::new();
+    assert_eq!(ring.drain(&mut out), WalkStop::Head);
+    assert_eq!(out, [a, b].concat());
+}
