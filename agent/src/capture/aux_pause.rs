@@ -39,8 +39,10 @@
 //! member: a `cpu-clock` event of the thread that overflows every [`RESUME_PERIOD_NS`] of
 //! its CPU time. A dropped match costs that thread at most that much trace; after a
 //! snapshot, its trace restarts within that time. The userspace freeze still follows every
-//! trigger (other threads, other CPUs' buffers). Only with `post_trigger` zero (the run
-//! asks for no trace after the trigger); `run`/`attach` only (the agent: not yet).
+//! trigger (other threads, other CPUs' buffers). Only with `post_trigger` zero (no trace
+//! is asked for after the trigger): `run`/`attach`, and `lookback agent` for a process none
+//! of whose rules has a `post_trigger` (signals and plain syscalls; function entries there
+//! still freeze from userspace).
 
 use std::{
     ffi::CString,

@@ -20,7 +20,7 @@ use lookback_common::MAX_RULES;
 use super::discovery::{self, ProcessInfo};
 use super::early_freeze::EarlyFreeze;
 use crate::{
-    capture::{self, BackendRequest, CaptureOptions, Recorder},
+    capture::{self, BackendRequest, CaptureOptions, Recorder, aux_pause},
     rules::{self, Rule, RuleSet, Trigger},
     triggers::{
         EngineRule, TriggerEngine, TriggerError,
@@ -530,7 +530,18 @@ impl Tracer {
         if opts.backend == BackendRequest::Auto {
             opts.backend = self.auto;
         }
+        opts.pt.pause_on = self.pause_sources(mask);
         Some(opts)
+    }
+
+    /// [`pause_sources`] of the rules in `mask`.
+    fn pause_sources(&self, mask: u64) -> Vec<aux_pause::PauseSource> {
+        pause_sources(
+            self.rules
+                .values()
+                .filter(|r| mask & 1 << r.id != 0)
+                .map(|r| &r.rule),
+        )
     }
 
     /// Places the uprobes function rules in `mask` need for this process's binary.
@@ -630,6 +641,22 @@ fn place_probe(
     active.binaries.insert(key, placed);
 }
 
+/// The triggers of `rules` (those of one process) that can pause a PT recording in the
+/// kernel (`capture::aux_pause`): signals and plain syscalls, and only when no rule asks
+/// for trace after its trigger (`post_trigger`). Function entries would need the probe
+/// placed for this process's binary: not done here (they freeze from userspace).
+fn pause_sources<'a>(rules: impl Iterator<Item = &'a rules::Rule>) -> Vec<aux_pause::PauseSource> {
+    let rules: Vec<&rules::Rule> = rules.collect();
+    if rules.iter().any(|r| !r.snapshot.post_trigger.is_zero()) {
+        return Vec::new();
+    }
+    rules
+        .iter()
+        .filter_map(|r| aux_pause::pause_source(&r.trigger).ok())
+        .filter(|source| !matches!(source, aux_pause::PauseSource::FunctionEntry { .. }))
+        .collect()
+}
+
 /// The recorder options a rule's `capture` section asks for.
 pub fn capture_options(capture: &rules::Capture) -> CaptureOptions {
     CaptureOptions {
@@ -673,5 +700,53 @@ impl std::fmt::Display for ErrorChain<'_> {
             source = s.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pause_sources;
+    use crate::capture::aux_pause::PauseSource;
+    use crate::rules::RuleSet;
+
+    fn rules(yaml: &str) -> Vec<crate::rules::Rule> {
+        match RuleSet::from_str(yaml, "test.yaml") {
+            Ok(set) => set.rules,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    const RULES: &str = "version: 1
+rules:
+  - name: crash
+    target: { comm: app }
+    trigger: { signal: { signals: [SIGSEGV] } }
+  - name: slow
+    target: { comm: app }
+    trigger: { function: { symbol: handle, min_duration: 5ms } }
+  - name: entry
+    target: { comm: app }
+    trigger: { function: { symbol: handle } }
+";
+
+    #[test]
+    fn a_process_pauses_pt_in_the_kernel_for_signals_not_durations_nor_post_trigger() {
+        let all = rules(RULES);
+        let sources = pause_sources(all.iter());
+        assert_eq!(sources.len(), 1, "{sources:?}");
+        assert!(matches!(
+            &sources[0],
+            PauseSource::Tracepoint {
+                name: "signal_deliver",
+                ..
+            }
+        ));
+        // One rule of the process asks for trace after its trigger: no pause at all.
+        let with_post = rules(&RULES.replacen(
+            "trigger: { signal: { signals: [SIGSEGV] } }",
+            "trigger: { signal: { signals: [SIGSEGV] } }\n    snapshot: { post_trigger: 5ms }",
+            1,
+        ));
+        assert!(pause_sources(with_post.iter()).is_empty());
     }
 }
