@@ -645,8 +645,8 @@ fn place_probe(
 /// kernel (`capture::aux_pause`): signals and plain syscalls, and only when no rule asks
 /// for trace after its trigger (`post_trigger`). Function entries would need the probe
 /// placed for this process's binary: not done here (they freeze from userspace).
-fn pause_sources<'a>(rules: impl Iterator<Item = &'a rules::Rule>) -> Vec<aux_pause::PauseSource> {
-    let rules: Vec<&rules::Rule> = rules.collect();
+fn pause_sources<'a>(rules: impl Iterator<Item = &'a Rule>) -> Vec<aux_pause::PauseSource> {
+    let rules: Vec<&Rule> = rules.collect();
     if rules.iter().any(|r| !r.snapshot.post_trigger.is_zero()) {
         return Vec::new();
     }
