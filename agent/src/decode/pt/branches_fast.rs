@@ -592,11 +592,14 @@ const PER_OFFSET: usize = 64 + BATCH;
 )]
 fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: View<'_>) -> Step {
     let trace = lp.trace;
+    // The slot of `st.ip`: from the previous block where it knew it (its successors'
+    // slots), hashed only after a return or an indirect branch.
+    let mut slot = view.slot_of(st.ip);
     loop {
         if st.queued >= BATCH {
             return Step::Stop(Stop::Pause);
         }
-        let Some(block) = view.get(st.ip) else {
+        let Some(block) = view.at(slot, st.ip) else {
             return Step::Miss;
         };
         if CHECKED && st.stalled() + u64::from(block.ninsn) + 1 > MAX_STALLED_INSNS {
@@ -620,7 +623,11 @@ fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: Vi
                 st.count(block, false);
                 #[expect(clippy::needless_bitwise_bool, reason = "no branch on the outcome bit")]
                 let jump = taken & (block.target != block.fall);
-                st.ip = if taken { block.target } else { block.fall };
+                (st.ip, slot) = if taken {
+                    (block.target, usize::from(block.target_slot))
+                } else {
+                    (block.fall, usize::from(block.fall_slot))
+                };
                 lp.tally.branches[BranchKind::Jump.index()] += u64::from(jump);
                 emit_if(
                     jump,
@@ -648,6 +655,7 @@ fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: Vi
             };
             st.count(block, false);
             st.ip = block.target;
+            slot = usize::from(block.target_slot);
             lp.tally.branches[kind.index()] += 1;
             emit_if(
                 true,
@@ -700,6 +708,7 @@ fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: Vi
             });
         }
         st.ip = to;
+        slot = view.slot_of(to);
         st.count(block, st.ev.pos != offset);
         // (Without a branch on `keep`: a TNT's last bit decides it.)
         lp.tally.branches[kind.index()] += u64::from(keep);

@@ -55,6 +55,11 @@ pub(crate) struct FastBlock {
     pub target: u64,
     /// The mapped section the block is in.
     pub isid: u32,
+    /// The table slots of `target` and `fall` (set by [`FastBlocks::insert`]): the next
+    /// lookup reads its slot from here instead of hashing the address, which takes the
+    /// hash off the chain from one block to the next (the loop waits on that chain).
+    pub target_slot: u16,
+    pub fall_slot: u16,
     pub ninsn: u16,
     /// What the general walk leaves in `Block::size` (the branch's size where it knew).
     pub size: u8,
@@ -73,6 +78,8 @@ impl FastBlock {
         fall: 0,
         target: 0,
         isid: 0,
+        target_slot: 0,
+        fall_slot: 0,
         ninsn: 0,
         size: 0,
         exit: Exit::Cond,
@@ -103,6 +110,8 @@ pub(crate) fn resolve(dec: &BlockDecoder<'_>, ip: u64, mode: ExecMode) -> Option
             fall,
             target: fall.wrapping_add_signed(i64::from(entry.disp.unwrap_or(0))),
             isid: mapping.isid,
+            target_slot: 0,
+            fall_slot: 0,
             ninsn,
             size: 0,
             exit: Exit::Return,
@@ -160,11 +169,24 @@ pub(crate) struct View<'a> {
 
 impl<'a> View<'a> {
     /// The block at `ip` (in the view's mode), if it was resolved before.
-    #[inline]
+    #[cfg(test)]
     pub fn get(self, ip: u64) -> Option<&'a FastBlock> {
-        self.slots
-            .get(slot_index(ip, self.shift))
-            .filter(|b| b.ip == ip)
+        self.at(self.slot_of(ip), ip)
+    }
+
+    /// The slot where the block at `ip` would be.
+    #[inline]
+    pub fn slot_of(self, ip: u64) -> usize {
+        slot_index(ip, self.shift)
+    }
+
+    /// The block at `ip`, looked up in its slot `slot` ([`Self::slot_of`], or a block's
+    /// `target_slot`/`fall_slot`): empty slots match no address only in the slot where
+    /// their address is looked up.
+    #[inline]
+    pub fn at(self, slot: usize, ip: u64) -> Option<&'a FastBlock> {
+        debug_assert_eq!(slot, self.slot_of(ip), "the slot of {ip:#x}");
+        self.slots.get(slot).filter(|b| b.ip == ip)
     }
 }
 
@@ -220,6 +242,11 @@ impl FastBlocks {
         slot_index(ip, self.shift)
     }
 
+    /// [`Self::index`] as stored in a block: the table has at most 2^16 slots.
+    fn slot(&self, ip: u64) -> u16 {
+        u16::try_from(self.index(ip)).unwrap_or(u16::MAX)
+    }
+
     /// The table for lookups of blocks in `mode` (emptied if it held another mode's):
     /// a loop that holds the view keeps the slots and the shift in registers (through
     /// `&mut self` they are reloaded after every store).
@@ -256,6 +283,11 @@ impl FastBlocks {
         if block.mode != self.mode {
             self.empty_for(block.mode);
         }
+        let block = FastBlock {
+            target_slot: self.slot(block.target),
+            fall_slot: self.slot(block.fall),
+            ..block
+        };
         let index = self.index(block.ip);
         let Some(slot) = self.slots.get_mut(index) else {
             return;
@@ -328,6 +360,39 @@ mod tests {
                 "{ip:#x}"
             );
         }
+    }
+
+    #[test]
+    fn blocks_know_the_slots_of_their_successors_in_the_table_they_are_in() {
+        let mut table = FastBlocks::default();
+        let ips: Vec<u64> = (0..4 * MIN_SLOTS as u64)
+            .map(|i| 0x40_0000 + 16 * i)
+            .collect();
+        for _ in 0..4 {
+            for &ip in &ips {
+                table.insert(FastBlock {
+                    ninsn: 1,
+                    target: ip + 0x1000,
+                    ..block(ip, ExecMode::Bits64)
+                });
+            }
+        }
+        // Through growth: every block's slots are those of the table it is in now.
+        assert!(table.slots.len() > MIN_SLOTS);
+        let view = table.view(ExecMode::Bits64);
+        let mut checked = 0;
+        for &ip in &ips {
+            if let Some(b) = view.get(ip) {
+                assert_eq!(usize::from(b.target_slot), view.slot_of(b.target));
+                assert_eq!(usize::from(b.fall_slot), view.slot_of(b.fall));
+                assert_eq!(
+                    view.at(usize::from(b.fall_slot), b.fall).map(|f| f.ip),
+                    view.get(b.fall).map(|f| f.ip)
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > ips.len() / 2);
     }
 
     #[test]
