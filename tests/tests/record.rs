@@ -490,3 +490,78 @@ fn intel_pt_is_refused_with_a_clear_message_where_it_does_not_exist() {
         "{err}"
     );
 }
+
+/// More triggers than the writer keeps up with (one every 15 ms; a trace takes 30–60 ms
+/// to write here): triggers beyond the 4 snapshots waiting to be written are dropped and
+/// counted in the summary, every trigger is either written or dropped, snapshots are
+/// written again as the writer catches up, and a dropped trigger lets its process go at
+/// once: every written snapshot has samples of the process in the 10 ms before its
+/// trigger (a process left frozen by a dropped trigger has none until the next snapshot
+/// is copied).
+#[test]
+fn triggers_beyond_the_write_queue_are_dropped_and_let_their_process_go() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run_lookback_with(
+        dir.path(),
+        &[
+            "--json",
+            "--max-snapshots",
+            "0",
+            "--trigger",
+            "func:lb_spin>10ms",
+        ],
+        &["spinbg", "15", "30", "0"],
+        &[("RUST_LOG", "lookback::cli::record=debug")],
+    );
+    let log = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let written: Vec<&str> = lines
+        .iter()
+        .filter_map(|v| v["snapshot"].as_str())
+        .collect();
+    let summary = lines
+        .iter()
+        .find(|v| v.get("summary").is_some())
+        .unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
+    let dropped = summary["summary"]["snapshots_dropped"]
+        .as_u64()
+        .expect("snapshots_dropped");
+    let emitted = summary["summary"]["rules"][0]["counters"]["emitted"]
+        .as_u64()
+        .expect("emitted");
+    assert!(dropped > 0, "nothing dropped:\n{log}");
+    // Some snapshot was taken after a drop (else the check below proves nothing).
+    let first_drop = log.find("trigger dropped").expect("a drop");
+    assert!(
+        log[first_drop..].contains("frozen in the kernel"),
+        "no snapshot after the first drop:\n{log}"
+    );
+    assert_eq!(
+        log.matches("trigger dropped").count(),
+        usize::try_from(dropped).unwrap(),
+        "{log}"
+    );
+    assert_eq!(
+        written.len() as u64 + dropped,
+        emitted,
+        "every trigger written or dropped"
+    );
+    for path in &written {
+        let snap = read_snapshot(Path::new(path));
+        let trigger = snap.meta.trigger.clone().expect("trigger");
+        let recent = samples(&snap)
+            .iter()
+            .filter(|s| s.pid == Some(trigger.pid))
+            .filter_map(|s| s.time)
+            .filter(|&t| t + 10_000_000 >= trigger.trigger_time_ns && t <= trigger.trigger_time_ns)
+            .count();
+        assert!(
+            recent >= 20,
+            "{path}: {recent} samples in the 10 ms before its trigger"
+        );
+    }
+}
