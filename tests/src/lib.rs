@@ -2,6 +2,8 @@
 //! binary (built once per test process with `cargo build -p lookback`, or taken from
 //! `LOOKBACK_BIN`).
 
+pub mod agent;
+
 use std::{
     ffi::OsString,
     path::{Path, PathBuf},

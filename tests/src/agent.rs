@@ -1,0 +1,328 @@
+//! `lookback agent` under test: start it on a rules file, run workloads it traces, scrape
+//! its metrics, read what it wrote. Shared by the `agent*` integration tests.
+#![expect(
+    clippy::missing_panics_doc,
+    reason = "test helpers: every failure is a test failure"
+)]
+#![expect(
+    clippy::float_cmp,
+    reason = "metric values are integer counts, exactly representable"
+)]
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use lookback::snapshot::{self, Snapshot};
+
+use crate::{lookback_bin, ring_samples, workload};
+
+/// A running `lookback agent` with its log and metrics address.
+pub struct Agent {
+    pub child: Child,
+    log: Arc<Mutex<String>>,
+    addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Starts an agent on `rules` (YAML; `@WORKLOAD@` is replaced by the workload's path)
+    /// with `--output-dir DIR/out` unless `extra` gives one, and waits until it is ready.
+    pub fn start(rules: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(rules, extra, &[])
+    }
+
+    /// [`start`](Self::start) with extra environment variables.
+    pub fn start_with_env(rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut agent = Self::launch(rules, extra, env);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while agent.get("/readyz").0 != 200 {
+            assert!(
+                Instant::now() < deadline,
+                "agent never ready:\n{}",
+                agent.log()
+            );
+            agent.assert_running();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        agent
+    }
+
+    /// Starts the agent and waits for its metrics address, not for readiness.
+    pub fn launch(rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = dir.path().join("rules.yaml");
+        write_rules(&config, rules);
+        let out = dir.path().join("out");
+        let mut cmd = Command::new(lookback_bin());
+        cmd.args(["agent", "--config"]).arg(&config).args([
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--max-queued",
+            "64",
+        ]);
+        if !extra.contains(&"--output-dir") {
+            cmd.arg("--output-dir").arg(&out);
+        }
+        let mut child = cmd
+            .args(extra)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting lookback agent");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().expect("log");
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut agent = Self {
+            child,
+            log,
+            addr: String::new(),
+            dir,
+        };
+        agent.addr = agent.wait_log("metrics on http://", Duration::from_secs(30));
+        agent.addr = agent
+            .addr
+            .split("metrics on http://")
+            .nth(1)
+            .and_then(|s| s.split('/').next())
+            .expect("metrics address in the log")
+            .to_owned();
+        agent
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("rules.yaml")
+    }
+
+    pub fn out(&self) -> PathBuf {
+        self.dir.path().join("out")
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().expect("log").clone()
+    }
+
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("agent exited ({status}):\n{}", self.log());
+        }
+    }
+
+    /// Waits for a log line containing `needle`; returns that line.
+    pub fn wait_log(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return line.to_owned();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {needle:?}:\n{}",
+                self.log()
+            );
+            self.assert_running();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `GET path` → (status, body).
+    pub fn get(&self, path: &str) -> (u16, String) {
+        let Ok(mut s) = TcpStream::connect(&self.addr) else {
+            return (0, String::new());
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map_or("", |b| b.1).to_owned();
+        (status, body)
+    }
+
+    /// Every sample of `/metrics`, keyed `name{labels}` as exposed.
+    pub fn metrics(&self) -> BTreeMap<String, f64> {
+        let (status, body) = self.get("/metrics");
+        assert_eq!(status, 200, "{body}");
+        body.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| {
+                let (key, value) = l.rsplit_once(' ')?;
+                Some((key.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// The value of `name` with exactly `labels` (as `k="v"` pairs, any order); 0 when absent.
+    pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.metric_opt(name, labels).unwrap_or(0.0)
+    }
+
+    /// The value of `name` with exactly `labels`; `None` when the series is not exposed.
+    pub fn metric_opt(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        self.metrics()
+            .iter()
+            .find(|(key, _)| {
+                let Some(rest) = key.strip_prefix(name) else {
+                    return false;
+                };
+                let inner = rest.trim_start_matches('{').trim_end_matches('}');
+                let mut have: Vec<&str> = if inner.is_empty() {
+                    Vec::new()
+                } else {
+                    inner.split(',').collect()
+                };
+                have.sort_unstable();
+                let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+                want.sort_unstable();
+                (rest.is_empty() || rest.starts_with('{')) && have == want
+            })
+            .map(|(_, v)| *v)
+    }
+
+    /// Waits until `name{labels}` equals `value` (metrics are refreshed from the kernel
+    /// every 250 ms), then checks it stays there for a moment.
+    pub fn expect_metric(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let got = self.metric(name, labels);
+            if got == value {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name}{labels:?} = {got}, expected {value}\n--- metrics\n{}\n--- log\n{}",
+                self.get("/metrics").1,
+                self.log()
+            );
+            self.assert_running();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(600));
+        let later = self.metric(name, labels);
+        assert_eq!(
+            later,
+            value,
+            "{name}{labels:?} moved on from {value} to {later}\n{}",
+            self.log()
+        );
+    }
+
+    /// SIGTERM, and the agent must exit 0.
+    pub fn stop_ok(&mut self) {
+        let (status, log) = self.stop();
+        assert!(status.success(), "{status}\n{log}");
+    }
+
+    /// SIGTERM; returns the exit status.
+    pub fn stop(&mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(i32::try_from(self.child.id()).expect("pid"), libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent ignores SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        (status, self.log())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn write_rules(path: &Path, rules: &str) {
+    let exe = workload().canonicalize().expect("workload path");
+    let text = rules.replace("@WORKLOAD@", &exe.display().to_string());
+    // Write and rename, as a ConfigMap update does, so the agent never reads half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("writing rules");
+    std::fs::rename(&tmp, path).expect("renaming rules");
+}
+
+impl Agent {
+    /// Runs the workload to completion, started after the agent: it waits (`--wait`) until
+    /// the agent reports tracing it, so that its recorder runs before the workload does its
+    /// work (a process that lives less than the few milliseconds opening a recorder takes
+    /// is counted, but cannot be recorded).
+    pub fn run_workload(&mut self, args: &[&str]) {
+        let mut child = Command::new(workload())
+            .arg("--wait")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("workload");
+        self.wait_log(
+            &format!("tracing process {} ", child.id()),
+            Duration::from_secs(10),
+        );
+        let _ = child.stdin.take().expect("stdin").write_all(b"go\n");
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "workload {args:?}: {status}");
+    }
+}
+
+/// The files of directory `dir`, sorted.
+pub fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The `.lbsnap` files of `dir`, oldest first (the names start with the UTC time).
+pub fn read_snapshots(dir: &Path) -> Vec<Snapshot> {
+    files(dir)
+        .iter()
+        .filter(|n| n.ends_with(".lbsnap"))
+        .map(|n| snapshot::read(&dir.join(n)).expect("a readable snapshot"))
+        .collect()
+}
+
+/// Sample times of process `pid` in `snap`.
+pub fn sample_times(snap: &Snapshot, pid: u32) -> Vec<u64> {
+    ring_samples(&snap.rings, snap.meta.recorder.sample_type)
+        .iter()
+        .filter(|s| s.pid == Some(pid))
+        .filter_map(|s| s.time)
+        .collect()
+}
