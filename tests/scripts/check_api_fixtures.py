@@ -22,17 +22,8 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.append(os.path.join(HERE, "..", "..", ".tools", "python"))
+from kube_schemas import jsonschema, kubernetes_validate, VERSIONS
 
-try:
-    import jsonschema
-    import kubernetes_validate
-except ImportError as exc:  # pragma: no cover
-    print(f"a package is missing ({exc}); run `cargo xtask setup`", file=sys.stderr)
-    sys.exit(3)
-
-VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
 SCHEMAS = os.path.join(os.path.dirname(kubernetes_validate.__file__), "kubernetes-json-schema")
 WATCH_TYPES = {"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"}
 

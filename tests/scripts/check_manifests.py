@@ -22,19 +22,9 @@ import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.append(os.path.join(HERE, "..", "..", ".tools", "python"))
+from kube_schemas import jsonschema, kubernetes_validate, require, VERSIONS
 
-try:
-    import jsonschema
-    import kubernetes_validate
-    import yaml
-except ImportError as exc:  # pragma: no cover
-    print(f"a package is missing ({exc}); run `cargo xtask setup`", file=sys.stderr)
-    sys.exit(3)
-
-# Oldest Kubernetes release we support, and the newest the pinned package knows.
-VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
+(yaml,) = require("yaml")
 
 NAME = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}

@@ -286,13 +286,19 @@ impl Agent {
             .stdout(Stdio::null())
             .spawn()
             .expect("workload");
+        self.release_when_traced(&mut child);
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "workload {args:?}: {status}");
+    }
+
+    /// Lets `child` (a workload started with `--wait` and a piped stdin) go on once the
+    /// agent reports tracing it.
+    pub fn release_when_traced(&mut self, child: &mut Child) {
         self.wait_log(
             &format!("tracing process {} ", child.id()),
             Duration::from_secs(10),
         );
         let _ = child.stdin.take().expect("stdin").write_all(b"go\n");
-        let status = child.wait().expect("wait");
-        assert!(status.success(), "workload {args:?}: {status}");
     }
 }
 

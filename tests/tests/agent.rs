@@ -15,7 +15,6 @@
 )]
 use std::{
     collections::BTreeSet,
-    io::Write as _,
     os::unix::fs::PermissionsExt as _,
     path::Path,
     process::{Child, Command, Stdio},
@@ -59,11 +58,7 @@ fn several_rules_and_workloads_give_exact_counts() {
         .spawn()
         .expect("workload");
     let mut agent = Agent::start(RULES, &[]);
-    agent.wait_log(
-        &format!("tracing process {} ", early.id()),
-        Duration::from_secs(10),
-    );
-    let _ = early.stdin.take().expect("stdin").write_all(b"go\n");
+    agent.release_when_traced(&mut early);
     assert!(early.wait().expect("wait").success());
     // Started after the agent: found through the kernel's exec events.
     agent.run_workload(&["calls", "4", "2", "25000", "100", "1"]);
@@ -514,19 +509,14 @@ rules:
 ";
     let mut agent = Agent::start(rules, &[]);
     // A hundred 100 ms sleeps: the process outlives the test (its exit would freeze too).
-    let mut child = Command::new(workload())
+    let child = Command::new(workload())
         .args(["--wait", "nanosleep", "100", "100000"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .expect("workload");
-    let stdin = child.stdin.take();
-    let workload = Running(child);
-    agent.wait_log(
-        &format!("tracing process {} ", workload.0.id()),
-        Duration::from_secs(10),
-    );
-    let _ = stdin.expect("stdin").write_all(b"go\n");
+    let mut workload = Running(child);
+    agent.release_when_traced(&mut workload.0);
     agent.wait_log("trigger sleeps", Duration::from_secs(10));
     std::thread::sleep(Duration::from_millis(300));
     let out = agent.out();

@@ -7,6 +7,14 @@
 
 use lookback_tests::agent::{Agent, files, read_snapshots, sample_times};
 
+/// What both tests record with: the sampling backend, every trigger a snapshot.
+const SAMPLING: &str = "
+version: 1
+defaults:
+  capture: { backend: sampling, buffer_size: 1MiB }
+  snapshot: { cooldown: 0s, max_per_hour: 1000 }
+rules:";
+
 /// A sampling rule without `post_trigger` freezes in the kernel, as `run` does: the
 /// trigger's BPF program stops the process's samples (`FROZEN`, `sample_filter` on the
 /// agent's recorder) and the snapshot records that moment. Each snapshot found its
@@ -15,18 +23,17 @@ use lookback_tests::agent::{Agent, files, read_snapshots, sample_times};
 /// first freeze and the second trigger.
 #[test]
 fn a_sampling_rule_freezes_in_the_kernel_and_sampling_resumes() {
-    let rules = r"
-version: 1
-defaults:
-  capture: { backend: sampling, buffer_size: 1MiB }
-  snapshot: { cooldown: 0s, max_per_hour: 1000 }
-rules:
+    let rules = [
+        SAMPLING,
+        r"
   - name: spin
     target: { comm: workload }
     trigger: { function: { symbol: lb_spin, binary: @WORKLOAD@, min_duration: 20ms } }
-";
+",
+    ]
+    .concat();
     let mut agent = Agent::start_with_env(
-        rules,
+        &rules,
         &[],
         &[("RUST_LOG", "info,lookback::daemon::targets=debug")],
     );
@@ -75,12 +82,9 @@ rules:
 /// the process's samples after the dropped triggers.
 #[test]
 fn a_trigger_dropped_as_busy_unfreezes_its_process() {
-    let rules = r"
-version: 1
-defaults:
-  capture: { backend: sampling, buffer_size: 1MiB }
-  snapshot: { cooldown: 0s, max_per_hour: 1000 }
-rules:
+    let rules = [
+        SAMPLING,
+        r"
   - name: waits
     target: { comm: workload }
     trigger: { function: { symbol: lb_spin, binary: @WORKLOAD@ } }
@@ -88,8 +92,10 @@ rules:
   - name: freezes
     target: { comm: workload }
     trigger: { function: { symbol: lb_spin, binary: @WORKLOAD@, min_duration: 20ms } }
-";
-    let mut agent = Agent::start(rules, &[]);
+",
+    ]
+    .concat();
+    let mut agent = Agent::start(&rules, &[]);
     // Entries of lb_spin at 0, 40 and 80 ms (`waits`: the first pending for 400 ms),
     // returns at 40, 80, 120 ms (`freezes`: frozen in the kernel, then busy); the second
     // thread spins until 900 ms.

@@ -122,17 +122,13 @@ rules:
         .stdout(Stdio::null())
         .spawn()
         .expect("sh");
-    agent.wait_log(
-        &format!("tracing process {} ", inside.id()),
-        Duration::from_secs(10),
-    );
-    // Outside: the same program, not selected.
+    // Outside: the same program, not selected (run while the one inside waits).
     let bystander = Command::new(workload())
         .args(["nanosleep", "3", "2000"])
         .status()
         .expect("bystander");
     assert!(bystander.success());
-    let _ = inside.stdin.take().expect("stdin").write_all(b"go\n");
+    agent.release_when_traced(&mut inside);
     assert!(inside.wait().expect("wait").success());
     agent.expect_metric("lookback_triggers_total", &[("rule", "pod-sleeps")], 3.0);
     let ok = [
