@@ -6,6 +6,7 @@
 //! side), and each field names its unit.
 #![no_std]
 
+pub mod probe;
 pub mod process;
 pub mod rule;
 pub mod trigger;

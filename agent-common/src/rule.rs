@@ -4,7 +4,8 @@
     reason = "BPF: the checks must inline into the program so the verifier sees map-value bounds"
 )]
 
-/// A function rule: uprobe on entry, plus a uretprobe when a minimum duration is set.
+/// A function rule: uprobe on entry, plus uprobes on its exits (or, on request, a
+/// uretprobe) when a minimum duration is set.
 pub const KIND_FUNCTION: u32 = 1;
 /// A syscall rule: `raw_syscalls` `sys_enter`/`sys_exit` raw tracepoints.
 pub const KIND_SYSCALL: u32 = 2;
@@ -135,8 +136,13 @@ pub const COUNTER_EMITTED: u32 = 3;
 pub const COUNTER_RINGBUF_FULL: u32 = 4;
 /// Function calls deeper than the per-thread entry stack: their durations are not measured.
 pub const COUNTER_DEPTH_OVERFLOW: u32 = 5;
-/// Returns without a recorded entry (attached mid-call, or longjmp past the probe).
+/// Exits without a recorded entry (attached mid-call, or the entry was deeper than the
+/// per-thread stack).
 pub const COUNTER_UNMATCHED_RETURN: u32 = 6;
+/// Entries dropped because their frame was abandoned (longjmp, a C++ exception, a Rust
+/// panic unwinding through the function): a later entry or exit of the same thread came
+/// from a frame at or above theirs. Their calls are not measured.
+pub const COUNTER_UNWOUND: u32 = 7;
 
 /// Kernel-side settings shared by all rules (`CONFIG` array map, index 0).
 #[repr(C)]
@@ -159,16 +165,39 @@ pub struct EngineConfig {
     pub process_events: u32,
 }
 
-/// Depth of the per-thread stack of function entry times (recursion is measured up to it).
+/// Depth of the per-thread stack of function entries (recursion is measured up to it).
 pub const MAX_CALL_DEPTH: usize = 32;
 
-/// Entry times of one thread for one function rule (`ENTRY_TIMES` map).
+/// One call in flight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EntryFrame {
+    /// Where the frame sits: the stack pointer at entry (pointing at the return address),
+    /// or, in Go, `sp - stack.hi` (negative: the distance from the goroutine stack's top,
+    /// which survives the runtime copying the stack). Compared as `i64`: lower is deeper.
+    pub height: u64,
+    /// `CLOCK_MONOTONIC` ns at entry.
+    pub entry_ns: u64,
+}
+
+/// The calls in flight of one thread (or goroutine) for one function rule (`ENTRY_TIMES`),
+/// outermost first: heights strictly decrease from `frames[0]` to `frames[depth - 1]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct EntryStack {
-    /// Current call depth; may exceed `MAX_CALL_DEPTH` (those entries are not timed).
+    /// Valid frames, at most `MAX_CALL_DEPTH`.
     pub depth: u64,
-    pub entry_ns: [u64; MAX_CALL_DEPTH],
+    pub frames: [EntryFrame; MAX_CALL_DEPTH],
+}
+
+/// Key of `ENTRY_TIMES`: a thread id, or for Go the goroutine's `g` pointer (unique only
+/// within its process, hence the tgid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EntryKey {
+    pub thread: u64,
+    pub tgid: u32,
+    pub rule_id: u32,
 }
 
 /// A syscall in flight on a traced thread (`SYSCALL_START` map).
@@ -192,4 +221,6 @@ mod pod {
     unsafe impl aya::Pod for super::EntryStack {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SyscallStart {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::EntryKey {}
 }

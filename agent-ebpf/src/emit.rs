@@ -25,12 +25,18 @@ const HOUR_NS: u64 = 3_600_000_000_000;
 /// Adds one to a per-rule counter.
 #[inline(always)]
 pub fn count(rule_id: u32, counter: u32) {
+    count_n(rule_id, counter, 1);
+}
+
+/// Adds `n` to a per-rule counter.
+#[inline(always)]
+pub fn count_n(rule_id: u32, counter: u32, n: u64) {
     if rule_id >= MAX_RULES {
         return;
     }
     if let Some(slot) = COUNTERS.get_ptr_mut(rule_id * COUNTERS_PER_RULE + counter) {
         // SAFETY: per-CPU slot, programs do not migrate while running.
-        unsafe { *slot += 1 };
+        unsafe { *slot += n };
     }
 }
 

@@ -1,25 +1,44 @@
-//! Function triggers: a uprobe on entry and a uretprobe on return of one symbol, attached
-//! with the rule id as the BPF cookie (kernel ≥ 5.15). Entry-only rules fire on entry;
-//! latency rules keep a per-thread stack of entry times so recursion and concurrent
-//! threads are each measured against their own entry.
+//! Function triggers. Entry-only rules fire at the entry uprobe. Latency rules measure each
+//! call between its entry uprobe and the uprobe on the instruction that leaves the function
+//! (`ret`, a tail-call jump), found by disassembling the function in userspace: the return
+//! address on the target's stack is never replaced, so C++ exceptions, Rust panics, longjmp
+//! and Go's stack copying see the stack they expect. (A uretprobe, which does replace it,
+//! runs only on explicit request: `function_return`.)
+//!
+//! Each thread (Go: each goroutine) keeps a stack of its calls in flight as (height, entry
+//! time); height is the stack pointer at entry (Go: its distance from the goroutine stack's
+//! top). At an entry and at an exit, SP points at the return address, so:
+//! - an entry first drops the frames at or below its own height: they can only have been
+//!   abandoned (longjmp, an exception, a panic) — their calls are not measured (`unwound`);
+//! - an exit drops the frames below its height (abandoned the same way) and pops the one
+//!   at its height; no frame there → `unmatched_return`.
+//!
+//! So the per-thread stack can never wedge, and a stale frame can never produce a duration.
+//! Probe attach cookies (`lookback_common::probe`) carry the rule and the kind of site.
 use aya_ebpf::{
     EbpfContext as _,
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_get_attach_cookie},
+    bindings::pt_regs,
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{uprobe, uretprobe},
     programs::{ProbeContext, RetProbeContext},
 };
 use lookback_common::{
     MAX_RULES,
+    probe::{
+        MAX_CODE_RANGES, REG_NONE, REG_RIP, SITE_COND_JUMP, SITE_INDIRECT_JUMP, SITE_JUMP,
+        SITE_RET, SITE_URETPROBE, condition_holds, cookie_condition, cookie_go, cookie_jump_site,
+        cookie_rule, cookie_site,
+    },
     rule::{
-        COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, EntryStack, FLAG_ON_ENTRY,
-        MAX_CALL_DEPTH, RuleSpec,
+        COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, COUNTER_UNWOUND, EntryFrame, EntryKey,
+        EntryStack, FLAG_ON_ENTRY, MAX_CALL_DEPTH, RuleSpec,
     },
     trigger::{PHASE_ENTRY, PHASE_RETURN},
 };
 
 use crate::{
-    emit::{count, fire, now_ns, record_for_current},
-    maps::{ENTRY_TIMES, RULES, config, current_rules},
+    emit::{count, count_n, fire, now_ns, record_for_current},
+    maps::{EMPTY_ENTRY_STACK, ENTRY_TIMES, JUMP_SITES, RULES, config, current_rules},
 };
 
 #[uprobe]
@@ -28,18 +47,32 @@ pub fn function_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
-#[uretprobe]
-pub fn function_return(ctx: RetProbeContext) -> u32 {
-    let _ = try_function_return(&ctx);
+/// At a `ret` or a jump out of the function (the cookie says which).
+#[uprobe]
+pub fn function_exit(ctx: ProbeContext) -> u32 {
+    // SAFETY: the context pointer comes from the kernel for this program invocation.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let _ = try_function_exit(ctx.regs, cookie);
     0
 }
 
-/// The rule this probe was attached for, if the current process is one of its targets.
-#[inline(always)]
-fn rule_for(ctx_ptr: *mut core::ffi::c_void, pid_tgid: u64) -> Option<(u32, &'static RuleSpec)> {
+/// An explicitly requested uretprobe (`return_probe: uretprobe`).
+#[uretprobe]
+pub fn function_return(ctx: RetProbeContext) -> u32 {
     // SAFETY: the context pointer comes from the kernel for this program invocation.
-    let cookie = unsafe { bpf_get_attach_cookie(ctx_ptr) };
-    let rule_id = u32::try_from(cookie).ok().filter(|id| *id < MAX_RULES)?;
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let _ = try_function_exit(ctx.regs, cookie);
+    0
+}
+
+/// The rule a probe with `cookie` was attached for, if the current process is one of its
+/// targets.
+#[inline(always)]
+fn rule_for(cookie: u64, pid_tgid: u64) -> Option<(u32, &'static RuleSpec)> {
+    let rule_id = cookie_rule(cookie);
+    if rule_id >= MAX_RULES {
+        return None;
+    }
     let mask = current_rules((pid_tgid >> 32) as u32, config()?);
     if mask & (1 << rule_id) == 0 {
         return None;
@@ -47,68 +80,231 @@ fn rule_for(ctx_ptr: *mut core::ffi::c_void, pid_tgid: u64) -> Option<(u32, &'st
     Some((rule_id, RULES.get(rule_id)?))
 }
 
+/// Whose calls these are and where the current frame sits, with the stack pointer `sp`
+/// pointing at the return address. Go: `None` when R14 does not hold a goroutine whose
+/// stack contains `sp` (system stack, cgo, foreign code): that call is not measured.
+#[inline(always)]
+fn frame_of(
+    regs: &pt_regs,
+    sp: u64,
+    go: bool,
+    pid_tgid: u64,
+    rule_id: u32,
+) -> Option<(EntryKey, u64)> {
+    let tgid = (pid_tgid >> 32) as u32;
+    if !go {
+        let key = EntryKey {
+            thread: pid_tgid & 0xffff_ffff,
+            tgid,
+            rule_id,
+        };
+        return Some((key, sp));
+    }
+    let g = regs.r14;
+    // runtime.g starts with `stack struct { lo, hi uintptr }`.
+    // SAFETY: the checked helper reads user memory or fails.
+    let bounds = unsafe { bpf_probe_read_user(g as *const [u64; 2]) }.ok()?;
+    let (lo, hi) = (bounds[0], bounds[1]);
+    if g == 0 || sp < lo || sp >= hi {
+        return None;
+    }
+    let key = EntryKey {
+        thread: g,
+        tgid,
+        rule_id,
+    };
+    Some((key, sp.wrapping_sub(hi)))
+}
+
+/// Drops the frames at or below `height` (`inclusive`) or strictly below it; returns how
+/// many.
+#[inline(always)]
+fn drop_below(stack: &mut EntryStack, height: u64, inclusive: bool) -> u64 {
+    let mut dropped = 0;
+    for _ in 0..MAX_CALL_DEPTH {
+        let depth = stack.depth as usize;
+        if depth == 0 {
+            break;
+        }
+        let Some(top) = stack.frames.get((depth - 1) & (MAX_CALL_DEPTH - 1)) else {
+            break;
+        };
+        let (top, at) = (top.height.cast_signed(), height.cast_signed());
+        if top < at || (inclusive && top == at) {
+            stack.depth -= 1;
+            dropped += 1;
+        } else {
+            break;
+        }
+    }
+    dropped
+}
+
 fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let (rule_id, rule) = rule_for(ctx.as_ptr(), pid_tgid)?;
-    let key = (u64::from(rule_id) << 32) | (pid_tgid & 0xffff_ffff);
+    // SAFETY: the context pointer comes from the kernel for this program invocation.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let (rule_id, rule) = rule_for(cookie, pid_tgid)?;
+    // SAFETY: regs points at the probed task's saved registers.
+    let regs = unsafe { &*ctx.regs };
     if rule.flags & FLAG_ON_ENTRY != 0 {
         let mut record = record_for_current(pid_tgid);
         record.phase = PHASE_ENTRY;
-        // SAFETY: regs points at the probed task's saved registers.
-        record.ip = unsafe { (*ctx.regs).rip };
-        record.depth = ENTRY_TIMES
-            .get_ptr(key)
-            // SAFETY: map value pointer valid for this invocation.
-            .map_or(0, |s| unsafe { (*s).depth } as u32);
+        record.ip = regs.rip;
         fire(rule_id, rule, record);
         return Some(());
     }
     let now = now_ns();
+    let (key, height) = frame_of(regs, regs.rsp, cookie_go(cookie), pid_tgid, rule_id)?;
     let stack = if let Some(stack) = ENTRY_TIMES.get_ptr_mut(key) {
         stack
     } else {
-        let fresh = EntryStack {
-            depth: 0,
-            entry_ns: [0; MAX_CALL_DEPTH],
-        };
-        ENTRY_TIMES.insert(key, fresh, 0).ok()?;
+        // The empty stack comes from a map: 520 bytes do not fit the BPF stack.
+        // SAFETY: array map values are preallocated and never written.
+        let empty = unsafe { &*EMPTY_ENTRY_STACK.get_ptr(0)? };
+        ENTRY_TIMES.insert(key, empty, 0).ok()?;
         ENTRY_TIMES.get_ptr_mut(key)?
     };
-    // SAFETY: map value pointer valid for this invocation; only this thread uses this key.
+    // SAFETY: map value pointer valid for this invocation; only this thread uses this key
+    // (Go: only the thread running this goroutine).
     let stack = unsafe { &mut *stack };
-    let depth = stack.depth as usize;
-    if let Some(slot) = stack.entry_ns.get_mut(depth) {
-        *slot = now;
-    } else {
-        count(rule_id, COUNTER_DEPTH_OVERFLOW);
+    let dropped = drop_below(stack, height, true);
+    if dropped != 0 {
+        count_n(rule_id, COUNTER_UNWOUND, dropped);
     }
+    let depth = stack.depth as usize;
+    if depth >= MAX_CALL_DEPTH {
+        count(rule_id, COUNTER_DEPTH_OVERFLOW);
+        return Some(());
+    }
+    let slot = stack.frames.get_mut(depth & (MAX_CALL_DEPTH - 1))?;
+    *slot = EntryFrame {
+        height,
+        entry_ns: now,
+    };
     stack.depth += 1;
     Some(())
 }
 
-fn try_function_return(ctx: &RetProbeContext) -> Option<()> {
+/// The probed task's general registers and RIP in `JumpSite` numbering, copied out of the
+/// context: the verifier refuses a load through a context pointer with a computed offset,
+/// which is what a `match` on the register number compiles to.
+#[inline(always)]
+fn registers(regs: &pt_regs) -> [u64; 17] {
+    [
+        regs.rax, regs.rcx, regs.rdx, regs.rbx, regs.rsp, regs.rbp, regs.rsi, regs.rdi, regs.r8,
+        regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15, regs.rip,
+    ]
+}
+
+/// Register `n` of `all` (see [`registers`]); `None` for [`REG_NONE`] and anything else
+/// out of range.
+#[inline(always)]
+fn register(all: &[u64; 17], n: u8) -> Option<u64> {
+    if n > REG_RIP {
+        return None;
+    }
+    // An opaque index, bounded after the read, so the verifier sees the bound (as in
+    // `bit_is_set` of lookback-common).
+    let index = usize::from(n);
+    // SAFETY: reading a local we own.
+    let index = unsafe { core::ptr::read_volatile(&raw const index) };
+    if index > 16 {
+        return None;
+    }
+    Some(all[index])
+}
+
+/// Whether the indirect jump at the probe leaves the function: its target, computed as the
+/// instruction would, is outside every code range of the function. `None` (not decided,
+/// the call is then not measured at this site) when the target cannot be read.
+#[inline(always)]
+fn indirect_jump_leaves(regs: &pt_regs, index: u32) -> Option<bool> {
+    let site = JUMP_SITES.get(index)?;
+    let all = registers(regs);
+    let mut address = site.disp.cast_unsigned();
+    if site.base != REG_NONE {
+        address = address.wrapping_add(register(&all, site.base)?);
+    }
+    if site.index != REG_NONE {
+        address =
+            address.wrapping_add(register(&all, site.index)?.wrapping_mul(u64::from(site.scale)));
+    }
+    let target = if site.memory != 0 {
+        // SAFETY: the checked helper reads user memory or fails.
+        unsafe { bpf_probe_read_user(address as *const u64) }.ok()?
+    } else {
+        address
+    };
+    let here = regs.rip;
+    for i in 0..MAX_CODE_RANGES {
+        if i >= usize::from(site.range_count) {
+            break;
+        }
+        let range = site.ranges[i];
+        let start = here.wrapping_add(range.start.cast_unsigned());
+        let end = here.wrapping_add(range.end.cast_unsigned());
+        if target >= start && target < end {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
+fn try_function_exit(regs: *mut pt_regs, cookie: u64) -> Option<()> {
     let now = now_ns();
     let pid_tgid = bpf_get_current_pid_tgid();
-    let (rule_id, rule) = rule_for(ctx.as_ptr(), pid_tgid)?;
+    let (rule_id, rule) = rule_for(cookie, pid_tgid)?;
     if rule.flags & FLAG_ON_ENTRY != 0 {
         return Some(());
     }
-    let key = (u64::from(rule_id) << 32) | (pid_tgid & 0xffff_ffff);
+    // SAFETY: regs points at the probed task's saved registers.
+    let regs = unsafe { &*regs };
+    let site = cookie_site(cookie);
+    let leaves = match site {
+        SITE_RET | SITE_JUMP | SITE_URETPROBE => true,
+        SITE_COND_JUMP => condition_holds(cookie_condition(cookie), regs.eflags),
+        SITE_INDIRECT_JUMP => indirect_jump_leaves(regs, cookie_jump_site(cookie))?,
+        _ => false,
+    };
+    if !leaves {
+        return Some(());
+    }
+    // Before a `ret` or a tail jump SP points at the return address, as at entry; after a
+    // uretprobe's return it has been popped.
+    let (sp, return_address) = if site == SITE_URETPROBE {
+        (regs.rsp.wrapping_sub(8), regs.rip)
+    } else {
+        // SAFETY: the checked helper reads user memory or fails.
+        let ra = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+        (regs.rsp, ra)
+    };
+    let (key, height) = frame_of(regs, sp, cookie_go(cookie), pid_tgid, rule_id)?;
     let Some(stack) = ENTRY_TIMES.get_ptr_mut(key) else {
         count(rule_id, COUNTER_UNMATCHED_RETURN);
         return None;
     };
     // SAFETY: map value pointer valid for this invocation; only this thread uses this key.
     let stack = unsafe { &mut *stack };
-    if stack.depth == 0 {
+    let dropped = drop_below(stack, height, false);
+    if dropped != 0 {
+        count_n(rule_id, COUNTER_UNWOUND, dropped);
+    }
+    let depth = stack.depth as usize;
+    let top = if depth == 0 {
+        None
+    } else {
+        stack
+            .frames
+            .get((depth - 1) & (MAX_CALL_DEPTH - 1))
+            .copied()
+    };
+    let Some(top) = top.filter(|f| f.height == height) else {
         count(rule_id, COUNTER_UNMATCHED_RETURN);
         return None;
-    }
+    };
     stack.depth -= 1;
-    let depth = stack.depth as usize;
-    // Deeper than the stack: that call's entry was not timed.
-    let entered = *stack.entry_ns.get(depth)?;
-    let duration = now.saturating_sub(entered);
+    let duration = now.saturating_sub(top.entry_ns);
     if duration < rule.min_duration_ns {
         return Some(());
     }
@@ -116,10 +312,14 @@ fn try_function_return(ctx: &RetProbeContext) -> Option<()> {
     record.timestamp_ns = now;
     record.phase = PHASE_RETURN;
     record.duration_ns = duration;
-    record.ret = ctx.ret::<i64>();
-    // SAFETY: regs points at the probed task's saved registers (ip = return address).
-    record.ip = unsafe { (*ctx.regs).rip };
-    record.depth = depth as u32;
+    // The return value is in RAX at a `ret`; a tail-called function has yet to compute it.
+    record.ret = if site == SITE_RET || site == SITE_URETPROBE {
+        regs.rax.cast_signed()
+    } else {
+        0
+    };
+    record.ip = return_address;
+    record.depth = (depth - 1) as u32;
     fire(rule_id, rule, record);
     Some(())
 }

@@ -5,8 +5,10 @@ use aya_ebpf::{
 };
 use lookback_common::{
     MAX_RULES,
+    probe::{JumpSite, MAX_JUMP_SITES},
     rule::{
-        COUNTERS_PER_RULE, EngineConfig, EntryStack, MAX_FROZEN, RuleSpec, RuleState, SyscallStart,
+        COUNTERS_PER_RULE, EngineConfig, EntryKey, EntryStack, MAX_FROZEN, RuleSpec, RuleState,
+        SyscallStart,
     },
 };
 
@@ -35,9 +37,18 @@ pub static TARGET_TGIDS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0)
 #[map]
 pub static TARGET_CGROUPS: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
 
-/// `(rule << 32) | tid` → entry times of the calls in flight (function latency rules).
+/// (rule, tgid, thread or goroutine) → the calls in flight (function latency rules).
 #[map]
-pub static ENTRY_TIMES: LruHashMap<u64, EntryStack> = LruHashMap::with_max_entries(65536, 0);
+pub static ENTRY_TIMES: LruHashMap<EntryKey, EntryStack> = LruHashMap::with_max_entries(65536, 0);
+
+/// Index 0: an empty `EntryStack`, never written: the value a new `ENTRY_TIMES` entry is
+/// inserted from (it does not fit on the BPF stack).
+#[map]
+pub static EMPTY_ENTRY_STACK: Array<EntryStack> = Array::with_max_entries(1, 0);
+
+/// How each indirect exit jump computes its target (index in the probe's cookie).
+#[map]
+pub static JUMP_SITES: Array<JumpSite> = Array::with_max_entries(MAX_JUMP_SITES, 0);
 
 /// tid → syscall in flight, for rules with a latency or errno condition.
 #[map]

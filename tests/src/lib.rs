@@ -3,6 +3,7 @@
 //! `LOOKBACK_BIN`).
 
 pub mod agent;
+pub mod toolchains;
 
 use std::{
     ffi::OsString,
@@ -185,14 +186,22 @@ impl DryRun {
 /// Runs `lookback run --dry-run --json --max-snapshots 0 EXTRA... -- workload ARGS...`.
 ///
 /// # Panics
-/// When lookback cannot be started.
+/// When lookback cannot be started or fails.
 pub fn dry_run(extra: &[&str], workload_args: &[&str]) -> DryRun {
+    dry_run_of(&workload(), extra, workload_args)
+}
+
+/// Runs `lookback run --dry-run --json --max-snapshots 0 EXTRA... -- PROGRAM ARGS...`.
+///
+/// # Panics
+/// When lookback cannot be started or fails.
+pub fn dry_run_of(program: &Path, extra: &[&str], args: &[&str]) -> DryRun {
     let output = Command::new(lookback_bin())
         .args(["run", "--dry-run", "--json", "--max-snapshots", "0"])
         .args(extra)
         .arg("--")
-        .arg(workload())
-        .args(workload_args)
+        .arg(program)
+        .args(args)
         .output()
         .expect("running lookback");
     let run = DryRun::parse(&output);

@@ -4,6 +4,9 @@
 //! - bpf-linker 0.13, linked against that toolchain's own libLLVM (Debian's LLVM is too old,
 //!   see shared/docs/build-chain.md), into `.tools/bin`; rebuilt when the libLLVM changes;
 //! - tracefs mounted at /sys/kernel/tracing (root only);
+//! - the Debian packages of the toolchains the function-latency tests build their
+//!   workloads with (`tests/src/toolchains.rs`): `g++` and `golang-go`, installed with
+//!   apt-get when missing (root only; a failure is a warning: those tests then fail);
 //! - the `PyPI` `fxt` parser into `.tools/python` (`pip install --target`), which
 //!   `tests/scripts/check_fxt.py` uses to read our FXT traces independently of the writer
 //!   (skipped with a warning when python3 or pip is missing);
@@ -20,6 +23,9 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const TRACEFS: &str = "/sys/kernel/tracing";
 /// The independent FXT reader the trace tests check our files with.
 const FXT_VERSION: &str = "0.3.0";
+/// Debian packages the tests' workloads need, each with the command it provides:
+/// checked with `command -v` and `dpkg-query`, installed with apt-get when both miss.
+const TEST_PACKAGES: [(&str, &str); 2] = [("g++", "g++"), ("go", "golang-go")];
 /// Offline Kubernetes JSON schemas for the manifest test (tests/tests/deploy.rs).
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
@@ -41,6 +47,7 @@ pub fn setup() -> Result<BuildEnv> {
     let is_root = is_root();
     if is_root {
         mount_tracefs()?;
+        install_test_packages();
     } else {
         eprintln!(
             "xtask: warning: not root: tracefs not checked. Loading BPF programs, the \
@@ -158,6 +165,50 @@ fn install_python_package(tools: &Path, name: &str, version: &str, used_by: &str
         eprintln!(
             "xtask: warning: cannot install the {name} Python package ({e:#}); {used_by} \
              will fail under CI and skip otherwise"
+        );
+    }
+}
+
+/// `apt-get install` of the [`TEST_PACKAGES`] whose command is not on PATH and whose
+/// package dpkg does not know as installed, after one `apt-get update`. Root only; a
+/// failure is a warning (the tests that build those workloads then fail, naming the
+/// package).
+fn install_test_packages() {
+    let missing: Vec<&str> = TEST_PACKAGES
+        .iter()
+        .filter(|(command, package)| {
+            let on_path = Command::new("sh")
+                .args(["-c", "command -v \"$1\" >/dev/null", "sh", command])
+                .status()
+                .is_ok_and(|s| s.success());
+            let installed =
+                output(Command::new("dpkg-query").args(["-W", "-f=${db:Status-Status}", package]))
+                    .is_some_and(|status| status == "installed");
+            !on_path && !installed
+        })
+        .map(|(_, package)| *package)
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    println!(
+        "xtask: installing the Debian packages the test workloads need: {}",
+        missing.join(" ")
+    );
+    let installed = run(Command::new("apt-get")
+        .arg("update")
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .and_then(|()| {
+        run(Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    });
+    if let Err(e) = installed {
+        eprintln!(
+            "xtask: warning: cannot install {} ({e:#}); the tests whose workloads need them \
+             will fail",
+            missing.join(" ")
         );
     }
 }

@@ -576,6 +576,7 @@ mod tests {
             symbol: "handle".to_owned(),
             binary: None,
             min_duration: None,
+            return_probe: crate::rules::ReturnProbe::default(),
         };
         assert_eq!(
             pause_source(&Trigger::Function(entry.clone())).unwrap(),

@@ -27,6 +27,7 @@ use crate::{
     sys::process::HeldProcess,
     triggers::{
         AttachedProbe, EngineRule, ProbePoint, TriggerEngine, TriggerEvent,
+        engine::log_probes,
         pump::{FreezeHook, TriggerPump, Wait},
         resolve::{self, ResolveError},
         stream::forward_logs,
@@ -149,24 +150,7 @@ fn install_rules(
         };
         match engine.add_rule(rule.clone(), &points) {
             Ok(probes) => {
-                for p in &probes {
-                    let kind = if p.is_return { "uretprobe" } else { "uprobe" };
-                    log::info!(
-                        "rule {}: {kind} at {}+{:#x} ({})",
-                        rule.name,
-                        p.path,
-                        p.file_offset,
-                        p.probe_kind
-                    );
-                    if p.probe_kind == resolve::ProbeKind::Trap && !p.is_return {
-                        log::warn!(
-                            "rule {}: trap uprobe (~7 µs per call); on a hot function build with \
-                             -pg -mfentry -mnop-mcount (C/C++; Rust: see README) for \
-                             NOP5 entries the kernel can optimize (see README)",
-                            rule.name
-                        );
-                    }
-                }
+                log_probes(&rule.name, &probes);
                 installed.push((rule.clone(), probes));
             }
             Err(e) => log::error!("rule {}: {:#}", rule.name, anyhow::Error::from(e)),
@@ -488,6 +472,24 @@ fn report(
             counters.suppressed_rate_limit,
             counters.lost_ringbuf_full
         );
+        if matches!(&rule.trigger, Trigger::Function(f) if f.min_duration.is_some()) {
+            log::info!(
+                "rule {}: {} call(s) abandoned by longjmp, an exception or a panic (not \
+                 measured), {} exit(s) without a recorded entry",
+                rule.name,
+                counters.unwound,
+                counters.unmatched_return
+            );
+        }
+        if counters.depth_overflow > 0 {
+            log::warn!(
+                "rule {}: {} call(s) deeper than {} nested calls of the function on one \
+                 thread were not measured (depth_overflow)",
+                rule.name,
+                counters.depth_overflow,
+                lookback_common::rule::MAX_CALL_DEPTH
+            );
+        }
         rules.push(
             json!({ "rule": rule.name, "id": rule.id, "counters": counters, "probes": probes }),
         );

@@ -18,7 +18,7 @@ use super::{
 use crate::{
     capture::{BackendRequest, CaptureOptions, PtOptions, aux_pause},
     daemon::targets::capture_options,
-    rules::{self, Backend, Rule, Trigger},
+    rules::{self, Backend, ReturnProbe, Rule, Trigger},
     triggers::{EngineRule, pump::Wait},
 };
 
@@ -108,6 +108,14 @@ pub struct CommonArgs {
     /// targeted recordings.
     #[arg(long)]
     pub freeze_spin: bool,
+    /// How latency function triggers (func:SYMBOL>DURATION) see the return: `exits` puts a
+    /// uprobe on each instruction that leaves the function and never touches the stack;
+    /// `uretprobe` replaces the return address on the stack, which aborts C++ programs
+    /// whose exceptions and Rust programs whose panics unwind through the function, and is
+    /// refused for Go. Replaces the rules file's `return_probe`. [default: exits, or the
+    /// rules file's]
+    #[arg(long, value_name = "HOW", value_parser = PossibleValuesParser::new(["exits", "uretprobe"]).try_map(|s| s.parse::<ReturnProbe>()))]
+    pub return_probe: Option<ReturnProbe>,
 }
 
 #[derive(Debug, Args)]
@@ -184,8 +192,23 @@ fn engine_rules(common: &CommonArgs, file_rules: &[Rule]) -> Result<Vec<EngineRu
     Ok(from_file
         .chain(cli_rules)
         .zip(0u32..)
-        .map(|(rule, id)| EngineRule { id, ..rule })
+        .map(|(rule, id)| EngineRule {
+            id,
+            trigger: with_return_probe(rule.trigger, common.return_probe),
+            ..rule
+        })
         .collect())
+}
+
+/// `trigger` with the `--return-probe` choice, when given and it is a function trigger.
+fn with_return_probe(trigger: Trigger, choice: Option<ReturnProbe>) -> Trigger {
+    match (trigger, choice) {
+        (Trigger::Function(mut f), Some(choice)) => {
+            f.return_probe = choice;
+            Trigger::Function(f)
+        }
+        (trigger, _) => trigger,
+    }
 }
 
 /// The recorder of a run: the first file rule's capture section (one recorder per run, as

@@ -133,6 +133,8 @@ pub struct Metrics {
     snapshot_duration: HistogramVec,
     trigger_to_freeze: HistogramVec,
     decode_duration: HistogramVec,
+    /// Function calls a latency rule could not measure, by reason (extension).
+    unmeasured: IntCounterVec,
     events_lost: IntCounterVec,
     bpf: BpfMetrics,
     seen: Mutex<Seen>,
@@ -181,6 +183,19 @@ fn histogram_vec(
     let vec = HistogramVec::new(opts, &[label])
         .map_err(|source| MetricsError::Register { name, source })?;
     register(registry, name, vec)
+}
+
+/// `lookback_function_calls_unmeasured_total` (extension).
+fn unmeasured_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
+    counter_vec(
+        r,
+        "lookback_function_calls_unmeasured_total",
+        "Calls of a latency rule's function that were not measured, by reason: unwound \
+         (abandoned by longjmp, an exception or a panic), depth_overflow (nested deeper \
+         than the per-thread stack), unmatched_return (an exit without a recorded entry, \
+         e.g. a call in flight at attach) (extension).",
+        &["rule", "reason"],
+    )
 }
 
 /// The extension metrics: cost of the eBPF programs.
@@ -307,6 +322,7 @@ impl Metrics {
                 "Records lost before reaching the agent, by where.",
                 &["source"],
             )?,
+            unmeasured: unmeasured_counter(&r)?,
             bpf: BpfMetrics::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
@@ -415,6 +431,26 @@ impl Metrics {
             last.lost_ringbuf_full,
             now.lost_ringbuf_full,
         );
+        for (reason, last, now) in [
+            ("unwound", last.unwound, now.unwound),
+            ("depth_overflow", last.depth_overflow, now.depth_overflow),
+            (
+                "unmatched_return",
+                last.unmatched_return,
+                now.unmatched_return,
+            ),
+        ] {
+            self.unmeasured.with_label_values(&[rule, reason]).inc_by(0);
+            add(&self.unmeasured, &[rule, reason], last, now);
+        }
+        if now.depth_overflow > last.depth_overflow {
+            log::warn!(
+                "rule {rule}: {} call(s) nested deeper than {} on one thread were not measured \
+                 (depth_overflow)",
+                now.depth_overflow - last.depth_overflow,
+                lookback_common::rule::MAX_CALL_DEPTH
+            );
+        }
     }
 
     /// Counts one suppression decided in userspace (normally [`Suppression::Busy`]: a

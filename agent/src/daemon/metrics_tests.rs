@@ -93,6 +93,8 @@ fn exercised() -> Metrics {
             suppressed_cooldown: 3,
             suppressed_rate_limit: 2,
             lost_ringbuf_full: 1,
+            unwound: 7,
+            depth_overflow: 1,
             ..RuleCounters::default()
         },
     );
@@ -151,6 +153,11 @@ fn names_types_and_labels_follow_the_contract() {
         ),
         ("lookback_events_lost_total", "counter", &["source"]),
         // Extensions (documented in metrics.rs).
+        (
+            "lookback_function_calls_unmeasured_total",
+            "counter",
+            &["reason", "rule"],
+        ),
         ("lookback_bpf_program_runs_total", "counter", &["program"]),
         (
             "lookback_bpf_program_run_seconds_total",
@@ -200,6 +207,20 @@ fn values_land_in_the_right_series() {
         assert_eq!(
             v(
                 "lookback_triggers_suppressed_total",
+                &[("rule", "slow-query"), ("reason", reason)]
+            ),
+            n,
+            "{reason}"
+        );
+    }
+    for (reason, n) in [
+        ("unwound", 7.0),
+        ("depth_overflow", 1.0),
+        ("unmatched_return", 0.0),
+    ] {
+        assert_eq!(
+            v(
+                "lookback_function_calls_unmeasured_total",
                 &[("rule", "slow-query"), ("reason", reason)]
             ),
             n,

@@ -603,16 +603,7 @@ fn place_probe(
     let placed = match resolve() {
         Ok(point) => match engine.attach_probes(active.id, std::slice::from_ref(&point)) {
             Ok(probes) => {
-                for p in probes {
-                    log::info!(
-                        "rule {}: {} at {}+{:#x} ({})",
-                        active.rule.name,
-                        if p.is_return { "uretprobe" } else { "uprobe" },
-                        p.path,
-                        p.file_offset,
-                        p.probe_kind
-                    );
-                }
+                crate::triggers::engine::log_probes(&active.rule.name, &probes);
                 active.probe_error = None;
                 true
             }

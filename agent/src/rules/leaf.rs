@@ -16,7 +16,7 @@ use super::names::{
 };
 use super::spec::{dedup, valid_symbol};
 use super::units::{format_size, parse_duration, parse_size};
-use super::{Backend, OutputFormat, error::snippet};
+use super::{Backend, OutputFormat, ReturnProbe, error::snippet};
 
 /// A leaf read from one YAML scalar (as a string) and checked by `parse`.
 pub(super) trait Scalar: Sized {
@@ -68,6 +68,7 @@ deserialize_scalar!(
     Signal,
     Backend,
     OutputFormat,
+    ReturnProbe,
 );
 
 /// `version: 1`, the only version.
@@ -332,6 +333,15 @@ impl Scalar for Backend {
     fn parse(text: &str) -> Result<Self, String> {
         text.parse()
             .map_err(|err: super::ParseBackendError| err.to_string())
+    }
+}
+
+impl Scalar for ReturnProbe {
+    const EXPECTING: &'static str = "a return probe: exits or uretprobe";
+
+    fn parse(text: &str) -> Result<Self, String> {
+        text.parse()
+            .map_err(|err: super::ParseReturnProbeError| err.to_string())
     }
 }
 

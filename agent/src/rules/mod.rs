@@ -109,6 +109,53 @@ pub struct FunctionTrigger {
     pub binary: Option<PathBuf>,
     /// `None`: fire on entry.
     pub min_duration: Option<Duration>,
+    /// How a latency rule sees the function return.
+    pub return_probe: ReturnProbe,
+}
+
+/// How a function latency rule detects the return (`return_probe:`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ReturnProbe {
+    /// Uprobes on every instruction that leaves the function (`ret`, tail-call jumps): the
+    /// target's stack is never touched. The default.
+    #[default]
+    Exits,
+    /// A uretprobe, which replaces the return address on the target's stack: C++ exceptions
+    /// and Rust panics that unwind through the function then abort the program, and Go
+    /// crashes (refused there). Only on explicit request.
+    Uretprobe,
+}
+
+impl ReturnProbe {
+    /// The spelling used in files and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exits => "exits",
+            Self::Uretprobe => "uretprobe",
+        }
+    }
+}
+
+impl fmt::Display for ReturnProbe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `exits` or `uretprobe` did not match.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown return probe `{0}`: expected exits or uretprobe")]
+pub struct ParseReturnProbeError(String);
+
+impl FromStr for ReturnProbe {
+    type Err = ParseReturnProbeError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        [Self::Exits, Self::Uretprobe]
+            .into_iter()
+            .find(|probe| probe.as_str() == text)
+            .ok_or_else(|| ParseReturnProbeError(error::snippet(text)))
+    }
 }
 
 /// Which syscalls a syscall trigger watches.

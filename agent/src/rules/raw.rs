@@ -10,7 +10,7 @@ use super::leaf::{
     AbsolutePath, BufferSize, CgroupPath, Comm, Errno, HumanDuration, List, Positive, RuleName,
     Signal, Size, Symbol, SyscallNames, Text, Version,
 };
-use super::{Backend, OutputFormat};
+use super::{Backend, OutputFormat, ReturnProbe};
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -93,12 +93,13 @@ pub(super) struct RawTrigger {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with symbol and optional binary, min_duration"
+    expecting = "a mapping with symbol and optional binary, min_duration, return_probe"
 )]
 pub(super) struct RawFunction {
     pub symbol: Symbol,
     pub binary: Option<AbsolutePath>,
     pub min_duration: Option<HumanDuration>,
+    pub return_probe: Option<ReturnProbe>,
 }
 
 #[derive(Debug, Deserialize)]

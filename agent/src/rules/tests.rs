@@ -449,3 +449,17 @@ fn missing_file_is_a_read_error() {
         "cannot read rules file /nonexistent/rules.yaml"
     );
 }
+
+#[test]
+fn a_bad_return_probe_names_the_choices() {
+    let text = doc(
+        "    target: {pid: 1}\n    trigger: {function: {symbol: f, min_duration: 2ms, \
+         return_probe: trampoline}}\n",
+    );
+    let (line, _, message) = error_of(&text);
+    assert_eq!(line, 5, "{message}");
+    assert!(
+        message.contains("exits or uretprobe") && message.contains("trampoline"),
+        "{message}"
+    );
+}

@@ -331,3 +331,26 @@ fn trace_binaries_are_absolute_paths_merged_like_the_rest() {
     .unwrap_err();
     assert!(err.to_string().contains("absolute path"), "{err}");
 }
+
+#[test]
+fn return_probe_defaults_to_exits_and_takes_uretprobe_on_request() {
+    let text = |extra: &str| {
+        format!(
+            "version: 1\nrules:\n  - name: slow\n    target: {{comm: app}}\n    \
+             trigger: {{function: {{symbol: f, min_duration: 2ms{extra}}}}}\n"
+        )
+    };
+    let return_probe = |rule: Rule| match rule.trigger {
+        Trigger::Function(f) => f.return_probe,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(return_probe(only_rule(&text(""))), ReturnProbe::Exits);
+    assert_eq!(
+        return_probe(only_rule(&text(", return_probe: exits"))),
+        ReturnProbe::Exits
+    );
+    assert_eq!(
+        return_probe(only_rule(&text(", return_probe: uretprobe"))),
+        ReturnProbe::Uretprobe
+    );
+}

@@ -138,6 +138,7 @@ fn build_trigger(raw: RawTrigger) -> Result<Trigger, Problem> {
             symbol: function.symbol.0,
             binary: function.binary.map(|binary| binary.0),
             min_duration: function.min_duration.map(|duration| duration.0),
+            return_probe: function.return_probe.unwrap_or_default(),
         };
         kinds.push(("function", Trigger::Function(trigger)));
     }

@@ -18,27 +18,34 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
     },
 };
+use lookback_common::probe::{
+    self, JumpSite, MAX_JUMP_SITES, SITE_COND_JUMP, SITE_ENTRY, SITE_INDIRECT_JUMP, SITE_JUMP,
+    SITE_RET, SITE_URETPROBE,
+};
 use lookback_common::{
     MAX_RULES,
     rule::{
         COUNTER_DEPTH_OVERFLOW, COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL,
         COUNTER_SUPPRESSED_COOLDOWN, COUNTER_SUPPRESSED_RATE, COUNTER_UNMATCHED_RETURN,
-        COUNTERS_PER_RULE, EngineConfig, FLAG_FOLLOW_FORKS, FLAG_FREEZE_IN_KERNEL, KIND_FUNCTION,
-        KIND_SIGNAL, KIND_SYSCALL, RuleSpec,
+        COUNTER_UNWOUND, COUNTERS_PER_RULE, EngineConfig, FLAG_FOLLOW_FORKS, FLAG_FREEZE_IN_KERNEL,
+        KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, RuleSpec,
     },
 };
 use serde::Serialize;
 
 use super::{
     btf::{Btf, BtfError},
+    exits::{ExitKind, WalkError},
     plan::{EngineRule, PlanError, rule_spec},
     resolve::{ProbeKind, ProbePoint},
 };
+use crate::rules::{ReturnProbe, Trigger};
 
 /// The compiled eBPF object (built by agent/build.rs with aya-build).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lookback"));
 
 const PROG_FUNCTION_ENTRY: &str = "function_entry";
+const PROG_FUNCTION_EXIT: &str = "function_exit";
 const PROG_FUNCTION_RETURN: &str = "function_return";
 /// The sampling recorder's in-kernel freeze: set on its perf events, not attached here.
 const PROG_SAMPLE_FILTER: &str = "sample_filter";
@@ -81,6 +88,25 @@ pub enum TriggerError {
     RuleId { id: u32 },
     #[error("rule {rule} is not a function rule: it takes no uprobes")]
     NotFunction { rule: String },
+    #[error(
+        "rule {rule}: cannot find where {symbol} in {path} returns: {reason}. Choices: an \
+         entry trigger (func:{symbol} without a duration), or `return_probe: uretprobe` \
+         (--return-probe uretprobe), which replaces return addresses on the stack: C++ \
+         exceptions and Rust panics through the function then abort the program"
+    )]
+    Unbounded {
+        rule: String,
+        symbol: String,
+        path: String,
+        reason: WalkError,
+    },
+    #[error(
+        "rule {rule}: {path} is a Go binary: a uretprobe would crash it (Go copies goroutine \
+         stacks and checks return addresses); use the default `return_probe: exits`"
+    )]
+    UretprobeOnGo { rule: String, path: String },
+    #[error("rule {rule}: more than {MAX_JUMP_SITES} indirect exit jumps")]
+    JumpSitesFull { rule: String },
     #[error("cannot attach {what} for rule {rule} at {path}+{offset:#x}")]
     Attach {
         rule: String,
@@ -112,7 +138,10 @@ pub struct AttachedProbe {
     pub path: String,
     pub file_offset: u64,
     pub probe_kind: ProbeKind,
+    /// Not the entry: an exit probe or a uretprobe.
     pub is_return: bool,
+    /// `entry`, `uretprobe`, or the exit's kind: `ret`, `jump`, `cond_jump`, `indirect_jump`.
+    pub site: &'static str,
 }
 
 /// Per-rule counters, summed over CPUs.
@@ -126,13 +155,37 @@ pub struct RuleCounters {
     pub lost_ringbuf_full: u64,
     pub depth_overflow: u64,
     pub unmatched_return: u64,
+    /// Entries dropped because their frame was abandoned (longjmp, exception, panic).
+    pub unwound: u64,
+}
+
+/// The uprobe links of a rule (or of a batch of probe points being attached).
+#[derive(Default)]
+struct Links {
+    entry: Vec<UProbeLinkId>,
+    exit: Vec<UProbeLinkId>,
+    uretprobe: Vec<UProbeLinkId>,
+    /// `JUMP_SITES` slots in use by the exit probes.
+    jump_sites: Vec<u32>,
+}
+
+impl Links {
+    fn len(&self) -> usize {
+        self.entry.len() + self.exit.len() + self.uretprobe.len()
+    }
+
+    fn append(&mut self, other: Links) {
+        self.entry.extend(other.entry);
+        self.exit.extend(other.exit);
+        self.uretprobe.extend(other.uretprobe);
+        self.jump_sites.extend(other.jump_sites);
+    }
 }
 
 struct LoadedRule {
     rule: EngineRule,
     spec: RuleSpec,
-    entry_links: Vec<UProbeLinkId>,
-    return_links: Vec<UProbeLinkId>,
+    links: Links,
 }
 
 /// Loaded programs and the rules they currently enforce.
@@ -142,6 +195,10 @@ pub struct TriggerEngine {
     rules: BTreeMap<u32, LoadedRule>,
     raw_links: HashMap<&'static str, RawTracePointLinkId>,
     targets: HashMap<u32, u64>,
+    /// `JUMP_SITES` slots released by detached probes, reused first.
+    free_jump_sites: Vec<u32>,
+    /// Slots `0..next_jump_site` have been handed out.
+    next_jump_site: u32,
 }
 
 impl TriggerEngine {
@@ -155,7 +212,11 @@ impl TriggerEngine {
             ..EngineConfig::default()
         };
         let mut ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| TriggerError::Load(Box::new(e)))?;
-        for name in [PROG_FUNCTION_ENTRY, PROG_FUNCTION_RETURN] {
+        for name in [
+            PROG_FUNCTION_ENTRY,
+            PROG_FUNCTION_EXIT,
+            PROG_FUNCTION_RETURN,
+        ] {
             let prog: &mut UProbe = program(&mut ebpf, name)?;
             prog.load().map_err(prog_err(name))?;
         }
@@ -178,6 +239,8 @@ impl TriggerEngine {
             rules: BTreeMap::new(),
             raw_links: HashMap::new(),
             targets: HashMap::new(),
+            free_jump_sites: Vec::new(),
+            next_jump_site: 0,
         };
         engine.write_config()?;
         Ok(engine)
@@ -271,23 +334,22 @@ impl TriggerEngine {
         let mut loaded = LoadedRule {
             rule,
             spec,
-            entry_links: Vec::new(),
-            return_links: Vec::new(),
+            links: Links::default(),
         };
         let mut attached = Vec::new();
         if spec.kind == KIND_FUNCTION {
             // Write the rule before the probes fire. No probe point yet is fine: the agent
             // places them with `attach_probes` as it finds the binaries.
             self.write_rule(loaded.rule.id, &spec)?;
-            let timed = spec.min_duration_ns > 0;
+            let mut links = Links::default();
             for point in probes {
-                let result = self.attach_uprobe(&mut loaded, point, timed, &mut attached);
-                if let Err(e) = result {
-                    self.detach_uprobes(&mut loaded);
+                if let Err(e) = self.attach_function(&loaded, point, &mut attached, &mut links) {
+                    self.detach_links(&loaded.rule.name, &mut links);
                     self.write_rule(loaded.rule.id, &RuleSpec::default())?;
                     return Err(e);
                 }
             }
+            loaded.links = links;
         } else {
             self.write_rule(loaded.rule.id, &spec)?;
         }
@@ -311,36 +373,23 @@ impl TriggerEngine {
             self.rules.insert(id, loaded);
             return Err(TriggerError::NotFunction { rule });
         }
-        let timed = loaded.spec.min_duration_ns > 0;
-        let (entry_before, return_before) = (loaded.entry_links.len(), loaded.return_links.len());
         let mut attached = Vec::new();
-        let mut result = Ok(());
+        let mut batch = Links::default();
         for point in points {
-            result = self.attach_uprobe(&mut loaded, point, timed, &mut attached);
-            if result.is_err() {
-                break;
+            if let Err(e) = self.attach_function(&loaded, point, &mut attached, &mut batch) {
+                self.detach_links(&loaded.rule.name, &mut batch);
+                self.rules.insert(id, loaded);
+                return Err(e);
             }
         }
-        if let Err(e) = result {
-            let mut partial = LoadedRule {
-                rule: loaded.rule.clone(),
-                spec: loaded.spec,
-                entry_links: loaded.entry_links.split_off(entry_before),
-                return_links: loaded.return_links.split_off(return_before),
-            };
-            self.detach_uprobes(&mut partial);
-            self.rules.insert(id, loaded);
-            return Err(e);
-        }
+        loaded.links.append(batch);
         self.rules.insert(id, loaded);
         Ok(attached)
     }
 
     /// Number of uprobe links (entry and return) rule `id` holds.
     pub fn probe_count(&self, id: u32) -> usize {
-        self.rules
-            .get(&id)
-            .map_or(0, |l| l.entry_links.len() + l.return_links.len())
+        self.rules.get(&id).map_or(0, |l| l.links.len())
     }
 
     /// Starts the exec/exit event stream (agent): attaches the process programs and turns
@@ -424,61 +473,155 @@ impl TriggerEngine {
         self.targets.remove(&tgid);
     }
 
-    fn attach_uprobe(
+    /// Places the probes of one function for rule `loaded`: for a latency rule, first one
+    /// uprobe on each exit (or the requested uretprobe), then the entry uprobe, so that no
+    /// call is entered without its exits watched. The links placed go to `links`, also
+    /// those placed before an error (for the caller to detach).
+    fn attach_function(
         &mut self,
-        loaded: &mut LoadedRule,
+        loaded: &LoadedRule,
         point: &ProbePoint,
-        timed: bool,
         attached: &mut Vec<AttachedProbe>,
+        links: &mut Links,
     ) -> Result<(), TriggerError> {
-        let which: &[(&'static str, bool)] = if timed {
-            &[(PROG_FUNCTION_ENTRY, false), (PROG_FUNCTION_RETURN, true)]
-        } else {
-            &[(PROG_FUNCTION_ENTRY, false)]
-        };
-        for &(name, is_return) in which {
-            let prog: &mut UProbe = program(&mut self.ebpf, name)?;
-            let at = UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(point.file_offset),
-                cookie: Some(u64::from(loaded.rule.id)),
+        let id = loaded.rule.id;
+        let rule = &loaded.rule.name;
+        let path = || point.path.display().to_string();
+        if loaded.spec.min_duration_ns > 0 {
+            let return_probe = match &loaded.rule.trigger {
+                Trigger::Function(f) => f.return_probe,
+                _ => ReturnProbe::default(),
             };
-            let link = prog
-                .attach(at, &point.path, UProbeScope::AllProcesses)
-                .map_err(|source| TriggerError::Attach {
-                    rule: loaded.rule.name.clone(),
-                    what: if is_return { "uretprobe" } else { "uprobe" },
-                    path: point.path.display().to_string(),
-                    offset: point.file_offset,
-                    source: Box::new(source),
-                })?;
-            if is_return {
-                loaded.return_links.push(link);
-            } else {
-                loaded.entry_links.push(link);
-            }
-            attached.push(AttachedProbe {
-                path: point.path.display().to_string(),
-                file_offset: point.file_offset,
-                probe_kind: point.kind,
-                is_return,
-            });
-        }
-        Ok(())
-    }
-
-    fn detach_uprobes(&mut self, loaded: &mut LoadedRule) {
-        for (name, links) in [
-            (PROG_FUNCTION_ENTRY, &mut loaded.entry_links),
-            (PROG_FUNCTION_RETURN, &mut loaded.return_links),
-        ] {
-            if let Ok(prog) = program::<UProbe>(&mut self.ebpf, name) {
-                for link in links.drain(..) {
-                    if let Err(e) = prog.detach(link) {
-                        log::warn!("detaching {name} of rule {}: {e}", loaded.rule.name);
+            match return_probe {
+                ReturnProbe::Uretprobe if point.go => {
+                    return Err(TriggerError::UretprobeOnGo {
+                        rule: rule.clone(),
+                        path: path(),
+                    });
+                }
+                ReturnProbe::Uretprobe => {
+                    let cookie = probe::cookie(id, SITE_URETPROBE, false, 0, 0);
+                    let link = self.attach_one(
+                        PROG_FUNCTION_RETURN,
+                        rule,
+                        point,
+                        point.file_offset,
+                        cookie,
+                    )?;
+                    links.uretprobe.push(link);
+                    attached.push(attached_probe(point, point.file_offset, "uretprobe"));
+                }
+                ReturnProbe::Exits => {
+                    let exits = point
+                        .exits
+                        .as_ref()
+                        .map_err(|reason| TriggerError::Unbounded {
+                            rule: rule.clone(),
+                            symbol: point.symbol.clone(),
+                            path: path(),
+                            reason: reason.clone(),
+                        })?;
+                    for exit in exits {
+                        let (site, condition, jump_site) = match exit.kind {
+                            ExitKind::Ret => (SITE_RET, 0, 0),
+                            ExitKind::Jump => (SITE_JUMP, 0, 0),
+                            ExitKind::CondJump { condition } => (SITE_COND_JUMP, condition, 0),
+                            ExitKind::IndirectJump(jump) => {
+                                let slot = self.claim_jump_site(rule, &jump)?;
+                                links.jump_sites.push(slot);
+                                (SITE_INDIRECT_JUMP, 0, slot)
+                            }
+                        };
+                        let cookie = probe::cookie(id, site, point.go, condition, jump_site);
+                        let link = self.attach_one(
+                            PROG_FUNCTION_EXIT,
+                            rule,
+                            point,
+                            exit.file_offset,
+                            cookie,
+                        )?;
+                        links.exit.push(link);
+                        let mut probe = attached_probe(point, exit.file_offset, exit.kind.name());
+                        probe.probe_kind = ProbeKind::Trap;
+                        attached.push(probe);
                     }
                 }
             }
         }
+        let cookie = probe::cookie(id, SITE_ENTRY, point.go, 0, 0);
+        let link = self.attach_one(PROG_FUNCTION_ENTRY, rule, point, point.file_offset, cookie)?;
+        links.entry.push(link);
+        let mut entry = attached_probe(point, point.file_offset, "entry");
+        entry.is_return = false;
+        attached.push(entry);
+        Ok(())
+    }
+
+    fn attach_one(
+        &mut self,
+        name: &'static str,
+        rule: &str,
+        point: &ProbePoint,
+        file_offset: u64,
+        cookie: u64,
+    ) -> Result<UProbeLinkId, TriggerError> {
+        let prog: &mut UProbe = program(&mut self.ebpf, name)?;
+        let at = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(file_offset),
+            cookie: Some(cookie),
+        };
+        prog.attach(at, &point.path, UProbeScope::AllProcesses)
+            .map_err(|source| TriggerError::Attach {
+                rule: rule.to_owned(),
+                what: if name == PROG_FUNCTION_RETURN {
+                    "uretprobe"
+                } else {
+                    "uprobe"
+                },
+                path: point.path.display().to_string(),
+                offset: file_offset,
+                source: Box::new(source),
+            })
+    }
+
+    /// Writes `jump` to a free `JUMP_SITES` slot and returns it.
+    fn claim_jump_site(&mut self, rule: &str, jump: &JumpSite) -> Result<u32, TriggerError> {
+        let slot = match self.free_jump_sites.pop() {
+            Some(slot) => slot,
+            None if self.next_jump_site < MAX_JUMP_SITES => {
+                self.next_jump_site += 1;
+                self.next_jump_site - 1
+            }
+            None => {
+                return Err(TriggerError::JumpSitesFull {
+                    rule: rule.to_owned(),
+                });
+            }
+        };
+        let mut sites: Array<_, JumpSite> = map_mut(&mut self.ebpf, "JUMP_SITES")?;
+        if let Err(e) = sites.set(slot, jump, 0) {
+            self.free_jump_sites.push(slot);
+            return Err(map_err("JUMP_SITES")(e));
+        }
+        Ok(slot)
+    }
+
+    fn detach_links(&mut self, rule: &str, links: &mut Links) {
+        for (name, links) in [
+            (PROG_FUNCTION_ENTRY, &mut links.entry),
+            (PROG_FUNCTION_EXIT, &mut links.exit),
+            (PROG_FUNCTION_RETURN, &mut links.uretprobe),
+        ] {
+            if let Ok(prog) = program::<UProbe>(&mut self.ebpf, name) {
+                for link in links.drain(..) {
+                    if let Err(e) = prog.detach(link) {
+                        log::warn!("detaching {name} of rule {rule}: {e}");
+                    }
+                }
+            }
+        }
+        // The exit probes that read these slots are gone.
+        self.free_jump_sites.append(&mut links.jump_sites);
     }
 
     /// Removes a rule (no-op when absent): detaches its probes, clears its kernel slot and
@@ -487,7 +630,7 @@ impl TriggerEngine {
         let Some(mut loaded) = self.rules.remove(&id) else {
             return Ok(());
         };
-        self.detach_uprobes(&mut loaded);
+        self.detach_links(&loaded.rule.name, &mut loaded.links);
         self.write_rule(id, &RuleSpec::default())?;
         let bit = 1u64 << id;
         let tgids: Vec<u32> = self
@@ -576,6 +719,7 @@ impl TriggerEngine {
             lost_ringbuf_full: get(COUNTER_RINGBUF_FULL)?,
             depth_overflow: get(COUNTER_DEPTH_OVERFLOW)?,
             unmatched_return: get(COUNTER_UNMATCHED_RETURN)?,
+            unwound: get(COUNTER_UNWOUND)?,
         })
     }
 
@@ -700,6 +844,64 @@ impl FrozenProcesses {
 /// of the same process set it). `None`: the snapshot's freeze is the rings' pause.
 pub fn kernel_freeze(trigger_ns: u64, kernel_ns: Option<u64>, paused_ns: u64) -> Option<u64> {
     kernel_ns.filter(|&k| k >= trigger_ns && k <= paused_ns)
+}
+
+/// Logs the probes placed for `rule` in one line per binary (entry and its kind, the exit
+/// probes by kind), with a warning for each hazard: a uretprobe (it replaces return
+/// addresses), a trap entry (~7 µs per call).
+pub fn log_probes(rule: &str, probes: &[AttachedProbe]) {
+    let mut by_path: BTreeMap<&str, Vec<&AttachedProbe>> = BTreeMap::new();
+    for p in probes {
+        by_path.entry(p.path.as_str()).or_default().push(p);
+    }
+    for (path, probes) in by_path {
+        let mut exits: BTreeMap<&str, usize> = BTreeMap::new();
+        for p in probes.iter().filter(|p| p.is_return) {
+            *exits.entry(p.site).or_default() += 1;
+        }
+        let exits = exits
+            .iter()
+            .map(|(site, n)| format!("{n} {site}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        for entry in probes.iter().filter(|p| !p.is_return) {
+            let returns = if exits.is_empty() {
+                String::new()
+            } else {
+                format!("; returns seen by {exits}")
+            };
+            log::info!(
+                "rule {rule}: uprobe at {path}+{:#x} ({}){returns}",
+                entry.file_offset,
+                entry.probe_kind
+            );
+            if entry.probe_kind == ProbeKind::Trap {
+                log::warn!(
+                    "rule {rule}: trap uprobe (~7 µs per call); on a hot function build with \
+                     -pg -mfentry -mnop-mcount (C/C++; Rust: see README) for NOP5 entries the \
+                     kernel can optimize"
+                );
+            }
+        }
+        if probes.iter().any(|p| p.site == "uretprobe") {
+            log::warn!(
+                "rule {rule}: uretprobe in {path} (return_probe: uretprobe): it replaces the \
+                 return address on the stack, so a C++ exception or a Rust panic unwinding \
+                 through the function aborts the program; the default `exits` does not"
+            );
+        }
+    }
+}
+
+/// The record of a probe placed at `file_offset` of `point`'s file.
+fn attached_probe(point: &ProbePoint, file_offset: u64, site: &'static str) -> AttachedProbe {
+    AttachedProbe {
+        path: point.path.display().to_string(),
+        file_offset,
+        probe_kind: point.kind,
+        is_return: true,
+        site,
+    }
 }
 
 /// `flags` with `flag` set (`on`) or cleared.

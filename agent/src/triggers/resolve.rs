@@ -8,6 +8,8 @@ use std::{
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
+use super::exits::{CodePiece, ExitKind, WalkError, function_exits};
+
 /// Failure to place a function probe.
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
@@ -69,11 +71,29 @@ impl fmt::Display for ProbeKind {
 pub struct ProbePoint {
     /// The file to attach to (may go through `/proc/PID/root`).
     pub path: PathBuf,
+    /// The symbol as looked up.
+    pub symbol: String,
     /// Offset of the probed instruction in the file.
     pub file_offset: u64,
     /// The symbol's virtual address in the ELF file.
     pub address: u64,
     pub kind: ProbeKind,
+    /// The file is a Go binary (`.go.buildinfo` or `runtime.buildVersion`): latency is
+    /// tracked per goroutine, and uretprobes are refused (Go copies goroutine stacks and
+    /// checks return addresses).
+    pub go: bool,
+    /// The instructions that leave the function, where latency rules put their exit
+    /// probes; or why they cannot be found safely.
+    pub exits: Result<Vec<ExitProbe>, WalkError>,
+}
+
+/// An exit probe point of a function (see [`super::exits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitProbe {
+    pub file_offset: u64,
+    /// ELF virtual address of the instruction.
+    pub address: u64,
+    pub kind: ExitKind,
 }
 
 /// `nopl 0x0(%rax,%rax,1)`: what `-mfentry -mnop-mcount` and `patchable_function_entry`
@@ -93,7 +113,7 @@ pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveEr
         path: path.to_owned(),
         source,
     })?;
-    let Some(address) = symbol_address(&file, symbol) else {
+    let Some((address, size)) = function_symbol(&file, symbol) else {
         return Err(ResolveError::NoSymbol {
             symbol: symbol.to_owned(),
             path: path.to_owned(),
@@ -118,15 +138,87 @@ pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveEr
     };
     Ok(ProbePoint {
         path: path.to_owned(),
+        symbol: symbol.to_owned(),
         file_offset,
         address,
         kind,
+        go: is_go_binary(&file),
+        exits: exit_probes(&file, &data, symbol, address, size),
     })
+}
+
+/// Whether `file` was built by the Go toolchain.
+pub fn is_go_binary(file: &object::File<'_>) -> bool {
+    file.section_by_name(".go.buildinfo").is_some()
+        || file
+            .symbols()
+            .any(|s| s.name() == Ok("runtime.buildVersion"))
+}
+
+/// The exits of the function `symbol` at `address` with `size` bytes, and of its
+/// compiler-split cold parts (`symbol.cold`, `symbol.cold.N`: GCC moves unlikely paths,
+/// exception cleanups among them, there, and jumps between the parts are internal).
+fn exit_probes(
+    file: &object::File<'_>,
+    data: &[u8],
+    symbol: &str,
+    address: u64,
+    size: u64,
+) -> Result<Vec<ExitProbe>, WalkError> {
+    if size == 0 {
+        return Err(WalkError::NoSize);
+    }
+    let cold = format!("{symbol}.cold");
+    let mut extents = vec![(address, size)];
+    extents.extend(
+        file.symbols()
+            .filter(|s| {
+                s.kind() == object::SymbolKind::Text
+                    && s.size() > 0
+                    && s.name().is_ok_and(|n| {
+                        n == cold
+                            || n.strip_prefix(cold.as_str()).is_some_and(|rest| {
+                                rest.strip_prefix('.')
+                                    .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                            })
+                    })
+            })
+            .map(|s| (s.address(), s.size())),
+    );
+    let mut pieces = Vec::new();
+    for &(address, size) in &extents {
+        let bytes = file_offset_of(file, address)
+            .and_then(|o| usize::try_from(o).ok())
+            .zip(usize::try_from(size).ok())
+            .and_then(|(o, n)| data.get(o..o.checked_add(n)?))
+            .ok_or(WalkError::NoCode { address, size })?;
+        pieces.push(CodePiece { address, bytes });
+    }
+    function_exits(&pieces)?
+        .into_iter()
+        .map(|site| {
+            let file_offset = file_offset_of(file, site.address).ok_or(WalkError::NoCode {
+                address: site.address,
+                size: 1,
+            })?;
+            Ok(ExitProbe {
+                file_offset,
+                address: site.address,
+                kind: site.kind,
+            })
+        })
+        .collect()
 }
 
 /// The address of the defined function `symbol` (static symbol table first, then the
 /// dynamic one).
 pub fn symbol_address(file: &object::File<'_>, symbol: &str) -> Option<u64> {
+    function_symbol(file, symbol).map(|(address, _)| address)
+}
+
+/// The address and size (0: unknown) of the defined function `symbol`: the static symbol
+/// table first, then the dynamic one.
+pub fn function_symbol(file: &object::File<'_>, symbol: &str) -> Option<(u64, u64)> {
     file.symbols()
         .chain(file.dynamic_symbols())
         .find(|s| {
@@ -135,7 +227,7 @@ pub fn symbol_address(file: &object::File<'_>, symbol: &str) -> Option<u64> {
                 && s.address() != 0
                 && s.name() == Ok(symbol)
         })
-        .map(|s| s.address())
+        .map(|s| (s.address(), s.size()))
 }
 
 /// The file offset of virtual `address`, through the loadable segment that maps it.
@@ -221,6 +313,10 @@ mod tests {
         let point = resolve_for_process(me, None, "getpid").expect("getpid in libc");
         assert!(point.path.to_string_lossy().contains("libc"), "{point:?}");
         assert!(point.file_offset > 0);
+        assert!(!point.go);
+        let exits = point.exits.expect("getpid's exits are walkable");
+        assert!(exits.iter().any(|e| e.kind == ExitKind::Ret), "{exits:?}");
+        assert!(exits.iter().all(|e| e.file_offset + 4 >= point.file_offset));
     }
 
     #[test]

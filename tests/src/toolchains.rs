@@ -1,0 +1,173 @@
+//! The workloads of the function-latency tests that need a real toolchain (C++, Rust, Go)
+//! or hand-written exits (C with top-level asm): each is compiled once per test process
+//! into `target/test-workloads/` and prints what it measured itself (`measured_slow=N`,
+//! `result=...`), which [`measured`] reads back.
+//!
+//! Every build writes a temporary file in that directory and renames it into place, so
+//! that test processes building at the same time never run a half-written binary (nor
+//! hit "text file busy" overwriting one that another process runs).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+};
+
+use crate::workspace_root;
+
+/// `tests/workloads/throw.cpp` built with `g++ -O1 -g` (default flags otherwise: no frame
+/// pointers), for C++ exceptions thrown in and through the probed `_Z4worki`.
+///
+/// Run it as `throw CALLS THRESHOLD_US`; it prints `measured_slow=`, `thrown=`,
+/// `slow_calls=` and `result=` lines.
+///
+/// # Panics
+/// When `g++` is missing (install the Debian package `g++`) or the build fails.
+pub fn cxx_throw() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/throw.cpp");
+        build(
+            "throw",
+            "g++",
+            "the Debian package g++ (cargo xtask setup does, as root)",
+            |out| {
+                let mut cmd = Command::new("g++");
+                cmd.args(["-O1", "-g", "-o"]).arg(out).arg(&src);
+                cmd
+            },
+        )
+    })
+    .clone()
+}
+
+/// `tests/workloads/panic.rs` built with plain `rustc --edition 2021 -C opt-level=1 -g`
+/// (no cargo, no dependencies), for Rust panics in and through the probed `lb_panicky`.
+/// The `rustc` is `RUSTC` when set, else the one on PATH.
+///
+/// Run it as `panic CALLS THRESHOLD_US`; it prints `measured_slow=`, `panicked=`,
+/// `slow_calls=` and `result=` lines.
+///
+/// # Panics
+/// When `rustc` is missing (install a Rust toolchain with rustup) or the build fails.
+pub fn rust_panic() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/panic.rs");
+        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+        build("panic", "rustc", "a Rust toolchain (rustup)", |out| {
+            let mut cmd = Command::new(&rustc);
+            cmd.args(["--edition", "2021", "-C", "opt-level=1", "-g", "-o"])
+                .arg(out)
+                .arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
+/// `tests/workloads/go/main.go` built with `go build` (Go 1.19 of Debian's `golang-go`
+/// will do): `CGO_ENABLED=0`, `GO111MODULE=off`, `GOFLAGS` unset, the build cache and
+/// GOPATH under `target/test-workloads/`, no network (`GOPROXY=off`). For the probed
+/// `main.slow`, on whose goroutine stack the runtime moves while it runs.
+///
+/// Run it as `slow CALLS_PER_GOROUTINE THRESHOLD_US`; it prints `measured_slow=`,
+/// `slow_calls=`, `stack_moves=`, `thread_switches=` and `result=` lines.
+///
+/// # Panics
+/// When `go` is missing (install the Debian package `golang-go`) or the build fails.
+pub fn go_program() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = workspace_root().join("tests/workloads/go");
+        let out_dir = out_dir();
+        build(
+            "slow",
+            "go",
+            "the Debian package golang-go (cargo xtask setup does, as root)",
+            |out| {
+                let mut cmd = Command::new("go");
+                cmd.current_dir(&dir)
+                    .args(["build", "-o"])
+                    .arg(out)
+                    .arg("main.go")
+                    .env_remove("GOFLAGS")
+                    .env("GOCACHE", out_dir.join("go-cache"))
+                    .env("GOPATH", out_dir.join("go-path"))
+                    .env("GO111MODULE", "off")
+                    .env("CGO_ENABLED", "0")
+                    .env("GOPROXY", "off")
+                    .env("GOTOOLCHAIN", "local");
+                cmd
+            },
+        )
+    })
+    .clone()
+}
+
+/// `tests/workloads/exits.c` built with `cc -O1 -g -pthread` (no frame-pointer flags): the
+/// probed `lb_jumpy` (longjmp out, threads), `lb_tailer` / `lb_tailer_indirect` (tail
+/// jumps), `lb_three_rets` (three `ret`s) and `lb_switch` (an in-function jump table),
+/// the last four in top-level asm so the compiler cannot change their exits.
+///
+/// Run it as `exits MODE ARGS...` (modes in the source's header); every mode prints
+/// `measured_slow=`, `slow_calls=` and `result=` lines.
+///
+/// # Panics
+/// When `cc` is missing (install the Debian package `gcc`) or the build fails.
+pub fn c_exits() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/exits.c");
+        build("exits", "cc", "the Debian package gcc", |out| {
+            let mut cmd = Command::new("cc");
+            cmd.args(["-O1", "-g", "-pthread", "-o"]).arg(out).arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
+/// The value `N` of the first `KEY=N` line in a workload's stdout: what the workload
+/// measured itself, to compare with what lookback reported.
+///
+/// # Panics
+/// When no line is `KEY=` followed by a number (the output is in the message).
+pub fn measured(stdout: &str, key: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(key)?
+                .strip_prefix('=')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {key}=N line in the workload's output:\n{stdout}"))
+}
+
+fn out_dir() -> PathBuf {
+    workspace_root().join("target/test-workloads")
+}
+
+/// Builds `target/test-workloads/NAME` with the command `compile(temporary output)`, then
+/// renames it into place. `tool` names the compiler and `package` what installs it, for
+/// the message when it is missing.
+fn build(name: &str, tool: &str, package: &str, compile: impl FnOnce(&Path) -> Command) -> PathBuf {
+    let dir = out_dir();
+    std::fs::create_dir_all(&dir).expect("creating target/test-workloads");
+    let bin = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let mut cmd = compile(&tmp);
+    let status = match cmd.status() {
+        Ok(status) => status,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!("{tool} not found, needed to build the {name} test workload: install {package}")
+        }
+        Err(e) => panic!("running {cmd:?}: {e}"),
+    };
+    assert!(status.success(), "{cmd:?} failed: {status}");
+    std::fs::rename(&tmp, &bin)
+        .unwrap_or_else(|e| panic!("renaming {} to {}: {e}", tmp.display(), bin.display()));
+    bin
+}
