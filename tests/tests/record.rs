@@ -501,6 +501,10 @@ fn intel_pt_is_refused_with_a_clear_message_where_it_does_not_exist() {
 #[test]
 fn triggers_beyond_the_write_queue_are_dropped_and_let_their_process_go() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // 30 triggers 15 ms apart outrun the writer (60-250 ms a snapshot); then the workload
+    // waits until the fourth trace file is written, whatever the machine's speed, and
+    // triggers once more: that one is taken after the drops.
+    let fourth = dir.path().join("trace-4.fxt.gz");
     let out = run_lookback_with(
         dir.path(),
         &[
@@ -510,7 +514,13 @@ fn triggers_beyond_the_write_queue_are_dropped_and_let_their_process_go() {
             "--trigger",
             "func:lb_spin>10ms",
         ],
-        &["spinbg", "15", "30", "0"],
+        &[
+            "spinbg",
+            "15",
+            "30",
+            "0",
+            fourth.to_str().expect("UTF-8 path"),
+        ],
         &[("RUST_LOG", "lookback::cli::record=debug")],
     );
     let log = String::from_utf8_lossy(&out.stderr);

@@ -15,14 +15,17 @@
  *     getpid N                 N getpid() syscalls; prints ns_per_op= (benchmarks)
  *     loop N                   N calls of lb_noop(); prints ns_per_op= (benchmarks)
  *     loopnop N                N calls of lb_noop_nop5() (NOP5 entry); prints ns_per_op=
+ *     looprets N               N calls of lb_noop_rets() (three rets); prints ns_per_op=
  *     segv | abort | usr1      die by SIGSEGV / SIGABRT, or raise SIGUSR1 (handled) once
  *     fork N SLOW_US           fork a child that calls lb_work(SLOW_US) N times; parent waits
  *     spin MS THREADS          each thread busy-loops in lb_spin() for MS ms (on-CPU work for
  *                              sampling tests)
  *     forkspin MS              fork a child that runs lb_spin(MS); the parent waits
- *     spinbg MS COUNT BG_MS    a thread busy-loops in lb_busy() for BG_MS ms while the main
+ *     spinbg MS COUNT BG_MS [FILE]
+ *                              a thread busy-loops in lb_busy() for BG_MS ms while the main
  *                              thread calls lb_spin(MS) COUNT times (on-CPU work after a
- *                              trigger: in-kernel freeze tests)
+ *                              trigger: in-kernel freeze tests); with FILE, then waits until
+ *                              FILE exists (at most 60 s) and calls lb_spin(MS) once more
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -59,6 +62,27 @@ __attribute__((noinline)) void lb_noop_nop5(long i) {
     __asm__ volatile(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00");
     sink += i;
 }
+
+/* Three `ret`s, one per path (i % 3): the cost of a latency rule on a function with several
+ * exits (each gets its own uprobe). Hand-written so the compiler cannot merge them. */
+void lb_noop_rets(long i);
+__asm__(
+    "    .text\n"
+    "    .globl lb_noop_rets\n"
+    "    .type lb_noop_rets, @function\n"
+    "lb_noop_rets:\n"
+    "    mov %rdi, %rax\n"
+    "    mov $3, %ecx\n"
+    "    xor %edx, %edx\n"
+    "    div %rcx\n"
+    "    test %rdx, %rdx\n"
+    "    jne 1f\n"
+    "    ret\n"
+    "1:  cmp $1, %rdx\n"
+    "    jne 2f\n"
+    "    ret\n"
+    "2:  ret\n"
+    "    .size lb_noop_rets, .-lb_noop_rets\n");
 
 static long long now_ns(void);
 
@@ -130,6 +154,10 @@ int main(int argc, char **argv) {
         pthread_t t;
         pthread_create(&t, NULL, busy_thread, &bg);
         for (long i = 0; i < ARG(1); i++) lb_spin(ARG(0));
+        if (a + 3 < argc) {
+            for (int k = 0; k < 6000 && access(argv[a + 3], F_OK) != 0; k++) sleep_us(10000);
+            lb_spin(ARG(0));
+        }
         pthread_join(t, NULL);
     } else if (!strcmp(mode, "forkspin")) {
         pid_t child = fork();
@@ -170,6 +198,10 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "loopnop")) {
         long long t = now_ns();
         for (long i = 0; i < ARG(0); i++) lb_noop_nop5(i);
+        report(ARG(0), t);
+    } else if (!strcmp(mode, "looprets")) {
+        long long t = now_ns();
+        for (long i = 0; i < ARG(0); i++) lb_noop_rets(i);
         report(ARG(0), t);
     } else if (!strcmp(mode, "segv")) {
         volatile int *p = NULL;

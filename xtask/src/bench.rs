@@ -2,9 +2,11 @@
 //! with bpftrace doing the equivalent check, in one run. Informative only: nothing here
 //! asserts a time.
 //!
-//! Function probes: a tight loop calling a probed function (`lb_noop`, a trap uprobe, and
-//! `lb_noop_nop5`, whose entry is a 5-byte NOP the kernel can optimize) with a latency
-//! trigger that never fires (`>1s`), so the numbers are the probe cost alone. Syscalls: a
+//! Function probes: a tight loop calling a probed function (`lb_noop`, a trap uprobe,
+//! `lb_noop_nop5`, whose entry is a 5-byte NOP the kernel can optimize, and `lb_noop_rets`,
+//! with three `ret`s) with a latency trigger that never fires (`>1s`), so the numbers are
+//! the probe cost alone: lookback's entry uprobe plus a uprobe on the exit taken (never a
+//! uretprobe), beside bpftrace's uprobe+uretprobe check. Syscalls: a
 //! `getpid()` loop, as the target and as a bystander while another process is traced.
 use std::{
     path::{Path, PathBuf},
@@ -41,7 +43,11 @@ pub fn bench(env: &BuildEnv, freeze_only: bool, triggers: usize) -> Result<()> {
         "| probe | workload | none ns/call | lookback ns/call | bpftrace ns/call | lookback overhead | bpftrace overhead |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (func, mode) in [("lb_noop", "loop"), ("lb_noop_nop5", "loopnop")] {
+    for (func, mode) in [
+        ("lb_noop", "loop"),
+        ("lb_noop_nop5", "loopnop"),
+        ("lb_noop_rets", "looprets"),
+    ] {
         let none = measure(Command::new(&workload).args([mode, CALLS]))?;
         let lb = measure(
             Command::new(&lookback)
@@ -66,7 +72,9 @@ pub fn bench(env: &BuildEnv, freeze_only: bool, triggers: usize) -> Result<()> {
             measure(Command::new(bt).args(["-q", "-e", &script, "-c"]).arg(format!("{w} {mode} {CALLS}")))
         });
         row(
-            &format!("uprobe+uretprobe `{func}`"),
+            &format!(
+                "latency rule `{func}` (lookback: entry + exit uprobes; bpftrace: uprobe+uretprobe)"
+            ),
             mode,
             none,
             lb,

@@ -1,0 +1,89 @@
+//! The agent applying latency rules to programs built by real toolchains whose probed
+//! functions are left by C++ exceptions, Rust panics and longjmp, and whose goroutine
+//! stacks move (tests/tests/safe_triggers.rs has the same programs under `run`): every
+//! target exits 0 with the result it computes without lookback, and the agent counts
+//! exactly the calls each program measured above the threshold. Needs root.
+#![allow(
+    clippy::float_cmp,
+    reason = "metric values are integer counts, exactly representable"
+)]
+use std::{path::Path, process::Command};
+
+use lookback_tests::{
+    agent::Agent,
+    toolchains::{c_exits, cxx_throw, go_program, measured, rust_panic},
+};
+
+/// Runs `program args` to completion; returns its stdout after checking it exited 0.
+fn run_to_end(program: &Path, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().expect("running");
+    assert!(
+        out.status.success(),
+        "{} {args:?} under the agent: {}\n{}",
+        program.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn targets_survive_and_every_slow_call_is_counted() {
+    let cases: [(&str, std::path::PathBuf, &str, &[&str]); 4] = [
+        ("cxx-throw", cxx_throw(), "_Z4worki", &["300", "10000"]),
+        ("rust-panic", rust_panic(), "lb_panicky", &["300", "10000"]),
+        ("go-stacks", go_program(), "main.slow", &["60", "10000"]),
+        (
+            "c-longjmp",
+            c_exits(),
+            "lb_jumpy",
+            &["longjmp", "2", "2000", "4", "10000"],
+        ),
+    ];
+    let mut rules = String::from(
+        "version: 1\ndefaults:\n  capture: { backend: sampling, buffer_size: 64KiB }\n  \
+         snapshot: { cooldown: 1h, max_per_hour: 1000 }\n  output: { keep_raw: false }\n\
+         rules:\n",
+    );
+    for (name, bin, symbol, _) in &cases {
+        let bin = bin.display();
+        rules.push_str(&format!(
+            "  - name: {name}\n    target: {{ exe: {bin} }}\n    trigger:\n      function: \
+             {{ symbol: {symbol}, binary: {bin}, min_duration: 10ms }}\n"
+        ));
+    }
+    // Reference results, without the agent.
+    let reference: Vec<u64> = cases
+        .iter()
+        .map(|(_, bin, _, args)| measured(&run_to_end(bin, args), "result"))
+        .collect();
+    let mut agent = Agent::start(&rules, &[]);
+    for ((name, bin, _, args), reference) in cases.iter().zip(reference) {
+        let out = run_to_end(bin, args);
+        assert_eq!(
+            measured(&out, "result"),
+            reference,
+            "{name} computed otherwise"
+        );
+        let slow = measured(&out, "measured_slow");
+        assert!(slow > 0, "{name}: {out}");
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        agent.expect_metric("lookback_triggers_total", &[("rule", name)], slow as f64);
+    }
+    // The abandoned frames are counted, not lost silently.
+    for name in ["cxx-throw", "rust-panic", "c-longjmp"] {
+        let unwound = agent.metric(
+            "lookback_function_calls_unmeasured_total",
+            &[("rule", name), ("reason", "unwound")],
+        );
+        assert!(unwound > 0.0, "{name}: {}", agent.get("/metrics").1);
+    }
+    assert_eq!(
+        agent.metric(
+            "lookback_function_calls_unmeasured_total",
+            &[("rule", "c-longjmp"), ("reason", "depth_overflow")],
+        ),
+        0.0
+    );
+    agent.stop_ok();
+}
