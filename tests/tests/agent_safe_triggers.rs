@@ -1,13 +1,13 @@
 //! The agent applying latency rules to programs built by real toolchains whose probed
 //! functions are left by C++ exceptions, Rust panics and longjmp, and whose goroutine
-//! stacks move (tests/tests/safe_triggers.rs has the same programs under `run`): every
+//! stacks move (`tests/tests/safe_triggers.rs` has the same programs under `run`): every
 //! target exits 0 with the result it computes without lookback, and the agent counts
 //! exactly the calls each program measured above the threshold. Needs root.
 #![allow(
     clippy::float_cmp,
     reason = "metric values are integer counts, exactly representable"
 )]
-use std::{path::Path, process::Command};
+use std::{fmt::Write as _, path::Path, process::Command};
 
 use lookback_tests::{
     agent::Agent,
@@ -47,10 +47,11 @@ fn targets_survive_and_every_slow_call_is_counted() {
     );
     for (name, bin, symbol, _) in &cases {
         let bin = bin.display();
-        rules.push_str(&format!(
+        let _ = write!(
+            rules,
             "  - name: {name}\n    target: {{ exe: {bin} }}\n    trigger:\n      function: \
              {{ symbol: {symbol}, binary: {bin}, min_duration: 10ms }}\n"
-        ));
+        );
     }
     // Reference results, without the agent.
     let reference: Vec<u64> = cases
