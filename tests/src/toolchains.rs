@@ -128,6 +128,48 @@ pub fn c_exits() -> PathBuf {
     .clone()
 }
 
+/// `tests/workloads/names.cpp` built with `g++ -O1 -g`: `shop::Cart::add(int)` (3 calls),
+/// `shop::Cart::add(double)` (2), `biggest<int>` (3), `biggest<long>` (2), for the tests of
+/// names as C++ people write them.
+///
+/// # Panics
+/// When `g++` is missing (install the Debian package `g++`) or the build fails.
+pub fn cxx_names() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/names.cpp");
+        build("names-cpp", "g++", "the Debian package g++", |out| {
+            let mut cmd = Command::new("g++");
+            cmd.args(["-O1", "-g", "-o"]).arg(out).arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
+/// `tests/workloads/names.rs` built with `rustc` (crate `names`): `names::engine::slow_path`
+/// (3 calls), `names::widen` for u8 (3) and u32 (2), `<names::Square as names::Shape>::area`
+/// (4), for the tests of names as Rust people write them.
+///
+/// # Panics
+/// When `rustc` is missing or the build fails.
+pub fn rust_names() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/names.rs");
+        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+        build("names-rs", "rustc", "a Rust toolchain (rustup)", |out| {
+            let mut cmd = Command::new(&rustc);
+            cmd.args(["--edition", "2021", "-C", "opt-level=1", "-g"])
+                .args(["--crate-name", "names", "-o"])
+                .arg(out)
+                .arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
 /// The value `N` of the first `KEY=N` line in a workload's stdout: what the workload
 /// measured itself, to compare with what lookback reported.
 ///

@@ -322,7 +322,7 @@ fn bad_input_is_reported_and_the_other_rules_run() {
     );
     assert!(run.stderr.contains("no_such_function"), "{}", run.stderr);
     assert_eq!(run.of_rule(1).len(), 2);
-    // Nothing usable at all: a runtime error.
+    // Nothing usable at all, because no rule names a function there: a usage error.
     let out = Command::new(lookback_bin())
         .args([
             "run",
@@ -334,7 +334,7 @@ fn bad_input_is_reported_and_the_other_rules_run() {
         .arg(workload())
         .output()
         .expect("lookback");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("symbol no_such_function not found"), "{err}");
     // Usage errors: missing command, missing process.

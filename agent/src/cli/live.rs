@@ -74,8 +74,8 @@ fn probe_points(target: &Target, trigger: &Trigger) -> Result<Vec<ProbePoint>, R
         Target::Spawn { program, .. } => {
             let binary = f.binary.clone().unwrap_or_else(|| program.clone());
             match resolve::resolve_symbol(&binary, &f.symbol) {
-                Err(ResolveError::NoSymbol { .. }) if f.binary.is_none() => {
-                    resolve_in_needed_libs(program, &f.symbol)?
+                Err(e @ ResolveError::NoSymbol { .. }) if f.binary.is_none() => {
+                    resolve_in_needed_libs(program, &f.symbol, e)?
                 }
                 other => other?,
             }
@@ -111,26 +111,22 @@ fn with_entry_probes(
 
 /// Before exec, a program's shared libraries are not mapped yet: ask the dynamic loader
 /// which ones it would load (`ldd`) and look there.
-fn resolve_in_needed_libs(program: &Path, symbol: &str) -> Result<ProbePoint, ResolveError> {
-    let not_found = || ResolveError::NoSymbol {
-        symbol: symbol.to_owned(),
-        path: program.to_owned(),
-        stripped: false,
+/// `not_in_program`: the program's own lookup error, returned when no library has it.
+fn resolve_in_needed_libs(
+    program: &Path,
+    symbol: &str,
+    not_in_program: ResolveError,
+) -> Result<ProbePoint, ResolveError> {
+    let Ok(out) = std::process::Command::new("ldd").arg(program).output() else {
+        return Err(not_in_program);
     };
-    let out = std::process::Command::new("ldd")
-        .arg(program)
-        .output()
-        .map_err(|_| not_found())?;
     let text = String::from_utf8_lossy(&out.stdout);
-    for lib in text
+    let libraries: Vec<PathBuf> = text
         .lines()
         .filter_map(|l| l.split("=>").nth(1)?.split_whitespace().next())
-    {
-        if let Ok(point) = resolve::resolve_symbol(Path::new(lib), symbol) {
-            return Ok(point);
-        }
-    }
-    Err(not_found())
+        .map(PathBuf::from)
+        .collect();
+    resolve::resolve_in_libraries(&libraries, symbol, not_in_program)
 }
 
 /// Installs every rule; a rule that cannot be placed is reported and the others run.
@@ -140,10 +136,16 @@ fn install_rules(
     target: &Target,
 ) -> Result<Vec<(EngineRule, Vec<AttachedProbe>)>, CliError> {
     let mut installed = Vec::new();
+    // Every failure a name that selects no function, or several: the rules are wrong (2).
+    let mut only_name_errors = true;
     for rule in rules {
         let points = match probe_points(target, &rule.trigger) {
             Ok(points) => points,
             Err(e) => {
+                only_name_errors &= matches!(
+                    e,
+                    ResolveError::NoSymbol { .. } | ResolveError::Ambiguous { .. }
+                );
                 log::error!("rule {}: {e}", rule.name);
                 continue;
             }
@@ -153,11 +155,19 @@ fn install_rules(
                 log_probes(&rule.name, &probes);
                 installed.push((rule.clone(), probes));
             }
-            Err(e) => log::error!("rule {}: {:#}", rule.name, anyhow::Error::from(e)),
+            Err(e) => {
+                only_name_errors = false;
+                log::error!("rule {}: {:#}", rule.name, anyhow::Error::from(e));
+            }
         }
     }
     if installed.is_empty() && !rules.is_empty() {
-        return Err(CliError::runtime(anyhow!("no rule could be installed")));
+        let e = anyhow!("no rule could be installed");
+        return Err(if only_name_errors {
+            CliError::usage(e)
+        } else {
+            CliError::runtime(e)
+        });
     }
     Ok(installed)
 }

@@ -8,7 +8,10 @@ use std::{
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
-use super::exits::{CodePiece, ExitKind, WalkError, function_exits};
+use super::{
+    exits::{CodePiece, ExitKind, WalkError, function_exits},
+    names::{NameError, did_you_mean, find_function, list_candidates},
+};
 
 /// Failure to place a function probe.
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +29,7 @@ pub enum ResolveError {
         source: object::Error,
     },
     #[error(
-        "symbol {symbol} not found in {}{}", path.display(),
+        "symbol {symbol} not found in {}{}{hint}", path.display(),
         if *stripped { ": the binary is stripped (only a compressed .gnu_debugdata symbol table, \
         which lookback does not read yet); use an unstripped build or give the library with \
         the symbol as `binary`" } else { "" }
@@ -35,6 +38,18 @@ pub enum ResolveError {
         symbol: String,
         path: PathBuf,
         stripped: bool,
+        /// `; did you mean ...?`, or empty.
+        hint: String,
+    },
+    #[error(
+        "{symbol} names {count} functions in {}: {list}; give the one meant by its full \
+         name (with parameters) or its raw name", path.display()
+    )]
+    Ambiguous {
+        symbol: String,
+        path: PathBuf,
+        count: usize,
+        list: String,
     },
     #[error("symbol {symbol} in {} is at {address:#x}, outside every loadable segment", path.display())]
     NotMapped {
@@ -113,13 +128,28 @@ pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveEr
         path: path.to_owned(),
         source,
     })?;
-    let Some((address, size)) = function_symbol(&file, symbol) else {
-        return Err(ResolveError::NoSymbol {
-            symbol: symbol.to_owned(),
-            path: path.to_owned(),
-            stripped: file.section_by_name(".gnu_debugdata").is_some(),
-        });
+    let function = match find_function(&file, symbol) {
+        Ok(function) => function,
+        Err(NameError::NotFound { nearest }) => {
+            return Err(ResolveError::NoSymbol {
+                symbol: symbol.to_owned(),
+                path: path.to_owned(),
+                stripped: file.section_by_name(".gnu_debugdata").is_some(),
+                hint: did_you_mean(&nearest),
+            });
+        }
+        Err(NameError::Ambiguous { candidates }) => {
+            return Err(ResolveError::Ambiguous {
+                symbol: symbol.to_owned(),
+                path: path.to_owned(),
+                count: candidates.len(),
+                list: list_candidates(&candidates),
+            });
+        }
     };
+    let (address, size) = (function.address, function.size);
+    // The raw name from here on: it finds the function's `.cold` parts.
+    let symbol = function.raw.as_str();
     let file_offset = file_offset_of(&file, address).ok_or_else(|| ResolveError::NotMapped {
         symbol: symbol.to_owned(),
         path: path.to_owned(),
@@ -284,23 +314,29 @@ pub fn resolve_for_process(
         return resolve_symbol(&in_process_root(pid, binary), symbol);
     }
     let exe = process_exe(pid)?;
-    match resolve_symbol(&exe, symbol) {
-        Err(ResolveError::NoSymbol { .. }) => {}
+    let not_in_exe = match resolve_symbol(&exe, symbol) {
+        Err(e @ ResolveError::NoSymbol { .. }) => e,
         other => return other,
-    }
-    for object in mapped_objects(pid)? {
-        if object == exe {
-            continue;
+    };
+    let libraries = mapped_objects(pid)?;
+    resolve_in_libraries(libraries.iter().filter(|o| **o != exe), symbol, not_in_exe)
+}
+
+/// `symbol` in the first of `libraries` that defines it; `not_found` (the executable's
+/// error, with its hints) when none does. An ambiguous name in a library is an error.
+pub fn resolve_in_libraries<'a>(
+    libraries: impl IntoIterator<Item = &'a PathBuf>,
+    symbol: &str,
+    not_found: ResolveError,
+) -> Result<ProbePoint, ResolveError> {
+    for object in libraries {
+        match resolve_symbol(object, symbol) {
+            Ok(point) => return Ok(point),
+            Err(e @ ResolveError::Ambiguous { .. }) => return Err(e),
+            Err(_) => {}
         }
-        if let Ok(point) = resolve_symbol(&object, symbol) {
-            return Ok(point);
-        }
     }
-    Err(ResolveError::NoSymbol {
-        symbol: symbol.to_owned(),
-        path: exe,
-        stripped: false,
-    })
+    Err(not_found)
 }
 
 #[cfg(test)]
