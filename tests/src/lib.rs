@@ -134,6 +134,8 @@ fn path_str(p: &Path) -> &str {
 #[derive(Debug)]
 pub struct DryRun {
     pub events: Vec<serde_json::Value>,
+    /// The traced program's own stdout lines (those that are not lookback's JSON).
+    pub program_stdout: String,
     pub summary: serde_json::Value,
     pub status: std::process::ExitStatus,
     pub stderr: String,
@@ -148,6 +150,11 @@ impl DryRun {
         let stdout = String::from_utf8_lossy(&output.stdout);
         let mut events = Vec::new();
         let mut summary = serde_json::Value::Null;
+        let program_stdout = stdout
+            .lines()
+            .filter(|l| !l.starts_with('{'))
+            .collect::<Vec<_>>()
+            .join("\n");
         for line in stdout.lines().filter(|l| l.starts_with('{')) {
             let value: serde_json::Value =
                 serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON line {line}: {e}"));
@@ -159,6 +166,7 @@ impl DryRun {
         }
         Self {
             events,
+            program_stdout,
             summary,
             status: output.status,
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),

@@ -170,6 +170,23 @@ pub fn rust_names() -> PathBuf {
     .clone()
 }
 
+/// Runs `program args` to completion without lookback and returns its stdout: the
+/// reference a traced run is compared with.
+///
+/// # Panics
+/// When it cannot be started or does not exit 0.
+pub fn run_plain(program: &Path, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().expect("running");
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}\n{}",
+        program.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The value `N` of the first `KEY=N` line in a workload's stdout: what the workload
 /// measured itself, to compare with what lookback reported.
 ///

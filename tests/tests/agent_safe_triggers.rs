@@ -7,25 +7,12 @@
     clippy::float_cmp,
     reason = "metric values are integer counts, exactly representable"
 )]
-use std::{fmt::Write as _, path::Path, process::Command};
+use std::fmt::Write as _;
 
 use lookback_tests::{
     agent::Agent,
-    toolchains::{c_exits, cxx_throw, go_program, measured, rust_panic},
+    toolchains::{c_exits, cxx_throw, go_program, measured, run_plain, rust_panic},
 };
-
-/// Runs `program args` to completion; returns its stdout after checking it exited 0.
-fn run_to_end(program: &Path, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().expect("running");
-    assert!(
-        out.status.success(),
-        "{} {args:?} under the agent: {}\n{}",
-        program.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 #[test]
 fn targets_survive_and_every_slow_call_is_counted() {
@@ -56,11 +43,11 @@ fn targets_survive_and_every_slow_call_is_counted() {
     // Reference results, without the agent.
     let reference: Vec<u64> = cases
         .iter()
-        .map(|(_, bin, _, args)| measured(&run_to_end(bin, args), "result"))
+        .map(|(_, bin, _, args)| measured(&run_plain(bin, args), "result"))
         .collect();
     let mut agent = Agent::start(&rules, &[]);
     for ((name, bin, _, args), reference) in cases.iter().zip(reference) {
-        let out = run_to_end(bin, args);
+        let out = run_plain(bin, args);
         assert_eq!(
             measured(&out, "result"),
             reference,

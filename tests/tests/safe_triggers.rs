@@ -13,7 +13,7 @@ use std::{
 
 use lookback_tests::{
     DryRun, dry_run_of, lookback_bin,
-    toolchains::{c_exits, cxx_throw, go_program, measured, rust_panic},
+    toolchains::{c_exits, cxx_throw, go_program, measured, run_plain, rust_panic},
 };
 
 /// The threshold of every rule here; the programs' slow calls spin 20 ms, the others take
@@ -21,45 +21,14 @@ use lookback_tests::{
 const THRESHOLD: &str = "10ms";
 const THRESHOLD_US: &str = "10000";
 
-/// Runs `program args` without lookback: its own output, for comparison.
-fn plain(program: &Path, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().expect("running");
-    assert!(
-        out.status.success(),
-        "{} {args:?}: {}",
-        program.display(),
-        out.status
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The program's stdout lines of a dry run (the JSON lines are lookback's).
-fn program_output(stdout: &str) -> String {
-    stdout
-        .lines()
-        .filter(|l| !l.starts_with('{'))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// A dry run of a latency rule on `symbol`, with the program's stdout.
 fn traced(program: &Path, symbol: &str, args: &[&str]) -> (DryRun, String) {
-    let trigger = format!("func:{symbol}>{THRESHOLD}");
-    let output = Command::new(lookback_bin())
-        .args(["run", "--dry-run", "--json", "--max-snapshots", "0"])
-        .args(["--trigger", &trigger, "--"])
-        .arg(program)
-        .args(args)
-        .output()
-        .expect("running lookback");
-    let run = DryRun::parse(&output);
-    assert!(
-        run.status.success(),
-        "lookback: {}\n{}",
-        run.status,
-        run.stderr
+    let run = dry_run_of(
+        program,
+        &["--trigger", &format!("func:{symbol}>{THRESHOLD}")],
+        args,
     );
-    let stdout = program_output(&String::from_utf8_lossy(&output.stdout));
+    let stdout = run.program_stdout.clone();
     (run, stdout)
 }
 
@@ -99,7 +68,7 @@ fn durations_ms(run: &DryRun) -> Vec<f64> {
 fn cxx_exceptions_through_the_probed_function_leave_the_program_unharmed() {
     let bin = cxx_throw();
     let args = ["500", THRESHOLD_US];
-    let reference = plain(&bin, &args);
+    let reference = run_plain(&bin, &args);
     let (run, out) = traced(&bin, "_Z4worki", &args);
     assert_unharmed(&run, &out, &reference);
     let slow = measured(&out, "measured_slow");
@@ -121,7 +90,7 @@ fn cxx_exceptions_through_the_probed_function_leave_the_program_unharmed() {
 fn rust_panics_caught_by_catch_unwind_leave_the_program_unharmed() {
     let bin = rust_panic();
     let args = ["500", THRESHOLD_US];
-    let reference = plain(&bin, &args);
+    let reference = run_plain(&bin, &args);
     let (run, out) = traced(&bin, "lb_panicky", &args);
     assert_unharmed(&run, &out, &reference);
     let slow = measured(&out, "measured_slow");
@@ -139,7 +108,7 @@ fn rust_panics_caught_by_catch_unwind_leave_the_program_unharmed() {
 fn go_goroutines_whose_stacks_move_are_measured_exactly() {
     let bin = go_program();
     let args = ["100", THRESHOLD_US];
-    let reference = plain(&bin, &args);
+    let reference = run_plain(&bin, &args);
     let (run, out) = traced(&bin, "main.slow", &args);
     assert_unharmed(&run, &out, &reference);
     // The hazard was there: main.slow's frame moved while it ran.
@@ -156,7 +125,7 @@ fn go_goroutines_whose_stacks_move_are_measured_exactly() {
 fn ten_thousand_longjmps_per_thread_never_wedge_the_entry_stack() {
     let bin = c_exits();
     let args = ["longjmp", "4", "10000", "5", THRESHOLD_US];
-    let reference = plain(&bin, &args);
+    let reference = run_plain(&bin, &args);
     let (run, out) = traced(&bin, "lb_jumpy", &args);
     assert_unharmed(&run, &out, &reference);
     assert_eq!(measured(&out, "measured_slow"), 20, "{out}");
@@ -177,7 +146,7 @@ fn ten_thousand_longjmps_per_thread_never_wedge_the_entry_stack() {
 fn several_threads_are_each_measured_against_their_own_entries() {
     let bin = c_exits();
     let args = ["threads", "4", "200", THRESHOLD_US];
-    let reference = plain(&bin, &args);
+    let reference = run_plain(&bin, &args);
     let (run, out) = traced(&bin, "lb_jumpy", &args);
     assert_unharmed(&run, &out, &reference);
     let slow = measured(&out, "measured_slow");
@@ -197,7 +166,7 @@ fn a_tail_call_ends_the_call_at_the_jump() {
     ] {
         let bin = c_exits();
         let args = [mode, "200", THRESHOLD_US];
-        let reference = plain(&bin, &args);
+        let reference = run_plain(&bin, &args);
         let (run, out) = traced(&bin, symbol, &args);
         assert_unharmed(&run, &out, &reference);
         assert_eq!(exit_sites(&run), [site], "{symbol}");
@@ -218,7 +187,7 @@ fn a_tail_call_ends_the_call_at_the_jump() {
 fn a_function_with_three_rets_is_measured_at_each() {
     let bin = c_exits();
     let args = ["rets", "200", THRESHOLD_US];
-    let reference = plain(&bin, &args);
+    let reference = run_plain(&bin, &args);
     let (run, out) = traced(&bin, "lb_three_rets", &args);
     assert_unharmed(&run, &out, &reference);
     assert_eq!(exit_sites(&run), ["ret"; 3]);
@@ -233,7 +202,7 @@ fn a_function_with_three_rets_is_measured_at_each() {
 fn a_jump_table_inside_the_function_is_not_an_exit() {
     let bin = c_exits();
     let args = ["switch", "200", THRESHOLD_US];
-    let reference = plain(&bin, &args);
+    let reference = run_plain(&bin, &args);
     let (run, out) = traced(&bin, "lb_switch", &args);
     assert_unharmed(&run, &out, &reference);
     // The `jmp *%rax` is probed, and the program decides in the kernel it stays inside.
