@@ -551,9 +551,7 @@ impl TriggerEngine {
         let cookie = probe::cookie(id, SITE_ENTRY, point.go, 0, 0);
         let link = self.attach_one(PROG_FUNCTION_ENTRY, rule, point, point.file_offset, cookie)?;
         links.entry.push(link);
-        let mut entry = attached_probe(point, point.file_offset, "entry");
-        entry.is_return = false;
-        attached.push(entry);
+        attached.push(attached_probe(point, point.file_offset, "entry"));
         Ok(())
     }
 
@@ -893,13 +891,14 @@ pub fn log_probes(rule: &str, probes: &[AttachedProbe]) {
     }
 }
 
-/// The record of a probe placed at `file_offset` of `point`'s file.
+/// The record of a probe placed at `file_offset` of `point`'s file; every site but the
+/// entry sees a return.
 fn attached_probe(point: &ProbePoint, file_offset: u64, site: &'static str) -> AttachedProbe {
     AttachedProbe {
         path: point.path.display().to_string(),
         file_offset,
         probe_kind: point.kind,
-        is_return: true,
+        is_return: site != "entry",
         site,
     }
 }

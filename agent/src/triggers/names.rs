@@ -49,7 +49,7 @@ pub const LISTED_CANDIDATES: usize = 20;
 pub fn find_function(file: &object::File<'_>, wanted: &str) -> Result<FunctionSymbol, NameError> {
     let functions = functions(file);
     if let Some(exact) = functions.iter().find(|f| f.raw == wanted) {
-        return Ok(exact.clone());
+        return Ok(with_display(exact.clone()));
     }
     let want = squeeze(wanted);
     let mut by_address: BTreeMap<u64, FunctionSymbol> = BTreeMap::new();
@@ -61,18 +61,30 @@ pub fn find_function(file: &object::File<'_>, wanted: &str) -> Result<FunctionSy
     }
     let mut matches: Vec<FunctionSymbol> = by_address.into_values().collect();
     match matches.len() {
-        1 => Ok(matches.remove(0)),
+        1 => Ok(with_display(matches.remove(0))),
         0 => Err(NameError::NotFound {
-            nearest: nearest(&functions, &want),
+            nearest: nearest(&functions, &want)
+                .into_iter()
+                .map(with_display)
+                .collect(),
         }),
         _ => Err(NameError::Ambiguous {
-            candidates: matches,
+            candidates: matches.into_iter().map(with_display).collect(),
         }),
     }
 }
 
+/// `f` with its demangled name: computed only for the symbols handed out, not for every
+/// symbol of the binary (a raw name, the common case, demangles nothing else).
+fn with_display(mut f: FunctionSymbol) -> FunctionSymbol {
+    if let Some(name) = demangled(&f.raw) {
+        f.display = name;
+    }
+    f
+}
+
 /// The defined functions of `file`: the static symbol table, then the dynamic one (names
-/// already seen are skipped).
+/// already seen are skipped). `display` is the raw name here (see [`with_display`]).
 fn functions(file: &object::File<'_>) -> Vec<FunctionSymbol> {
     let mut seen = std::collections::HashSet::new();
     file.symbols()
@@ -84,7 +96,7 @@ fn functions(file: &object::File<'_>) -> Vec<FunctionSymbol> {
                 return None;
             }
             Some(FunctionSymbol {
-                display: demangled(&raw).unwrap_or_else(|| raw.clone()),
+                display: raw.clone(),
                 raw,
                 address: s.address(),
                 size: s.size(),

@@ -240,15 +240,9 @@ fn exit_probes(
         .collect()
 }
 
-/// The address of the defined function `symbol` (static symbol table first, then the
-/// dynamic one).
+/// The address of the defined function whose raw symbol is `symbol` (static symbol table
+/// first, then the dynamic one).
 pub fn symbol_address(file: &object::File<'_>, symbol: &str) -> Option<u64> {
-    function_symbol(file, symbol).map(|(address, _)| address)
-}
-
-/// The address and size (0: unknown) of the defined function `symbol`: the static symbol
-/// table first, then the dynamic one.
-pub fn function_symbol(file: &object::File<'_>, symbol: &str) -> Option<(u64, u64)> {
     file.symbols()
         .chain(file.dynamic_symbols())
         .find(|s| {
@@ -257,7 +251,7 @@ pub fn function_symbol(file: &object::File<'_>, symbol: &str) -> Option<(u64, u6
                 && s.address() != 0
                 && s.name() == Ok(symbol)
         })
-        .map(|s| (s.address(), s.size()))
+        .map(|s| s.address())
 }
 
 /// The file offset of virtual `address`, through the loadable segment that maps it.
