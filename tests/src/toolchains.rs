@@ -147,6 +147,27 @@ pub fn cxx_names() -> PathBuf {
     .clone()
 }
 
+/// `tests/workloads/stripped.cpp` built with `g++ -O1 -g` (with a GNU build-id, Debian's
+/// default): the static `spin_for(long)` (`_ZL8spin_forl`) the debug-file tests strip away
+/// and find again. Run it as `stripped MS ROUNDS [wait]`.
+///
+/// # Panics
+/// When `g++` is missing (install the Debian package `g++`) or the build fails.
+pub fn cxx_stripped() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/stripped.cpp");
+        build("stripped-cpp", "g++", "the Debian package g++", |out| {
+            let mut cmd = Command::new("g++");
+            cmd.args(["-O1", "-g", "-Wl,--build-id", "-o"])
+                .arg(out)
+                .arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
 /// `tests/workloads/names.rs` built with `rustc` (crate `names`): `names::engine::slow_path`
 /// (3 calls), `names::widen` for u8 (3) and u32 (2), `<names::Square as names::Shape>::area`
 /// (4), for the tests of names as Rust people write them.

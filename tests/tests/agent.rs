@@ -550,7 +550,7 @@ rules:
     trigger: { signal: { signals: [SIGUSR1] } }
 ";
     let rules = format!(
-        "{usr1}  - name: missing\n    target: {{ comm: workload }}\n    trigger: {{ function: {{ symbol: lb_no_such_function, binary: @WORKLOAD@ }} }}\n"
+        "{usr1}  - name: missing\n    target: {{ comm: workload }}\n    trigger: {{ function: {{ symbol: lb_spinn, binary: @WORKLOAD@ }} }}\n"
     );
     let mut agent = Agent::launch(&rules, &[], &[]);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -568,9 +568,23 @@ rules:
         agent.assert_running();
         std::thread::sleep(Duration::from_millis(100));
     };
+    // The error teaches: the nearest name.
     assert!(
-        body.contains("no probe attached") && body.contains("lb_no_such_function"),
+        body.contains("no probe attached")
+            && body.contains("lb_spinn")
+            && body.contains("did you mean `lb_spin`"),
         "{body}"
+    );
+    // And a metric says which rule and why, for alerts.
+    let metrics = agent.get("/metrics").1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("lookback_rule_probe_errors{")
+                && l.contains("rule=\"missing\"")
+                && l.contains("reason=\"symbol_not_found\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
     );
     // It stays so (readiness is re-evaluated every tick), and the agent is alive.
     std::thread::sleep(Duration::from_millis(600));

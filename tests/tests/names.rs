@@ -128,6 +128,64 @@ fn rust_paths_without_the_hash_select_the_function() {
     assert_eq!(err.matches("_ZN5names5widen17h").count(), 2, "{err}");
 }
 
+/// The entry probes of a dry run (`(function, file offset)`, sorted) and its trigger count.
+fn entry_probes(program: &Path, flags: &[&str]) -> (Vec<(String, u64)>, usize) {
+    let run = dry_run_of(program, flags, &[]);
+    let mut probes: Vec<(String, u64)> = run.summary["rules"][0]["probes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no probes\n{}\n{}", run.summary, run.stderr))
+        .iter()
+        .filter(|p| p["site"] == "entry")
+        .map(|p| {
+            (
+                p["function"].as_str().unwrap_or_default().to_owned(),
+                p["file_offset"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    probes.sort();
+    (probes, run.of_rule(0).len())
+}
+
+#[test]
+fn all_functions_and_globs_probe_every_match() {
+    let bin = cxx_names();
+    let offset = |raw: &str| entry_probe(&bin, raw, &[]).0;
+    // The two overloads, each at its own entry: 3 + 2 calls.
+    let (probes, fired) = entry_probes(
+        &bin,
+        &["--all-functions", "--trigger", "func:shop::Cart::add"],
+    );
+    assert_eq!(
+        probes,
+        [
+            (
+                "shop::Cart::add(double)".to_owned(),
+                offset("_ZN4shop4Cart3addEd")
+            ),
+            (
+                "shop::Cart::add(int)".to_owned(),
+                offset("_ZN4shop4Cart3addEi")
+            ),
+        ],
+    );
+    assert_eq!(fired, 5);
+    // A glob needs no flag: both template instances, 3 + 2 calls.
+    let (probes, fired) = entry_probes(&bin, &["--trigger", "func:bigg?st*"]);
+    let names: Vec<&str> = probes.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "int biggest<int>(int, int)",
+            "long biggest<long>(long, long)"
+        ]
+    );
+    assert_eq!(fired, 5);
+    // A pattern that selects more than a rule probes: refused with the count.
+    let err = refused(&rust_names(), "*");
+    assert!(err.contains("more than the 64 one rule probes"), "{err}");
+}
+
 #[test]
 fn go_methods_are_their_symbols() {
     let bin = go_program();

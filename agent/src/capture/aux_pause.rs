@@ -505,9 +505,12 @@ mod tests {
         // this thread at this test's own function: the kernel must take the path and the
         // offset where the member puts them, and count each call.
         let exe = std::env::current_exe().unwrap();
-        let point =
-            crate::triggers::resolve::resolve_symbol(&exe, "lookback_aux_pause_probe_target")
-                .unwrap();
+        let point = crate::triggers::resolve::resolve_symbol(
+            &exe,
+            &crate::triggers::resolve::Lookup::name("lookback_aux_pause_probe_target"),
+        )
+        .unwrap()
+        .remove(0);
         let type_ = uprobe_type(Path::new("/sys/bus/event_source/devices")).unwrap();
         let path = CString::new(point.path.as_os_str().as_encoded_bytes()).unwrap();
         let mut attr = uprobe_pause_attr(type_, &path, point.file_offset);
@@ -576,7 +579,7 @@ mod tests {
             symbol: "handle".to_owned(),
             binary: None,
             min_duration: None,
-            return_probe: crate::rules::ReturnProbe::default(),
+            ..FunctionTrigger::default()
         };
         assert_eq!(
             pause_source(&Trigger::Function(entry.clone())).unwrap(),

@@ -133,7 +133,14 @@ pub fn build_id_of(path: &Path) -> Option<String> {
     let file = File::open(path).ok()?;
     let cache = ReadCache::new(file);
     let object = object::File::parse(&cache).ok()?;
-    let id = object.build_id().ok()??;
+    build_id_hex(&object)
+}
+
+/// The GNU build-id of a parsed ELF file, hex.
+pub fn build_id_hex<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+) -> Option<String> {
+    let id = file.build_id().ok()??;
     Some(id.iter().fold(String::new(), |mut hex, b| {
         use std::fmt::Write as _;
         let _ = write!(hex, "{b:02x}");

@@ -68,6 +68,10 @@ pub struct DecodeArgs {
     /// INPUT: write the trace and report what went in, the time and the peak memory.
     #[arg(long, group = "mode")]
     pub stats: bool,
+    /// With INPUT: also look for the separate debug files of its binaries in DIR (before
+    /// those the snapshot names and /usr/lib/debug); repeatable.
+    #[arg(long, value_name = "DIR", requires = "input")]
+    pub debug_dir: Vec<PathBuf>,
     /// Options of ptdump or ptxed (e.g. `--event:ip`, `--mtc-freq 4`), after `--`.
     #[arg(last = true, value_name = "TOOL-OPTIONS")]
     pub tool_args: Vec<String>,
@@ -146,11 +150,20 @@ fn peak_rss() -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn run_snapshot(input: &Path, output: Option<&Path>, stats: bool) -> CliResult {
+fn run_snapshot(
+    input: &Path,
+    output: Option<&Path>,
+    stats: bool,
+    debug_dirs: &[PathBuf],
+) -> CliResult {
     let started = Instant::now();
-    let snap = crate::snapshot::read(input)
+    let mut snap = crate::snapshot::read(input)
         .with_context(|| format!("reading {}", input.display()))
         .map_err(CliError::runtime)?;
+    // The directories given first: they are where the user knows the files are.
+    let mut dirs = debug_dirs.to_vec();
+    dirs.extend(std::mem::take(&mut snap.meta.debug_dirs));
+    snap.meta.debug_dirs = dirs;
     let read_time = started.elapsed();
     let out = output.map_or_else(|| default_output(input), Path::to_owned);
     let started = Instant::now();
@@ -168,6 +181,9 @@ fn run_snapshot(input: &Path, output: Option<&Path>, stats: bool) -> CliResult {
         summary.unknown_frames,
         started.elapsed()
     );
+    for warning in crate::writer::symbol_warnings(&summary) {
+        log::warn!("{}: {warning}", out.display());
+    }
     let write_time = started.elapsed();
     #[expect(
         clippy::print_stdout,
@@ -203,7 +219,7 @@ fn run_snapshot(input: &Path, output: Option<&Path>, stats: bool) -> CliResult {
 
 pub fn run(args: &DecodeArgs) -> CliResult {
     if let Some(input) = &args.input {
-        return run_snapshot(input, args.output.as_deref(), args.stats);
+        return run_snapshot(input, args.output.as_deref(), args.stats, &args.debug_dir);
     }
     let Some(pt) = &args.pt else {
         return Err(CliError::usage(anyhow::anyhow!(

@@ -70,22 +70,22 @@ fn probe_points(target: &Target, trigger: &Trigger) -> Result<Vec<ProbePoint>, R
     let Trigger::Function(f) = trigger else {
         return Ok(Vec::new());
     };
-    let point = match target {
+    let lookup = resolve::Lookup::of(f);
+    match target {
         Target::Spawn { program, .. } => {
             let binary = f.binary.clone().unwrap_or_else(|| program.clone());
-            match resolve::resolve_symbol(&binary, &f.symbol) {
+            match resolve::resolve_symbol(&binary, &lookup) {
                 Err(e @ ResolveError::NoSymbol { .. }) if f.binary.is_none() => {
-                    resolve_in_needed_libs(program, &f.symbol, e)?
+                    resolve_in_needed_libs(program, &lookup, e)
                 }
-                other => other?,
+                other => other,
             }
         }
         Target::Attach { pids } => {
             let pid = pids.first().copied().unwrap_or(0);
-            resolve::resolve_for_process(pid, f.binary.as_deref(), &f.symbol)?
+            resolve::resolve_for_process(pid, f.binary.as_deref(), &lookup)
         }
-    };
-    Ok(vec![point])
+    }
 }
 
 /// `opts` with each function-entry PT pause source pointed at the entry uprobe the engine
@@ -114,9 +114,9 @@ fn with_entry_probes(
 /// `not_in_program`: the program's own lookup error, returned when no library has it.
 fn resolve_in_needed_libs(
     program: &Path,
-    symbol: &str,
+    lookup: &resolve::Lookup<'_>,
     not_in_program: ResolveError,
-) -> Result<ProbePoint, ResolveError> {
+) -> Result<Vec<ProbePoint>, ResolveError> {
     let Ok(out) = std::process::Command::new("ldd").arg(program).output() else {
         return Err(not_in_program);
     };
@@ -126,7 +126,7 @@ fn resolve_in_needed_libs(
         .filter_map(|l| l.split("=>").nth(1)?.split_whitespace().next())
         .map(PathBuf::from)
         .collect();
-    resolve::resolve_in_libraries(&libraries, symbol, not_in_program)
+    resolve::resolve_in_libraries(&libraries, lookup, not_in_program)
 }
 
 /// Installs every rule; a rule that cannot be placed is reported and the others run.
@@ -144,7 +144,9 @@ fn install_rules(
             Err(e) => {
                 only_name_errors &= matches!(
                     e,
-                    ResolveError::NoSymbol { .. } | ResolveError::Ambiguous { .. }
+                    ResolveError::NoSymbol { .. }
+                        | ResolveError::Ambiguous { .. }
+                        | ResolveError::TooMany { .. }
                 );
                 log::error!("rule {}: {e}", rule.name);
                 continue;
@@ -416,6 +418,8 @@ fn print_written(session: &Session) -> OnWritten {
                 "trigger_to_freeze_ns": files.trigger_to_freeze_ns,
                 "rule": rule,
                 "trigger": trigger,
+                // Per binary: frames, `[unknown]` frames, the debug-symbols hint.
+                "symbols": files.symbols,
             })
         );
     })

@@ -41,6 +41,9 @@ pub struct RecordOptions {
     pub post_trigger: Duration,
     /// Keep the `.lbsnap` next to the trace.
     pub keep_raw: bool,
+    /// Extra debug directories for the traces' symbols (`--debug-dir`, the rules'
+    /// `debug_dirs:`).
+    pub debug_dirs: Vec<PathBuf>,
 }
 
 /// The files one snapshot left on disk.
@@ -52,6 +55,9 @@ pub struct SnapshotFiles {
     pub raw: Option<PathBuf>,
     /// Kernel trigger timestamp to the rings stopping, when there was a trigger.
     pub trigger_to_freeze_ns: Option<u64>,
+    /// Frames and `[unknown]` frames per mapped file of the trace (with the hint to
+    /// install debug symbols where most are unknown).
+    pub symbols: Vec<crate::symbols::ModuleSymbols>,
 }
 
 /// Snapshots copied and not yet written at most (each holds a copy of every ring: up to
@@ -266,7 +272,9 @@ impl Recording {
                 duration_ns: None,
             },
         };
-        Ok(Snapshot::from_captured(data, Some(meta)))
+        let mut snap = Snapshot::from_captured(data, Some(meta));
+        snap.meta.debug_dirs.clone_from(&self.opts.debug_dirs);
+        Ok(snap)
     }
 
     /// Lets go of a trigger that gets no snapshot: its process is sampled again and the
@@ -319,6 +327,7 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
         trace,
         raw,
         trigger_to_freeze_ns: None,
+        symbols: Vec::new(),
     };
     if raw_only(output) {
         return files(None, Some(raw));
@@ -337,13 +346,21 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
                 summary.unknown_frames,
                 started.elapsed()
             );
-            if keep_raw {
-                return files(Some(trace), Some(raw));
+            for warning in writer::symbol_warnings(&summary) {
+                log::warn!("trace {}: {warning}", trace.display());
             }
-            if let Err(e) = std::fs::remove_file(&raw) {
-                log::warn!("removing {}: {e}", raw.display());
+            let kept = if keep_raw {
+                Some(raw)
+            } else {
+                if let Err(e) = std::fs::remove_file(&raw) {
+                    log::warn!("removing {}: {e}", raw.display());
+                }
+                None
+            };
+            SnapshotFiles {
+                symbols: summary.symbols,
+                ..files(Some(trace), kept)
             }
-            files(Some(trace), None)
         }
         Err(e) => {
             log::error!(

@@ -116,6 +116,15 @@ pub struct CommonArgs {
     /// rules file's]
     #[arg(long, value_name = "HOW", value_parser = PossibleValuesParser::new(["exits", "uretprobe"]).try_map(|s| s.parse::<ReturnProbe>()))]
     pub return_probe: Option<ReturnProbe>,
+    /// Function triggers probe every function their name selects (C++ overloads, template
+    /// and generic instances) instead of refusing an ambiguous name; as `all: true` in a
+    /// rules file. Glob patterns (`func:handle_*`) always do, up to 64 functions.
+    #[arg(long)]
+    pub all_functions: bool,
+    /// Also look for separate debug files (build-id `.build-id/xx/yyyy.debug` and
+    /// `.gnu_debuglink` names) in DIR, before the target's /usr/lib/debug; repeatable.
+    #[arg(long, value_name = "DIR")]
+    pub debug_dir: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -194,20 +203,25 @@ fn engine_rules(common: &CommonArgs, file_rules: &[Rule]) -> Result<Vec<EngineRu
         .zip(0u32..)
         .map(|(rule, id)| EngineRule {
             id,
-            trigger: with_return_probe(rule.trigger, common.return_probe),
+            trigger: with_function_flags(rule.trigger, common),
             ..rule
         })
         .collect())
 }
 
-/// `trigger` with the `--return-probe` choice, when given and it is a function trigger.
-fn with_return_probe(trigger: Trigger, choice: Option<ReturnProbe>) -> Trigger {
-    match (trigger, choice) {
-        (Trigger::Function(mut f), Some(choice)) => {
-            f.return_probe = choice;
+/// `trigger` with the function flags given (`--return-probe`, `--all-functions`,
+/// `--debug-dir`), when it is a function trigger.
+fn with_function_flags(trigger: Trigger, common: &CommonArgs) -> Trigger {
+    match trigger {
+        Trigger::Function(mut f) => {
+            if let Some(choice) = common.return_probe {
+                f.return_probe = choice;
+            }
+            f.all |= common.all_functions;
+            f.debug_dirs.extend(common.debug_dir.iter().cloned());
             Trigger::Function(f)
         }
-        (trigger, _) => trigger,
+        trigger => trigger,
     }
 }
 
@@ -267,6 +281,16 @@ fn record_options(common: &CommonArgs, file_rules: &[Rule]) -> Option<RecordOpti
         output: common.output.clone(),
         post_trigger,
         keep_raw: common.keep_raw,
+        debug_dirs: file_rules
+            .iter()
+            .flat_map(|rule| rule.trigger.debug_dirs())
+            .chain(&common.debug_dir)
+            .fold(Vec::new(), |mut dirs, dir| {
+                if !dirs.contains(dir) {
+                    dirs.push(dir.clone());
+                }
+                dirs
+            }),
     })
 }
 

@@ -126,6 +126,7 @@ pub struct Metrics {
     config_reloads: IntCounterVec,
     targets: IntGaugeVec,
     probes_attached: IntGaugeVec,
+    probe_errors: IntGaugeVec,
     triggers: IntCounterVec,
     suppressed: IntCounterVec,
     snapshots: IntCounterVec,
@@ -183,6 +184,27 @@ fn histogram_vec(
     let vec = HistogramVec::new(opts, &[label])
         .map_err(|source| MetricsError::Register { name, source })?;
     register(registry, name, vec)
+}
+
+/// The `reason` values of `lookback_rule_probe_errors`.
+pub const PROBE_ERROR_REASONS: [&str; 5] = [
+    "symbol_not_found",
+    "ambiguous_symbol",
+    "too_many_functions",
+    "binary_unreadable",
+    "attach_failed",
+];
+
+/// `lookback_rule_probe_errors` (extension).
+fn probe_errors_gauge(r: &Registry) -> Result<IntGaugeVec, MetricsError> {
+    gauge_vec(
+        r,
+        "lookback_rule_probe_errors",
+        "1 while a function rule's probe could not be placed, by reason: symbol_not_found, \
+         ambiguous_symbol, too_many_functions, binary_unreadable, attach_failed; the full \
+         text (candidates, debug files looked for) is in the log and /readyz (extension).",
+        &["rule", "reason"],
+    )
 }
 
 /// `lookback_function_calls_unmeasured_total` (extension).
@@ -271,6 +293,7 @@ impl Metrics {
                 "Probes currently attached for a rule.",
                 &["rule"],
             )?,
+            probe_errors: probe_errors_gauge(&r)?,
             triggers: counter_vec(
                 &r,
                 "lookback_triggers_total",
@@ -375,12 +398,25 @@ impl Metrics {
         self.probes_attached.with_label_values(&[rule]).set(n);
     }
 
+    /// Sets `lookback_rule_probe_errors` of `rule`: 1 for the reason its probe failed,
+    /// no series when it did not.
+    pub fn set_probe_error(&self, rule: &str, reason: Option<&str>) {
+        for known in PROBE_ERROR_REASONS {
+            if reason == Some(known) {
+                self.probe_errors.with_label_values(&[rule, known]).set(1);
+            } else {
+                let _ = self.probe_errors.remove_label_values(&[rule, known]);
+            }
+        }
+    }
+
     /// Forgets a removed rule: drops its gauge series and the last kernel counters seen (the
     /// engine clears the rule's kernel slot, so a re-added rule starts from zero).
     pub fn remove_rule(&self, rule: &str) {
         // Absent series are not an error: the rule may never have had targets.
         let _ = self.targets.remove_label_values(&[rule]);
         let _ = self.probes_attached.remove_label_values(&[rule]);
+        self.set_probe_error(rule, None);
         self.seen().rules.remove(rule);
     }
 

@@ -99,6 +99,9 @@ fn exercised() -> Metrics {
         },
     );
     m.suppressed_busy("slow-query");
+    m.set_probe_error("slow-query", Some("ambiguous_symbol"));
+    m.set_probe_error("fixed", Some("symbol_not_found"));
+    m.set_probe_error("fixed", None);
     m.snapshot_done(
         "slow-query",
         "intel-pt",
@@ -159,6 +162,7 @@ fn names_types_and_labels_follow_the_contract() {
             &["reason", "rule"],
         ),
         ("lookback_bpf_program_runs_total", "counter", &["program"]),
+        ("lookback_rule_probe_errors", "gauge", &["reason", "rule"]),
         (
             "lookback_bpf_program_run_seconds_total",
             "counter",
@@ -183,7 +187,8 @@ fn names_types_and_labels_follow_the_contract() {
 
 #[test]
 fn values_land_in_the_right_series() {
-    let f = parse(&exercised().encode().expect("encode"));
+    let text = exercised().encode().expect("encode");
+    let f = parse(&text);
     let version = env!("CARGO_PKG_VERSION");
     let v = |name, labels: &[(&str, &str)]| value(&f, name, labels);
     assert_eq!(
@@ -227,6 +232,15 @@ fn values_land_in_the_right_series() {
             "{reason}"
         );
     }
+    assert_eq!(
+        v(
+            "lookback_rule_probe_errors",
+            &[("rule", "slow-query"), ("reason", "ambiguous_symbol")]
+        ),
+        1.0
+    );
+    // A rule whose probe was placed after all has no series left.
+    assert!(!text.contains("rule=\"fixed\""), "{text}");
     for (source, n) in [("ringbuf", 1.0), ("aux", 2.0), ("perf", 5.0)] {
         assert_eq!(
             v("lookback_events_lost_total", &[("source", source)]),

@@ -482,6 +482,7 @@ fn refresh_metrics(tracer: &Tracer, metrics: &Metrics) {
         }
         metrics.set_targets(&active.rule.name, active.targets.len());
         metrics.set_probes(&active.rule.name, tracer.engine().probe_count(active.id));
+        metrics.set_probe_error(&active.rule.name, active.probe_error_reason);
     }
     metrics.observe_program_stats(&tracer.engine().program_stats());
 }

@@ -107,7 +107,10 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
         let summary = writer::write_trace(&job.snap, &trace)?;
         let decode = started.elapsed();
         done.push(trace.clone());
-        let body = metadata_json(job, &trace, raw.as_deref());
+        for warning in writer::symbol_warnings(&summary) {
+            log::warn!("rule {}: trace {}: {warning}", job.rule, trace.display());
+        }
+        let body = metadata_json(job, &trace, raw.as_deref(), &summary.symbols);
         write_file_atomic(&metadata, body.as_bytes()).map_err(|source| OutputError::Metadata {
             path: metadata.clone(),
             source,
@@ -133,7 +136,12 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
 }
 
 /// The `<stem>.json` beside each trace (contract.md fields, plus a few extras).
-fn metadata_json(job: &SnapshotJob, trace: &Path, raw: Option<&Path>) -> String {
+fn metadata_json(
+    job: &SnapshotJob,
+    trace: &Path,
+    raw: Option<&Path>,
+    symbols: &[crate::symbols::ModuleSymbols],
+) -> String {
     let e = &job.event;
     let meta = &job.snap.meta;
     let kind = match e.kind {
@@ -185,8 +193,12 @@ fn metadata_json(job: &SnapshotJob, trace: &Path, raw: Option<&Path>) -> String 
         "trigger_to_freeze_ns": meta.trigger_to_freeze_ns,
         "lookback_version": meta.lookback_version,
     });
-    if let (Some(raw), Some(obj)) = (raw, value.as_object_mut()) {
-        obj.insert("raw_file".into(), json!(name(raw)));
+    if let Some(obj) = value.as_object_mut() {
+        if let Some(raw) = raw {
+            obj.insert("raw_file".into(), json!(name(raw)));
+        }
+        // Per binary: frames, `[unknown]` frames, and the debug-symbols hint (extension).
+        obj.insert("symbols".into(), json!(symbols));
     }
     let mut text = value.to_string();
     text.push('\n');

@@ -165,6 +165,7 @@ impl Pipeline {
             return;
         };
         let policy = active.rule.output.clone();
+        let debug_dirs = active.rule.trigger.debug_dirs().to_vec();
         let root = self
             .output_dir
             .clone()
@@ -202,7 +203,8 @@ impl Pipeline {
         {
             data.freeze_time_ns = at;
         }
-        let snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
+        let mut snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
+        snap.meta.debug_dirs = debug_dirs;
         if let Some(ns) = snap.meta.trigger_to_freeze_ns {
             self.metrics
                 .trigger_to_freeze(backend, Duration::from_nanos(ns));

@@ -44,6 +44,8 @@ pub struct ActiveRule {
     binaries: BTreeMap<(u64, u64), bool>,
     /// The last probe problem, for readiness and logs.
     pub probe_error: Option<String>,
+    /// Its short reason (`lookback_rule_probe_errors`).
+    pub probe_error_reason: Option<&'static str>,
 }
 
 /// A traced process.
@@ -247,6 +249,7 @@ impl Tracer {
             targets: BTreeSet::new(),
             binaries: BTreeMap::new(),
             probe_error: None,
+            probe_error_reason: None,
         };
         // A function rule that names its binary (or an exe target) is probed right away,
         // so that processes started later are covered from their first instruction. Not
@@ -258,7 +261,7 @@ impl Tracer {
             && Path::new(&binary).exists()
         {
             place_probe(&mut self.engine, &mut active, &binary, || {
-                resolve::resolve_symbol(&binary, &f.symbol)
+                resolve::resolve_symbol(&binary, &resolve::Lookup::of(f))
             });
         }
         self.rules.insert(rule.name.clone(), active);
@@ -558,10 +561,13 @@ impl Tracer {
                 continue;
             };
             let host = resolve::in_process_root(pid, &binary);
-            let symbol = f.symbol.clone();
-            let given = f.binary.clone();
+            let trigger = f.clone();
             place_probe(&mut self.engine, active, &host, || {
-                resolve::resolve_for_process(pid, given.as_deref(), &symbol)
+                resolve::resolve_for_process(
+                    pid,
+                    trigger.binary.as_deref(),
+                    &resolve::Lookup::of(&trigger),
+                )
             });
         }
     }
@@ -591,7 +597,7 @@ fn place_probe(
     engine: &mut TriggerEngine,
     active: &mut ActiveRule,
     binary: &Path,
-    resolve: impl FnOnce() -> Result<resolve::ProbePoint, ResolveError>,
+    resolve: impl FnOnce() -> Result<Vec<resolve::ProbePoint>, ResolveError>,
 ) {
     let Ok(meta) = std::fs::metadata(binary) else {
         return;
@@ -601,10 +607,11 @@ fn place_probe(
         return;
     }
     let placed = match resolve() {
-        Ok(point) => match engine.attach_probes(active.id, std::slice::from_ref(&point)) {
+        Ok(points) => match engine.attach_probes(active.id, &points) {
             Ok(probes) => {
                 crate::triggers::engine::log_probes(&active.rule.name, &probes);
                 active.probe_error = None;
+                active.probe_error_reason = None;
                 true
             }
             Err(e) => {
@@ -615,6 +622,7 @@ fn place_probe(
                     binary.display()
                 );
                 active.probe_error = Some(msg);
+                active.probe_error_reason = Some("attach_failed");
                 false
             }
         },
@@ -626,6 +634,7 @@ fn place_probe(
                 binary.display()
             );
             active.probe_error = Some(msg);
+            active.probe_error_reason = Some(e.reason());
             false
         }
     };

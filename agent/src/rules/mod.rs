@@ -100,8 +100,19 @@ pub enum Trigger {
     Signal(SignalTrigger),
 }
 
+impl Trigger {
+    /// The extra debug directories of a function trigger (none for the others).
+    #[must_use]
+    pub fn debug_dirs(&self) -> &[PathBuf] {
+        match self {
+            Self::Function(f) => &f.debug_dirs,
+            _ => &[],
+        }
+    }
+}
+
 /// A function entry, or a return after more than `min_duration`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FunctionTrigger {
     pub symbol: String,
     /// The binary defining `symbol`; `None` means the target's `exe` (or, for `--trigger`,
@@ -111,6 +122,12 @@ pub struct FunctionTrigger {
     pub min_duration: Option<Duration>,
     /// How a latency rule sees the function return.
     pub return_probe: ReturnProbe,
+    /// Probe every function the name selects (overloads, template or generic instances)
+    /// instead of refusing an ambiguous name (`all: true`); glob patterns imply it.
+    pub all: bool,
+    /// Extra directories (host paths) searched first for separate debug files
+    /// (`debug_dirs:`, `--debug-dir`).
+    pub debug_dirs: Vec<PathBuf>,
 }
 
 /// How a function latency rule detects the return (`return_probe:`).

@@ -93,13 +93,16 @@ pub(super) struct RawTrigger {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with symbol and optional binary, min_duration, return_probe"
+    expecting = "a mapping with symbol and optional binary, min_duration, return_probe, all, \
+                 debug_dirs"
 )]
 pub(super) struct RawFunction {
     pub symbol: Symbol,
     pub binary: Option<AbsolutePath>,
     pub min_duration: Option<HumanDuration>,
     pub return_probe: Option<ReturnProbe>,
+    pub all: Option<bool>,
+    pub debug_dirs: Option<List<AbsolutePath>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -63,7 +63,7 @@ fn parse_function(spec: &str, body: &str) -> Result<FunctionTrigger, SpecError> 
         symbol: symbol.to_owned(),
         binary: None,
         min_duration,
-        return_probe: super::ReturnProbe::default(),
+        ..FunctionTrigger::default()
     })
 }
 

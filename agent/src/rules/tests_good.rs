@@ -354,3 +354,32 @@ fn return_probe_defaults_to_exits_and_takes_uretprobe_on_request() {
         ReturnProbe::Uretprobe
     );
 }
+
+#[test]
+fn all_and_debug_dirs_of_a_function_rule() {
+    let text = |extra: &str| {
+        format!(
+            "version: 1\nrules:\n  - name: slow\n    target: {{comm: app}}\n    \
+             trigger: {{function: {{symbol: f{extra}}}}}\n"
+        )
+    };
+    let function = |rule: Rule| match rule.trigger {
+        Trigger::Function(f) => f,
+        other => panic!("{other:?}"),
+    };
+    let plain = function(only_rule(&text("")));
+    assert!(!plain.all && plain.debug_dirs.is_empty());
+    let f = function(only_rule(&text(
+        ", all: true, debug_dirs: [/srv/debug, /opt/debug]",
+    )));
+    assert!(f.all);
+    assert_eq!(
+        f.debug_dirs,
+        [PathBuf::from("/srv/debug"), PathBuf::from("/opt/debug")]
+    );
+    // One directory stands for a list of one; relative paths are refused.
+    let one = function(only_rule(&text(", debug_dirs: /srv/debug")));
+    assert_eq!(one.debug_dirs.len(), 1);
+    let err = RuleSet::from_str(&text(", debug_dirs: debug"), "r.yaml").unwrap_err();
+    assert!(err.to_string().contains("absolute path"), "{err}");
+}

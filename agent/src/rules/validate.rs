@@ -139,6 +139,11 @@ fn build_trigger(raw: RawTrigger) -> Result<Trigger, Problem> {
             binary: function.binary.map(|binary| binary.0),
             min_duration: function.min_duration.map(|duration| duration.0),
             return_probe: function.return_probe.unwrap_or_default(),
+            all: function.all.unwrap_or(false),
+            debug_dirs: function
+                .debug_dirs
+                .map(|dirs| dirs.0.into_iter().map(|dir| dir.0).collect())
+                .unwrap_or_default(),
         };
         kinds.push(("function", Trigger::Function(trigger)));
     }

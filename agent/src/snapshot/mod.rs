@@ -107,6 +107,10 @@ pub struct Metadata {
     pub window_start_ns: Option<u64>,
     #[serde(default)]
     pub window_end_ns: Option<u64>,
+    /// Extra directories the traces' symbols are looked for in (the rules'
+    /// `debug_dirs:`, `--debug-dir`), before the target's `/usr/lib/debug`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub debug_dirs: Vec<std::path::PathBuf>,
 }
 
 /// A snapshot bundle in memory.
@@ -139,6 +143,7 @@ impl Snapshot {
                 clock: data.clock,
                 window_start_ns: data.window.map(|w| w.0),
                 window_end_ns: data.window.map(|w| w.1),
+                debug_dirs: Vec::new(),
             },
             rings: data.rings,
             sideband: data.sideband,

@@ -15,9 +15,12 @@
 //! from there. Results are cached per (module, file offset); misses are counted.
 #![forbid(unsafe_code)]
 
+pub mod debug_file;
+pub mod index;
 mod plt;
+mod separate;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
@@ -29,6 +32,42 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as Blaze};
 
 use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
+use debug_file::DebugSearch;
+use separate::Separate;
+
+/// How well the frames of one mapped file were named, for the end of a run and the
+/// snapshot's metadata.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ModuleSymbols {
+    /// The mapped file, as recorded.
+    pub module: String,
+    /// Its GNU build-id, when it has one.
+    pub build_id: Option<String>,
+    /// Frames (stack entries, counted each time) in the file.
+    pub frames: u64,
+    /// Of them, frames without a name.
+    pub unknown: u64,
+    /// When most frames have no name and the file lacks symbols: what it lacks, where
+    /// debug files were looked for, and what to install.
+    pub hint: Option<String>,
+}
+
+impl ModuleSymbols {
+    /// `[unknown]` frames in percent.
+    #[must_use]
+    pub fn unknown_percent(&self) -> u64 {
+        (self.unknown * 100).checked_div(self.frames).unwrap_or(0)
+    }
+}
+
+/// Frames and misses of one module, and the file read for it.
+#[derive(Debug, Default)]
+struct ModuleCount {
+    frames: u64,
+    unknown: u64,
+    file: Option<PathBuf>,
+    build_id: Option<String>,
+}
 
 /// A symbolized address.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +112,12 @@ pub struct Symbolizer<'a> {
     files: HashMap<(u32, String), Option<PathBuf>>,
     /// The PLT stubs of each file read.
     plts: HashMap<PathBuf, plt::PltTable>,
+    /// Extra debug directories (the snapshot's `debug_dirs`).
+    debug_dirs: Vec<PathBuf>,
+    /// The separate symbols of each file read, once its own had no name for an address.
+    separate: HashMap<PathBuf, Rc<Separate>>,
+    /// Frames per module.
+    modules: BTreeMap<String, ModuleCount>,
     /// Addresses that got no name.
     pub misses: u64,
 }
@@ -114,8 +159,13 @@ fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
 }
 
 impl<'a> Symbolizer<'a> {
-    /// Symbolizes in the processes of `processes`, with the embedded `code` of the snapshot.
-    pub fn new(processes: &'a [ProcessMaps], code: &'a [CodeRegion]) -> Self {
+    /// Symbolizes in the processes of `processes`, with the embedded `code` of the snapshot
+    /// and separate debug files also looked for in `debug_dirs`.
+    pub fn new(
+        processes: &'a [ProcessMaps],
+        code: &'a [CodeRegion],
+        debug_dirs: &[PathBuf],
+    ) -> Self {
         Self {
             blaze: Blaze::new(),
             maps: processes.iter().map(|p| (p.pid, p)).collect(),
@@ -124,6 +174,9 @@ impl<'a> Symbolizer<'a> {
             cache: HashMap::new(),
             files: HashMap::new(),
             plts: HashMap::new(),
+            debug_dirs: debug_dirs.to_vec(),
+            separate: HashMap::new(),
+            modules: BTreeMap::new(),
             misses: 0,
         }
     }
@@ -134,7 +187,102 @@ impl<'a> Symbolizer<'a> {
         if frame.unknown.is_some() {
             self.misses += 1;
         }
+        if let Some(module) = &frame.module {
+            let count = self.modules.entry(module.clone()).or_default();
+            count.frames += 1;
+            count.unknown += u64::from(frame.unknown.is_some());
+            if count.file.is_none()
+                && let Some(Some(file)) = self.files.get(&(pid, module.clone()))
+            {
+                count.file = Some(file.clone());
+                count.build_id = self.maps.get(&pid).and_then(|maps| {
+                    maps.maps
+                        .iter()
+                        .find(|m| &m.path == module)
+                        .and_then(|m| m.build_id.clone())
+                });
+            }
+        }
         frame
+    }
+
+    /// How well each module's frames were named, by module; the modules where most frames
+    /// have no name and the file lacks symbols carry the hint to install them.
+    pub fn module_report(&mut self) -> Vec<ModuleSymbols> {
+        let mut report = Vec::new();
+        let modules = std::mem::take(&mut self.modules);
+        for (module, count) in &modules {
+            let hint = (count.unknown * 2 > count.frames)
+                .then(|| match &count.file {
+                    Some(file) => {
+                        let separate = self.separate_of(file, None);
+                        let hint = separate.files.missing_hint();
+                        (!hint.is_empty()).then_some(hint)
+                    }
+                    // `[vdso]`, anonymous JIT code: no file a debug package could fix.
+                    None => module
+                        .starts_with('/')
+                        .then(|| "file not found (gone, or in a container that exited)".to_owned()),
+                })
+                .flatten();
+            report.push(ModuleSymbols {
+                module: module.clone(),
+                build_id: count.build_id.clone(),
+                frames: count.frames,
+                unknown: count.unknown,
+                hint,
+            });
+        }
+        self.modules = modules;
+        report
+    }
+
+    /// The separate symbols of `file` (read once), searched in `pid`'s root while it lives.
+    fn separate_of(&mut self, file: &Path, pid: Option<u32>) -> Rc<Separate> {
+        if let Some(known) = self.separate.get(file) {
+            return Rc::clone(known);
+        }
+        let root = pid
+            .map(|pid| PathBuf::from(format!("/proc/{pid}/root")))
+            .filter(|root| root.is_dir());
+        let search = match root {
+            Some(root) => DebugSearch::in_root(root, self.debug_dirs.clone()),
+            None => DebugSearch::for_path(file, self.debug_dirs.clone()),
+        };
+        let separate = Rc::new(Separate::read(file, &search));
+        self.separate.insert(file.to_owned(), Rc::clone(&separate));
+        separate
+    }
+
+    /// The frame of `offset` of `file` from its separate symbols: the debug file (names,
+    /// lines, inlines, through blazesym), else `MiniDebugInfo` (names).
+    fn separate_frame(
+        &mut self,
+        pid: u32,
+        file: &Path,
+        entry: &MapEntry,
+        addr: u64,
+        offset: u64,
+    ) -> Option<Frame> {
+        let separate = self.separate_of(file, Some(pid));
+        let address = separate.virtual_address(offset)?;
+        if let Some(debug) = separate.debug_file() {
+            let frame = self.symbolize_input(debug, entry, addr, Input::VirtOffset(&[address]));
+            if frame.unknown.is_none() {
+                return Some(frame);
+            }
+        }
+        let (function, func_offset) = separate.mini_function(address)?;
+        Some(Frame {
+            name: crate::triggers::names::demangled(&function.raw)
+                .unwrap_or_else(|| function.raw.clone()),
+            module: Some(entry.path.clone()),
+            location: None,
+            unknown: None,
+            inlined: Vec::new(),
+            func_offset: Some(func_offset),
+            func_size: Some(function.size),
+        })
     }
 
     fn lookup(&mut self, pid: u32, addr: u64) -> Rc<Frame> {
@@ -157,9 +305,14 @@ impl<'a> Symbolizer<'a> {
             file
         };
         let frame = Rc::new(match file {
-            Some(file) => self
-                .plt_stub(&file, entry, offset)
-                .unwrap_or_else(|| self.symbolize(&file, entry, addr, offset)),
+            Some(file) => self.plt_stub(&file, entry, offset).unwrap_or_else(|| {
+                let own = self.symbolize_input(&file, entry, addr, Input::FileOffset(&[offset]));
+                if own.unknown.is_none() {
+                    return own;
+                }
+                self.separate_frame(pid, &file, entry, addr, offset)
+                    .unwrap_or(own)
+            }),
             None => unknown(addr, Some(&entry.path), "file not found".to_owned()),
         });
         if let Some(reason) = &frame.unknown {
@@ -215,12 +368,16 @@ impl<'a> Symbolizer<'a> {
         })
     }
 
-    fn symbolize(&self, file: &Path, entry: &MapEntry, addr: u64, offset: u64) -> Frame {
+    /// The frame of `input` (one address) in `file`, with blazesym.
+    fn symbolize_input(
+        &self,
+        file: &Path,
+        entry: &MapEntry,
+        addr: u64,
+        input: Input<&[u64]>,
+    ) -> Frame {
         let src = Source::Elf(Elf::new(file));
-        let result = self
-            .blaze
-            .symbolize(&src, Input::FileOffset(&[offset]))
-            .map(|mut v| v.pop());
+        let result = self.blaze.symbolize(&src, input).map(|mut v| v.pop());
         match result {
             Ok(Some(Symbolized::Sym(sym))) => {
                 let module = Some(entry.path.clone());
@@ -309,7 +466,7 @@ mod tests {
     #[test]
     fn a_function_of_this_binary_resolves_by_file_offset() {
         let maps = [own_maps()];
-        let mut s = Symbolizer::new(&maps, &[]);
+        let mut s = Symbolizer::new(&maps, &[], &[]);
         let addr = lookback_symbols_test_marker as *const () as u64;
         assert_eq!(lookback_symbols_test_marker(), 42);
         let frame = s.frame(std::process::id(), addr);
@@ -349,7 +506,7 @@ mod tests {
             eprintln!("skipped: this test binary has no PLT");
             return;
         };
-        let mut s = Symbolizer::new(&maps, &[]);
+        let mut s = Symbolizer::new(&maps, &[], &[]);
         let frame = s.frame(std::process::id(), entry.start + stub - entry.offset + 2);
         assert!(frame.name.ends_with("@plt"), "{frame:?}");
         assert_eq!(frame.func_offset, Some(2));
@@ -359,7 +516,7 @@ mod tests {
     #[test]
     fn unmapped_and_unknown_processes_are_unknown_frames() {
         let maps = [own_maps()];
-        let mut s = Symbolizer::new(&maps, &[]);
+        let mut s = Symbolizer::new(&maps, &[], &[]);
         let f = s.frame(std::process::id(), 8);
         assert_eq!(f.name, "[unknown] 0x8");
         let f = s.frame(u32::MAX, 0x1000);
@@ -385,7 +542,7 @@ mod vdso_tests {
             return;
         };
         let maps = [maps];
-        let mut s = Symbolizer::new(&maps, &code);
+        let mut s = Symbolizer::new(&maps, &code, &[]);
         // Somewhere in the vDSO's text: any address that resolves to a named function.
         let named = (0..vdso.data.len() as u64)
             .step_by(16)

@@ -136,6 +136,8 @@ fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> TriggerError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AttachedProbe {
     pub path: String,
+    /// The probed function, as people read its name (demangled).
+    pub function: String,
     pub file_offset: u64,
     pub probe_kind: ProbeKind,
     /// Not the entry: an exit probe or a uretprobe.
@@ -848,11 +850,29 @@ pub fn kernel_freeze(trigger_ns: u64, kernel_ns: Option<u64>, paused_ns: u64) ->
 /// probes by kind), with a warning for each hazard: a uretprobe (it replaces return
 /// addresses), a trap entry (~7 µs per call).
 pub fn log_probes(rule: &str, probes: &[AttachedProbe]) {
-    let mut by_path: BTreeMap<&str, Vec<&AttachedProbe>> = BTreeMap::new();
-    for p in probes {
-        by_path.entry(p.path.as_str()).or_default().push(p);
+    let traps = probes
+        .iter()
+        .filter(|p| !p.is_return && p.probe_kind == ProbeKind::Trap)
+        .count();
+    if traps > 0 {
+        let which = if traps == 1 {
+            "trap uprobe".to_owned()
+        } else {
+            format!("{traps} trap uprobes")
+        };
+        log::warn!(
+            "rule {rule}: {which} (~7 µs per call); on a hot function build with -pg -mfentry \
+             -mnop-mcount (C/C++; Rust: see README) for NOP5 entries the kernel can optimize"
+        );
     }
-    for (path, probes) in by_path {
+    let mut by_function: BTreeMap<(&str, &str), Vec<&AttachedProbe>> = BTreeMap::new();
+    for p in probes {
+        by_function
+            .entry((p.path.as_str(), p.function.as_str()))
+            .or_default()
+            .push(p);
+    }
+    for ((path, function), probes) in by_function {
         let mut exits: BTreeMap<&str, usize> = BTreeMap::new();
         for p in probes.iter().filter(|p| p.is_return) {
             *exits.entry(p.site).or_default() += 1;
@@ -869,17 +889,10 @@ pub fn log_probes(rule: &str, probes: &[AttachedProbe]) {
                 format!("; returns seen by {exits}")
             };
             log::info!(
-                "rule {rule}: uprobe at {path}+{:#x} ({}){returns}",
+                "rule {rule}: uprobe on {function} at {path}+{:#x} ({}){returns}",
                 entry.file_offset,
                 entry.probe_kind
             );
-            if entry.probe_kind == ProbeKind::Trap {
-                log::warn!(
-                    "rule {rule}: trap uprobe (~7 µs per call); on a hot function build with \
-                     -pg -mfentry -mnop-mcount (C/C++; Rust: see README) for NOP5 entries the \
-                     kernel can optimize"
-                );
-            }
         }
         if probes.iter().any(|p| p.site == "uretprobe") {
             log::warn!(
@@ -896,6 +909,7 @@ pub fn log_probes(rule: &str, probes: &[AttachedProbe]) {
 fn attached_probe(point: &ProbePoint, file_offset: u64, site: &'static str) -> AttachedProbe {
     AttachedProbe {
         path: point.path.display().to_string(),
+        function: point.display.clone(),
         file_offset,
         probe_kind: point.kind,
         is_return: site != "entry",

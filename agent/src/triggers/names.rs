@@ -15,63 +15,115 @@
 //! `pkg.(*T).Method`), so the raw name is the Go name.
 use std::collections::BTreeMap;
 
-use object::{Object as _, ObjectSymbol as _};
+pub use crate::symbols::index::FunctionSymbol;
 
-/// A defined function of a binary.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FunctionSymbol {
-    /// The symbol as stored (mangled).
-    pub raw: String,
-    /// The name people read (demangled; the raw name when it is not mangled).
-    pub display: String,
-    /// ELF virtual address.
-    pub address: u64,
-    /// Bytes; 0 when the symbol table does not say.
-    pub size: u64,
-}
-
-/// Why a name does not select exactly one function.
+/// Why a name does not select the functions a rule may probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NameError {
     /// No function has that name; the nearest names, best first (at most 3).
     NotFound { nearest: Vec<FunctionSymbol> },
-    /// Several functions (at different addresses) have that name.
+    /// Several functions (at different addresses) have that name, and the rule did not
+    /// say `all: true`.
     Ambiguous { candidates: Vec<FunctionSymbol> },
+    /// A glob pattern or `all: true` selects more than [`MAX_FUNCTIONS`] functions.
+    TooMany { candidates: Vec<FunctionSymbol> },
 }
 
 /// How many candidates an ambiguity error lists (the rest are counted).
 pub const LISTED_CANDIDATES: usize = 20;
 
-/// The function of `file` that `wanted` names.
+/// The most functions one rule probes (a glob or `all: true`): each costs an entry uprobe
+/// and one per exit, and a pattern matching hundreds is a mistake more often than not.
+pub const MAX_FUNCTIONS: usize = 64;
+
+/// Whether `name` is a glob pattern (`*`, `?`). Only used when the name selects nothing as
+/// written: `operator*` and Go's `(*T).Method` are names, not patterns.
+#[must_use]
+pub fn is_pattern(name: &str) -> bool {
+    name.contains(['*', '?'])
+}
+
+/// The functions that `wanted` names among `functions`: exactly one, unless `all` (every
+/// function the name selects) or `wanted` is a glob pattern that no function is named
+/// (every function a spelling of which matches it), at most [`MAX_FUNCTIONS`].
 ///
 /// # Errors
-/// [`NameError`] when no function or several do.
-pub fn find_function(file: &object::File<'_>, wanted: &str) -> Result<FunctionSymbol, NameError> {
-    let functions = functions(file);
+/// [`NameError`] when none match, several do without `all`, or too many do.
+pub fn select_functions(
+    functions: &[FunctionSymbol],
+    wanted: &str,
+    all: bool,
+) -> Result<Vec<FunctionSymbol>, NameError> {
     if let Some(exact) = functions.iter().find(|f| f.raw == wanted) {
-        return Ok(with_display(exact.clone()));
+        return Ok(vec![with_display(exact.clone())]);
     }
     let want = squeeze(wanted);
-    let mut by_address: BTreeMap<u64, FunctionSymbol> = BTreeMap::new();
-    for f in &functions {
-        if name_forms(&f.raw).iter().any(|form| squeeze(form) == want) {
-            // Aliases (C1/C2 constructors, ICF) share an address: one function.
-            by_address.entry(f.address).or_insert_with(|| f.clone());
-        }
+    let mut matches = matching(functions, |form| form == want);
+    let mut all = all;
+    if matches.is_empty() && is_pattern(&want) {
+        matches = matching(functions, |form| {
+            glob_matches(want.as_bytes(), form.as_bytes())
+        });
+        all = true;
     }
-    let mut matches: Vec<FunctionSymbol> = by_address.into_values().collect();
     match matches.len() {
-        1 => Ok(with_display(matches.remove(0))),
         0 => Err(NameError::NotFound {
-            nearest: nearest(&functions, &want)
+            nearest: nearest(functions, &want)
                 .into_iter()
                 .map(with_display)
                 .collect(),
         }),
-        _ => Err(NameError::Ambiguous {
-            candidates: matches.into_iter().map(with_display).collect(),
-        }),
+        1 => Ok(matches.into_iter().map(with_display).collect()),
+        n if all && n <= MAX_FUNCTIONS => Ok(matches.into_iter().map(with_display).collect()),
+        _ => {
+            let candidates = matches.into_iter().map(with_display).collect();
+            Err(if all {
+                NameError::TooMany { candidates }
+            } else {
+                NameError::Ambiguous { candidates }
+            })
+        }
     }
+}
+
+/// The functions one of whose spellings (whitespace squeezed) `accept`s, one per address
+/// (aliases such as C1/C2 constructors or ICF-folded functions share one), by address.
+fn matching(functions: &[FunctionSymbol], accept: impl Fn(&str) -> bool) -> Vec<FunctionSymbol> {
+    let mut by_address: BTreeMap<u64, FunctionSymbol> = BTreeMap::new();
+    for f in functions {
+        if name_forms(&f.raw).iter().any(|form| accept(&squeeze(form))) {
+            by_address.entry(f.address).or_insert_with(|| f.clone());
+        }
+    }
+    by_address.into_values().collect()
+}
+
+/// Whether `text` matches the glob `pattern` (`*`: any run, `?`: one byte).
+fn glob_matches(pattern: &[u8], text: &[u8]) -> bool {
+    // Iterative with one backtrack point: linear enough for symbol names.
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, t));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == text[t] => {
+                p += 1;
+                t += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    p = sp + 1;
+                    t = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
 }
 
 /// `f` with its demangled name: computed only for the symbols handed out, not for every
@@ -81,28 +133,6 @@ fn with_display(mut f: FunctionSymbol) -> FunctionSymbol {
         f.display = name;
     }
     f
-}
-
-/// The defined functions of `file`: the static symbol table, then the dynamic one (names
-/// already seen are skipped). `display` is the raw name here (see [`with_display`]).
-fn functions(file: &object::File<'_>) -> Vec<FunctionSymbol> {
-    let mut seen = std::collections::HashSet::new();
-    file.symbols()
-        .chain(file.dynamic_symbols())
-        .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition() && s.address() != 0)
-        .filter_map(|s| {
-            let raw = s.name().ok()?.to_owned();
-            if !seen.insert(raw.clone()) {
-                return None;
-            }
-            Some(FunctionSymbol {
-                display: raw.clone(),
-                raw,
-                address: s.address(),
-                size: s.size(),
-            })
-        })
-        .collect()
 }
 
 /// Every spelling that selects the symbol `raw` (the raw name first).
@@ -313,6 +343,56 @@ mod tests {
             name_forms("net/http.(*conn).serve"),
             ["net/http.(*conn).serve"]
         );
+    }
+
+    #[test]
+    fn globs_match_runs_and_single_bytes() {
+        assert!(glob_matches(b"handle_*", b"handle_get"));
+        assert!(glob_matches(b"*_get", b"handle_get"));
+        assert!(glob_matches(b"h?ndle*t", b"handle_get"));
+        assert!(glob_matches(b"*", b""));
+        assert!(!glob_matches(b"handle_*", b"handl"));
+        assert!(!glob_matches(b"a*b", b"acbd"));
+        assert!(is_pattern("handle_*") && !is_pattern("work(int)"));
+    }
+
+    fn symbol(raw: &str, address: u64) -> FunctionSymbol {
+        FunctionSymbol {
+            raw: raw.into(),
+            display: raw.into(),
+            address,
+            size: 8,
+        }
+    }
+
+    #[test]
+    fn all_and_globs_select_several_and_stop_at_the_limit() {
+        let functions = vec![
+            symbol("_Z4worki", 0x10),
+            symbol("_Z4workd", 0x20),
+            symbol("handle_get", 0x30),
+            symbol("handle_put", 0x40),
+        ];
+        assert!(matches!(
+            select_functions(&functions, "work", false),
+            Err(NameError::Ambiguous { candidates }) if candidates.len() == 2
+        ));
+        let both = select_functions(&functions, "work", true).expect("all");
+        assert_eq!(both.len(), 2);
+        assert_eq!(both[0].display, "work(int)");
+        let handlers = select_functions(&functions, "handle_*", false).expect("glob");
+        assert_eq!(handlers.len(), 2);
+        let many: Vec<_> = (0..=MAX_FUNCTIONS as u64)
+            .map(|i| symbol(&format!("f{i}"), 0x100 + i))
+            .collect();
+        assert!(matches!(
+            select_functions(&many, "f*", false),
+            Err(NameError::TooMany { candidates }) if candidates.len() == MAX_FUNCTIONS + 1
+        ));
+        assert!(matches!(
+            select_functions(&functions, "nothing_*", false),
+            Err(NameError::NotFound { .. })
+        ));
     }
 
     #[test]

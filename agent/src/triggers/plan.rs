@@ -133,7 +133,7 @@ mod tests {
             symbol: "slow".into(),
             binary: None,
             min_duration: Some(Duration::from_millis(5)),
-            return_probe: crate::rules::ReturnProbe::default(),
+            ..FunctionTrigger::default()
         });
         let s = rule_spec(&rule(t)).expect("valid");
         assert_eq!((s.kind, s.min_duration_ns), (KIND_FUNCTION, 5_000_000));
@@ -145,7 +145,7 @@ mod tests {
             symbol: "f".into(),
             binary: None,
             min_duration: None,
-            return_probe: crate::rules::ReturnProbe::default(),
+            ..FunctionTrigger::default()
         });
         assert_ne!(rule_spec(&rule(t)).expect("valid").flags & FLAG_ON_ENTRY, 0);
     }

@@ -10,8 +10,47 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
 use super::{
     exits::{CodePiece, ExitKind, WalkError, function_exits},
-    names::{NameError, did_you_mean, find_function, list_candidates},
+    names::{
+        FunctionSymbol, MAX_FUNCTIONS, NameError, did_you_mean, list_candidates, select_functions,
+    },
 };
+use crate::{
+    rules::FunctionTrigger,
+    symbols::{debug_file::DebugSearch, index::SymbolIndex},
+};
+
+/// What a function rule asks to be probed: a name (or glob pattern), whether every
+/// function it selects is meant, and where else debug files may be.
+#[derive(Debug, Clone, Copy)]
+pub struct Lookup<'a> {
+    pub name: &'a str,
+    /// `all: true`: every function the name selects.
+    pub all: bool,
+    /// Extra debug directories (host paths).
+    pub debug_dirs: &'a [PathBuf],
+}
+
+impl<'a> Lookup<'a> {
+    /// The lookup of one function by its name.
+    #[must_use]
+    pub fn name(name: &'a str) -> Self {
+        Self {
+            name,
+            all: false,
+            debug_dirs: &[],
+        }
+    }
+
+    /// The lookup a function trigger asks for.
+    #[must_use]
+    pub fn of(trigger: &'a FunctionTrigger) -> Self {
+        Self {
+            name: &trigger.symbol,
+            all: trigger.all,
+            debug_dirs: &trigger.debug_dirs,
+        }
+    }
+}
 
 /// Failure to place a function probe.
 #[derive(Debug, thiserror::Error)]
@@ -30,20 +69,32 @@ pub enum ResolveError {
     },
     #[error(
         "symbol {symbol} not found in {}{}{hint}", path.display(),
-        if *stripped { ": the binary is stripped (only a compressed .gnu_debugdata symbol table, \
-        which lookback does not read yet); use an unstripped build or give the library with \
-        the symbol as `binary`" } else { "" }
+        if symbols.is_empty() { String::new() } else { format!(" ({symbols})") }
     )]
     NoSymbol {
         symbol: String,
         path: PathBuf,
-        stripped: bool,
+        /// What the binary lacks and where debug files were looked for
+        /// ([`crate::symbols::debug_file::SymbolFiles::missing_hint`]), or empty.
+        symbols: String,
         /// `; did you mean ...?`, or empty.
         hint: String,
     },
     #[error(
+        "{symbol} selects {count} functions in {}, more than the {MAX_FUNCTIONS} one rule \
+         probes: {list}; narrow the pattern or name the functions in several rules",
+        path.display()
+    )]
+    TooMany {
+        symbol: String,
+        path: PathBuf,
+        count: usize,
+        list: String,
+    },
+    #[error(
         "{symbol} names {count} functions in {}: {list}; give the one meant by its full \
-         name (with parameters) or its raw name", path.display()
+         name (with parameters) or its raw name, or say `all: true` to probe them all",
+        path.display()
     )]
     Ambiguous {
         symbol: String,
@@ -59,6 +110,21 @@ pub enum ResolveError {
     },
     #[error("process {pid} not found")]
     NoProcess { pid: u32 },
+}
+
+impl ResolveError {
+    /// The short reason, for the `lookback_rule_probe_errors` metric.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NoSymbol { .. } | Self::NotMapped { .. } | Self::NoProcess { .. } => {
+                "symbol_not_found"
+            }
+            Self::Ambiguous { .. } => "ambiguous_symbol",
+            Self::TooMany { .. } => "too_many_functions",
+            Self::Read { .. } | Self::Parse { .. } => "binary_unreadable",
+        }
+    }
 }
 
 /// How the kernel will run a uprobe at a probe point.
@@ -86,8 +152,10 @@ impl fmt::Display for ProbeKind {
 pub struct ProbePoint {
     /// The file to attach to (may go through `/proc/PID/root`).
     pub path: PathBuf,
-    /// The symbol as looked up.
+    /// The function's raw (mangled) symbol.
     pub symbol: String,
+    /// The function's name as people read it (demangled).
+    pub display: String,
     /// Offset of the probed instruction in the file.
     pub file_offset: u64,
     /// The symbol's virtual address in the ELF file.
@@ -116,10 +184,15 @@ pub struct ExitProbe {
 const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
-/// Finds `symbol` in the ELF file at `path` and the probe point for its entry. When the
-/// function starts with `endbr64; nopl 0x0(...)`, the probe goes on the NOP (same entry
-/// semantics, but the kernel can optimize it).
-pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveError> {
+/// Finds the functions `lookup` names in the ELF file at `path` (with its debug files)
+/// and the probe point of each one's entry. When a function starts with
+/// `endbr64; nopl 0x0(...)`, the probe goes on the NOP (same entry semantics, but the
+/// kernel can optimize it).
+///
+/// # Errors
+/// [`ResolveError`] when the file cannot be read, or the name selects no function, several
+/// (without `all`), or too many.
+pub fn resolve_symbol(path: &Path, lookup: &Lookup<'_>) -> Result<Vec<ProbePoint>, ResolveError> {
     let data = fs::read(path).map_err(|source| ResolveError::Read {
         path: path.to_owned(),
         source,
@@ -128,29 +201,49 @@ pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveEr
         path: path.to_owned(),
         source,
     })?;
-    let function = match find_function(&file, symbol) {
-        Ok(function) => function,
-        Err(NameError::NotFound { nearest }) => {
-            return Err(ResolveError::NoSymbol {
+    let search = DebugSearch::for_path(path, lookup.debug_dirs.to_vec());
+    let index = SymbolIndex::read(path, &file, &search);
+    let symbol = lookup.name;
+    let functions =
+        select_functions(&index.functions, symbol, lookup.all).map_err(|e| match e {
+            NameError::NotFound { nearest } => ResolveError::NoSymbol {
                 symbol: symbol.to_owned(),
                 path: path.to_owned(),
-                stripped: file.section_by_name(".gnu_debugdata").is_some(),
+                symbols: index.files.missing_hint(),
                 hint: did_you_mean(&nearest),
-            });
-        }
-        Err(NameError::Ambiguous { candidates }) => {
-            return Err(ResolveError::Ambiguous {
+            },
+            NameError::Ambiguous { candidates } => ResolveError::Ambiguous {
                 symbol: symbol.to_owned(),
                 path: path.to_owned(),
                 count: candidates.len(),
                 list: list_candidates(&candidates),
-            });
-        }
-    };
+            },
+            NameError::TooMany { candidates } => ResolveError::TooMany {
+                symbol: symbol.to_owned(),
+                path: path.to_owned(),
+                count: candidates.len(),
+                list: list_candidates(&candidates),
+            },
+        })?;
+    let go = is_go_binary(&file);
+    functions
+        .iter()
+        .map(|function| probe_point(path, &file, &data, &index, function, go))
+        .collect()
+}
+
+/// The probe point of `function`'s entry, and its exits.
+fn probe_point(
+    path: &Path,
+    file: &object::File<'_>,
+    data: &[u8],
+    index: &SymbolIndex,
+    function: &FunctionSymbol,
+    go: bool,
+) -> Result<ProbePoint, ResolveError> {
     let (address, size) = (function.address, function.size);
-    // The raw name from here on: it finds the function's `.cold` parts.
     let symbol = function.raw.as_str();
-    let file_offset = file_offset_of(&file, address).ok_or_else(|| ResolveError::NotMapped {
+    let file_offset = file_offset_of(file, address).ok_or_else(|| ResolveError::NotMapped {
         symbol: symbol.to_owned(),
         path: path.to_owned(),
         address,
@@ -169,11 +262,12 @@ pub fn resolve_symbol(path: &Path, symbol: &str) -> Result<ProbePoint, ResolveEr
     Ok(ProbePoint {
         path: path.to_owned(),
         symbol: symbol.to_owned(),
+        display: function.display.clone(),
         file_offset,
         address,
         kind,
-        go: is_go_binary(&file),
-        exits: exit_probes(&file, &data, symbol, address, size),
+        go,
+        exits: exit_probes(file, data, index, symbol, address, size),
     })
 }
 
@@ -191,6 +285,7 @@ pub fn is_go_binary(file: &object::File<'_>) -> bool {
 fn exit_probes(
     file: &object::File<'_>,
     data: &[u8],
+    index: &SymbolIndex,
     symbol: &str,
     address: u64,
     size: u64,
@@ -198,23 +293,8 @@ fn exit_probes(
     if size == 0 {
         return Err(WalkError::NoSize);
     }
-    let cold = format!("{symbol}.cold");
     let mut extents = vec![(address, size)];
-    extents.extend(
-        file.symbols()
-            .filter(|s| {
-                s.kind() == object::SymbolKind::Text
-                    && s.size() > 0
-                    && s.name().is_ok_and(|n| {
-                        n == cold
-                            || n.strip_prefix(cold.as_str()).is_some_and(|rest| {
-                                rest.strip_prefix('.')
-                                    .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-                            })
-                    })
-            })
-            .map(|s| (s.address(), s.size())),
-    );
+    extents.extend(index.cold_parts(symbol));
     let mut pieces = Vec::new();
     for &(address, size) in &extents {
         let bytes = file_offset_of(file, address)
@@ -297,36 +377,45 @@ pub fn mapped_objects(pid: u32) -> Result<Vec<PathBuf>, ResolveError> {
     Ok(out)
 }
 
-/// Resolves `symbol` for process `pid`: in `binary` when given (relative to the process's
-/// root), else in its executable, then in every shared object it has mapped.
+/// Resolves `lookup` for process `pid`: in `binary` when given (relative to the process's
+/// root), else in its executable, then in every shared object it has mapped. Debug files
+/// are looked up inside the process's mount namespace.
+///
+/// # Errors
+/// See [`resolve_symbol`]; [`ResolveError::NoProcess`] when `pid` is gone.
 pub fn resolve_for_process(
     pid: u32,
     binary: Option<&Path>,
-    symbol: &str,
-) -> Result<ProbePoint, ResolveError> {
+    lookup: &Lookup<'_>,
+) -> Result<Vec<ProbePoint>, ResolveError> {
     if let Some(binary) = binary {
-        return resolve_symbol(&in_process_root(pid, binary), symbol);
+        return resolve_symbol(&in_process_root(pid, binary), lookup);
     }
     let exe = process_exe(pid)?;
-    let not_in_exe = match resolve_symbol(&exe, symbol) {
+    let not_in_exe = match resolve_symbol(&exe, lookup) {
         Err(e @ ResolveError::NoSymbol { .. }) => e,
         other => return other,
     };
     let libraries = mapped_objects(pid)?;
-    resolve_in_libraries(libraries.iter().filter(|o| **o != exe), symbol, not_in_exe)
+    resolve_in_libraries(libraries.iter().filter(|o| **o != exe), lookup, not_in_exe)
 }
 
-/// `symbol` in the first of `libraries` that defines it; `not_found` (the executable's
+/// `lookup` in the first of `libraries` that defines it; `not_found` (the executable's
 /// error, with its hints) when none does. An ambiguous name in a library is an error.
+///
+/// # Errors
+/// `not_found`, or a library's [`ResolveError::Ambiguous`] or [`ResolveError::TooMany`].
 pub fn resolve_in_libraries<'a>(
     libraries: impl IntoIterator<Item = &'a PathBuf>,
-    symbol: &str,
+    lookup: &Lookup<'_>,
     not_found: ResolveError,
-) -> Result<ProbePoint, ResolveError> {
+) -> Result<Vec<ProbePoint>, ResolveError> {
     for object in libraries {
-        match resolve_symbol(object, symbol) {
-            Ok(point) => return Ok(point),
-            Err(e @ ResolveError::Ambiguous { .. }) => return Err(e),
+        match resolve_symbol(object, lookup) {
+            Ok(points) => return Ok(points),
+            Err(e @ (ResolveError::Ambiguous { .. } | ResolveError::TooMany { .. })) => {
+                return Err(e);
+            }
             Err(_) => {}
         }
     }
@@ -340,7 +429,10 @@ mod tests {
     #[test]
     fn finds_a_libc_function_in_this_process() {
         let me = std::process::id();
-        let point = resolve_for_process(me, None, "getpid").expect("getpid in libc");
+        let mut points =
+            resolve_for_process(me, None, &Lookup::name("getpid")).expect("getpid in libc");
+        assert_eq!(points.len(), 1);
+        let point = points.remove(0);
         assert!(point.path.to_string_lossy().contains("libc"), "{point:?}");
         assert!(point.file_offset > 0);
         assert!(!point.go);
@@ -352,7 +444,8 @@ mod tests {
     #[test]
     fn unknown_symbol_is_a_clear_error() {
         let me = std::process::id();
-        let err = resolve_for_process(me, None, "no_such_symbol_here").expect_err("missing");
+        let err = resolve_for_process(me, None, &Lookup::name("no_such_symbol_here"))
+            .expect_err("missing");
         assert!(err.to_string().contains("no_such_symbol_here"), "{err}");
     }
 
@@ -362,7 +455,8 @@ mod tests {
             process_exe(u32::MAX),
             Err(ResolveError::NoProcess { .. })
         ));
-        let err = resolve_symbol(Path::new("/nonexistent/bin"), "main").expect_err("no file");
+        let err = resolve_symbol(Path::new("/nonexistent/bin"), &Lookup::name("main"))
+            .expect_err("no file");
         assert!(matches!(err, ResolveError::Read { .. }));
     }
 

@@ -235,7 +235,7 @@ impl BranchSink for Stacks<'_, '_> {
 /// Feeds the trace of a PT snapshot to `sink` (without [`TraceSink::finish`]).
 pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
     let lookup = RefCell::new(Lookup {
-        symbols: Symbolizer::new(&snap.maps, &snap.code),
+        symbols: Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs),
         snap,
         cache: HashMap::default(),
         recent: Default::default(),
@@ -308,6 +308,7 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         trigger_instant(sink, t)?;
     }
     summary.unknown_frames = lookup.borrow().symbols.misses;
+    summary.symbols = lookup.borrow_mut().symbols.module_report();
     Ok(summary)
 }
 

@@ -1,0 +1,96 @@
+//! Separate symbols of a mapped file, for the addresses the file itself cannot name: its
+//! debug file (found by build-id or `.gnu_debuglink`, [`super::debug_file`]) and its
+//! `MiniDebugInfo`.
+//!
+//! In: a file the symbolizer reads and the debug search of its process. Out: the ELF
+//! virtual address of a file offset (the debug file is read by address: its program
+//! headers are the binary's, its file offsets are not), the debug file's path for
+//! blazesym (which reads its symbols and DWARF lines), and the `MiniDebugInfo` functions by
+//! address (a `.symtab` only, no DWARF).
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use object::{Object as _, ObjectSegment as _};
+
+use super::{
+    debug_file::{DebugSearch, SymbolFiles},
+    index::{FunctionSymbol, SymbolIndex},
+};
+
+/// What the symbolizer knows of one file's separate symbols.
+#[derive(Debug, Default)]
+pub struct Separate {
+    /// The file's symbol sources (the `MiniDebugInfo` image dropped once indexed).
+    pub files: SymbolFiles,
+    /// Loadable segments: (file offset, file size, virtual address).
+    segments: Vec<(u64, u64, u64)>,
+    /// `MiniDebugInfo` functions with a size, by address.
+    mini: Vec<FunctionSymbol>,
+}
+
+impl Separate {
+    /// Reads what `path` has beside its own symbols; nothing when it cannot be parsed.
+    #[must_use]
+    pub fn read(path: &Path, search: &DebugSearch) -> Self {
+        let Ok(data) = fs::read(path) else {
+            return Self::default();
+        };
+        let Ok(file) = object::File::parse(&*data) else {
+            return Self::default();
+        };
+        let segments = file
+            .segments()
+            .map(|seg| {
+                let (offset, size) = seg.file_range();
+                (offset, size, seg.address())
+            })
+            .collect();
+        let mut files = super::debug_file::locate(path, &file, search);
+        let mut mini = Vec::new();
+        if let Some(image) = files.mini_debug_info.take()
+            && let Ok(elf) = object::File::parse(&*image)
+        {
+            let index = SymbolIndex::read(path, &elf, &DebugSearch::default());
+            mini = index.functions.into_iter().filter(|f| f.size > 0).collect();
+            mini.sort_by_key(|f| f.address);
+            // Kept as a marker that the file had symbols there.
+            files.mini_debug_info = Some(Vec::new());
+        }
+        Self {
+            files,
+            segments,
+            mini,
+        }
+    }
+
+    /// The ELF virtual address at file `offset`.
+    #[must_use]
+    pub fn virtual_address(&self, offset: u64) -> Option<u64> {
+        self.segments.iter().find_map(|&(start, size, address)| {
+            let delta = offset.checked_sub(start)?;
+            (delta < size).then(|| address.checked_add(delta)).flatten()
+        })
+    }
+
+    /// The separate debug file, when one was found.
+    #[must_use]
+    pub fn debug_file(&self) -> Option<&PathBuf> {
+        self.files.debug_file.as_ref().map(|(path, _)| path)
+    }
+
+    /// The `MiniDebugInfo` function covering virtual `address`, and how far into it.
+    #[must_use]
+    pub fn mini_function(&self, address: u64) -> Option<(&FunctionSymbol, u64)> {
+        let at = self.mini.partition_point(|f| f.address <= address);
+        // Nested or overlapping symbols are rare; look back a little for the innermost.
+        self.mini[..at]
+            .iter()
+            .rev()
+            .take(8)
+            .filter(|f| address - f.address < f.size)
+            .min_by_key(|f| f.size)
+            .map(|f| (f, address - f.address))
+    }
+}
