@@ -160,6 +160,21 @@ fn several_rules_and_workloads_give_exact_counts() {
         "{stem}"
     );
     assert!(meta["trigger_time_ns"].is_u64(), "{meta}");
+    // Per binary, how many frames got a name (every snapshot of the rule); the workload's
+    // own files have their symbols: no hint (Debian's libc has none of its own).
+    for name in slow.iter().filter(|f| f.ends_with(".json")) {
+        let path = agent.out().join("slow-work").join(name);
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("JSON");
+        for module in meta["symbols"].as_array().expect("symbols") {
+            let (frames, unknown) = (module["frames"].as_u64(), module["unknown"].as_u64());
+            assert!(frames > Some(0) && frames >= unknown, "{meta}");
+            let path = module["module"].as_str().expect("module");
+            if path.ends_with("/workload") || path.ends_with("/libworkload.so") {
+                assert!(module["hint"].is_null(), "symbols are there: {meta}");
+            }
+        }
+    }
     // The window is that of the samples: unknown (null) when the threads never ran on a
     // CPU since recording began (cpu-clock samples running threads only).
     for key in ["window_start_ns", "window_end_ns"] {

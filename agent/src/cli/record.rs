@@ -337,13 +337,14 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
     match writer::write_trace(&job.snap, &trace) {
         Ok(summary) => {
             log::info!(
-                "trace {}: {} threads, {} samples, {} branches, {} slices, {} unknown frames, written in {:.1?}",
+                "trace {}: {} threads, {} samples, {} branches, {} slices, {} unknown frames, {} stacks cut at a non-code address, written in {:.1?}",
                 trace.display(),
                 summary.threads,
                 summary.samples,
                 summary.branches,
                 summary.slices,
                 summary.unknown_frames,
+                summary.truncated_stacks,
                 started.elapsed()
             );
             for warning in writer::symbol_warnings(&summary) {

@@ -110,7 +110,7 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
         for warning in writer::symbol_warnings(&summary) {
             log::warn!("rule {}: trace {}: {warning}", job.rule, trace.display());
         }
-        let body = metadata_json(job, &trace, raw.as_deref(), &summary.symbols);
+        let body = metadata_json(job, &trace, raw.as_deref(), &summary);
         write_file_atomic(&metadata, body.as_bytes()).map_err(|source| OutputError::Metadata {
             path: metadata.clone(),
             source,
@@ -140,7 +140,7 @@ fn metadata_json(
     job: &SnapshotJob,
     trace: &Path,
     raw: Option<&Path>,
-    symbols: &[crate::symbols::ModuleSymbols],
+    summary: &writer::TraceSummary,
 ) -> String {
     let e = &job.event;
     let meta = &job.snap.meta;
@@ -197,8 +197,10 @@ fn metadata_json(
         if let Some(raw) = raw {
             obj.insert("raw_file".into(), json!(name(raw)));
         }
-        // Per binary: frames, `[unknown]` frames, and the debug-symbols hint (extension).
-        obj.insert("symbols".into(), json!(symbols));
+        // Per binary: frames, `[unknown]` frames, and the debug-symbols hint; sampled
+        // stacks cut at a non-code address (extensions).
+        obj.insert("symbols".into(), json!(summary.symbols));
+        obj.insert("truncated_stacks".into(), json!(summary.truncated_stacks));
     }
     let mut text = value.to_string();
     text.push('\n');

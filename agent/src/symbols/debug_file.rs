@@ -133,7 +133,17 @@ impl SymbolFiles {
         }
         let mut text = "stripped".to_owned();
         if !self.tried.is_empty() {
-            let tried: Vec<String> = self.tried.iter().map(|p| p.display().to_string()).collect();
+            // The first places (the build-id ones, where packages put them) and a count: a
+            // log line, not a directory listing.
+            let mut tried: Vec<String> = self
+                .tried
+                .iter()
+                .take(SHOWN_PLACES)
+                .map(|p| p.display().to_string())
+                .collect();
+            if self.tried.len() > SHOWN_PLACES {
+                tried.push(format!("{} more places", self.tried.len() - SHOWN_PLACES));
+            }
             text.push_str("; no debug file at ");
             text.push_str(&tried.join(", "));
         }
@@ -151,6 +161,9 @@ impl SymbolFiles {
         text
     }
 }
+
+/// How many of the places looked at a hint names.
+const SHOWN_PLACES: usize = 3;
 
 /// The largest `MiniDebugInfo` image decoded (real ones are a few MB).
 const MAX_MINI_DEBUG_INFO: usize = 256 << 20;
@@ -314,6 +327,16 @@ mod tests {
             "{hint}"
         );
         assert!(hint.contains("(build-id abcd)"), "{hint}");
+        let many = SymbolFiles {
+            tried: (0..8).map(|i| PathBuf::from(format!("/d{i}"))).collect(),
+            ..SymbolFiles::default()
+        };
+        assert!(
+            many.missing_hint()
+                .contains("no debug file at /d0, /d1, /d2, 5 more places;"),
+            "{}",
+            many.missing_hint()
+        );
         let full = SymbolFiles {
             has_symtab: true,
             ..SymbolFiles::default()

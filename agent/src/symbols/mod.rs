@@ -181,13 +181,25 @@ impl<'a> Symbolizer<'a> {
         }
     }
 
+    /// Whether `addr` is in an executable mapping of process `pid` (a file's code,
+    /// `[vdso]`, JIT code): where a return address can point. Heap, stack and data
+    /// addresses are what a frame-pointer walk reads through a frame without one.
+    #[must_use]
+    pub fn is_code(&self, pid: u32, addr: u64) -> bool {
+        self.maps.get(&pid).is_some_and(|maps| {
+            maps.maps
+                .iter()
+                .any(|m| m.executable() && (m.start..m.end).contains(&addr))
+        })
+    }
+
     /// The frame of `addr` in process `pid`.
     pub fn frame(&mut self, pid: u32, addr: u64) -> Rc<Frame> {
         let frame = self.lookup(pid, addr);
         if frame.unknown.is_some() {
             self.misses += 1;
         }
-        if let Some(module) = &frame.module {
+        if let Some(module) = frame.module.as_ref().filter(|m| !m.is_empty()) {
             let count = self.modules.entry(module.clone()).or_default();
             count.frames += 1;
             count.unknown += u64::from(frame.unknown.is_some());

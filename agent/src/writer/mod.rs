@@ -163,6 +163,10 @@ pub struct TraceSummary {
     pub slices: u64,
     /// Addresses without a symbol.
     pub unknown_frames: u64,
+    /// Sampled stacks cut at an address outside every executable mapping (heap, stack or
+    /// data: a frame-pointer walk through a frame without one), that frame and all beyond
+    /// it dropped.
+    pub truncated_stacks: u64,
     /// Frames and `[unknown]` frames per mapped file, with the hint to install debug
     /// symbols where most are unknown.
     pub symbols: Vec<crate::symbols::ModuleSymbols>,
@@ -346,24 +350,46 @@ impl Context<'_> {
     }
 }
 
-/// The symbolized stacks of `thread`, outermost frame first. Outermost entries outside
-/// every mapping are what a frame-pointer walk reads past the end of the stack (0, small
-/// numbers): not frames, dropped.
-fn symbolized(thread: &ThreadSamples, symbols: &mut Symbolizer<'_>) -> Vec<StackSample<At>> {
+/// The symbolized stacks of `thread`, outermost frame first, each only as far out from
+/// the leaf as its addresses are code (see [`code_frames`]); the stacks cut short are
+/// counted in `truncated`.
+fn symbolized(
+    thread: &ThreadSamples,
+    symbols: &mut Symbolizer<'_>,
+    truncated: &mut u64,
+) -> Vec<StackSample<At>> {
     thread
         .stacks
         .iter()
-        .map(|s| StackSample {
-            time_ns: s.time_ns,
-            frames: s
-                .addrs
-                .iter()
-                .map(|&addr| (symbols.frame(thread.pid, addr), addr))
-                .skip_while(|(frame, _)| frame.module.is_none())
-                .flat_map(|(frame, addr)| expand(&frame, addr))
-                .collect(),
+        .map(|s| {
+            let (addrs, cut) = code_frames(&s.addrs, |addr| symbols.is_code(thread.pid, addr));
+            *truncated += u64::from(cut);
+            StackSample {
+                time_ns: s.time_ns,
+                frames: addrs
+                    .iter()
+                    .map(|&addr| (symbols.frame(thread.pid, addr), addr))
+                    .flat_map(|(frame, addr)| expand(&frame, addr))
+                    .collect(),
+            }
         })
         .collect()
+}
+
+/// Addresses below which a stack entry is a walk's terminator (a null frame pointer's
+/// return address, small integers), not a frame someone lost.
+const NOT_AN_ADDRESS: u64 = 0x1000;
+
+/// The frames of a sampled stack (`addrs` outermost first) that are real code: from the
+/// leaf outwards, up to the first address `is_code` refuses, which ends the stack. Returns
+/// them (outermost first) and whether a real-looking address ended it (not the walk's
+/// terminator: 0 or a small number outermost).
+fn code_frames(addrs: &[u64], is_code: impl Fn(u64) -> bool) -> (&[u64], bool) {
+    let Some(stop) = addrs.iter().rposition(|&addr| !is_code(addr)) else {
+        return (addrs, false);
+    };
+    let cut = addrs[..=stop].iter().any(|&addr| addr >= NOT_AN_ADDRESS);
+    (&addrs[stop + 1..], cut)
 }
 
 /// One thread's track: its name, its slices, and the trigger instant when it is the
@@ -382,7 +408,7 @@ fn emit_thread(
         .or_else(|| ctx.comm_of(thread.pid))
         .unwrap_or_else(|| "?".to_owned());
     sink.thread(key.0, key.1, &format!("{comm} [{}] [{}]", key.0, key.1))?;
-    let stacks = symbolized(thread, symbols);
+    let stacks = symbolized(thread, symbols, &mut summary.truncated_stacks);
     summary.samples += stacks.len() as u64;
     let events = stacks::slices(&stacks, ctx.period_ns, |a, b| a.frame.name == b.frame.name);
     let mut pending = ctx.trigger.filter(|t| (t.pid, t.tid) == key);

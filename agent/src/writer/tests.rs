@@ -246,3 +246,56 @@ fn files_are_gzipped_by_name_and_private() {
         (Format::ChromeJson, false)
     );
 }
+
+#[test]
+fn a_stack_ends_at_its_first_address_that_is_not_code() {
+    let code = |addr: u64| (0x1000..0x2000).contains(&addr);
+    // Outermost first: a heap address between two code frames cuts the outer one off.
+    assert_eq!(
+        code_frames(&[0x1100, 0x7f00_0000, 0x1200, 0x1300], code),
+        (&[0x1200, 0x1300][..], true)
+    );
+    // A walk's terminator (0, small numbers) outermost is no loss.
+    assert_eq!(
+        code_frames(&[0, 0x10, 0x1200], code),
+        (&[0x1200][..], false)
+    );
+    assert_eq!(
+        code_frames(&[0x1200, 0x1300], code),
+        (&[0x1200, 0x1300][..], false)
+    );
+    // A leaf outside code: nothing is left.
+    assert_eq!(code_frames(&[0x1200, 0x5000], code), (&[][..], true));
+}
+
+#[test]
+fn heap_addresses_in_a_sampled_stack_are_no_slices() {
+    let mut snap = snapshot();
+    let pid = std::process::id();
+    let inner = lookback_writer_inner as *const () as u64;
+    let outer = lookback_writer_outer as *const () as u64;
+    // What a frame-pointer walk through a frame without one reads: a heap pointer as a
+    // "return address" between two real frames.
+    let heap = Box::new(0u64);
+    let heap = std::ptr::from_ref(&*heap) as u64;
+    snap.rings[0].data.extend(sample_record(
+        pid,
+        pid,
+        1_350_000,
+        &[inner + 1, heap, outer + 5],
+    ));
+    let mut out = Vec::new();
+    let summary = encode(&snap, &mut out, Format::ChromeJson).expect("encode");
+    assert_eq!(summary.truncated_stacks, 1);
+    let doc: Value = serde_json::from_slice(&out).expect("one JSON document");
+    let names: Vec<&str> = doc["traceEvents"]
+        .as_array()
+        .expect("traceEvents")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.starts_with("[unknown]")),
+        "{names:?}"
+    );
+}
