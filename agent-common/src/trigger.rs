@@ -45,6 +45,33 @@ pub struct TriggerRecord {
 /// Size of a [`TriggerRecord`] on the ring.
 pub const TRIGGER_RECORD_SIZE: usize = size_of::<TriggerRecord>();
 
+/// Frames of the triggering thread's user stack a ring entry carries at most.
+pub const TRIGGER_STACK_FRAMES: usize = 32;
+
+/// The user stack of the triggering thread at the trigger (`bpf_get_stack` with
+/// `BPF_F_USER_STACK`: a frame-pointer walk from the thread's user registers), leaf first:
+/// at a syscall exit the syscall's caller, at a fault the faulting frames, at a function's
+/// return its caller's. Empty for a signal sent by another process (the stack there is the
+/// sender's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TriggerStack {
+    /// Bytes of `frames` the helper wrote (a multiple of 8); 0 when it failed.
+    pub bytes: u64,
+    pub frames: [u64; TRIGGER_STACK_FRAMES],
+}
+
+/// One entry of the `EVENTS` ring: the record, then the stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TriggerEntry {
+    pub record: TriggerRecord,
+    pub stack: TriggerStack,
+}
+
+/// Size of a [`TriggerEntry`] on the ring.
+pub const TRIGGER_ENTRY_SIZE: usize = size_of::<TriggerEntry>();
+
 /// The trigger kinds a record may carry, for exhaustive matching in userspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordKind {

@@ -1,13 +1,14 @@
 //! The one path from "condition met" to the ring buffer: count, suppress (cooldown, hourly
 //! rate), emit. Every way a met condition is dropped increments its own counter.
 use core::{
+    ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_xadd},
-    ptr::{read_volatile, write_volatile},
+    ptr::{addr_of_mut, read_volatile, write_volatile},
 };
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns},
 };
 use lookback_common::{
     MAX_RULES,
@@ -15,7 +16,7 @@ use lookback_common::{
         COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL, COUNTER_SUPPRESSED_COOLDOWN,
         COUNTER_SUPPRESSED_RATE, COUNTERS_PER_RULE, FLAG_FREEZE_IN_KERNEL, RuleSpec,
     },
-    trigger::TriggerRecord,
+    trigger::{TRIGGER_STACK_FRAMES, TriggerEntry, TriggerRecord},
 };
 
 use crate::maps::{COUNTERS, EVENTS, FROZEN, RULE_STATE};
@@ -48,9 +49,10 @@ pub fn now_ns() -> u64 {
 }
 
 /// Counts a met condition and, unless suppressed, sends `record` (with rule id, time and
-/// comm filled in) to userspace.
+/// comm filled in) to userspace, followed by the current thread's user stack when it is
+/// the triggering process's (`ctx`: the program's context, for `bpf_get_stack`).
 #[inline(always)]
-pub fn fire(rule_id: u32, rule: &RuleSpec, mut record: TriggerRecord) {
+pub fn fire(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, mut record: TriggerRecord) {
     count(rule_id, COUNTER_MET);
     let now = record.timestamp_ns;
     if let Some(reason) = suppressed(rule_id, rule, now) {
@@ -65,8 +67,25 @@ pub fn fire(rule_id: u32, rule: &RuleSpec, mut record: TriggerRecord) {
     // Frozen before the record is submitted: its forced wakeup can preempt this program
     // (the reader runs SCHED_FIFO), and the freeze must not wait for the reader.
     let frozen = rule.flags & FLAG_FREEZE_IN_KERNEL != 0 && freeze(record.pid);
-    if let Some(mut entry) = EVENTS.reserve::<TriggerRecord>(0) {
-        entry.write(record);
+    if let Some(mut entry) = EVENTS.reserve::<TriggerEntry>(0) {
+        let at = entry.as_mut_ptr();
+        let own = (bpf_get_current_pid_tgid() >> 32) as u32 == record.pid;
+        // SAFETY: `at` points at the reserved entry, ours until submitted; the helper
+        // writes at most the size given into the frames array.
+        unsafe {
+            addr_of_mut!((*at).record).write(record);
+            let written = if own {
+                bpf_get_stack(
+                    ctx,
+                    addr_of_mut!((*at).stack.frames).cast(),
+                    (TRIGGER_STACK_FRAMES * 8) as u32,
+                    u64::from(BPF_F_USER_STACK),
+                )
+            } else {
+                0
+            };
+            addr_of_mut!((*at).stack.bytes).write(written.max(0).cast_unsigned());
+        }
         // Wake the reader on every trigger: the default (adaptive) wakeup skips it when
         // the reader has not caught up, and the freeze must not wait for a later record.
         // Triggers are rare (suppressed in here), so the forced wakeup costs nothing.

@@ -151,7 +151,7 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
         let mut record = record_for_current(pid_tgid);
         record.phase = PHASE_ENTRY;
         record.ip = regs.rip;
-        fire(rule_id, rule, record);
+        fire(ctx.as_ptr(), rule_id, rule, record);
         return Some(());
     }
     let now = now_ns();
@@ -320,6 +320,12 @@ fn try_function_exit(regs: *mut pt_regs, cookie: u64) -> Option<()> {
     };
     record.ip = return_address;
     record.depth = (depth - 1) as u32;
-    fire(rule_id, rule, record);
+    // The context of a uprobe and of a uretprobe is the task's saved registers.
+    fire(
+        core::ptr::from_ref(regs).cast_mut().cast(),
+        rule_id,
+        rule,
+        record,
+    );
     Some(())
 }

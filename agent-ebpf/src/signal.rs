@@ -3,7 +3,8 @@
 //! int result)`. The receiving task's ids are read at the `task_struct` offsets the agent
 //! found in the kernel's BTF (Rust eBPF has no CO-RE relocations).
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
+    EbpfContext as _, helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint,
+    programs::RawTracePointContext,
 };
 use lookback_common::{MAX_RULES, trigger::PHASE_ENTRY};
 
@@ -64,7 +65,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         record.sender_pid = (sender >> 32) as u32;
         record.signal = sig as u32;
         record.phase = PHASE_ENTRY;
-        fire(rule_id, rule, record);
+        fire(ctx.as_ptr(), rule_id, rule, record);
     }
     Some(())
 }

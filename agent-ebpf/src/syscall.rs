@@ -2,7 +2,8 @@
 //! a latency or errno condition fire on entry (an `exit_group` never returns); the others
 //! remember the entry time per thread and decide on exit.
 use aya_ebpf::{
-    helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint, programs::RawTracePointContext,
+    EbpfContext as _, helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint,
+    programs::RawTracePointContext,
 };
 use lookback_common::{
     MAX_RULES,
@@ -60,7 +61,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
             record.timestamp_ns = now;
             record.phase = PHASE_ENTRY;
             record.syscall_nr = nr as u32;
-            fire(rule_id, rule, record);
+            fire(ctx.as_ptr(), rule_id, rule, record);
         } else {
             wants_exit = true;
         }
@@ -112,7 +113,7 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
         record.syscall_nr = start.nr as u32;
         record.duration_ns = duration;
         record.ret = ret;
-        fire(rule_id, rule, record);
+        fire(ctx.as_ptr(), rule_id, rule, record);
     }
     Some(())
 }

@@ -141,6 +141,7 @@ fn bundle(program: &SynthProgram, trace: Vec<u8>, elf: &Path) -> Result<Snapshot
         comm: "synth".to_owned(),
         trigger_time_ns: 0,
         duration_ns: None,
+        stack: Vec::new(),
     };
     Ok(Snapshot::from_captured(captured, Some(trigger)))
 }

@@ -160,6 +160,14 @@ fn several_rules_and_workloads_give_exact_counts() {
         "{stem}"
     );
     assert!(meta["trigger_time_ns"].is_u64(), "{meta}");
+    // The stack at the trigger: the exit probe is on lb_work's `ret`, its caller below.
+    let stack = meta["trigger_stack"].as_array().expect("trigger_stack");
+    assert_eq!(
+        stack.first().map(|f| &f["function"]),
+        Some(&"lb_work".into()),
+        "{meta}"
+    );
+    assert!(stack.len() >= 2, "lb_work's caller: {meta}");
     // Per binary, how many frames got a name (every snapshot of the rule); the workload's
     // own files have their symbols: no hint (Debian's libc has none of its own).
     for name in slow.iter().filter(|f| f.ends_with(".json")) {

@@ -247,3 +247,63 @@ fn chrome_json_trace_and_decode_of_the_kept_snapshot() {
             .any(|e| e["ph"] == "i" && e["name"] == format!("trigger: {RULE}").as_str())
     );
 }
+
+/// The functions open on thread `tid` at the instant named `instant` (B/E replayed up to
+/// it), outermost first.
+fn open_at_instant(events: &[Value], instant: &str) -> Vec<String> {
+    let at = events
+        .iter()
+        .position(|e| e["ph"] == "i" && e["name"] == instant)
+        .unwrap_or_else(|| panic!("no instant {instant}"));
+    let tid = &events[at]["tid"];
+    let mut open = Vec::new();
+    for e in events[..at].iter().filter(|e| &e["tid"] == tid) {
+        match e["ph"].as_str() {
+            Some("B") => open.push(e["name"].as_str().unwrap_or("?").to_owned()),
+            Some("E") => {
+                open.pop();
+            }
+            _ => {}
+        }
+    }
+    open
+}
+
+#[test]
+fn a_syscall_trigger_shows_its_callers_at_the_trigger() {
+    // lb_recurse(3) sleeps at each of its 4 levels: a sleeping thread is never sampled,
+    // so only the stack the kernel takes at the trigger (the slow syscall's exit) can show
+    // who made the call.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("trace.json");
+    let rule = "syscall:clock_nanosleep>20ms";
+    let out = Command::new(lookback_bin())
+        .args(["run", "--backend", "sampling", "--json", "--trigger", rule])
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(workload())
+        .args(["recurse", "3", "30000"])
+        .output()
+        .expect("lookback");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        snapshot_line(&out)["trigger"]["stack"]
+            .as_array()
+            .is_some_and(|s| s.len() >= 4),
+        "the trigger event carries the stack: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let doc: Value = serde_json::from_slice(&std::fs::read(&trace).expect("trace")).expect("JSON");
+    let open = open_at_instant(chrome_events(&doc), &format!("trigger: {rule}"));
+    let recursing = open.iter().filter(|n| *n == "lb_recurse").count();
+    assert!(
+        open.iter().any(|n| n == "main") && recursing >= 3,
+        "open at the trigger: {open:?}\n{stderr}"
+    );
+    // Outermost first: main encloses the recursion.
+    let main = open.iter().position(|n| n == "main");
+    let first = open.iter().position(|n| n == "lb_recurse");
+    assert!(main < first, "{open:?}");
+}

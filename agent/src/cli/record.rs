@@ -270,6 +270,7 @@ impl Recording {
                 comm: String::new(),
                 trigger_time_ns: monotonic_ns(),
                 duration_ns: None,
+                stack: Vec::new(),
             },
         };
         let mut snap = Snapshot::from_captured(data, Some(meta));

@@ -201,6 +201,8 @@ fn metadata_json(
         // stacks cut at a non-code address (extensions).
         obj.insert("symbols".into(), json!(summary.symbols));
         obj.insert("truncated_stacks".into(), json!(summary.truncated_stacks));
+        // The triggering thread's stack at the trigger, leaf first (extension).
+        obj.insert("trigger_stack".into(), json!(summary.trigger_stack));
     }
     let mut text = value.to_string();
     text.push('\n');
@@ -341,6 +343,7 @@ pub(super) mod tests {
             sender_pid: Some(42),
             ip: None,
             depth: None,
+            stack: Vec::new(),
         };
         SnapshotJob {
             rule: "usr1".to_owned(),

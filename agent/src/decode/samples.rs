@@ -79,6 +79,13 @@ fn user_stack(sample: &records::Sample) -> Vec<u64> {
                 .filter(|&ip| sample.callchain.is_empty() && ip < 1 << 63),
         );
     }
+    outermost_first(leaf_first)
+}
+
+/// A callchain (leaf first: the IP, then return addresses) outermost first, each return
+/// address moved back into its call instruction (it points after it, maybe into the next
+/// function or line).
+fn outermost_first(mut leaf_first: Vec<u64>) -> Vec<u64> {
     for caller in leaf_first.iter_mut().skip(1) {
         *caller = caller.saturating_sub(1);
     }
@@ -144,6 +151,28 @@ pub fn read(snap: &Snapshot) -> Sampled {
                 _ => {}
             }
         }
+    }
+    // The stack the kernel took at the trigger is one more sample of its thread, at the
+    // trigger instant: a syscall's or signal's caller is open there even when no sample
+    // caught it.
+    if let Some(t) = snap
+        .meta
+        .trigger
+        .as_ref()
+        .filter(|t| t.pid != 0 && !t.stack.is_empty())
+    {
+        out.threads
+            .entry((t.pid, t.tid))
+            .or_insert_with(|| ThreadSamples {
+                pid: t.pid,
+                tid: t.tid,
+                ..ThreadSamples::default()
+            })
+            .stacks
+            .push(StackAt {
+                time_ns: t.trigger_time_ns,
+                addrs: outermost_first(t.stack.clone()),
+            });
     }
     for (key, thread) in &mut out.threads {
         thread.stacks.sort_by_key(|s| s.time_ns);

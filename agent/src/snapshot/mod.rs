@@ -55,6 +55,10 @@ pub struct TriggerMeta {
     /// How long the call or syscall took (latency triggers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ns: Option<u64>,
+    /// The triggering thread's user stack at the trigger, leaf first (from the kernel;
+    /// empty when it gave none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<u64>,
 }
 
 impl TriggerMeta {
@@ -75,6 +79,7 @@ impl TriggerMeta {
             comm: event.comm.clone(),
             trigger_time_ns: event.timestamp_ns,
             duration_ns: event.duration_ns,
+            stack: event.stack.clone(),
         }
     }
 }

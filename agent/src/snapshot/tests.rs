@@ -94,6 +94,7 @@ fn sample_snapshot() -> Snapshot {
         comm: "workload".to_owned(),
         trigger_time_ns: 4_990_000,
         duration_ns: Some(8_290_000),
+        stack: Vec::new(),
     };
     Snapshot::from_captured(data, Some(trigger))
 }

@@ -183,14 +183,17 @@ impl<'a> Symbolizer<'a> {
 
     /// Whether `addr` is in an executable mapping of process `pid` (a file's code,
     /// `[vdso]`, JIT code): where a return address can point. Heap, stack and data
-    /// addresses are what a frame-pointer walk reads through a frame without one.
+    /// addresses are what a frame-pointer walk reads through a frame without one. `None`
+    /// when the snapshot has no maps of the process (it exited before they were read):
+    /// nothing can be judged.
     #[must_use]
-    pub fn is_code(&self, pid: u32, addr: u64) -> bool {
-        self.maps.get(&pid).is_some_and(|maps| {
+    pub fn is_code(&self, pid: u32, addr: u64) -> Option<bool> {
+        let maps = self.maps.get(&pid).filter(|m| !m.maps.is_empty())?;
+        Some(
             maps.maps
                 .iter()
-                .any(|m| m.executable() && (m.start..m.end).contains(&addr))
-        })
+                .any(|m| m.executable() && (m.start..m.end).contains(&addr)),
+        )
     }
 
     /// The frame of `addr` in process `pid`.

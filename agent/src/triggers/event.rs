@@ -2,7 +2,10 @@
 //! `TriggerRecord`, with a one-line human form and a JSON form.
 use std::fmt;
 
-use lookback_common::trigger::{PHASE_ENTRY, RecordKind, TRIGGER_RECORD_SIZE, TriggerRecord};
+use lookback_common::trigger::{
+    PHASE_ENTRY, RecordKind, TRIGGER_ENTRY_SIZE, TRIGGER_RECORD_SIZE, TRIGGER_STACK_FRAMES,
+    TriggerRecord, TriggerStack,
+};
 use serde::Serialize;
 
 use crate::rules::{errno_name, signal_name, syscall_name};
@@ -45,6 +48,10 @@ pub struct TriggerEvent {
     pub ip: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub depth: Option<u32>,
+    /// The triggering thread's user stack at the trigger, leaf first (a frame-pointer walk
+    /// in the kernel; see [`TriggerStack`]); empty when the kernel gave none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stack: Vec<u64>,
 }
 
 /// Bytes from the ring buffer that do not form a trigger record.
@@ -67,10 +74,48 @@ pub fn record_from_bytes(bytes: &[u8]) -> Result<TriggerRecord, EventError> {
     Ok(unsafe { bytes.as_ptr().cast::<TriggerRecord>().read_unaligned() })
 }
 
+/// The stack after the record in `bytes`, copied out as is (no allocation, as the record);
+/// empty when the entry is too short to hold one.
+#[must_use]
+pub fn stack_from_bytes(bytes: &[u8]) -> TriggerStack {
+    let mut stack = TriggerStack {
+        bytes: 0,
+        frames: [0; TRIGGER_STACK_FRAMES],
+    };
+    if bytes.len() >= TRIGGER_ENTRY_SIZE {
+        // SAFETY: length checked; TriggerStack is repr(C) plain integers, valid for every
+        // bit pattern; it starts right after the record (both are 8-byte aligned).
+        stack = unsafe {
+            bytes
+                .as_ptr()
+                .add(TRIGGER_RECORD_SIZE)
+                .cast::<TriggerStack>()
+                .read_unaligned()
+        };
+    }
+    stack
+}
+
+/// The frames of `stack`, leaf first (at most [`TRIGGER_STACK_FRAMES`]; trailing zeros,
+/// where the walk ended, dropped).
+#[must_use]
+pub fn stack_frames(stack: &TriggerStack) -> Vec<u64> {
+    let n = usize::try_from(stack.bytes / 8)
+        .unwrap_or(0)
+        .min(TRIGGER_STACK_FRAMES);
+    let mut frames = stack.frames[..n].to_vec();
+    while frames.last() == Some(&0) {
+        frames.pop();
+    }
+    frames
+}
+
 impl TriggerEvent {
-    /// Decodes one ring-buffer record.
+    /// Decodes one ring-buffer entry (the record, and the stack after it).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, EventError> {
-        Self::from_record(&record_from_bytes(bytes)?)
+        let mut event = Self::from_record(&record_from_bytes(bytes)?)?;
+        event.stack = stack_frames(&stack_from_bytes(bytes));
+        Ok(event)
     }
 
     /// Converts a record, checking its kind.
@@ -101,6 +146,7 @@ impl TriggerEvent {
             sender_pid: is(TriggerKind::Signal).map(|()| r.sender_pid),
             ip: is(TriggerKind::Function).map(|()| r.ip),
             depth: is(TriggerKind::Function).map(|()| r.depth),
+            stack: Vec::new(),
         })
     }
 
@@ -182,6 +228,43 @@ mod tests {
         unsafe {
             std::slice::from_raw_parts((&raw const *r).cast::<u8>(), TRIGGER_RECORD_SIZE).to_vec()
         }
+    }
+
+    #[test]
+    fn the_stack_after_the_record_is_read_up_to_what_the_kernel_wrote() {
+        let r = TriggerRecord {
+            kind: KIND_SYSCALL,
+            phase: PHASE_RETURN,
+            ..TriggerRecord::default()
+        };
+        let mut entry = bytes(&r);
+        // Without a stack (a short entry): none.
+        assert!(
+            TriggerEvent::from_bytes(&entry)
+                .expect("valid")
+                .stack
+                .is_empty()
+        );
+        let mut frames = [0u64; TRIGGER_STACK_FRAMES];
+        frames[..4].copy_from_slice(&[0x1000, 0x2000, 0x3000, 0]);
+        frames[4] = 0xdead; // past what was written: never read
+        entry.extend(32u64.to_le_bytes());
+        for f in frames {
+            entry.extend(f.to_le_bytes());
+        }
+        assert_eq!(entry.len(), TRIGGER_ENTRY_SIZE);
+        let e = TriggerEvent::from_bytes(&entry).expect("valid");
+        assert_eq!(e.stack, [0x1000, 0x2000, 0x3000]);
+        // A byte count beyond the array is capped.
+        let mut full = bytes(&r);
+        full.extend(u64::MAX.to_le_bytes());
+        for _ in 0..TRIGGER_STACK_FRAMES {
+            full.extend(0x4000u64.to_le_bytes());
+        }
+        assert_eq!(
+            TriggerEvent::from_bytes(&full).expect("valid").stack.len(),
+            TRIGGER_STACK_FRAMES
+        );
     }
 
     #[test]

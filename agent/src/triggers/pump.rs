@@ -26,7 +26,7 @@ use aya::maps::{MapData, RingBuf};
 use lookback_common::trigger::TriggerRecord;
 use tokio::sync::mpsc;
 
-use super::event::{TriggerEvent, record_from_bytes};
+use super::event::{TriggerEvent, record_from_bytes, stack_frames, stack_from_bytes};
 use crate::sys::{SyscallError, thread};
 
 /// Runs on the pump thread for every trigger record, before it is decoded or sent.
@@ -207,10 +207,14 @@ fn drain_ring(
                 continue;
             }
         };
+        let stack = stack_from_bytes(&item);
         drop(item);
         hook(&record);
         match TriggerEvent::from_record(&record) {
-            Ok(event) => out.push(event),
+            Ok(mut event) => {
+                event.stack = stack_frames(&stack);
+                out.push(event);
+            }
             Err(e) => {
                 control.malformed.fetch_add(1, Ordering::Relaxed);
                 log::debug!("dropping trigger record: {e}");

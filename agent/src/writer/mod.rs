@@ -132,6 +132,36 @@ pub enum WriterError {
     },
 }
 
+/// A frame of the trigger's stack: its address and function.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StackFrameName {
+    pub address: u64,
+    pub function: String,
+}
+
+/// The trigger's stack of `snap`, symbolized, leaf first (return addresses looked up in
+/// their call instruction, as the samples' are).
+fn trigger_stack(snap: &Snapshot, symbols: &mut Symbolizer<'_>) -> Vec<StackFrameName> {
+    let Some(t) = snap.meta.trigger.as_ref() else {
+        return Vec::new();
+    };
+    t.stack
+        .iter()
+        .enumerate()
+        .map(|(i, &address)| {
+            let at = if i == 0 {
+                address
+            } else {
+                address.saturating_sub(1)
+            };
+            StackFrameName {
+                address,
+                function: symbols.frame(t.pid, at).name.clone(),
+            }
+        })
+        .collect()
+}
+
 /// One warning per module of `summary` most of whose frames have no name and that lacks
 /// symbols: `83% of the frames in /usr/bin/x (412 of 496) have no name: stripped; ...`.
 #[must_use]
@@ -167,6 +197,8 @@ pub struct TraceSummary {
     /// data: a frame-pointer walk through a frame without one), that frame and all beyond
     /// it dropped.
     pub truncated_stacks: u64,
+    /// The stack the kernel took at the trigger, symbolized, leaf first.
+    pub trigger_stack: Vec<StackFrameName>,
     /// Frames and `[unknown]` frames per mapped file, with the hint to install debug
     /// symbols where most are unknown.
     pub symbols: Vec<crate::symbols::ModuleSymbols>,
@@ -326,6 +358,7 @@ fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceS
         sink.thread(t.pid, t.tid, &format!("{comm} [{}] [{}]", t.pid, t.tid))?;
         trigger_instant(sink, t)?;
     }
+    summary.trigger_stack = trigger_stack(snap, &mut symbols);
     summary.unknown_frames = symbols.misses;
     summary.symbols = symbols.module_report();
     Ok(summary)
@@ -362,7 +395,10 @@ fn symbolized(
         .stacks
         .iter()
         .map(|s| {
-            let (addrs, cut) = code_frames(&s.addrs, |addr| symbols.is_code(thread.pid, addr));
+            // Without the process's maps every address is kept (and named `[unknown]`).
+            let (addrs, cut) = code_frames(&s.addrs, |addr| {
+                symbols.is_code(thread.pid, addr).unwrap_or(true)
+            });
             *truncated += u64::from(cut);
             StackSample {
                 time_ns: s.time_ns,

@@ -307,6 +307,7 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         sink.thread(t.pid, t.tid, &format!("{comm} [{}] [{}]", t.pid, t.tid))?;
         trigger_instant(sink, t)?;
     }
+    summary.trigger_stack = super::trigger_stack(snap, &mut lookup.borrow_mut().symbols);
     summary.unknown_frames = lookup.borrow().symbols.misses;
     summary.symbols = lookup.borrow_mut().symbols.module_report();
     Ok(summary)

@@ -256,6 +256,7 @@ fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
         comm: "case0".to_owned(),
         trigger_time_ns: 0,
         duration_ns: None,
+        stack: Vec::new(),
     };
     Snapshot::from_captured(captured, Some(trigger))
 }

@@ -129,6 +129,7 @@ fn snapshot() -> Snapshot {
         comm: "writer-test".to_owned(),
         trigger_time_ns: 1_240_000,
         duration_ns: Some(1_200_000),
+        stack: Vec::new(),
     };
     Snapshot::from_captured(captured, Some(trigger))
 }
