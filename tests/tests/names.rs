@@ -244,3 +244,63 @@ fn a_thousand_random_names_are_refused_cleanly() {
         );
     }
 }
+
+#[test]
+fn a_name_defined_in_two_libraries_is_refused_unless_all() {
+    // Two shared libraries define lb_dup; the program links both (calls reach the first).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let write = |name: &str, text: &str| std::fs::write(d.join(name), text).expect("write");
+    write(
+        "a.c",
+        "__attribute__((noinline)) int lb_dup(int x) { return x + 1; }\n",
+    );
+    write(
+        "b.c",
+        "__attribute__((noinline)) int lb_dup(int x) { return x + 2; }\n",
+    );
+    write(
+        "main.c",
+        "#include <stdio.h>\nint lb_dup(int);\nint main(void) { int s = 0; \
+         for (int i = 0; i < 3; i++) s += lb_dup(i); printf(\"result=%d\\n\", s); return 0; }\n",
+    );
+    let cc = |args: &[&str]| {
+        let out = Command::new("cc")
+            .current_dir(d)
+            .args(args)
+            .output()
+            .expect("cc");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cc(&["-O1", "-shared", "-fPIC", "-o", "liba.so", "a.c"]);
+    cc(&["-O1", "-shared", "-fPIC", "-o", "libb.so", "b.c"]);
+    let rpath = format!("-Wl,-rpath,{}", d.display());
+    // --no-as-needed: libb stays a dependency although liba satisfies every call.
+    cc(&[
+        "-O1",
+        "-o",
+        "prog",
+        "main.c",
+        "-L.",
+        "-Wl,--no-as-needed",
+        "-la",
+        "-lb",
+        &rpath,
+    ]);
+    let prog = d.join("prog");
+    let err = refused(&prog, "lb_dup");
+    assert!(
+        err.contains("lb_dup is defined in 2 libraries")
+            && err.contains(&format!("{}", d.join("liba.so").display()))
+            && err.contains(&format!("{}", d.join("libb.so").display()))
+            && err.contains("all: true"),
+        "{err}"
+    );
+    let (probes, fired) = entry_probes(&prog, &["--all-functions", "--trigger", "func:lb_dup"]);
+    assert_eq!(probes.len(), 2, "{probes:?}");
+    assert_eq!(fired, 3, "every call, through whichever library it reaches");
+}

@@ -147,6 +147,7 @@ fn install_rules(
                     ResolveError::NoSymbol { .. }
                         | ResolveError::Ambiguous { .. }
                         | ResolveError::TooMany { .. }
+                        | ResolveError::InSeveral { .. }
                 );
                 log::error!("rule {}: {e}", rule.name);
                 continue;

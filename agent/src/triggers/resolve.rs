@@ -11,7 +11,8 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use super::{
     exits::{CodePiece, ExitKind, WalkError, function_exits},
     names::{
-        FunctionSymbol, MAX_FUNCTIONS, NameError, did_you_mean, list_candidates, select_functions,
+        FunctionSymbol, MAX_FUNCTIONS, NameError, describe, did_you_mean, list_candidates,
+        select_functions,
     },
 };
 use crate::{
@@ -102,6 +103,15 @@ pub enum ResolveError {
         count: usize,
         list: String,
     },
+    #[error(
+        "{symbol} is defined in {count} libraries: {list}; give the one meant as `binary`, \
+         or say `all: true` to probe them all"
+    )]
+    InSeveral {
+        symbol: String,
+        count: usize,
+        list: String,
+    },
     #[error("symbol {symbol} in {} is at {address:#x}, outside every loadable segment", path.display())]
     NotMapped {
         symbol: String,
@@ -120,7 +130,7 @@ impl ResolveError {
             Self::NoSymbol { .. } | Self::NotMapped { .. } | Self::NoProcess { .. } => {
                 "symbol_not_found"
             }
-            Self::Ambiguous { .. } => "ambiguous_symbol",
+            Self::Ambiguous { .. } | Self::InSeveral { .. } => "ambiguous_symbol",
             Self::TooMany { .. } => "too_many_functions",
             Self::Read { .. } | Self::Parse { .. } => "binary_unreadable",
         }
@@ -400,26 +410,67 @@ pub fn resolve_for_process(
     resolve_in_libraries(libraries.iter().filter(|o| **o != exe), lookup, not_in_exe)
 }
 
-/// `lookup` in the first of `libraries` that defines it; `not_found` (the executable's
-/// error, with its hints) when none does. An ambiguous name in a library is an error.
+/// `lookup` in `libraries`: the one library that defines it; with `all`, every one that
+/// does (a name defined in several libraries names several functions, and only the
+/// dynamic linker's order decides which one a call reaches). `not_found` (the
+/// executable's error, with its hints) when none does.
 ///
 /// # Errors
-/// `not_found`, or a library's [`ResolveError::Ambiguous`] or [`ResolveError::TooMany`].
+/// `not_found`; [`ResolveError::InSeveral`] when several libraries define the name and
+/// `all` is not set; a library's [`ResolveError::Ambiguous`] or [`ResolveError::TooMany`].
 pub fn resolve_in_libraries<'a>(
     libraries: impl IntoIterator<Item = &'a PathBuf>,
     lookup: &Lookup<'_>,
     not_found: ResolveError,
 ) -> Result<Vec<ProbePoint>, ResolveError> {
+    let mut found: Vec<Vec<ProbePoint>> = Vec::new();
     for object in libraries {
         match resolve_symbol(object, lookup) {
-            Ok(points) => return Ok(points),
+            Ok(points) => found.push(points),
             Err(e @ (ResolveError::Ambiguous { .. } | ResolveError::TooMany { .. })) => {
                 return Err(e);
             }
             Err(_) => {}
         }
     }
-    Err(not_found)
+    if found.len() > 1 && !lookup.all {
+        let list: Vec<String> = found
+            .iter()
+            .flatten()
+            .map(|p| {
+                let name = describe(&FunctionSymbol {
+                    raw: p.symbol.clone(),
+                    display: p.display.clone(),
+                    address: p.address,
+                    size: 0,
+                });
+                format!("{name} in {}", p.path.display())
+            })
+            .collect();
+        return Err(ResolveError::InSeveral {
+            symbol: lookup.name.to_owned(),
+            count: found.len(),
+            list: list.join(", "),
+        });
+    }
+    let points: Vec<ProbePoint> = found.into_iter().flatten().collect();
+    if points.is_empty() {
+        return Err(not_found);
+    }
+    if points.len() > MAX_FUNCTIONS {
+        return Err(ResolveError::TooMany {
+            symbol: lookup.name.to_owned(),
+            path: PathBuf::from("the libraries"),
+            count: points.len(),
+            list: points
+                .iter()
+                .take(super::names::LISTED_CANDIDATES)
+                .map(|p| format!("`{}` in {}", p.display, p.path.display()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(points)
 }
 
 #[cfg(test)]
