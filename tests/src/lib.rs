@@ -202,7 +202,7 @@ pub fn dry_run(extra: &[&str], workload_args: &[&str]) -> DryRun {
 /// Runs `lookback run --dry-run --json --max-snapshots 0 EXTRA... -- PROGRAM ARGS...`.
 ///
 /// # Panics
-/// When lookback cannot be started or fails.
+/// When lookback cannot be started or fails, or does not exit as the program did.
 pub fn dry_run_of(program: &Path, extra: &[&str], args: &[&str]) -> DryRun {
     let output = Command::new(lookback_bin())
         .args(["run", "--dry-run", "--json", "--max-snapshots", "0"])
@@ -213,10 +213,18 @@ pub fn dry_run_of(program: &Path, extra: &[&str], args: &[&str]) -> DryRun {
         .output()
         .expect("running lookback");
     let run = DryRun::parse(&output);
-    assert!(
-        run.status.success(),
-        "lookback failed: {}\n{}",
+    // `run` exits as its command did (128 + signal when killed, as a shell reports it).
+    let exit = &run.summary["exit"];
+    let expected = exit["code"]
+        .as_i64()
+        .or_else(|| exit["signal"].as_i64().map(|sig| 128 + sig))
+        .unwrap_or(0);
+    assert_eq!(
+        run.status.code().map(i64::from),
+        Some(expected),
+        "lookback failed, or did not exit as its command: {}\n{}\n{}",
         run.status,
+        run.summary,
         run.stderr
     );
     run

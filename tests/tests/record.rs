@@ -575,3 +575,63 @@ fn triggers_beyond_the_write_queue_are_dropped_and_let_their_process_go() {
         );
     }
 }
+
+#[test]
+fn unusable_outputs_are_refused_before_the_command_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("ran");
+    let script = format!("touch {}", marker.display());
+    let run = |output: &Path, extra: &[&str]| {
+        Command::new(lookback_bin())
+            .args([
+                "run",
+                "--backend",
+                "sampling",
+                "--trigger",
+                "signal:SIGUSR2",
+            ])
+            .args(extra)
+            .arg("-o")
+            .arg(output)
+            .args(["--", "sh", "-c", &script])
+            .output()
+            .expect("lookback")
+    };
+    let missing = dir.path().join("no-such-dir/t.fxt.gz");
+    for (output, reason) in [
+        (
+            missing.clone(),
+            "does not exist (create it, or pass --mkdir)",
+        ),
+        (
+            dir.path().join("t.txt"),
+            "lookback writes .fxt, .fxt.gz, .json",
+        ),
+        (
+            PathBuf::from("/proc/t.fxt.gz"),
+            "cannot create files in /proc",
+        ),
+    ] {
+        let out = run(&output, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {stderr}", output.display());
+        assert!(stderr.contains(reason), "{stderr}");
+        assert!(
+            !marker.exists(),
+            "the command ran despite -o {}",
+            output.display()
+        );
+    }
+    assert!(
+        !missing.parent().expect("dir").exists(),
+        "created without --mkdir"
+    );
+    // With --mkdir the directory is made and the command runs.
+    let out = run(&missing, &["--mkdir"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(marker.exists() && missing.parent().expect("dir").is_dir());
+}

@@ -582,3 +582,56 @@ fn rules_file_drives_the_triggers() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(":4:") && err.contains("SIGNOPE"), "{err}");
 }
+
+#[test]
+fn run_exits_as_its_command_and_keeps_its_name() {
+    // The command's own status, or 128 + the signal that killed it, as a shell reports it.
+    let status = |args: &[&str]| {
+        Command::new(lookback_bin())
+            .args(["run", "--dry-run", "--trigger", "signal:SIGUSR2", "--"])
+            .args(args)
+            .output()
+            .expect("lookback")
+            .status
+            .code()
+    };
+    assert_eq!(status(&["sh", "-c", "exit 7"]), Some(7));
+    assert_eq!(status(&["true"]), Some(0));
+    let workload = workload();
+    let workload = workload.to_str().expect("utf-8");
+    assert_eq!(status(&[workload, "segv"]), Some(128 + 11));
+    assert_eq!(status(&[workload, "abort"]), Some(128 + 6));
+    // Executed as given: a symlink's name is the process's name (Debian's redis-server is
+    // a symlink to redis-check-rdb), so comm-based rules and pidof keep working.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let link = dir.path().join("myserver");
+    std::os::unix::fs::symlink(workload, &link).expect("symlink");
+    let run = lookback_tests::dry_run_of(
+        &link,
+        &["--trigger", "func:lb_work"],
+        &["calls", "1", "1", "1", "1", "1"],
+    );
+    let events = run.of_rule(0);
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0]["comm"], "myserver");
+}
+
+#[test]
+fn a_dry_run_counts_every_trigger_without_a_limit() {
+    let out = Command::new(lookback_bin())
+        .args([
+            "run",
+            "--dry-run",
+            "--json",
+            "--trigger",
+            "func:lb_work",
+            "--",
+        ])
+        .arg(workload())
+        .args(["calls", "5", "1", "1", "1", "1"])
+        .output()
+        .expect("lookback");
+    let run = DryRun::parse(&out);
+    assert!(run.status.success(), "{}", run.stderr);
+    assert_eq!(run.of_rule(0).len(), 5, "every call, not the first only");
+}

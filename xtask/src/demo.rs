@@ -31,7 +31,9 @@ pub fn demo(env: &BuildEnv) -> Result<()> {
     println!();
     println!("xtask demo: the workload calls handle_request() 40 times; a few calls take 8 ms");
     println!("(a CPU-bound cold-cache scan), the rest under 1 ms. lookback samples the workload's");
-    println!("stacks into a ring buffer; its uretprobe measures each call in the kernel, and the");
+    println!(
+        "stacks into a ring buffer; uprobes on its entry and exits time each call in the kernel, and the"
+    );
     println!("first slow one freezes the ring and turns the last milliseconds into a trace:");
     println!();
     println!(

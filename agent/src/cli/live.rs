@@ -224,6 +224,7 @@ async fn run_async(session: Session) -> CliResult {
         ..
     } = live;
     drop(engine);
+    let mut final_status = exit_status;
     if let Some(mut h) = held
         && exit_status.is_none()
     {
@@ -231,12 +232,24 @@ async fn run_async(session: Session) -> CliResult {
         loop {
             if let Some(status) = h.try_wait().context("waiting for the command")? {
                 log::info!("command exited: {status}");
+                final_status = Some(status);
                 break;
             }
             wait_readable(child_exit.as_ref()).await;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(final_status.map_or(ExitCode::SUCCESS, command_exit_code))
+}
+
+/// The exit code of `run` for the command's `status`, as a shell gives it: the command's
+/// own code, or 128 + the signal that killed it.
+fn command_exit_code(status: ExitStatus) -> ExitCode {
+    use std::os::unix::process::ExitStatusExt as _;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|sig| 128 + sig))
+        .unwrap_or(0);
+    ExitCode::from(u8::try_from(code & 0xff).unwrap_or(u8::MAX))
 }
 
 /// Starts or finds the targets, loads the engine, installs the rules, lets the command run.

@@ -10,6 +10,7 @@ pub mod agent;
 pub mod check;
 pub mod decode;
 mod live;
+mod output_path;
 pub mod pt_files;
 mod record;
 pub mod rules;
@@ -84,7 +85,9 @@ pub enum Command {
     /// Report what this machine supports (BPF, uprobes, tracefs, `intel_pt`, PMU) and which
     /// backend `auto` picks.
     Check(check::CheckArgs),
-    /// Start a command under the recorder.
+    /// Start a command under the recorder. Exits with the command's status (128 + the
+    /// signal number when it was killed, as a shell does); lookback's own errors: 1
+    /// (runtime), 2 (usage or rules).
     Run(run::RunArgs),
     /// Record running processes (all their threads).
     Attach(run::AttachArgs),

@@ -313,7 +313,8 @@ fn write_snapshot(output: &Path, keep_raw: bool, job: &WriteJob) -> anyhow::Resu
     }
     snapshot::write_atomic(&path, &job.snap)
         .with_context(|| format!("writing {}", path.display()))?;
-    log::info!("snapshot {}: {}", job.number, path.display());
+    // Named at info level only where it stays (kept, or the trace could not be written).
+    log::debug!("snapshot {}: {}", job.number, path.display());
     let files = write_trace(output, keep_raw, job, path);
     Ok(SnapshotFiles {
         trigger_to_freeze_ns: job.snap.meta.trigger_to_freeze_ns,
@@ -331,6 +332,7 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
         symbols: Vec::new(),
     };
     if raw_only(output) {
+        log::info!("snapshot {}: {}", job.number, raw.display());
         return files(None, Some(raw));
     }
     let trace = numbered_trace(output, job.number);
@@ -352,6 +354,7 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
                 log::warn!("trace {}: {warning}", trace.display());
             }
             let kept = if keep_raw {
+                log::info!("snapshot {}: {}", job.number, raw.display());
                 Some(raw)
             } else {
                 if let Err(e) = std::fs::remove_file(&raw) {

@@ -52,13 +52,13 @@ pub struct CommonArgs {
     // the command line can be told from one left out, which the rules file then decides.
     #[arg(long, value_name = "BACKEND", value_parser = PossibleValuesParser::new(["auto", "intel-pt", "sampling"]).try_map(|s| s.parse::<Backend>()))]
     pub backend: Option<Backend>,
-    /// Ring size per CPU (PT AUX area or sample ring); rounded up to a power of two.
-    /// [default: 4MiB, or the rules file's]
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    /// Ring size per CPU (PT AUX area or sample ring): a power of two, at least 4KiB, as
+    /// in a rules file. [default: 4MiB, or the rules file's]
+    #[arg(long, value_name = "SIZE", value_parser = rules::parse_buffer_size)]
     pub buffer_size: Option<u64>,
-    /// Samples per second per thread (sampling backend). [default: 10000, or the rules
-    /// file's]
-    #[arg(long, value_name = "HZ")]
+    /// Samples per second per thread (sampling backend), at least 1. [default: 10000, or
+    /// the rules file's]
+    #[arg(long, value_name = "HZ", value_parser = parse_frequency)]
     pub sample_frequency: Option<u64>,
     /// Record kernel code too (PT kernel trace, kernel callchains); also when the rules
     /// file says `include_kernel: true`.
@@ -82,15 +82,20 @@ pub struct CommonArgs {
     /// `-o x.lbsnap` writes raw snapshots only.
     #[arg(short, long, value_name = "PATH", default_value = "trace.fxt.gz")]
     pub output: PathBuf,
+    /// Create the directory of `-o` when it does not exist (without it, a missing
+    /// directory is an error before anything is traced).
+    #[arg(long)]
+    pub mkdir: bool,
     /// Also keep the raw `.lbsnap` snapshot (`lookback decode` turns it into a trace).
     #[arg(long)]
     pub keep_raw: bool,
     /// With --dry-run: one JSON object per trigger on stdout, then a summary object.
     #[arg(long)]
     pub json: bool,
-    /// Stop after this many triggers (0 = no limit).
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub max_snapshots: u64,
+    /// Stop after this many triggers (0 = no limit). [default: 1; with --dry-run: no
+    /// limit, so that a dry run shows how often the rules would fire]
+    #[arg(long, value_name = "N")]
+    pub max_snapshots: Option<u64>,
     /// Minimum time between two triggers of one rule, enforced in the kernel.
     #[arg(long, value_name = "DURATION", default_value = "0ms", value_parser = parse_duration)]
     pub cooldown: Duration,
@@ -149,8 +154,9 @@ fn parse_trigger(spec: &str) -> Result<Trigger, String> {
     rules::parse_trigger_spec(spec).map_err(|e| e.to_string())
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    rules::parse_size(s).map_err(|e| e.to_string())
+/// `--sample-frequency`: a positive integer, as `sample_frequency:`.
+fn parse_frequency(s: &str) -> Result<u64, String> {
+    rules::parse_positive(s).map(u64::from)
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -317,6 +323,10 @@ fn capture_warning(file_rules: &[Rule]) -> Option<String> {
 fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
     let file_rules = file_rules(common)?;
     let record = record_options(common, &file_rules);
+    if record.is_some() {
+        // Before the command starts or a probe is placed: a snapshot must have a place.
+        super::output_path::check_output(&common.output, common.mkdir).map_err(CliError::usage)?;
+    }
     if record.is_some()
         && let Some(path) = &common.rules
         && let Some(warning) = capture_warning(&file_rules)
@@ -327,7 +337,10 @@ fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
         rules: engine_rules(common, &file_rules)?,
         target,
         json: common.json,
-        max_events: common.max_snapshots,
+        max_events: common
+            .max_snapshots
+            // A dry run shows how often the rules fire: no limit (0); a recording, one.
+            .unwrap_or(u64::from(!common.dry_run)),
         record,
         wait: if common.freeze_spin {
             Wait::Spin
@@ -360,6 +373,8 @@ pub fn attach(args: AttachArgs) -> CliResult {
 }
 
 /// Finds the executable `cmd` names, like the shell does (PATH lookup without a slash).
+/// The path is kept as found, symlinks and all: the kernel names the process (comm) after
+/// the file executed, so `redis-server` must not become the `redis-check-rdb` it links to.
 fn resolve_program(cmd: &str) -> anyhow::Result<PathBuf> {
     let candidates: Vec<PathBuf> = if cmd.contains('/') {
         vec![PathBuf::from(cmd)]
@@ -368,13 +383,10 @@ fn resolve_program(cmd: &str) -> anyhow::Result<PathBuf> {
             .map(|dir| dir.join(cmd))
             .collect()
     };
-    let found = candidates
+    candidates
         .into_iter()
         .find(|p| p.is_file())
-        .with_context(|| format!("{cmd}: command not found"))?;
-    found
-        .canonicalize()
-        .with_context(|| format!("resolving {}", found.display()))
+        .with_context(|| format!("{cmd}: command not found"))
 }
 
 #[cfg(test)]
@@ -403,6 +415,23 @@ mod tests {
             Ok(parsed) => parsed.common,
             Err(e) => panic!("{args:?}: {e}"),
         }
+    }
+
+    #[test]
+    fn numbers_the_rules_file_refuses_are_refused_here_too() {
+        for (args, reason) in [
+            (["--sample-frequency", "0"], "positive integer"),
+            (["--buffer-size", "1KiB"], "below one page"),
+            (["--buffer-size", "5MiB"], "not a power of two"),
+        ] {
+            let command_line = std::iter::once("lookback").chain(args);
+            let err = Common::try_parse_from(command_line).expect_err("refused");
+            assert!(err.to_string().contains(reason), "{args:?}: {err}");
+        }
+        assert_eq!(
+            parse(&["--sample-frequency", "1"]).sample_frequency,
+            Some(1)
+        );
     }
 
     fn rules(yaml: &str) -> Vec<Rule> {

@@ -547,7 +547,12 @@ impl Metrics {
     /// Takes in the kernel's run-time statistics of the loaded programs (absolute values).
     pub fn observe_program_stats(&self, stats: &[ProgramStats]) {
         let mut seen = self.seen();
-        for s in stats {
+        // A program the kernel never measured (run-time statistics off: `--bpf-stats` or
+        // `kernel.bpf_stats_enabled`) has no series: absent, not a zero that reads as free.
+        for s in stats
+            .iter()
+            .filter(|s| s.run_count != 0 || s.run_time_ns != 0)
+        {
             let (last_runs, last_ns) = seen
                 .programs
                 .insert(s.name.clone(), (s.run_count, s.run_time_ns))

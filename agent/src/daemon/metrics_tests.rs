@@ -378,6 +378,18 @@ fn program_stats_reset_counts_the_new_values() {
 }
 
 #[test]
+fn unmeasured_programs_have_no_series() {
+    let m = Metrics::new("sampling").expect("registry");
+    m.observe_program_stats(&[ProgramStats {
+        name: "sys_exit".into(),
+        run_count: 0,
+        run_time_ns: 0,
+    }]);
+    let text = m.encode().expect("encode");
+    assert!(!text.contains("lookback_bpf_program_runs_total{"), "{text}");
+}
+
+#[test]
 fn remove_rule_drops_gauges_and_keeps_counters() {
     let m = exercised();
     m.remove_rule("slow-query");

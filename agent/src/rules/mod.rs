@@ -31,6 +31,26 @@ mod tests_good;
 mod tests_robust;
 
 pub use error::{RulesError, SpecError};
+
+/// A ring size as `buffer_size:` takes it (a power of two, at least 4 KiB), for the
+/// command line's `--buffer-size`: one check for both.
+///
+/// # Errors
+/// The reason, as the rules file gives it.
+pub fn parse_buffer_size(text: &str) -> Result<u64, String> {
+    use leaf::Scalar as _;
+    leaf::BufferSize::parse(text).map(|size| size.0)
+}
+
+/// A positive integer as the rules file takes one (`sample_frequency:`, `max_per_hour:`),
+/// for the command line's numeric options.
+///
+/// # Errors
+/// The reason, as the rules file gives it.
+pub fn parse_positive(text: &str) -> Result<u32, String> {
+    use leaf::Scalar as _;
+    leaf::Positive::parse(text).map(|n| n.0)
+}
 pub use names::{
     errno_name, errno_number, signal_name, signal_number, syscall_name, syscall_number,
 };
