@@ -23,6 +23,9 @@ pub struct FunctionSymbol {
     pub address: u64,
     /// Bytes; 0 when the symbol table does not say.
     pub size: u64,
+    /// A global (or weak) symbol: one other objects can bind to. A library's local
+    /// function of a common name (ld.so's own `getpid`) is not what a call reaches.
+    pub global: bool,
 }
 
 /// The functions of one binary, from all its symbol sources.
@@ -75,6 +78,7 @@ impl SymbolIndex {
                     display: raw.to_owned(),
                     address: s.address(),
                     size: s.size(),
+                    global: s.is_global() || s.is_weak(),
                 });
             }
         }

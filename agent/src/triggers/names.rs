@@ -362,6 +362,7 @@ mod tests {
             display: raw.into(),
             address,
             size: 8,
+            global: true,
         }
     }
 
@@ -410,6 +411,7 @@ mod tests {
             display: "work(int)".into(),
             address: 1,
             size: 1,
+            global: true,
         };
         assert_eq!(
             did_you_mean(std::slice::from_ref(&f)),

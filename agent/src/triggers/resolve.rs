@@ -166,6 +166,8 @@ pub struct ProbePoint {
     pub symbol: String,
     /// The function's name as people read it (demangled).
     pub display: String,
+    /// Its symbol is global (other objects can bind to it).
+    pub global: bool,
     /// Offset of the probed instruction in the file.
     pub file_offset: u64,
     /// The symbol's virtual address in the ELF file.
@@ -273,6 +275,7 @@ fn probe_point(
         path: path.to_owned(),
         symbol: symbol.to_owned(),
         display: function.display.clone(),
+        global: function.global,
         file_offset,
         address,
         kind,
@@ -434,6 +437,19 @@ pub fn resolve_in_libraries<'a>(
         }
     }
     if found.len() > 1 && !lookup.all {
+        // Calls of a name bind to exported definitions only: a library's local function
+        // of the same name (ld.so's own `getpid`) is not a candidate when one library
+        // exports it.
+        let exported: Vec<Vec<ProbePoint>> = found
+            .iter()
+            .filter(|points| points.iter().all(|p| p.global))
+            .cloned()
+            .collect();
+        if exported.len() == 1 {
+            found = exported;
+        }
+    }
+    if found.len() > 1 && !lookup.all {
         let list: Vec<String> = found
             .iter()
             .flatten()
@@ -443,6 +459,7 @@ pub fn resolve_in_libraries<'a>(
                     display: p.display.clone(),
                     address: p.address,
                     size: 0,
+                    global: p.global,
                 });
                 format!("{name} in {}", p.path.display())
             })
