@@ -457,6 +457,7 @@ rules:
     assert_eq!(snap.meta.recorder.sample_frequency, Some(997));
     // A flag given on the command line overrides the file.
     let over = dir.path().join("override");
+    std::fs::create_dir(&over).expect("mkdir");
     run_lookback(
         &over,
         &["--rules", rules, "--sample-frequency", "1999"],
