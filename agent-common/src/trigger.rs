@@ -61,12 +61,33 @@ pub struct TriggerStack {
     pub frames: [u64; TRIGGER_STACK_FRAMES],
 }
 
-/// One entry of the `EVENTS` ring: the record, then the stack.
+/// Bytes of the triggering thread's user stack a ring entry copies at most: what the
+/// sampling recorder copies by default (`perf record --call-graph dwarf`'s 8 KiB).
+pub const TRIGGER_STACK_COPY: usize = 8192;
+
+/// The triggering thread's user registers and a copy of its user stack from SP upwards,
+/// for unwinding with the binaries' CFI in userspace: code without frame pointers leaves
+/// [`TriggerStack`] 1–2 frames deep. Empty (`len` 0) where `TriggerStack` is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TriggerStackCopy {
+    /// User IP, SP and BP at the trigger (`bpf_task_pt_regs`); all 0 when unread.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Bytes of `bytes` copied from SP upwards (the largest of 8, 4, 2, 1 KiB, 512 and 256
+    /// bytes that lay within the stack's mapping); 0: none.
+    pub len: u64,
+    pub bytes: [u8; TRIGGER_STACK_COPY],
+}
+
+/// One entry of the `EVENTS` ring: the record, then the stack, then the stack copy.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TriggerEntry {
     pub record: TriggerRecord,
     pub stack: TriggerStack,
+    pub copy: TriggerStackCopy,
 }
 
 /// Size of a [`TriggerEntry`] on the ring.

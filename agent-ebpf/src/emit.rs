@@ -3,12 +3,17 @@
 use core::{
     ffi::c_void,
     intrinsics::{AtomicOrdering, atomic_xadd},
-    ptr::{addr_of_mut, read_volatile, write_volatile},
+    ptr::{addr_of, addr_of_mut, read_volatile, write_volatile},
 };
 
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns},
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_FORCE_WAKEUP, pt_regs},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns,
+        generated::{
+            bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
+        },
+    },
 };
 use lookback_common::{
     MAX_RULES,
@@ -16,7 +21,7 @@ use lookback_common::{
         COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL, COUNTER_SUPPRESSED_COOLDOWN,
         COUNTER_SUPPRESSED_RATE, COUNTERS_PER_RULE, FLAG_FREEZE_IN_KERNEL, RuleSpec,
     },
-    trigger::{TRIGGER_STACK_FRAMES, TriggerEntry, TriggerRecord},
+    trigger::{TRIGGER_STACK_FRAMES, TriggerEntry, TriggerRecord, TriggerStackCopy},
 };
 
 use crate::maps::{COUNTERS, EVENTS, FROZEN, RULE_STATE};
@@ -85,6 +90,7 @@ pub fn fire(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, mut record: Trigger
                 0
             };
             addr_of_mut!((*at).stack.bytes).write(written.max(0).cast_unsigned());
+            copy_stack(addr_of_mut!((*at).copy), own);
         }
         // Wake the reader on every trigger: the default (adaptive) wakeup skips it when
         // the reader has not caught up, and the freeze must not wait for a later record.
@@ -98,6 +104,63 @@ pub fn fire(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, mut record: Trigger
         }
         count(rule_id, COUNTER_RINGBUF_FULL);
     }
+}
+
+/// Fills `copy` with the current thread's user registers and the largest copy of its
+/// user stack from SP upwards that lies within the stack's mapping (a read crossing its
+/// end fails as a whole, so smaller sizes are tried); empty unless `own`.
+///
+/// # Safety
+/// `copy` points at the reserved ring entry's copy, writable until submitted.
+#[inline(always)]
+unsafe fn copy_stack(copy: *mut TriggerStackCopy, own: bool) {
+    // SAFETY (whole body): `copy`'s fields are in the reserved entry; the helpers write at
+    // most the sizes given; `regs` is the kernel's pointer to the task's user registers,
+    // only read through `bpf_probe_read_kernel` (which faults safely).
+    unsafe {
+        addr_of_mut!((*copy).len).write(0);
+        if !own {
+            return;
+        }
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
+        let (Some(ip), Some(sp), Some(bp)) = (
+            read_kernel_u64(addr_of!((*regs).rip).cast()),
+            read_kernel_u64(addr_of!((*regs).rsp).cast()),
+            read_kernel_u64(addr_of!((*regs).rbp).cast()),
+        ) else {
+            return;
+        };
+        addr_of_mut!((*copy).ip).write(ip);
+        addr_of_mut!((*copy).sp).write(sp);
+        addr_of_mut!((*copy).bp).write(bp);
+        let dst: *mut c_void = addr_of_mut!((*copy).bytes).cast();
+        let from = sp as *const c_void;
+        let len: u64 = if bpf_probe_read_user(dst, 8192, from) == 0 {
+            8192
+        } else if bpf_probe_read_user(dst, 4096, from) == 0 {
+            4096
+        } else if bpf_probe_read_user(dst, 2048, from) == 0 {
+            2048
+        } else if bpf_probe_read_user(dst, 1024, from) == 0 {
+            1024
+        } else if bpf_probe_read_user(dst, 512, from) == 0 {
+            512
+        } else if bpf_probe_read_user(dst, 256, from) == 0 {
+            256
+        } else {
+            0
+        };
+        addr_of_mut!((*copy).len).write(len);
+    }
+}
+
+/// One `u64` of kernel memory at `at`, `None` when it faults.
+#[inline(always)]
+fn read_kernel_u64(at: *const c_void) -> Option<u64> {
+    let mut value: u64 = 0;
+    // SAFETY: the helper writes at most 8 bytes into `value` and faults safely.
+    let rc = unsafe { bpf_probe_read_kernel(addr_of_mut!(value).cast(), 8, at) };
+    (rc == 0).then_some(value)
 }
 
 /// Stops the samples of process `tgid`: `sample_filter` drops them from now on, until

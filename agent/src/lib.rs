@@ -18,4 +18,5 @@ pub mod sys;
 #[cfg(test)]
 mod test_support;
 pub mod triggers;
+pub mod unwind;
 pub mod writer;

@@ -326,7 +326,7 @@ pub fn read_snapshots(dir: &Path) -> Vec<Snapshot> {
 
 /// Sample times of process `pid` in `snap`.
 pub fn sample_times(snap: &Snapshot, pid: u32) -> Vec<u64> {
-    ring_samples(&snap.rings, snap.meta.recorder.sample_type)
+    ring_samples(&snap.rings, snap.meta.recorder.sample_layout())
         .iter()
         .filter(|s| s.pid == Some(pid))
         .filter_map(|s| s.time)

@@ -231,21 +231,22 @@ pub fn dry_run_of(program: &Path, extra: &[&str], args: &[&str]) -> DryRun {
 }
 
 /// The `PERF_RECORD_SAMPLE`s of perf-record rings (sampling backend), parsed with
-/// `sample_type`.
+/// `layout` (the recorder's `sample_layout()`, or a bare `sample_type`).
 ///
 /// # Panics
 /// On a malformed sample.
 pub fn ring_samples(
     rings: &[lookback::capture::RingData],
-    sample_type: u64,
+    layout: impl Into<lookback::capture::records::Layout>,
 ) -> Vec<lookback::capture::records::Sample> {
     use lookback::capture::{RingKind, records};
+    let layout: records::Layout = layout.into();
     rings
         .iter()
         .filter(|r| r.kind == RingKind::PerfRecords)
         .flat_map(|r| records::records(&r.data).collect::<Vec<_>>())
         .filter(|r| r.kind == records::PERF_RECORD_SAMPLE)
-        .map(|r| records::parse_sample(sample_type, r.body).expect("a well-formed sample"))
+        .map(|r| records::parse_sample(layout, r.body).expect("a well-formed sample"))
         .collect()
 }
 
@@ -263,6 +264,7 @@ pub fn symbol_range(
     let address = symbol_address(&file, symbol)?;
     let size = file
         .symbols()
+        .chain(file.dynamic_symbols())
         .find(|s| s.name() == Ok(symbol))
         .map_or(1, |s| s.size().max(1));
     let file_offset = file_offset_of(&file, address)?;
@@ -296,4 +298,38 @@ pub fn lookback_programs() -> Vec<String> {
         .filter_map(|p| p.name_as_str().map(str::to_owned))
         .filter(|n| !n.is_empty() && OURS.iter().any(|o| o.starts_with(n.as_str())))
         .collect()
+}
+
+/// The `traceEvents` of a Chrome JSON trace.
+///
+/// # Panics
+/// When the document has none.
+#[must_use]
+pub fn chrome_events(doc: &serde_json::Value) -> &Vec<serde_json::Value> {
+    doc["traceEvents"].as_array().expect("traceEvents")
+}
+
+/// The functions open on the thread of the instant named `instant` at that instant (its
+/// B/E events replayed up to it), outermost first.
+///
+/// # Panics
+/// When there is no such instant.
+#[must_use]
+pub fn open_at_instant(events: &[serde_json::Value], instant: &str) -> Vec<String> {
+    let at = events
+        .iter()
+        .position(|e| e["ph"] == "i" && e["name"] == instant)
+        .unwrap_or_else(|| panic!("no instant {instant}"));
+    let tid = &events[at]["tid"];
+    let mut open = Vec::new();
+    for e in events[..at].iter().filter(|e| &e["tid"] == tid) {
+        match e["ph"].as_str() {
+            Some("B") => open.push(e["name"].as_str().unwrap_or("?").to_owned()),
+            Some("E") => {
+                open.pop();
+            }
+            _ => {}
+        }
+    }
+    open
 }

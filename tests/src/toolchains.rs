@@ -191,6 +191,48 @@ pub fn rust_names() -> PathBuf {
     .clone()
 }
 
+/// `tests/workloads/deep.c` built with plain `cc -O2` (no frame pointers, as distributions
+/// build C): `main` → `level1` → `level2` → `level3` → `handle` → `leaf_work`. Run it as
+/// `deep CALLS SLOW_INDEX [SLOW_ITERS]`.
+///
+/// # Panics
+/// When `cc` is missing (install the Debian package `gcc`) or the build fails.
+pub fn c_deep() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/deep.c");
+        build("deep-c", "cc", "the Debian package gcc", |out| {
+            let mut cmd = Command::new("cc");
+            cmd.args(["-O2", "-o"]).arg(out).arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
+/// `tests/workloads/deep.rs` built as a release build (`rustc -C opt-level=3`, crate
+/// `deep`; no frame pointers): `deep::main` → `deep::level1` → ... → `deep::handle` →
+/// `deep::leaf_work`. Run it as `deep CALLS SLOW_INDEX [SLOW_ITERS]`.
+///
+/// # Panics
+/// When `rustc` is missing or the build fails.
+pub fn rust_deep() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/deep.rs");
+        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+        build("deep-rs", "rustc", "a Rust toolchain (rustup)", |out| {
+            let mut cmd = Command::new(&rustc);
+            cmd.args(["--edition", "2021", "-C", "opt-level=3"])
+                .args(["--crate-name", "deep", "-o"])
+                .arg(out)
+                .arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
 /// Runs `program args` to completion without lookback and returns its stdout: the
 /// reference a traced run is compared with.
 ///

@@ -15,7 +15,6 @@ use std::{
 use lookback::capture::{
     self, BackendRequest, CaptureOptions, CapturedData, ProcessMaps,
     records::{self, PERF_RECORD_SAMPLE, Sample},
-    sampling::SAMPLE_TYPE,
 };
 use lookback::snapshot;
 use lookback_tests::{is_root, ring_samples, workload};
@@ -30,11 +29,13 @@ fn can_run(test: &str) -> bool {
     root
 }
 
+/// The frame-pointer recorder (no stack copies): these tests read the kernel's callchains.
 fn opts() -> CaptureOptions {
     CaptureOptions {
         backend: BackendRequest::Sampling,
         buffer_size: 1 << 20,
         sample_frequency: 10_000,
+        stack_size: 0,
         ..CaptureOptions::default()
     }
 }
@@ -55,7 +56,7 @@ fn release(child: &mut Child) {
 }
 
 fn samples(data: &CapturedData) -> Vec<Sample> {
-    ring_samples(&data.rings, SAMPLE_TYPE)
+    ring_samples(&data.rings, data.params.sample_layout())
 }
 
 /// The runtime address range of `symbol` of `bin` in the process whose maps are given.

@@ -15,7 +15,7 @@ use lookback::{
 use lookback_tests::{lookback_bin, ring_samples, workload};
 
 fn samples(snap: &Snapshot) -> Vec<Sample> {
-    ring_samples(&snap.rings, snap.meta.recorder.sample_type)
+    ring_samples(&snap.rings, snap.meta.recorder.sample_layout())
 }
 
 /// Runtime address range of `symbol` of the workload in the process with `maps`.

@@ -7,7 +7,7 @@ use std::{
     process::{Command, Output},
 };
 
-use lookback_tests::{lookback_bin, workload, workspace_root};
+use lookback_tests::{chrome_events, lookback_bin, open_at_instant, workload, workspace_root};
 use serde_json::Value;
 
 const RULE: &str = "func:lb_spin>20ms";
@@ -136,10 +136,6 @@ fn fxt_trace_has_the_workload_functions_and_the_trigger() {
     );
 }
 
-fn chrome_events(doc: &Value) -> &Vec<Value> {
-    doc["traceEvents"].as_array().expect("traceEvents")
-}
-
 /// B/E balance per thread, and the names of the slices directly under `parent`.
 fn children_of(events: &[Value], parent: &str) -> Vec<String> {
     let mut stacks: std::collections::HashMap<(u64, u64), Vec<String>> =
@@ -246,27 +242,6 @@ fn chrome_json_trace_and_decode_of_the_kept_snapshot() {
             .iter()
             .any(|e| e["ph"] == "i" && e["name"] == format!("trigger: {RULE}").as_str())
     );
-}
-
-/// The functions open on thread `tid` at the instant named `instant` (B/E replayed up to
-/// it), outermost first.
-fn open_at_instant(events: &[Value], instant: &str) -> Vec<String> {
-    let at = events
-        .iter()
-        .position(|e| e["ph"] == "i" && e["name"] == instant)
-        .unwrap_or_else(|| panic!("no instant {instant}"));
-    let tid = &events[at]["tid"];
-    let mut open = Vec::new();
-    for e in events[..at].iter().filter(|e| &e["tid"] == tid) {
-        match e["ph"].as_str() {
-            Some("B") => open.push(e["name"].as_str().unwrap_or("?").to_owned()),
-            Some("E") => {
-                open.pop();
-            }
-            _ => {}
-        }
-    }
-    open
 }
 
 #[test]

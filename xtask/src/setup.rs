@@ -25,7 +25,14 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 const FXT_VERSION: &str = "0.3.0";
 /// Debian packages the tests' workloads need, each with the command it provides:
 /// checked with `command -v` and `dpkg-query`, installed with apt-get when both miss.
-const TEST_PACKAGES: [(&str, &str); 2] = [("g++", "g++"), ("go", "golang-go")];
+/// `perf` (Debian `linux-perf`) and `redis-server` are the side-by-side reference and the
+/// distro program of the unwinding tests (tests/tests/unwind.rs).
+const TEST_PACKAGES: [(&str, &str); 4] = [
+    ("g++", "g++"),
+    ("go", "golang-go"),
+    ("perf", "linux-perf"),
+    ("redis-server", "redis-server"),
+];
 /// Offline Kubernetes JSON schemas for the manifest test (tests/tests/deploy.rs).
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 

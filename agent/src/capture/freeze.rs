@@ -242,7 +242,7 @@ mod tests {
     use crate::sys::perf::{Target, perf_event_open};
 
     fn cpu_clock() -> OwnedFd {
-        let mut attr = sampling_attr(SamplingEvent::CpuClock, 1000, false);
+        let mut attr = sampling_attr(SamplingEvent::CpuClock, 1000, false, 0);
         attr.set_disabled(1);
         perf_event_open(&attr, Target::CurrentThread, None, None, 0).expect("cpu-clock opens")
     }

@@ -259,6 +259,8 @@ impl PtRecorder {
             config: cfg.config,
             config_fields: cfg.fields.clone(),
             sample_type: SIDEBAND_SAMPLE_TYPE,
+            sample_regs_user: 0,
+            sample_stack_user: 0,
             sample_id_all: true,
             sample_frequency: None,
             buffer_size: (aux_pages * page) as u64,

@@ -78,6 +78,10 @@ pub struct CaptureOptions {
     pub buffer_size: usize,
     /// Samples per second per thread (sampling backend).
     pub sample_frequency: u64,
+    /// Sampling backend: bytes of user stack (and the registers to unwind from) copied
+    /// with each sample, unwound at decode time with the files' CFI; 0: the kernel's
+    /// frame-pointer callchain only.
+    pub stack_size: u32,
     /// Record kernel code too (PT kernel trace, kernel callchains).
     pub include_kernel: bool,
     pub pt: PtOptions,
@@ -92,6 +96,7 @@ impl Default for CaptureOptions {
             backend: BackendRequest::Auto,
             buffer_size: 4 << 20,
             sample_frequency: 10_000,
+            stack_size: crate::rules::DEFAULT_STACK_SIZE,
             include_kernel: false,
             pt: PtOptions::default(),
             embed_code: EmbedCode::Auto,
@@ -113,6 +118,13 @@ pub struct RecorderParams {
     /// `perf_event_attr.sample_type` of the records in the rings (and, with
     /// `sample_id_all`, of the id trailer of non-sample records).
     pub sample_type: u64,
+    /// `perf_event_attr.sample_regs_user`: which user registers each sample carries
+    /// (`SAMPLE_REGS_USER`), one `u64` per bit set.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sample_regs_user: u64,
+    /// `perf_event_attr.sample_stack_user`: bytes of user stack each sample copies.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sample_stack_user: u64,
     pub sample_id_all: bool,
     /// Samples per second (sampling backend).
     pub sample_frequency: Option<u64>,
@@ -129,6 +141,25 @@ pub struct RecorderParams {
     /// trace was limited to some binaries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_filter: Option<String>,
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+impl RecorderParams {
+    /// How the sample records of the rings are laid out.
+    #[must_use]
+    pub fn sample_layout(&self) -> records::Layout {
+        records::Layout {
+            sample_type: self.sample_type,
+            regs_user: self.sample_regs_user,
+        }
+    }
 }
 
 /// What a ring held.

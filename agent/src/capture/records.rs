@@ -8,6 +8,7 @@
 //! header ends the stream, a short body yields `None`.
 
 use std::collections::BTreeSet;
+use std::ops::Range;
 
 use super::ring::{HEADER_SIZE, valid_record_size};
 
@@ -36,7 +37,36 @@ pub const SAMPLE_ID: u64 = 1 << 6;
 pub const SAMPLE_CPU: u64 = 1 << 7;
 pub const SAMPLE_PERIOD: u64 = 1 << 8;
 pub const SAMPLE_STREAM_ID: u64 = 1 << 9;
+pub const SAMPLE_RAW: u64 = 1 << 10;
+pub const SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+pub const SAMPLE_REGS_USER: u64 = 1 << 12;
+pub const SAMPLE_STACK_USER: u64 = 1 << 13;
 pub const SAMPLE_IDENTIFIER: u64 = 1 << 16;
+
+/// x86-64 `perf_event_x86_regs` indices of the registers an unwinder starts from.
+pub const REG_BP: u32 = 6;
+pub const REG_SP: u32 = 7;
+pub const REG_IP: u32 = 8;
+/// The `sample_regs_user` mask of exactly those.
+pub const UNWIND_REGS: u64 = 1 << REG_BP | 1 << REG_SP | 1 << REG_IP;
+
+/// How sample bodies are laid out: the `sample_type`, and for `SAMPLE_REGS_USER` the
+/// `sample_regs_user` mask (each sample carries one value per bit set, in bit order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Layout {
+    pub sample_type: u64,
+    pub regs_user: u64,
+}
+
+impl From<u64> for Layout {
+    /// A layout without user registers.
+    fn from(sample_type: u64) -> Self {
+        Self {
+            sample_type,
+            regs_user: 0,
+        }
+    }
+}
 
 /// Callchain entries at or above this are context markers (`PERF_CONTEXT_*`), not
 /// addresses.
@@ -86,6 +116,20 @@ pub struct Sample {
     pub period: Option<u64>,
     /// Callchain entries as recorded (addresses and `PERF_CONTEXT_*` markers).
     pub callchain: Vec<u64>,
+    /// The user registers an unwinder starts from (`SAMPLE_REGS_USER` with at least
+    /// [`UNWIND_REGS`]); `None` for a kernel thread or without them.
+    pub user_regs: Option<UserRegs>,
+    /// Where in the body the copy of the user stack from SP upwards is
+    /// (`SAMPLE_STACK_USER`; the `dyn_size` bytes the kernel could copy).
+    pub user_stack: Option<Range<usize>>,
+}
+
+/// The user registers of a sample that unwinding needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
 }
 
 impl Sample {
@@ -118,9 +162,13 @@ impl Cursor<'_> {
     }
 }
 
-/// Parses a sample body written with `sample_type`. `None` when the body is too short or
-/// the sample type has fields this parser does not know before the callchain (READ).
-pub fn parse_sample(sample_type: u64, body: &[u8]) -> Option<Sample> {
+/// Parses a sample body written with `layout` (a `sample_type` alone: no user
+/// registers). `None` when the body is too short or the sample type has fields this
+/// parser does not know before the callchain (READ). Fields after a branch stack, or
+/// registers of an unknown mask, are left out.
+pub fn parse_sample(layout: impl Into<Layout>, body: &[u8]) -> Option<Sample> {
+    let layout = layout.into();
+    let sample_type = layout.sample_type;
     if sample_type & SAMPLE_READ != 0 {
         return None;
     }
@@ -158,7 +206,51 @@ pub fn parse_sample(sample_type: u64, body: &[u8]) -> Option<Sample> {
         }
         s.callchain = (0..nr).map(|_| c.u64()).collect::<Option<_>>()?;
     }
+    if has(SAMPLE_RAW) {
+        // u32 size, then size bytes (the kernel pads them to keep the record aligned).
+        let size = u32::from_le_bytes(body.get(c.at..c.at + 4)?.try_into().ok()?);
+        c.at = c.at.checked_add(4 + usize::try_from(size).ok()?)?;
+    }
+    if has(SAMPLE_BRANCH_STACK) {
+        // Its entries' layout depends on `branch_sample_type`, not recorded here.
+        return Some(s);
+    }
+    if has(SAMPLE_REGS_USER) {
+        if layout.regs_user == 0 {
+            return Some(s);
+        }
+        let abi = c.u64()?;
+        if abi != 0 {
+            let n = layout.regs_user.count_ones() as usize;
+            let values: Vec<u64> = (0..n).map(|_| c.u64()).collect::<Option<_>>()?;
+            s.user_regs = user_regs(layout.regs_user, &values);
+        }
+    }
+    if has(SAMPLE_STACK_USER) {
+        let size = usize::try_from(c.u64()?).ok()?;
+        if size > 0 {
+            let start = c.at;
+            c.at = c.at.checked_add(size)?;
+            let dyn_size = usize::try_from(c.u64()?).ok()?;
+            s.user_stack = Some(start..start + dyn_size.min(size));
+        }
+    }
     Some(s)
+}
+
+/// IP, SP and BP out of the register values of `mask` (one per bit, in bit order).
+fn user_regs(mask: u64, values: &[u64]) -> Option<UserRegs> {
+    let value = |reg: u32| {
+        (mask & 1 << reg != 0)
+            .then(|| values.get((mask & ((1 << reg) - 1)).count_ones() as usize))
+            .flatten()
+            .copied()
+    };
+    Some(UserRegs {
+        ip: value(REG_IP)?,
+        sp: value(REG_SP)?,
+        bp: value(REG_BP)?,
+    })
 }
 
 /// The (pid, tid) and time of a `sample_id_all` trailer, each when present.
@@ -208,8 +300,9 @@ pub struct StreamSummary {
 }
 
 impl StreamSummary {
-    /// Adds the records of `stream`.
+    /// Adds the records of `stream`, written with `sample_type`.
     pub fn add(&mut self, sample_type: u64, stream: &[u8]) {
+        // Pid, tid and time come before the registers: the mask is not needed.
         for rec in records(stream) {
             self.records += 1;
             match rec.kind {
@@ -330,6 +423,42 @@ mod tests {
         huge[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
         assert_eq!(parse_sample(ST, &huge), None);
         assert_eq!(parse_sample(SAMPLE_READ, &body), None);
+    }
+
+    #[test]
+    fn user_registers_and_stacks_parse_with_their_mask() {
+        let layout = Layout {
+            sample_type: SAMPLE_TID | SAMPLE_TIME | SAMPLE_REGS_USER | SAMPLE_STACK_USER,
+            // AX too: the values are in bit order, BP/SP/IP after it.
+            regs_user: UNWIND_REGS | 1,
+        };
+        let mut body = words(&[(7u64 << 32) | 5, 1000, 2, 0xaa, 0xb0, 0x7ff0, 0x40_1000, 16]);
+        body.extend([1u8; 16]);
+        body.extend(words(&[12]));
+        let s = parse_sample(layout, &body).unwrap();
+        assert_eq!(
+            s.user_regs,
+            Some(UserRegs {
+                ip: 0x40_1000,
+                sp: 0x7ff0,
+                bp: 0xb0
+            })
+        );
+        assert_eq!(
+            s.user_stack,
+            Some(64..76),
+            "the dyn_size bytes the kernel copied"
+        );
+        // A kernel thread's sample: ABI 0, no registers; an empty stack copy.
+        let none = words(&[(7u64 << 32) | 5, 1000, 0, 0]);
+        let s = parse_sample(layout, &none).unwrap();
+        assert_eq!((s.user_regs, s.user_stack), (None, None));
+        // Short bodies are None; without the mask the registers are left out.
+        for cut in 0..body.len() {
+            assert!(parse_sample(layout, &body[..cut]).is_none_or(|s| s.user_stack.is_none()));
+        }
+        let s = parse_sample(layout.sample_type, &body).unwrap();
+        assert_eq!((s.time, s.user_regs), (Some(1000), None));
     }
 
     #[test]

@@ -24,16 +24,28 @@ use super::{
     freeze::{FreezeSwitch, StopMethod},
     pages_for, procmaps,
     records::{
-        SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IP, SAMPLE_PERIOD, SAMPLE_TID, SAMPLE_TIME,
-        StreamSummary,
+        SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IP, SAMPLE_PERIOD, SAMPLE_REGS_USER,
+        SAMPLE_STACK_USER, SAMPLE_TID, SAMPLE_TIME, StreamSummary, UNWIND_REGS,
     },
     ring::PerfRing,
 };
 use crate::sys::perf::{self, perf_event_attr};
 
-/// What the sampling recorder asks for in every sample.
-pub const SAMPLE_TYPE: u64 =
-    SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_PERIOD | SAMPLE_CALLCHAIN;
+/// What the sampling recorder asks for in every sample: IP, thread, time, CPU and
+/// period; with a stack copy (`stack_size` > 0) the user registers and stack, and the
+/// callchain only for its kernel part (`include_kernel`); without, the kernel's
+/// frame-pointer callchain.
+#[must_use]
+pub fn sample_type(stack_size: u32, include_kernel: bool) -> u64 {
+    let base = SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_PERIOD;
+    if stack_size == 0 {
+        base | SAMPLE_CALLCHAIN
+    } else if include_kernel {
+        base | SAMPLE_CALLCHAIN | SAMPLE_REGS_USER | SAMPLE_STACK_USER
+    } else {
+        base | SAMPLE_REGS_USER | SAMPLE_STACK_USER
+    }
+}
 
 impl CpuRing for PerfRing {
     fn output_fd(&self) -> BorrowedFd<'_> {
@@ -41,11 +53,13 @@ impl CpuRing for PerfRing {
     }
 }
 
-/// The `perf_event_attr` of the sampling event.
+/// The `perf_event_attr` of the sampling event; `stack_size` bytes of user stack per
+/// sample (0: none, callchains by frame pointers).
 pub fn sampling_attr(
     event: SamplingEvent,
     frequency: u64,
     include_kernel: bool,
+    stack_size: u32,
 ) -> perf_event_attr {
     let (type_, config) = match event {
         SamplingEvent::Cycles => (PERF_TYPE_HARDWARE, u64::from(PERF_COUNT_HW_CPU_CYCLES)),
@@ -54,9 +68,16 @@ pub fn sampling_attr(
     let mut attr = perf_event_attr {
         type_,
         config,
-        sample_type: SAMPLE_TYPE,
+        sample_type: sample_type(stack_size, include_kernel),
         ..perf_event_attr::default()
     };
+    if stack_size > 0 {
+        // The unwinder's registers and the stack above SP; the user callchain is then the
+        // unwinder's job (a frame-pointer walk of code without them reads garbage).
+        attr.sample_regs_user = UNWIND_REGS;
+        attr.sample_stack_user = stack_size;
+        attr.set_exclude_callchain_user(1);
+    }
     attr.__bindgen_anon_1.sample_freq = frequency.max(1);
     attr.set_freq(1);
     attr.set_inherit(1);
@@ -104,13 +125,20 @@ impl SamplingRecorder {
     pub fn open(opts: &CaptureOptions, event: SamplingEvent) -> Result<Self, CaptureError> {
         let data_pages = pages_for(opts.buffer_size)?;
         let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
-        let attr = sampling_attr(event, opts.sample_frequency, opts.include_kernel);
+        let attr = sampling_attr(
+            event,
+            opts.sample_frequency,
+            opts.include_kernel,
+            opts.stack_size,
+        );
         let cpus = online_cpus()?;
         let params = RecorderParams {
             event: event.as_str().to_owned(),
             perf_type: attr.type_,
             config: attr.config,
-            sample_type: SAMPLE_TYPE,
+            sample_type: attr.sample_type,
+            sample_regs_user: attr.sample_regs_user,
+            sample_stack_user: u64::from(attr.sample_stack_user),
             sample_id_all: true,
             sample_frequency: Some(opts.sample_frequency),
             buffer_size: (data_pages * page) as u64,
@@ -238,7 +266,7 @@ impl Recorder for SamplingRecorder {
         let mut clock = None;
         for (cpu, ring) in self.events.rings() {
             let copy = ring.copy_backward();
-            summary.add(SAMPLE_TYPE, &copy.data);
+            summary.add(self.params.sample_type, &copy.data);
             let page_clock = ring.clock();
             clock.get_or_insert(ClockConversion {
                 time_zero: page_clock.time_zero,
@@ -311,9 +339,10 @@ mod tests {
 
     #[test]
     fn attr_asks_for_callchains_in_an_overwrite_ring() {
-        let attr = sampling_attr(SamplingEvent::CpuClock, 10_000, false);
+        let attr = sampling_attr(SamplingEvent::CpuClock, 10_000, false, 0);
         assert_eq!(attr.type_, PERF_TYPE_SOFTWARE);
-        assert_eq!(attr.sample_type, SAMPLE_TYPE);
+        assert_eq!(attr.sample_type, sample_type(0, false));
+        assert_ne!(attr.sample_type & SAMPLE_CALLCHAIN, 0);
         // SAFETY: both members of the union are `u64`; every bit pattern is valid.
         let freq = unsafe { attr.__bindgen_anon_1.sample_freq };
         assert_eq!(freq, 10_000);
@@ -334,10 +363,27 @@ mod tests {
             (attr.use_clockid(), attr.clockid),
             (1, libc::CLOCK_MONOTONIC)
         );
-        let kernel = sampling_attr(SamplingEvent::Cycles, 0, true);
+        let kernel = sampling_attr(SamplingEvent::Cycles, 0, true, 0);
         assert_eq!(
             (kernel.type_, kernel.exclude_kernel()),
             (PERF_TYPE_HARDWARE, 0)
         );
+    }
+
+    #[test]
+    fn a_stack_size_asks_for_registers_and_stack_instead_of_user_callchains() {
+        let attr = sampling_attr(SamplingEvent::CpuClock, 1000, false, 8192);
+        assert_eq!(
+            attr.sample_type & (SAMPLE_REGS_USER | SAMPLE_STACK_USER | SAMPLE_CALLCHAIN),
+            SAMPLE_REGS_USER | SAMPLE_STACK_USER
+        );
+        assert_eq!(
+            (attr.sample_regs_user, attr.sample_stack_user),
+            (UNWIND_REGS, 8192)
+        );
+        assert_eq!(attr.exclude_callchain_user(), 1);
+        // Kernel frames still come from the kernel's callchain.
+        let kernel = sampling_attr(SamplingEvent::CpuClock, 1000, true, 8192);
+        assert_ne!(kernel.sample_type & SAMPLE_CALLCHAIN, 0);
     }
 }

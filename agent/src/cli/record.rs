@@ -274,6 +274,10 @@ impl Recording {
             },
         };
         let mut snap = Snapshot::from_captured(data, Some(meta));
+        crate::unwind::unwind_trigger_stack(
+            &mut snap,
+            trigger.and_then(|(_, event)| event.stack_copy.as_ref()),
+        );
         snap.meta.debug_dirs.clone_from(&self.opts.debug_dirs);
         Ok(snap)
     }

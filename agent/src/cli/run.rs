@@ -60,6 +60,13 @@ pub struct CommonArgs {
     /// the rules file's]
     #[arg(long, value_name = "HZ", value_parser = parse_frequency)]
     pub sample_frequency: Option<u64>,
+    /// Bytes of user stack copied with each sample (sampling backend), unwound at decode
+    /// time with the binaries' unwind tables (`.eh_frame`), so that code built without
+    /// frame pointers has deep stacks: 0 to 60KiB, a multiple of 8; 0 records only the
+    /// kernel's frame-pointer callchain. Larger copies reach deeper stacks; smaller ones
+    /// keep more history in the same --buffer-size. [default: 8KiB, or the rules file's]
+    #[arg(long, value_name = "SIZE", value_parser = rules::parse_stack_size)]
+    pub stack_size: Option<u32>,
     /// Record kernel code too (PT kernel trace, kernel callchains); also when the rules
     /// file says `include_kernel: true`.
     #[arg(long)]
@@ -255,6 +262,9 @@ fn record_options(common: &CommonArgs, file_rules: &[Rule]) -> Option<RecordOpti
     }
     if let Some(hz) = common.sample_frequency {
         capture.sample_frequency = hz;
+    }
+    if let Some(size) = common.stack_size {
+        capture.stack_size = size;
     }
     capture.include_kernel |= common.include_kernel;
     if !common.trace_binaries.is_empty() {

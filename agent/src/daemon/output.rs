@@ -309,6 +309,8 @@ pub(super) mod tests {
                 config: 0,
                 config_fields: BTreeMap::new(),
                 sample_type: 0,
+                sample_regs_user: 0,
+                sample_stack_user: 0,
                 sample_id_all: true,
                 sample_frequency: Some(1000),
                 buffer_size: 1 << 16,
@@ -344,6 +346,7 @@ pub(super) mod tests {
             ip: None,
             depth: None,
             stack: Vec::new(),
+            stack_copy: None,
         };
         SnapshotJob {
             rule: "usr1".to_owned(),

@@ -204,6 +204,7 @@ impl Pipeline {
             data.freeze_time_ns = at;
         }
         let mut snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
+        crate::unwind::unwind_trigger_stack(&mut snap, event.stack_copy.as_ref());
         snap.meta.debug_dirs = debug_dirs;
         if let Some(ns) = snap.meta.trigger_to_freeze_ns {
             self.metrics

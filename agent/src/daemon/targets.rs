@@ -667,6 +667,7 @@ pub fn capture_options(capture: &rules::Capture) -> CaptureOptions {
         },
         buffer_size: usize::try_from(capture.buffer_size).unwrap_or(usize::MAX),
         sample_frequency: u64::from(capture.sample_frequency),
+        stack_size: capture.stack_size,
         include_kernel: capture.include_kernel,
         pt: capture::PtOptions {
             trace_binaries: capture.trace_binaries.clone(),

@@ -6,6 +6,10 @@
 //! they fall inside the call instruction; the leaf is the sampled IP. Thread names come
 //! from `PERF_RECORD_COMM` records, else the process's comm. Never panics on record bytes:
 //! malformed samples are counted and skipped.
+//!
+//! A sample with user registers and a stack copy (`--stack-size`) is unwound by the
+//! caller's [`Unwind`] (the `unwind` stage, which reads the snapshot's files: this stage
+//! reads only the snapshot); one without them uses the kernel's callchain.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -13,6 +17,7 @@ use std::collections::BTreeMap;
 use crate::capture::RingKind;
 use crate::capture::records::{
     self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_SAMPLE,
+    UserRegs,
 };
 use crate::snapshot::Snapshot;
 
@@ -68,8 +73,25 @@ fn loss(kind: u32, body: &[u8], sample_type: u64, id_all: bool) -> Option<Loss> 
     })
 }
 
-/// The user stack of `sample`, outermost first, return addresses moved into their call.
-fn user_stack(sample: &records::Sample) -> Vec<u64> {
+/// Unwinds a sample's copied user stack: (pid, registers, stack bytes from SP) → the
+/// stack's addresses leaf first (the IP, then return addresses).
+pub type Unwind<'u> = dyn FnMut(u32, UserRegs, &[u8]) -> Vec<u64> + 'u;
+
+/// The user stack of `sample` (whose record body is `body`), outermost first, return
+/// addresses moved into their call: unwound from the stack copy when it has one.
+fn user_stack(sample: &records::Sample, body: &[u8], unwind: &mut Unwind<'_>) -> Vec<u64> {
+    if let (Some(regs), Some(pid), Some(stack)) = (
+        sample.user_regs,
+        sample.pid,
+        sample.user_stack.clone().and_then(|r| body.get(r)),
+    ) {
+        return outermost_first(unwind(pid, regs, stack));
+    }
+    callchain_stack(sample)
+}
+
+/// The user stack of `sample` from its callchain, outermost first.
+fn callchain_stack(sample: &records::Sample) -> Vec<u64> {
     let mut leaf_first: Vec<u64> = sample.user_callchain().collect();
     if leaf_first.is_empty() {
         // No callchain (or a kernel-only one): the IP alone, when it is a user address.
@@ -102,9 +124,15 @@ fn comm_record(body: &[u8]) -> Option<(u32, u32, String)> {
     Some((pid, tid, String::from_utf8_lossy(&name[..end]).into_owned()))
 }
 
-/// Reads every sample of `snap`'s perf-record rings.
+/// Reads every sample of `snap`'s perf-record rings; stack copies give only their IP.
 pub fn read(snap: &Snapshot) -> Sampled {
-    let sample_type = snap.meta.recorder.sample_type;
+    read_with(snap, &mut |_, regs, _| vec![regs.ip])
+}
+
+/// Reads every sample of `snap`'s perf-record rings, stack copies unwound by `unwind`.
+pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
+    let layout = snap.meta.recorder.sample_layout();
+    let sample_type = layout.sample_type;
     let mut out = Sampled::default();
     let mut comms = BTreeMap::new();
     let streams = snap
@@ -117,7 +145,7 @@ pub fn read(snap: &Snapshot) -> Sampled {
         for record in records::records(stream) {
             match record.kind {
                 PERF_RECORD_SAMPLE => {
-                    let Some(s) = records::parse_sample(sample_type, record.body) else {
+                    let Some(s) = records::parse_sample(layout, record.body) else {
                         out.malformed += 1;
                         continue;
                     };
@@ -135,7 +163,7 @@ pub fn read(snap: &Snapshot) -> Sampled {
                         });
                     thread.stacks.push(StackAt {
                         time_ns,
-                        addrs: user_stack(&s),
+                        addrs: user_stack(&s, record.body, unwind),
                     });
                 }
                 PERF_RECORD_LOST | PERF_RECORD_LOST_SAMPLES => {
@@ -183,10 +211,10 @@ pub fn read(snap: &Snapshot) -> Sampled {
 
 #[cfg(test)]
 mod tests {
-    use super::{Loss, comm_record, loss, user_stack};
+    use super::{Loss, callchain_stack, comm_record, loss, user_stack};
     use crate::capture::records::{
         PERF_CONTEXT_USER, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, SAMPLE_TID, SAMPLE_TIME,
-        Sample,
+        Sample, UserRegs,
     };
 
     #[test]
@@ -219,7 +247,37 @@ mod tests {
             callchain: vec![PERF_CONTEXT_USER, 0x1010, 0x2005, 0x3005],
             ..Sample::default()
         };
-        assert_eq!(user_stack(&s), [0x3004, 0x2004, 0x1010]);
+        assert_eq!(callchain_stack(&s), [0x3004, 0x2004, 0x1010]);
+    }
+
+    #[test]
+    fn a_stack_copy_is_unwound_and_its_return_addresses_moved_into_the_call() {
+        let s = Sample {
+            pid: Some(9),
+            user_regs: Some(UserRegs {
+                ip: 0x1010,
+                sp: 0x7000,
+                bp: 0,
+            }),
+            user_stack: Some(2..6),
+            ..Sample::default()
+        };
+        let body = [0, 0, 1, 2, 3, 4, 0];
+        let mut seen = Vec::new();
+        let stack = user_stack(&s, &body, &mut |pid, regs, bytes: &[u8]| {
+            seen.push((pid, regs.sp, bytes.to_vec()));
+            vec![regs.ip, 0x2005]
+        });
+        assert_eq!(stack, [0x2004, 0x1010]);
+        assert_eq!(seen, [(9, 0x7000, vec![1, 2, 3, 4])]);
+        // A stack range outside the body: the callchain (here none: the IP).
+        let bad = Sample {
+            ip: Some(0x1010),
+            user_stack: Some(2..60),
+            ..s
+        };
+        let stack = user_stack(&bad, &body, &mut |_, _, _| panic!("not unwound"));
+        assert_eq!(stack, [0x1010]);
     }
 
     #[test]
@@ -228,7 +286,7 @@ mod tests {
             ip: Some(0x1010),
             ..Sample::default()
         };
-        assert_eq!(user_stack(&s), [0x1010]);
+        assert_eq!(callchain_stack(&s), [0x1010]);
     }
 
     #[test]

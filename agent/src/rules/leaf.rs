@@ -62,6 +62,7 @@ deserialize_scalar!(
     HumanDuration,
     Size,
     BufferSize,
+    StackSize,
     Positive,
     Syscall,
     Errno,
@@ -261,6 +262,39 @@ impl Scalar for BufferSize {
             ));
         }
         Ok(Self(bytes))
+    }
+}
+
+/// Bytes of user stack copied with each sample, for unwinding without frame pointers:
+/// `0` (off: frame-pointer callchains) or a multiple of 8 up to 60 KiB (a perf record
+/// holds at most 64 KiB).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StackSize(pub u32);
+
+/// The largest `stack_size`: a sample record's size is a `u16`, and the registers and
+/// other fields need room beside the stack.
+pub(super) const MAX_STACK_SIZE: u64 = 60 << 10;
+
+impl Scalar for StackSize {
+    const EXPECTING: &'static str = "a size such as 8KiB (0: frame pointers only)";
+
+    fn parse(text: &str) -> Result<Self, String> {
+        let bytes = parse_size(text).map_err(|err| err.to_string())?;
+        if bytes > MAX_STACK_SIZE {
+            return Err(format!(
+                "stack_size {bytes} is above the {} a perf record can hold",
+                format_size(MAX_STACK_SIZE)
+            ));
+        }
+        if bytes % 8 != 0 {
+            return Err(format!(
+                "stack_size {bytes} is not a multiple of 8 bytes; try {}",
+                bytes.next_multiple_of(8)
+            ));
+        }
+        u32::try_from(bytes)
+            .map(Self)
+            .map_err(|_| "stack_size out of range".to_owned())
     }
 }
 

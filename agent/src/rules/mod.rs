@@ -42,6 +42,16 @@ pub fn parse_buffer_size(text: &str) -> Result<u64, String> {
     leaf::BufferSize::parse(text).map(|size| size.0)
 }
 
+/// A stack copy size as `stack_size:` takes it (0, or a multiple of 8 up to 60 KiB), for
+/// the command line's `--stack-size`.
+///
+/// # Errors
+/// The reason, as the rules file gives it.
+pub fn parse_stack_size(text: &str) -> Result<u32, String> {
+    use leaf::Scalar as _;
+    leaf::StackSize::parse(text).map(|size| size.0)
+}
+
 /// A positive integer as the rules file takes one (`sample_frequency:`, `max_per_hour:`),
 /// for the command line's numeric options.
 ///
@@ -262,7 +272,11 @@ impl FromStr for Backend {
     }
 }
 
-/// What to record. Defaults: `auto`, 4 MiB, 10 000 Hz, user space only.
+/// The default `stack_size`: what `perf record --call-graph dwarf` copies. A sample is
+/// then 8,288 bytes, so the default 4 MiB ring keeps 506 samples: 50 ms at 10 kHz.
+pub const DEFAULT_STACK_SIZE: u32 = 8 << 10;
+
+/// What to record. Defaults: `auto`, 4 MiB, 10 000 Hz, 8 KiB stacks, user space only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capture {
     pub backend: Backend,
@@ -270,6 +284,9 @@ pub struct Capture {
     pub buffer_size: u64,
     /// Hz, sampling backend; at least 1.
     pub sample_frequency: u32,
+    /// Sampling backend: bytes of user stack copied with each sample for unwinding at
+    /// decode time (0: frame-pointer callchains only).
+    pub stack_size: u32,
     pub include_kernel: bool,
     /// Intel PT only: trace only the code of these binaries (address filters, at most the
     /// CPU's `nr_addr_filters`); empty: all code. The sampling backend ignores it.
@@ -282,6 +299,7 @@ impl Default for Capture {
             backend: Backend::Auto,
             buffer_size: 4 << 20,
             sample_frequency: 10_000,
+            stack_size: DEFAULT_STACK_SIZE,
             include_kernel: false,
             trace_binaries: Vec::new(),
         }

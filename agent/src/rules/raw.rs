@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::leaf::{
     AbsolutePath, BufferSize, CgroupPath, Comm, Errno, HumanDuration, List, Positive, RuleName,
-    Signal, Size, Symbol, SyscallNames, Text, Version,
+    Signal, Size, StackSize, Symbol, SyscallNames, Text, Version,
 };
 use super::{Backend, OutputFormat, ReturnProbe};
 
@@ -125,12 +125,13 @@ pub(super) struct RawSignal {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of backend, buffer_size, sample_frequency, include_kernel, trace_binaries"
+    expecting = "a mapping of backend, buffer_size, sample_frequency, stack_size, include_kernel, trace_binaries"
 )]
 pub(super) struct RawCapture {
     pub backend: Option<Backend>,
     pub buffer_size: Option<BufferSize>,
     pub sample_frequency: Option<Positive>,
+    pub stack_size: Option<StackSize>,
     pub include_kernel: Option<bool>,
     pub trace_binaries: Option<List<AbsolutePath>>,
 }

@@ -199,6 +199,7 @@ fn merge_capture(rule: Option<&RawCapture>, defaults: Option<&RawCapture>) -> Ca
         buffer_size: pick(rule, defaults, |c| c.buffer_size).map_or(base.buffer_size, |s| s.0),
         sample_frequency: pick(rule, defaults, |c| c.sample_frequency)
             .map_or(base.sample_frequency, |hz| hz.0),
+        stack_size: pick(rule, defaults, |c| c.stack_size).map_or(base.stack_size, |s| s.0),
         include_kernel: pick(rule, defaults, |c| c.include_kernel).unwrap_or(base.include_kernel),
         trace_binaries: pick(rule, defaults, |c| {
             c.trace_binaries

@@ -16,6 +16,8 @@ fn sample_snapshot() -> Snapshot {
             config: 0,
             config_fields: BTreeMap::from([("tsc".to_owned(), 1)]),
             sample_type: 0x1a7,
+            sample_regs_user: 0,
+            sample_stack_user: 0,
             sample_id_all: true,
             sample_frequency: Some(10_000),
             buffer_size: 1 << 20,

@@ -18,6 +18,7 @@
 pub mod debug_file;
 pub mod index;
 mod plt;
+pub mod segments;
 mod separate;
 
 use std::collections::{BTreeMap, HashMap};
@@ -144,7 +145,7 @@ fn short(path: &str) -> &str {
 }
 
 /// The file to read for `entry` of process `pid`.
-fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
+pub(crate) fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
     if !entry.is_file() || entry.path.ends_with(" (deleted)") {
         return None;
     }

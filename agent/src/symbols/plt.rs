@@ -11,12 +11,13 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
+use super::segments::Segments;
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind};
 use object::elf::{R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT};
 use object::read::elf::{ElfFile64, SectionHeader as _};
 use object::{
-    Architecture, Object as _, ObjectSection as _, ObjectSegment as _, ObjectSymbol as _,
-    ObjectSymbolTable as _, ReadCache, RelocationFlags, RelocationTarget,
+    Architecture, Object as _, ObjectSection as _, ObjectSymbol as _, ObjectSymbolTable as _,
+    ReadCache, RelocationFlags, RelocationTarget,
 };
 
 /// Name of a PLT entry without a resolvable target (PLT0, IRELATIVE stubs).
@@ -35,8 +36,7 @@ struct Entry {
 pub struct PltTable {
     /// Sorted by `start`, not overlapping.
     entries: Vec<Entry>,
-    /// Loadable segments: (file offset, file size, virtual address).
-    segments: Vec<(u64, u64, u64)>,
+    segments: Segments,
 }
 
 impl PltTable {
@@ -99,23 +99,13 @@ impl PltTable {
             return None;
         }
         entries.sort_by_key(|e| e.start);
-        let segments = elf
-            .segments()
-            .map(|s| {
-                let (offset, size) = s.file_range();
-                (offset, size, s.address())
-            })
-            .collect();
+        let segments = Segments::of(&object::File::Elf64(elf));
         Some(Self { entries, segments })
     }
 
     /// The stub at file offset `offset`: its name, how far `offset` is into it, its size.
     pub fn lookup(&self, offset: u64) -> Option<(&str, u64, u64)> {
-        let addr = self
-            .segments
-            .iter()
-            .find(|(off, size, _)| (*off..off + size).contains(&offset))
-            .map(|(off, _, vaddr)| offset - off + vaddr)?;
+        let addr = self.segments.address_of(offset)?;
         let i = self.entries.partition_point(|e| e.start <= addr);
         let entry = self.entries.get(i.checked_sub(1)?)?;
         (addr < entry.end).then(|| {
@@ -223,9 +213,7 @@ mod tests {
                 // These are position-independent: the first segment maps offset 0 at 0.
                 let off = table
                     .segments
-                    .iter()
-                    .find(|(_, size, vaddr)| (*vaddr..vaddr + size).contains(addr))
-                    .map(|(off, _, vaddr)| addr - vaddr + off)
+                    .offset_of(*addr)
                     .expect("address in a segment");
                 assert_eq!(
                     table.lookup(off).map(|(n, o, _)| (n, o)),

@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use object::{Object as _, ObjectSegment as _};
+use super::segments::Segments;
 
 use super::{
     debug_file::{DebugSearch, SymbolFiles},
@@ -24,8 +24,7 @@ use super::{
 pub struct Separate {
     /// The file's symbol sources (the `MiniDebugInfo` image dropped once indexed).
     pub files: SymbolFiles,
-    /// Loadable segments: (file offset, file size, virtual address).
-    segments: Vec<(u64, u64, u64)>,
+    segments: Segments,
     /// `MiniDebugInfo` functions with a size, by address.
     mini: Vec<FunctionSymbol>,
 }
@@ -40,13 +39,7 @@ impl Separate {
         let Ok(file) = object::File::parse(&*data) else {
             return Self::default();
         };
-        let segments = file
-            .segments()
-            .map(|seg| {
-                let (offset, size) = seg.file_range();
-                (offset, size, seg.address())
-            })
-            .collect();
+        let segments = Segments::of(&file);
         let mut files = super::debug_file::locate(path, &file, search);
         let mut mini = Vec::new();
         if let Some(image) = files.mini_debug_info.take()
@@ -68,10 +61,7 @@ impl Separate {
     /// The ELF virtual address at file `offset`.
     #[must_use]
     pub fn virtual_address(&self, offset: u64) -> Option<u64> {
-        self.segments.iter().find_map(|&(start, size, address)| {
-            let delta = offset.checked_sub(start)?;
-            (delta < size).then(|| address.checked_add(delta)).flatten()
-        })
+        self.segments.address_of(offset)
     }
 
     /// The separate debug file, when one was found.

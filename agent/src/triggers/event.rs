@@ -3,9 +3,11 @@
 use std::fmt;
 
 use lookback_common::trigger::{
-    PHASE_ENTRY, RecordKind, TRIGGER_ENTRY_SIZE, TRIGGER_RECORD_SIZE, TRIGGER_STACK_FRAMES,
-    TriggerRecord, TriggerStack,
+    PHASE_ENTRY, RecordKind, TRIGGER_ENTRY_SIZE, TRIGGER_RECORD_SIZE, TRIGGER_STACK_COPY,
+    TRIGGER_STACK_FRAMES, TriggerRecord, TriggerStack,
 };
+
+use crate::capture::records::UserRegs;
 use serde::Serialize;
 
 use crate::rules::{errno_name, signal_name, syscall_name};
@@ -52,6 +54,11 @@ pub struct TriggerEvent {
     /// in the kernel; see [`TriggerStack`]); empty when the kernel gave none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stack: Vec<u64>,
+    /// The thread's registers and user stack bytes at the trigger, for unwinding code
+    /// without frame pointers (`stack` is then 1–2 frames deep); unwound into the
+    /// snapshot's trigger stack ([`crate::unwind::trigger_stack`]).
+    #[serde(skip)]
+    pub stack_copy: Option<StackCopy>,
 }
 
 /// Bytes from the ring buffer that do not form a trigger record.
@@ -82,7 +89,7 @@ pub fn stack_from_bytes(bytes: &[u8]) -> TriggerStack {
         bytes: 0,
         frames: [0; TRIGGER_STACK_FRAMES],
     };
-    if bytes.len() >= TRIGGER_ENTRY_SIZE {
+    if bytes.len() >= TRIGGER_RECORD_SIZE + size_of::<TriggerStack>() {
         // SAFETY: length checked; TriggerStack is repr(C) plain integers, valid for every
         // bit pattern; it starts right after the record (both are 8-byte aligned).
         stack = unsafe {
@@ -94,6 +101,40 @@ pub fn stack_from_bytes(bytes: &[u8]) -> TriggerStack {
         };
     }
     stack
+}
+
+/// The triggering thread's registers and stack bytes (from SP upwards), for unwinding in
+/// userspace with the binaries' CFI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackCopy {
+    pub regs: UserRegs,
+    pub bytes: Vec<u8>,
+}
+
+/// The stack copy after the record and stack in `bytes` (`TriggerStackCopy`: ip, sp, bp,
+/// len, then the bytes); `None` when the entry has none, or no registers.
+#[must_use]
+pub fn stack_copy_from_bytes(bytes: &[u8]) -> Option<StackCopy> {
+    if bytes.len() < TRIGGER_ENTRY_SIZE {
+        return None;
+    }
+    let at = TRIGGER_RECORD_SIZE + size_of::<TriggerStack>();
+    let word = |i: usize| {
+        let start = at + 8 * i;
+        bytes
+            .get(start..start + 8)
+            .and_then(|w| w.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let (ip, sp, bp, len) = (word(0)?, word(1)?, word(2)?, word(3)?);
+    let len = usize::try_from(len).ok()?.min(TRIGGER_STACK_COPY);
+    (ip != 0 && sp != 0).then(|| StackCopy {
+        regs: UserRegs { ip, sp, bp },
+        bytes: bytes
+            .get(at + 32..at + 32 + len)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default(),
+    })
 }
 
 /// The frames of `stack`, leaf first (at most [`TRIGGER_STACK_FRAMES`]; trailing zeros,
@@ -115,6 +156,7 @@ impl TriggerEvent {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, EventError> {
         let mut event = Self::from_record(&record_from_bytes(bytes)?)?;
         event.stack = stack_frames(&stack_from_bytes(bytes));
+        event.stack_copy = stack_copy_from_bytes(bytes);
         Ok(event)
     }
 
@@ -147,6 +189,7 @@ impl TriggerEvent {
             ip: is(TriggerKind::Function).map(|()| r.ip),
             depth: is(TriggerKind::Function).map(|()| r.depth),
             stack: Vec::new(),
+            stack_copy: None,
         })
     }
 
@@ -252,9 +295,26 @@ mod tests {
         for f in frames {
             entry.extend(f.to_le_bytes());
         }
-        assert_eq!(entry.len(), TRIGGER_ENTRY_SIZE);
         let e = TriggerEvent::from_bytes(&entry).expect("valid");
         assert_eq!(e.stack, [0x1000, 0x2000, 0x3000]);
+        assert_eq!(e.stack_copy, None, "an entry without the copy");
+        // The copy: registers, the length, the bytes (only `len` of them are read).
+        for w in [0x40_1000u64, 0x7ff0, 0x7ff8, 3] {
+            entry.extend(w.to_le_bytes());
+        }
+        entry.extend([7, 8, 9, 10]);
+        entry.resize(TRIGGER_ENTRY_SIZE, 0);
+        let e = TriggerEvent::from_bytes(&entry).expect("valid");
+        let copy = e.stack_copy.expect("a copy");
+        assert_eq!(
+            copy.regs,
+            UserRegs {
+                ip: 0x40_1000,
+                sp: 0x7ff0,
+                bp: 0x7ff8
+            }
+        );
+        assert_eq!(copy.bytes, [7, 8, 9]);
         // A byte count beyond the array is capped.
         let mut full = bytes(&r);
         full.extend(u64::MAX.to_le_bytes());

@@ -6,7 +6,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+use object::{Object as _, ObjectSymbol as _};
 
 use super::{
     exits::{CodePiece, ExitKind, WalkError, function_exits},
@@ -349,11 +349,7 @@ pub fn symbol_address(file: &object::File<'_>, symbol: &str) -> Option<u64> {
 
 /// The file offset of virtual `address`, through the loadable segment that maps it.
 pub fn file_offset_of(file: &object::File<'_>, address: u64) -> Option<u64> {
-    file.segments().find_map(|seg| {
-        let (offset, size) = seg.file_range();
-        let delta = address.checked_sub(seg.address())?;
-        (delta < size).then(|| offset.checked_add(delta)).flatten()
-    })
+    crate::symbols::segments::Segments::of(file).offset_of(address)
 }
 
 /// The path under which this process can open `path` as seen by process `pid` (which may

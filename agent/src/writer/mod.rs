@@ -39,6 +39,7 @@ use crate::decode::samples::{self, ThreadSamples};
 use crate::snapshot::{Snapshot, TriggerMeta};
 use crate::stacks::{self, StackEvent, StackSample};
 use crate::symbols::{Frame, Symbolizer};
+use crate::unwind::StackUnwinder;
 
 pub use fxt::FxtWriter;
 pub use json::JsonWriter;
@@ -323,7 +324,10 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
 }
 
 fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
-    let sampled = samples::read(snap);
+    let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code);
+    let sampled = samples::read_with(snap, &mut |pid, regs, stack| {
+        unwinder.unwind(pid, regs, stack)
+    });
     let threads: Vec<&ThreadSamples> = sampled.threads.values().collect();
     let mut symbols = Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs);
     let mut summary = TraceSummary {

@@ -94,6 +94,8 @@ fn snapshot() -> Snapshot {
             config: 0,
             config_fields: BTreeMap::new(),
             sample_type: SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CALLCHAIN,
+            sample_regs_user: 0,
+            sample_stack_user: 0,
             sample_id_all: true,
             sample_frequency: Some(10_000),
             buffer_size: 1 << 20,

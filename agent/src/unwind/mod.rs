@@ -1,0 +1,180 @@
+//! Unwind stage: a sample's user registers and copy of its user stack → the return
+//! addresses on that stack, for code built without frame pointers (the default of gcc
+//! -O2, clang, rustc release and most distro packages), with framehop.
+//!
+//! In: the snapshot's [`ProcessMaps`] and embedded code, and per sample its pid, IP/SP/BP
+//! and the stack bytes from SP upwards (`PERF_SAMPLE_REGS_USER`/`STACK_USER`). Out: the
+//! addresses of the stack, leaf first (the IP, then return addresses as they are on the
+//! stack), and why the walk stopped.
+//!
+//! Why at decode time and with framehop: the kernel's callchain walks frame pointers, which
+//! such code does not keep, so it stops after 1–2 frames or reads garbage. framehop reads
+//! the CFI the files carry anyway for C++ exceptions and Rust panics (`.eh_frame`,
+//! `.eh_frame_hdr`, `.debug_frame`), analyses prologues and epilogues where CFI is
+//! imprecise, and falls back to frame pointers where a file has no CFI (Go, JIT code). The
+//! files are the ones the symbolizer reads ([`crate::symbols::locate`]: the mapped inode,
+//! else through `/proc/PID/root`), plus `[vdso]` from the snapshot's embedded code; each
+//! file's unwind sections are read once, and each process gets its modules once.
+#![forbid(unsafe_code)]
+
+mod modules;
+
+use std::collections::HashMap;
+#[cfg(test)]
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use framehop::Unwinder as _;
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+
+use crate::capture::records::UserRegs;
+use crate::capture::{CodeRegion, ProcessMaps};
+use crate::snapshot::Snapshot;
+use crate::triggers::event::StackCopy;
+use modules::UnwindSections;
+
+/// The most frames taken from one stack (perf's `kernel.perf_event_max_stack` default).
+pub const MAX_FRAMES: usize = 127;
+
+/// How the unwinding of a snapshot's samples went, for the trace's metadata and benches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// Samples unwound from their stack copy.
+    pub stacks: u64,
+    /// Frames found, IPs included.
+    pub frames: u64,
+    /// Walks that stopped at an error (an address without CFI and without a usable frame
+    /// pointer, or a read past the end of the copy) rather than at the stack's end.
+    pub stopped_early: u64,
+}
+
+/// Unwinds the samples of one snapshot's processes.
+pub struct StackUnwinder<'a> {
+    maps: HashMap<u32, &'a ProcessMaps>,
+    code: &'a [CodeRegion],
+    /// Each process's modules, set up at its first sample.
+    processes: HashMap<u32, UnwinderX86_64<Arc<[u8]>>>,
+    /// Each file's unwind sections (`None`: not readable), read once for all processes.
+    files: HashMap<PathBuf, Option<Arc<UnwindSections>>>,
+    cache: CacheX86_64,
+    pub stats: UnwindStats,
+}
+
+impl<'a> StackUnwinder<'a> {
+    /// An unwinder for the processes of `processes`, with the snapshot's embedded `code`.
+    #[must_use]
+    pub fn new(processes: &'a [ProcessMaps], code: &'a [CodeRegion]) -> Self {
+        Self {
+            maps: processes.iter().map(|p| (p.pid, p)).collect(),
+            code,
+            processes: HashMap::new(),
+            files: HashMap::new(),
+            cache: CacheX86_64::new(),
+            stats: UnwindStats::default(),
+        }
+    }
+
+    /// The addresses of the stack of a sample of process `pid`, leaf first: `regs.ip`,
+    /// then each return address as found on the stack (pointing after its call). `stack`
+    /// is the copy of the user stack from `regs.sp` upwards. Without the process's maps
+    /// only frame pointers can be followed.
+    pub fn unwind(&mut self, pid: u32, regs: UserRegs, stack: &[u8]) -> Vec<u64> {
+        if !self.processes.contains_key(&pid) {
+            let unwinder = self.process_unwinder(pid);
+            self.processes.insert(pid, unwinder);
+        }
+        let Some(unwinder) = self.processes.get(&pid) else {
+            return vec![regs.ip];
+        };
+        let sp = regs.sp;
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let at = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
+            let word = stack.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(word.try_into().map_err(|_| ())?))
+        };
+        let mut frames = unwinder.iter_frames(
+            regs.ip,
+            UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
+            &mut self.cache,
+            &mut read_stack,
+        );
+        let mut out = Vec::new();
+        loop {
+            match frames.next() {
+                Ok(Some(frame)) => out.push(frame.address()),
+                Ok(None) => break,
+                Err(_) => {
+                    self.stats.stopped_early += 1;
+                    break;
+                }
+            }
+            if out.len() >= MAX_FRAMES {
+                break;
+            }
+        }
+        if out.is_empty() {
+            out.push(regs.ip);
+        }
+        self.stats.stacks += 1;
+        self.stats.frames += out.len() as u64;
+        out
+    }
+
+    /// The modules of process `pid`: one per mapped file (or embedded `[vdso]`) with
+    /// executable code, at the addresses the process mapped it.
+    fn process_unwinder(&mut self, pid: u32) -> UnwinderX86_64<Arc<[u8]>> {
+        let mut unwinder = UnwinderX86_64::new();
+        let Some(maps) = self.maps.get(&pid).copied() else {
+            return unwinder;
+        };
+        for placed in modules::placements(maps) {
+            let sections = if placed.entry.is_file() {
+                let Some(file) = crate::symbols::locate(pid, placed.entry) else {
+                    continue;
+                };
+                self.files
+                    .entry(file.clone())
+                    .or_insert_with(|| UnwindSections::read_file(&file).map(Arc::new))
+                    .clone()
+            } else {
+                self.code
+                    .iter()
+                    .find(|c| c.pid == pid && c.start == placed.entry.start)
+                    .and_then(|c| UnwindSections::parse(&c.data))
+                    .map(Arc::new)
+            };
+            if let Some(module) = sections.and_then(|s| s.module(&placed)) {
+                unwinder.add_module(module);
+            }
+        }
+        unwinder
+    }
+}
+
+/// Replaces the trigger's frame-pointer stack in `snap` with the unwinding of the stack
+/// `copy` the kernel took at the trigger, when that reaches further (code without frame
+/// pointers: the kernel's walk stops after 1–2 frames). Done when the snapshot is made,
+/// while the trigger's files are at hand; the snapshot keeps the addresses, not the copy.
+pub fn unwind_trigger_stack(snap: &mut Snapshot, copy: Option<&StackCopy>) {
+    let (Some(trigger), Some(copy)) = (snap.meta.trigger.as_mut(), copy) else {
+        return;
+    };
+    if trigger.pid == 0 {
+        return;
+    }
+    let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code);
+    let stack = unwinder.unwind(trigger.pid, copy.regs, &copy.bytes);
+    log::debug!(
+        "trigger stack: {} frames by frame pointers, {} unwound from {} bytes of stack",
+        trigger.stack.len(),
+        stack.len(),
+        copy.bytes.len()
+    );
+    if stack.len() > trigger.stack.len() {
+        trigger.stack = stack;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,364 @@
+//! Stacks without frame pointers, end to end: programs built the way users build them
+//! (`gcc -O2`, a Rust release build, Debian's `redis-server`) traced by the `lookback`
+//! binary with the sampling backend, each sample's stack copy unwound with the binaries'
+//! CFI, and the depth compared side by side with `perf record --call-graph dwarf` +
+//! `perf script` (Debian `linux-perf`, installed by `cargo xtask setup`) on the same
+//! program at the same frequency. Needs root.
+
+use std::{path::Path, process::Command};
+
+use lookback::{
+    decode::samples,
+    snapshot::{self, Snapshot},
+    unwind::StackUnwinder,
+};
+use lookback_tests::{chrome_events, is_root, lookback_bin, open_at_instant, toolchains};
+use serde_json::Value;
+
+/// The sampling frequency of both recorders.
+const HZ: &str = "4000";
+
+/// `false` (with a note on stderr) when the test cannot run here.
+#[expect(clippy::print_stderr, reason = "a skipped test says why")]
+fn can_run(test: &str) -> bool {
+    let root = is_root();
+    if !root {
+        eprintln!("skipped {test}: needs root");
+    }
+    root
+}
+
+/// A traced run: its trace (Chrome JSON), the kept snapshot, lookback's stderr.
+struct Traced {
+    doc: Value,
+    snap: Snapshot,
+    stderr: String,
+}
+
+/// `lookback run --trigger RULE` of `program args` with `extra` flags, the trace and the
+/// raw snapshot kept in `dir`.
+fn traced(dir: &Path, rule: &str, extra: &[&str], program: &Path, args: &[&str]) -> Traced {
+    let trace = dir.join("trace.json");
+    let out = Command::new(lookback_bin())
+        .args(["run", "--backend", "sampling", "--sample-frequency", HZ])
+        .args(["--keep-raw", "--trigger", rule])
+        .args(extra)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .output()
+        .expect("lookback");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let doc = serde_json::from_slice(&std::fs::read(&trace).expect("the trace")).expect("JSON");
+    let snap = snapshot::read(&dir.join("trace.lbsnap")).expect("the kept snapshot");
+    Traced { doc, snap, stderr }
+}
+
+/// The stack depth (frames, inlined ones not counted) of every sample of the triggering
+/// process in `snap`, unwound as the trace writer does.
+fn our_depths(snap: &Snapshot) -> Vec<usize> {
+    our_depths_through(snap, None)
+}
+
+/// [`our_depths`] of the samples with a frame in `through` (an address range), or all.
+fn our_depths_through(snap: &Snapshot, through: Option<(u64, u64)>) -> Vec<usize> {
+    let pid = snap.meta.trigger.as_ref().map_or(0, |t| t.pid);
+    let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code);
+    let sampled = samples::read_with(snap, &mut |pid, regs, stack| {
+        unwinder.unwind(pid, regs, stack)
+    });
+    sampled
+        .threads
+        .values()
+        .filter(|t| t.pid == pid)
+        .flat_map(|t| &t.stacks)
+        .filter(|s| through.is_none_or(|(lo, hi)| s.addrs.iter().any(|a| (lo..hi).contains(a))))
+        .map(|s| s.addrs.len())
+        .collect()
+}
+
+/// `perf record -e cpu-clock:u --call-graph dwarf` of `program args` at [`HZ`], and the
+/// user stack depth of each of its samples in `perf script --no-inline`; samples of
+/// processes named other than `comm` (perf's own before the exec) left out.
+fn perf_depths(dir: &Path, comm: &str, program: &Path, args: &[&str]) -> Vec<usize> {
+    let data = dir.join("perf.data");
+    perf_record(&data, program, args, || {});
+    perf_script_depths(&data, comm, None)
+}
+
+/// Runs `perf record -e cpu-clock:u --call-graph dwarf` at [`HZ`] of `program args` into
+/// `data`, calling `during` once the command runs (it must make the command exit).
+fn perf_record(data: &Path, program: &Path, args: &[&str], during: impl FnOnce()) {
+    let mut child = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock:u", "-F", HZ])
+        .args(["--call-graph", "dwarf,8192", "-o"])
+        .arg(data)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("perf: {e} (install the Debian package linux-perf: cargo xtask setup)")
+        });
+    during();
+    let status = child.wait().expect("perf record");
+    assert!(status.success(), "perf record: {status}");
+}
+
+/// The user stack depth of each sample of processes named `comm` in `perf script
+/// --no-inline` of `data`, of those with a frame named `through` when given.
+fn perf_script_depths(data: &Path, comm: &str, through: Option<&str>) -> Vec<usize> {
+    let out = Command::new("perf")
+        .args(["script", "--no-inline", "-F", "comm,ip,sym", "-i"])
+        .arg(data)
+        .output()
+        .expect("perf script");
+    assert!(
+        out.status.success(),
+        "perf script: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split("\n\n")
+        .filter_map(|block| {
+            let mut lines = block.lines().filter(|l| !l.trim().is_empty());
+            let header = lines.next()?;
+            let frames: Vec<&str> = lines.collect();
+            let through_it = through.is_none_or(|name| {
+                frames
+                    .iter()
+                    .any(|f| f.split_whitespace().nth(1) == Some(name))
+            });
+            (header.trim() == comm && through_it).then_some(frames.len())
+        })
+        .collect()
+}
+
+fn median(mut depths: Vec<usize>) -> usize {
+    assert!(!depths.is_empty(), "no samples");
+    depths.sort_unstable();
+    depths[depths.len() / 2]
+}
+
+/// Prints a depth comparison for the verification notes.
+#[expect(
+    clippy::print_stderr,
+    reason = "the numbers behind docs/verification.md"
+)]
+fn report(what: &str, ours: usize, perf: usize) {
+    eprintln!("median stack depth, {what}: lookback {ours}, perf --call-graph dwarf {perf}");
+}
+
+/// Whether `names` holds `wanted` in this order (other names between them allowed).
+fn in_order(names: &[String], wanted: &[&str]) -> bool {
+    let mut rest = names.iter();
+    wanted.iter().all(|w| rest.any(|n| n == w))
+}
+
+/// The file name of `program`, as perf's `comm` shows it.
+fn comm_of(program: &Path) -> String {
+    program
+        .file_name()
+        .map(|n| n.to_string_lossy().chars().take(15).collect())
+        .unwrap_or_default()
+}
+
+/// The C or Rust `deep` workload: at the trigger `handle` and its three callers are open,
+/// samples are as deep as perf's, and the frame-pointer recorder (`--stack-size 0`) is
+/// not (so the deep stacks come from the unwinding, not from the compiler).
+fn deep_program_has_deep_stacks(program: &Path, names: &[&str]) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let probed = names.last().expect("the probed function");
+    let rule = format!("func:{probed}>20ms");
+    let args = ["200", "180"];
+    let run = traced(dir.path(), &rule, &[], program, &args);
+    let open = open_at_instant(chrome_events(&run.doc), &format!("trigger: {rule}"));
+    assert!(
+        in_order(&open, names),
+        "open at the trigger: {open:?}, wanted {names:?} in order\n{}",
+        run.stderr
+    );
+    let ours = median(our_depths(&run.snap));
+    let perf = median(perf_depths(dir.path(), &comm_of(program), program, &args));
+    report(&comm_of(program), ours, perf);
+    assert!(
+        ours >= perf && ours > names.len(),
+        "median stack depth: ours {ours}, perf --call-graph dwarf {perf}"
+    );
+
+    let fp_dir = tempfile::tempdir().expect("tempdir");
+    let fp = traced(fp_dir.path(), &rule, &["--stack-size", "0"], program, &args);
+    let fp_depth = median(our_depths(&fp.snap));
+    report(
+        &format!("{} with --stack-size 0", comm_of(program)),
+        fp_depth,
+        perf,
+    );
+    assert!(
+        fp_depth < names.len(),
+        "frame-pointer callchains are {fp_depth} deep: the program keeps frame pointers, \
+         and this test shows nothing"
+    );
+}
+
+#[test]
+fn gcc_o2_code_without_frame_pointers_unwinds_to_main() {
+    if !can_run("gcc_o2_code_without_frame_pointers_unwinds_to_main") {
+        return;
+    }
+    deep_program_has_deep_stacks(
+        &toolchains::c_deep(),
+        &["main", "level1", "level2", "level3", "handle"],
+    );
+}
+
+#[test]
+fn a_rust_release_build_unwinds_to_main() {
+    if !can_run("a_rust_release_build_unwinds_to_main") {
+        return;
+    }
+    deep_program_has_deep_stacks(
+        &toolchains::rust_deep(),
+        &[
+            "deep::main",
+            "deep::level1",
+            "deep::level2",
+            "deep::level3",
+            "deep::handle",
+        ],
+    );
+}
+
+/// A TCP port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `redis-cli -p PORT args...`'s stdout.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("redis-cli (Debian redis-tools, with redis-server)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits for the redis on `port` to answer, sends it a Lua script that keeps it busy for
+/// tens of milliseconds in `evalGenericCommand`, and shuts it down.
+fn busy_redis(port: u16) {
+    let ready = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        redis_cli(port, &["ping"]).contains("PONG")
+    });
+    assert!(ready, "redis on port {port} did not answer");
+    let sum = redis_cli(
+        port,
+        &[
+            "eval",
+            "local x=0 for i=1,5000000 do x=x+i end return x",
+            "0",
+        ],
+    );
+    assert_eq!(sum.trim(), "12500002500000", "the script ran");
+    redis_cli(port, &["shutdown", "nosave"]);
+}
+
+/// The arguments of a throwaway redis on `port`.
+fn redis_args(port: u16) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect()
+}
+
+#[test]
+fn debian_redis_server_shows_the_callers_of_a_slow_command() {
+    if !can_run("debian_redis_server_shows_the_callers_of_a_slow_command") {
+        return;
+    }
+    let redis = Path::new("/usr/bin/redis-server");
+    assert!(
+        redis.exists(),
+        "redis-server is missing: install the Debian package redis-server (cargo xtask setup does, as root)"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rule = "func:evalGenericCommand>20ms";
+    let port = free_port();
+    let trace = dir.path().join("trace.json");
+    let lookback = Command::new(lookback_bin())
+        .args(["run", "--backend", "sampling", "--sample-frequency", HZ])
+        .args(["--keep-raw", "--trigger", rule, "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(redis)
+        .args(redis_args(port))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lookback");
+    busy_redis(port);
+    let out = lookback.wait_with_output().expect("lookback");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&trace).expect("trace")).expect("JSON");
+    let open = open_at_instant(chrome_events(&doc), &format!("trigger: {rule}"));
+    // The call path of a command in redis 7: the event loop, the client's input, the
+    // command table's `call`, the command.
+    assert!(
+        in_order(
+            &open,
+            &[
+                "main",
+                "aeMain",
+                "readQueryFromClient",
+                "processCommand",
+                "call",
+                "evalGenericCommand"
+            ]
+        ),
+        "open at the trigger: {open:?}\n{stderr}"
+    );
+
+    // Side by side with perf on another redis: the samples inside the script.
+    let snap = snapshot::read(&dir.path().join("trace.lbsnap")).expect("snapshot");
+    let real = redis.canonicalize().expect("redis-server's file");
+    let maps = snap
+        .maps
+        .iter()
+        .find(|m| Some(m.pid) == snap.meta.trigger.as_ref().map(|t| t.pid));
+    let eval = maps
+        .and_then(|maps| lookback_tests::symbol_range(&real, maps, "evalGenericCommand"))
+        .expect("evalGenericCommand in the snapshot's maps");
+    let ours = median(our_depths_through(&snap, Some(eval)));
+    let perf_port = free_port();
+    let data = dir.path().join("perf.data");
+    let args = redis_args(perf_port);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    perf_record(&data, redis, &args, || busy_redis(perf_port));
+    let perf = median(perf_script_depths(
+        &data,
+        "redis-server",
+        Some("evalGenericCommand"),
+    ));
+    report("redis-server in evalGenericCommand", ours, perf);
+    assert!(
+        ours >= perf,
+        "median stack depth inside evalGenericCommand: ours {ours}, perf --call-graph dwarf {perf}"
+    );
+}
