@@ -210,6 +210,25 @@ pub fn c_deep() -> PathBuf {
     .clone()
 }
 
+/// `tests/workloads/offcpu.c` built with plain `cc -O2`: `handle()` (0.3 ms; 15 ms once)
+/// alternating with 5 ms sleeps. Run it as `offcpu CALLS SLOW_INDEX`; it prints
+/// `call=START_NS DURATION_NS` per call.
+///
+/// # Panics
+/// When `cc` is missing (install the Debian package `gcc`) or the build fails.
+pub fn c_offcpu() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/offcpu.c");
+        build("offcpu-c", "cc", "the Debian package gcc", |out| {
+            let mut cmd = Command::new("cc");
+            cmd.args(["-O2", "-o"]).arg(out).arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
 /// `tests/workloads/deep.rs` built as a release build (`rustc -C opt-level=3`, crate
 /// `deep`; no frame pointers): `deep::main` → `deep::level1` → ... → `deep::handle` →
 /// `deep::leaf_work`. Run it as `deep CALLS SLOW_INDEX [SLOW_ITERS]`.

@@ -5,7 +5,8 @@
  *
  * Usage: deep CALLS SLOW_INDEX [SLOW_ITERS]. Each call of level1 runs leaf_work for 300k
  * iterations, the one at SLOW_INDEX for SLOW_ITERS (default 30M, ~50-100 ms); prints
- * `measured_slow=NS` for it (the program's own measurement) and `result=` at the end. */
+ * `measured_slow=NS` for it (the program's own measurement), and `elapsed_ns=` (all calls)
+ * and `result=` at the end. SLOW_INDEX -1: no slow call (the sampling benchmark). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -31,12 +32,14 @@ int main(int argc, char **argv) {
     int calls = argc > 1 ? atoi(argv[1]) : 200;
     int slow = argc > 2 ? atoi(argv[2]) : calls - 20;
     unsigned long slow_iters = argc > 3 ? strtoul(argv[3], NULL, 10) : 30000000ul;
+    unsigned long long start = now_ns();
     for (int i = 0; i < calls; i++) {
         unsigned long n = i == slow ? slow_iters : 300000ul;
         unsigned long long t0 = now_ns();
         level1(n);
         if (i == slow) printf("measured_slow=%llu\n", now_ns() - t0);
     }
+    printf("elapsed_ns=%llu\n", now_ns() - start);
     printf("result=%lu\n", sink);
     return 0;
 }

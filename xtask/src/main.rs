@@ -12,6 +12,7 @@
 
 mod bench;
 mod bench_decode;
+mod bench_sampling;
 mod demo;
 mod setup;
 mod soak;
@@ -62,6 +63,9 @@ enum Command {
         #[arg(long)]
         snapshot_only: bool,
     },
+    /// The sampling recorder's cost to the traced program (1 kHz, 10 kHz; stack copies
+    /// and frame pointers) and its decode cost per sample, beside perf record (fp, dwarf).
+    BenchSampling,
     /// The agent under continuous triggers; RSS, CPU and fds sampled every 10 s (needs root).
     Soak {
         /// How long.
@@ -84,6 +88,9 @@ fn main() -> std::process::ExitCode {
         } => setup::setup().and_then(|env| bench::bench(&env, freeze_only, triggers)),
         Command::BenchDecode { snapshot_only } => {
             setup::setup().and_then(|env| bench_decode::bench_decode(&env, snapshot_only))
+        }
+        Command::BenchSampling => {
+            setup::setup().and_then(|env| bench_sampling::bench_sampling(&env))
         }
         Command::Soak { minutes } => setup::setup().and_then(|env| soak::soak(&env, minutes)),
     };

@@ -261,6 +261,7 @@ impl PtRecorder {
             sample_type: SIDEBAND_SAMPLE_TYPE,
             sample_regs_user: 0,
             sample_stack_user: 0,
+            switch_ids: Vec::new(),
             sample_id_all: true,
             sample_frequency: None,
             buffer_size: (aux_pages * page) as u64,

@@ -125,6 +125,10 @@ pub struct RecorderParams {
     /// `perf_event_attr.sample_stack_user`: bytes of user stack each sample copies.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub sample_stack_user: u64,
+    /// Sampling: the ids (`SAMPLE_IDENTIFIER`) of the context-switch events, whose samples
+    /// are the stacks of threads leaving the CPU (the other samples are the timer's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub switch_ids: Vec<u64>,
     pub sample_id_all: bool,
     /// Samples per second (sampling backend).
     pub sample_frequency: Option<u64>,

@@ -20,6 +20,11 @@ pub const PERF_RECORD_SAMPLE: u32 = 9;
 pub const PERF_RECORD_MMAP2: u32 = 10;
 pub const PERF_RECORD_AUX: u32 = 11;
 pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
+pub const PERF_RECORD_SWITCH: u32 = 14;
+
+/// `PERF_RECORD_SWITCH` header flags: a switch out (else in), and out while runnable.
+pub const PERF_RECORD_MISC_SWITCH_OUT: u16 = 1 << 13;
+pub const PERF_RECORD_MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
 
 /// `PERF_RECORD_AUX` flags: the kernel cut the AUX data short (no room), the PMU stopped
 /// part-way (a partial record), or a collision in the PMU's buffer.
@@ -108,6 +113,8 @@ pub fn records(stream: &[u8]) -> impl Iterator<Item = RawRecord<'_>> {
 /// A `PERF_RECORD_SAMPLE`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Sample {
+    /// The recording event's id (`SAMPLE_IDENTIFIER`), to tell events sharing a ring apart.
+    pub id: Option<u64>,
     pub ip: Option<u64>,
     pub pid: Option<u32>,
     pub tid: Option<u32>,
@@ -176,7 +183,7 @@ pub fn parse_sample(layout: impl Into<Layout>, body: &[u8]) -> Option<Sample> {
     let mut s = Sample::default();
     let has = |bit: u64| sample_type & bit != 0;
     if has(SAMPLE_IDENTIFIER) {
-        c.u64()?;
+        s.id = Some(c.u64()?);
     }
     if has(SAMPLE_IP) {
         s.ip = Some(c.u64()?);

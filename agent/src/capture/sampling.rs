@@ -1,6 +1,10 @@
 //! The sampling recorder: timer (cpu-clock) or cycles samples with IP, TID, TIME, CPU,
-//! PERIOD and CALLCHAIN, plus MMAP2/COMM/FORK/EXIT tracking records, into one overwrite
-//! ring per CPU. Works on any Linux ≥ 4.7 (`write_backward`, `PAUSE_OUTPUT`), VMs included.
+//! PERIOD and the user registers and stack (or the frame-pointer CALLCHAIN), a sample of
+//! every context switch out of a traced thread with the same fields plus the
+//! `PERF_RECORD_SWITCH` records of switches in and out (so off-CPU time is seen, not
+//! guessed from missing samples), and MMAP2/COMM/FORK/EXIT tracking records, all into one
+//! overwrite ring per CPU. Works on any Linux ≥ 4.7 (`write_backward`, `PAUSE_OUTPUT`), VMs
+//! included.
 //!
 //! Freeze = `PERF_EVENT_IOC_PAUSE_OUTPUT` on every ring (the events keep running, nothing
 //! is written), copy the rings newest-to-oldest into oldest-first streams, read the maps
@@ -14,7 +18,8 @@ use std::{
 };
 
 use perf_event_open_sys::bindings::{
-    PERF_COUNT_HW_CPU_CYCLES, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE,
+    PERF_COUNT_HW_CPU_CYCLES, PERF_COUNT_SW_CONTEXT_SWITCHES, PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE,
 };
 
 use super::{
@@ -24,20 +29,22 @@ use super::{
     freeze::{FreezeSwitch, StopMethod},
     pages_for, procmaps,
     records::{
-        SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IP, SAMPLE_PERIOD, SAMPLE_REGS_USER,
-        SAMPLE_STACK_USER, SAMPLE_TID, SAMPLE_TIME, StreamSummary, UNWIND_REGS,
+        SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_IP, SAMPLE_PERIOD,
+        SAMPLE_REGS_USER, SAMPLE_STACK_USER, SAMPLE_TID, SAMPLE_TIME, StreamSummary, UNWIND_REGS,
     },
     ring::PerfRing,
 };
 use crate::sys::perf::{self, perf_event_attr};
 
-/// What the sampling recorder asks for in every sample: IP, thread, time, CPU and
+/// What the sampling recorder asks for in every sample: its event, IP, thread, time, CPU and
 /// period; with a stack copy (`stack_size` > 0) the user registers and stack, and the
 /// callchain only for its kernel part (`include_kernel`); without, the kernel's
 /// frame-pointer callchain.
 #[must_use]
 pub fn sample_type(stack_size: u32, include_kernel: bool) -> u64 {
-    let base = SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_PERIOD;
+    // The identifier tells the timer's samples from the context switches' in one ring.
+    let base =
+        SAMPLE_IDENTIFIER | SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_PERIOD;
     if stack_size == 0 {
         base | SAMPLE_CALLCHAIN
     } else if include_kernel {
@@ -96,10 +103,39 @@ pub fn sampling_attr(
     attr
 }
 
+/// The `perf_event_attr` of the context-switch event beside the timer (`timer`): a sample
+/// at every switch out of a traced thread, with the same fields as the timer's (the user
+/// registers and stack where the thread blocked or was preempted), and the
+/// `PERF_RECORD_SWITCH` records of every switch in and out. The sample is taken in the
+/// scheduler, so it must not exclude the kernel; its kernel callchain is excluded unless
+/// `include_kernel`.
+pub fn switch_attr(timer: &perf_event_attr, include_kernel: bool) -> perf_event_attr {
+    let mut attr = perf_event_attr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: u64::from(PERF_COUNT_SW_CONTEXT_SWITCHES),
+        sample_type: timer.sample_type,
+        sample_regs_user: timer.sample_regs_user,
+        sample_stack_user: timer.sample_stack_user,
+        ..perf_event_attr::default()
+    };
+    attr.__bindgen_anon_1.sample_period = 1;
+    attr.set_inherit(1);
+    attr.set_exclude_hv(1);
+    attr.set_exclude_callchain_kernel(u64::from(!include_kernel));
+    attr.set_exclude_callchain_user(timer.exclude_callchain_user());
+    attr.set_context_switch(1);
+    attr.set_sample_id_all(1);
+    attr.set_write_backward(1);
+    attr.set_use_clockid(1);
+    attr.clockid = libc::CLOCK_MONOTONIC;
+    attr
+}
+
 /// Samples into per-CPU overwrite rings.
 pub struct SamplingRecorder {
     events: EventSet<PerfRing>,
-    spec: [EventSpec; 1],
+    /// The timer (the CPU's ring) and the context switches (redirected into it).
+    spec: [EventSpec; 2],
     data_pages: usize,
     params: RecorderParams,
     embed_code: EmbedCode,
@@ -151,14 +187,24 @@ impl SamplingRecorder {
             switch: Arc::new(FreezeSwitch::new(StopMethod::PauseOutput, cpus.len())),
             cpus: cpus.clone(),
             events: EventSet::new(cpus),
-            spec: [EventSpec {
-                name: event.as_str(),
-                attr,
-                filter: None,
-                bpf_prog: None,
-                group: None,
-                keep: None,
-            }],
+            spec: [
+                EventSpec {
+                    name: event.as_str(),
+                    attr,
+                    filter: None,
+                    bpf_prog: None,
+                    group: None,
+                    keep: None,
+                },
+                EventSpec {
+                    name: "context-switches",
+                    attr: switch_attr(&attr, opts.include_kernel),
+                    filter: None,
+                    bpf_prog: None,
+                    group: None,
+                    keep: None,
+                },
+            ],
             data_pages,
             params,
             embed_code: opts.embed_code,
@@ -247,6 +293,15 @@ impl Recorder for SamplingRecorder {
             Ok(ring)
         };
         self.events.add_process(pid, &self.spec, &mut make_ring)?;
+        for fd in self.events.followers_of(1) {
+            let id = perf::event_id(fd).map_err(|source| CaptureError::Syscall {
+                what: "reading a context-switch event's id",
+                source,
+            })?;
+            if !self.params.switch_ids.contains(&id) {
+                self.params.switch_ids.push(id);
+            }
+        }
         if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
             self.known_maps.insert(pid, maps);
         }
@@ -328,6 +383,14 @@ impl Recorder for SamplingRecorder {
                     source,
                 },
             })?;
+        // Both events: a frozen process's switches are not recorded either.
+        self.spec[1].bpf_prog = Some(prog.try_clone().map_err(|source| CaptureError::Syscall {
+            what: "duplicating the sample filter's fd",
+            source: crate::sys::SyscallError {
+                call: "fcntl(F_DUPFD_CLOEXEC)",
+                source,
+            },
+        })?);
         self.spec[0].bpf_prog = Some(prog);
         Ok(true)
     }

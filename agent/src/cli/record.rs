@@ -142,7 +142,14 @@ impl Recording {
         let queue = WriteQueue::start(
             "lookback-writer",
             MAX_IN_FLIGHT,
-            Box::new(move |job: WriteJob| {
+            Box::new(move |mut job: WriteJob| {
+                // On the writer thread, not the freeze path: it reads the unwind tables
+                // of the process's files (tens of ms) while the rings are paused.
+                let copy = job
+                    .trigger
+                    .as_ref()
+                    .and_then(|(_, e)| e.stack_copy.as_ref());
+                crate::unwind::unwind_trigger_stack(&mut job.snap, copy);
                 let files = write_snapshot(&output, keep_raw, &job)?;
                 on_written(&job, &files);
                 Ok(())
@@ -274,10 +281,6 @@ impl Recording {
             },
         };
         let mut snap = Snapshot::from_captured(data, Some(meta));
-        crate::unwind::unwind_trigger_stack(
-            &mut snap,
-            trigger.and_then(|(_, event)| event.stack_copy.as_ref()),
-        );
         snap.meta.debug_dirs.clone_from(&self.opts.debug_dirs);
         Ok(snap)
     }

@@ -311,6 +311,7 @@ pub(super) mod tests {
                 sample_type: 0,
                 sample_regs_user: 0,
                 sample_stack_user: 0,
+                switch_ids: Vec::new(),
                 sample_id_all: true,
                 sample_frequency: Some(1000),
                 buffer_size: 1 << 16,

@@ -204,7 +204,6 @@ impl Pipeline {
             data.freeze_time_ns = at;
         }
         let mut snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
-        crate::unwind::unwind_trigger_stack(&mut snap, event.stack_copy.as_ref());
         snap.meta.debug_dirs = debug_dirs;
         if let Some(ns) = snap.meta.trigger_to_freeze_ns {
             self.metrics
@@ -225,6 +224,9 @@ impl Pipeline {
                 return;
             };
             let result = tokio::task::spawn_blocking(move || {
+                let mut job = job;
+                // Here, off the freeze path: it reads the unwind tables of the process's files.
+                crate::unwind::unwind_trigger_stack(&mut job.snap, job.event.stack_copy.as_ref());
                 write(&job, &metrics);
                 drop(job);
                 super::release_freed_memory();

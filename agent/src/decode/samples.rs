@@ -7,6 +7,10 @@
 //! from `PERF_RECORD_COMM` records, else the process's comm. Never panics on record bytes:
 //! malformed samples are counted and skipped.
 //!
+//! Samples of a process from before its last exec (`PERF_RECORD_COMM` with `COMM_EXEC`)
+//! are dropped: they ran another program than the snapshot's maps describe (for `run`,
+//! lookback's own child waiting to exec the command).
+//!
 //! A sample with user registers and a stack copy (`--stack-size`) is unwound by the
 //! caller's [`Unwind`] (the `unwind` stage, which reads the snapshot's files: this stage
 //! reads only the snapshot); one without them uses the kernel's callchain.
@@ -16,9 +20,13 @@ use std::collections::BTreeMap;
 
 use crate::capture::RingKind;
 use crate::capture::records::{
-    self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_SAMPLE,
-    UserRegs,
+    self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES,
+    PERF_RECORD_MISC_SWITCH_OUT, PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, PERF_RECORD_SAMPLE,
+    PERF_RECORD_SWITCH, UserRegs,
 };
+
+/// `PERF_RECORD_COMM` header flag: the name changed because the process exec'd.
+const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
 use crate::snapshot::Snapshot;
 
 /// One sampled stack of a thread.
@@ -27,6 +35,18 @@ pub struct StackAt {
     pub time_ns: u64,
     /// Outermost frame first.
     pub addrs: Vec<u64>,
+    /// The thread left the CPU here (a context-switch sample): until when.
+    pub off_cpu: Option<OffCpu>,
+}
+
+/// A period a thread spent off the CPU, from its switch-out sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffCpu {
+    /// When it ran again: its switch-in record, else its next sample, else the end of
+    /// the recording.
+    pub until_ns: u64,
+    /// Switched out while runnable (preempted), not blocked.
+    pub preempted: bool,
 }
 
 /// The samples of one thread.
@@ -37,6 +57,10 @@ pub struct ThreadSamples {
     /// From a COMM record, when the snapshot has one for this thread.
     pub comm: Option<String>,
     pub stacks: Vec<StackAt>,
+    /// Times it came back on a CPU (`PERF_RECORD_SWITCH` in), sorted.
+    switches_in: Vec<u64>,
+    /// Times it left one while runnable (`PERF_RECORD_SWITCH` out, preempted), sorted.
+    preemptions: Vec<u64>,
 }
 
 /// Samples the kernel reported lost (`PERF_RECORD_LOST`, `PERF_RECORD_LOST_SAMPLES`), with
@@ -133,8 +157,12 @@ pub fn read(snap: &Snapshot) -> Sampled {
 pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
     let layout = snap.meta.recorder.sample_layout();
     let sample_type = layout.sample_type;
+    let switch_ids = &snap.meta.recorder.switch_ids;
+    let id_all = snap.meta.recorder.sample_id_all;
     let mut out = Sampled::default();
     let mut comms = BTreeMap::new();
+    // pid → its latest exec: what came before ran another program than the maps show.
+    let mut execs: BTreeMap<u32, u64> = BTreeMap::new();
     let streams = snap
         .rings
         .iter()
@@ -153,27 +181,45 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
                         out.malformed += 1;
                         continue;
                     };
-                    let thread = out
-                        .threads
-                        .entry((pid, tid))
-                        .or_insert_with(|| ThreadSamples {
-                            pid,
-                            tid,
-                            ..ThreadSamples::default()
-                        });
+                    let switch_out = s.id.is_some_and(|id| switch_ids.contains(&id));
+                    let thread = thread_of(&mut out, pid, tid);
                     thread.stacks.push(StackAt {
                         time_ns,
                         addrs: user_stack(&s, record.body, unwind),
+                        off_cpu: switch_out.then_some(OffCpu {
+                            until_ns: u64::MAX,
+                            preempted: false,
+                        }),
                     });
                 }
+                PERF_RECORD_SWITCH if id_all => {
+                    let Some((Some((pid, tid)), Some(time))) =
+                        records::id_trailer(sample_type, record.body)
+                    else {
+                        continue;
+                    };
+                    let thread = thread_of(&mut out, pid, tid);
+                    if record.misc & PERF_RECORD_MISC_SWITCH_OUT == 0 {
+                        thread.switches_in.push(time);
+                    } else if record.misc & PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0 {
+                        thread.preemptions.push(time);
+                    }
+                }
                 PERF_RECORD_LOST | PERF_RECORD_LOST_SAMPLES => {
-                    let id_all = snap.meta.recorder.sample_id_all;
                     out.losses
                         .extend(loss(record.kind, record.body, sample_type, id_all));
                 }
                 PERF_RECORD_COMM => {
                     if let Some((pid, tid, name)) = comm_record(record.body) {
                         comms.insert((pid, tid), name);
+                        let exec_time = (record.misc & PERF_RECORD_MISC_COMM_EXEC != 0 && id_all)
+                            .then(|| records::id_trailer(sample_type, record.body))
+                            .flatten()
+                            .and_then(|(_, time)| time);
+                        if let Some(time) = exec_time {
+                            let latest = execs.entry(pid).or_insert(time);
+                            *latest = (*latest).max(time);
+                        }
                     }
                 }
                 _ => {}
@@ -200,13 +246,63 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
             .push(StackAt {
                 time_ns: t.trigger_time_ns,
                 addrs: outermost_first(t.stack.clone()),
+                off_cpu: None,
             });
     }
+    let end = snap.meta.window_end_ns.unwrap_or(snap.meta.freeze_time_ns);
     for (key, thread) in &mut out.threads {
+        if let Some(&exec) = execs.get(&thread.pid) {
+            thread.stacks.retain(|s| s.time_ns >= exec);
+            thread.switches_in.retain(|&t| t >= exec);
+        }
         thread.stacks.sort_by_key(|s| s.time_ns);
+        thread.switches_in.sort_unstable();
+        thread.preemptions.sort_unstable();
         thread.comm = comms.remove(key);
+        close_off_cpu(thread, end);
     }
+    out.threads.retain(|_, t| !t.stacks.is_empty());
     out
+}
+
+/// The thread `(pid, tid)` of `out`, added when new.
+fn thread_of(out: &mut Sampled, pid: u32, tid: u32) -> &mut ThreadSamples {
+    out.threads
+        .entry((pid, tid))
+        .or_insert_with(|| ThreadSamples {
+            pid,
+            tid,
+            ..ThreadSamples::default()
+        })
+}
+
+/// How long after a switch-out sample its `PERF_RECORD_SWITCH` may come (both are written
+/// in the same pass through the scheduler).
+const SWITCH_RECORD_SLACK_NS: u64 = 50_000;
+
+/// Ends each off-CPU period of `thread` at its first switch in after it, else at its
+/// next sample, else at `end`; marks the ones whose switch out was a preemption.
+fn close_off_cpu(thread: &mut ThreadSamples, end: u64) {
+    let times: Vec<u64> = thread.stacks.iter().map(|s| s.time_ns).collect();
+    for (i, stack) in thread.stacks.iter_mut().enumerate() {
+        let Some(off) = stack.off_cpu.as_mut() else {
+            continue;
+        };
+        let t = stack.time_ns;
+        let switch_in = thread
+            .switches_in
+            .get(thread.switches_in.partition_point(|&s| s < t))
+            .copied();
+        let next_sample = times
+            .get(i + 1..)
+            .and_then(|rest| rest.iter().find(|&&n| n > t));
+        off.until_ns = switch_in.or(next_sample.copied()).unwrap_or(end).max(t);
+        let p = thread.preemptions.partition_point(|&s| s < t);
+        off.preempted = thread
+            .preemptions
+            .get(p)
+            .is_some_and(|&s| s - t <= SWITCH_RECORD_SLACK_NS);
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ fn sample_snapshot() -> Snapshot {
             sample_type: 0x1a7,
             sample_regs_user: 0,
             sample_stack_user: 0,
+            switch_ids: Vec::new(),
             sample_id_all: true,
             sample_frequency: Some(10_000),
             buffer_size: 1 << 20,

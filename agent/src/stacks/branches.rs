@@ -602,7 +602,7 @@ impl<O: FnMut(StackEvent<Frame>)> Spreader<O> {
 fn event_ts(e: &StackEvent<Frame>) -> Option<u64> {
     match e {
         StackEvent::Begin { ts, .. } | StackEvent::End { ts } => Some(*ts),
-        StackEvent::Gap { .. } => None,
+        StackEvent::Gap { .. } | StackEvent::OffCpu { .. } => None,
     }
 }
 
@@ -643,6 +643,7 @@ fn spread_run(events: &mut [StackEvent<Frame>], time: u64, next: u64) {
                 ..
             } | StackEvent::End { .. }
                 | StackEvent::Gap { .. }
+                | StackEvent::OffCpu { .. }
         )
     }
     /// `step * num / den` without overflow (`num <= den`, so it fits).
@@ -670,7 +671,7 @@ fn spread_run(events: &mut [StackEvent<Frame>], time: u64, next: u64) {
         begun |= counted;
         match e {
             StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts = at,
-            StackEvent::Gap { .. } => {}
+            StackEvent::Gap { .. } | StackEvent::OffCpu { .. } => {}
         }
     }
 }

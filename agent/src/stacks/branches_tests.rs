@@ -48,6 +48,7 @@ fn text(events: &[StackEvent<Frame>]) -> Vec<String> {
             StackEvent::Begin { ts, frame } => format!("+{frame}@{ts}"),
             StackEvent::End { ts } => format!("-@{ts}"),
             StackEvent::Gap { start, end } => format!("gap@{start}-{end}"),
+            StackEvent::OffCpu { start, end, .. } => format!("off@{start}-{end}"),
         })
         .collect()
 }
@@ -475,7 +476,7 @@ fn render(events: &[StackEvent<Frame>], origin: u64, out: &mut Vec<String>) {
                     format_time(ts.saturating_sub(origin))
                 ));
             }
-            StackEvent::Gap { .. } => {}
+            StackEvent::Gap { .. } | StackEvent::OffCpu { .. } => {}
         }
     }
 }

@@ -15,6 +15,11 @@
 //! its time; frames still open after the last sample end one period after it, so a single
 //! sample becomes slices one period long. Such a gap is a [`StackEvent::Gap`] of its own,
 //! nested in the frames both samples share.
+//!
+//! A sample taken as the thread left the CPU (a context switch) keeps its frames open until
+//! the thread runs again, with a [`StackEvent::OffCpu`] slice inside them; the next sample
+//! is reckoned from then. So a function that returned before the thread slept ends before
+//! the sleep, and one that slept (its frame on the stack at the switch) spans it.
 #![forbid(unsafe_code)]
 
 pub mod branches;
@@ -24,6 +29,9 @@ pub mod branches;
 pub struct StackSample<F> {
     pub time_ns: u64,
     pub frames: Vec<F>,
+    /// The thread left the CPU at this sample (its stack then): until when, and whether
+    /// it was preempted (else it blocked).
+    pub off_cpu: Option<(u64, bool)>,
 }
 
 /// A slice boundary. Ends always close the innermost open slice.
@@ -42,6 +50,14 @@ pub enum StackEvent<F> {
     Gap {
         start: u64,
         end: u64,
+    },
+    /// The thread was off the CPU from `start` to `end` (a context switch said so): a
+    /// slice of its own inside the frames of its stack at the switch, which stay open
+    /// across it.
+    OffCpu {
+        start: u64,
+        end: u64,
+        preempted: bool,
     },
 }
 
@@ -93,6 +109,15 @@ pub fn slices<F: Clone>(
             open.push(frame.clone());
         }
         prev = Some(time);
+        if let Some((until, preempted)) = sample.off_cpu.filter(|&(until, _)| until > time) {
+            // The next sample's boundary is reckoned from when the thread ran again.
+            events.push(StackEvent::OffCpu {
+                start: time,
+                end: until,
+                preempted,
+            });
+            prev = Some(until);
+        }
     }
     if let Some(last) = prev {
         let end = last.saturating_add(period_ns);
@@ -109,6 +134,7 @@ mod tests {
         StackSample {
             time_ns,
             frames: frames.to_vec(),
+            off_cpu: None,
         }
     }
 
@@ -120,6 +146,7 @@ mod tests {
                 StackEvent::Begin { ts, frame } => format!("+{frame}@{ts}"),
                 StackEvent::End { ts } => format!("-@{ts}"),
                 StackEvent::Gap { start, end } => format!("gap@{start}-{end}"),
+                StackEvent::OffCpu { start, end, .. } => format!("off@{start}-{end}"),
             })
             .collect()
     }
@@ -127,7 +154,10 @@ mod tests {
     /// Every End closes a Begin, and nothing stays open.
     fn assert_nested(events: &[String]) {
         let mut depth = 0i32;
-        for e in events.iter().filter(|e| !e.starts_with("gap")) {
+        for e in events
+            .iter()
+            .filter(|e| !e.starts_with("gap") && !e.starts_with("off"))
+        {
             depth += if e.starts_with('+') { 1 } else { -1 };
             assert!(depth >= 0, "{events:?}");
         }
@@ -231,6 +261,66 @@ mod tests {
                 "+b@100",
                 "-@110",
                 "-@110"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_function_that_returned_before_a_sleep_ends_before_it() {
+        // handle ran at 0 and 10; at 15 the thread slept in nanosleep (called from the
+        // loop), ran again at 5000, and handle ran again at 5010.
+        let mut out = sample(15, &["main", "loop", "nanosleep"]);
+        out.off_cpu = Some((5000, false));
+        let ev = run(
+            &[
+                sample(0, &["main", "loop", "handle"]),
+                sample(10, &["main", "loop", "handle"]),
+                out,
+                sample(5010, &["main", "loop", "handle"]),
+            ],
+            10,
+        );
+        assert_eq!(
+            ev,
+            [
+                "+main@0",
+                "+loop@0",
+                "+handle@0",
+                "-@12",
+                "+nanosleep@12",
+                "off@15-5000",
+                "-@5005",
+                "+handle@5005",
+                "-@5020",
+                "-@5020",
+                "-@5020"
+            ]
+        );
+        assert_nested(&ev);
+    }
+
+    #[test]
+    fn a_function_that_slept_spans_the_sleep() {
+        let mut out = sample(20, &["main", "handle", "read"]);
+        out.off_cpu = Some((900, true));
+        let ev = run(
+            &[
+                sample(10, &["main", "handle"]),
+                out,
+                sample(905, &["main", "handle"]),
+            ],
+            10,
+        );
+        assert_eq!(
+            ev,
+            [
+                "+main@10",
+                "+handle@10",
+                "+read@15",
+                "off@20-900",
+                "-@902",
+                "-@915",
+                "-@915"
             ]
         );
     }

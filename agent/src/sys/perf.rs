@@ -138,6 +138,19 @@ pub fn pause_output(fd: BorrowedFd<'_>, paused: bool) -> Result<(), SyscallError
     }
 }
 
+/// `PERF_EVENT_IOC_ID`: the id the event's records carry (`PERF_SAMPLE_IDENTIFIER`); the
+/// events a traced task's children inherit report it too.
+pub fn event_id(fd: BorrowedFd<'_>) -> Result<u64, SyscallError> {
+    let mut id = 0u64;
+    // SAFETY: `fd` is a live descriptor; ID writes one u64 into `id`, which outlives the call.
+    let ret = unsafe { perf_event_open_sys::ioctls::ID(fd.as_raw_fd(), &raw mut id) };
+    if ret < 0 {
+        Err(SyscallError::last("ioctl(PERF_EVENT_IOC_ID)"))
+    } else {
+        Ok(id)
+    }
+}
+
 /// `PERF_EVENT_IOC_SET_FILTER`: an address filter (AUX PMUs such as Intel PT) or a
 /// tracepoint filter, in the kernel's text syntax.
 pub fn set_filter(fd: BorrowedFd<'_>, filter: &CStr) -> Result<(), SyscallError> {

@@ -154,8 +154,9 @@ impl<'a> StackUnwinder<'a> {
 
 /// Replaces the trigger's frame-pointer stack in `snap` with the unwinding of the stack
 /// `copy` the kernel took at the trigger, when that reaches further (code without frame
-/// pointers: the kernel's walk stops after 1–2 frames). Done when the snapshot is made,
-/// while the trigger's files are at hand; the snapshot keeps the addresses, not the copy.
+/// pointers: the kernel's walk stops after 1–2 frames). Done by the snapshot writers
+/// before the `.lbsnap` is written (not on the freeze path: reading the files' unwind
+/// tables takes milliseconds); the snapshot keeps the addresses, not the copy.
 pub fn unwind_trigger_stack(snap: &mut Snapshot, copy: Option<&StackCopy>) {
     let (Some(trigger), Some(copy)) = (snap.meta.trigger.as_mut(), copy) else {
         return;

@@ -186,6 +186,30 @@ pub fn symbol_warnings(summary: &TraceSummary) -> Vec<String> {
 /// The slice name of a stretch without samples.
 pub const UNTRACED: &str = "[untraced]";
 
+/// The slice name of a stretch the thread spent off the CPU (a context switch said so).
+pub const OFF_CPU: &str = "[off-cpu]";
+
+/// An `[off-cpu]` slice over `span`: args say whether the thread was preempted (else it
+/// blocked) and in which function (the innermost frame at the switch: for a blocking
+/// syscall, its libc wrapper).
+fn off_cpu_slice(
+    sink: &mut impl TraceSink,
+    key: (u32, u32),
+    span: (u64, u64),
+    preempted: bool,
+    blocked_in: Option<&str>,
+) -> io::Result<()> {
+    let mut args = vec![Arg::new(
+        "reason",
+        ArgValue::Str(if preempted { "preempted" } else { "blocked" }),
+    )];
+    if let Some(name) = blocked_in {
+        args.push(Arg::new("in", ArgValue::Str(name)));
+    }
+    sink.begin(key, span.0, OFF_CPU, &args)?;
+    sink.end(key, span.1, OFF_CPU)
+}
+
 /// What went into a trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TraceSummary {
@@ -406,6 +430,7 @@ fn symbolized(
             *truncated += u64::from(cut);
             StackSample {
                 time_ns: s.time_ns,
+                off_cpu: s.off_cpu.map(|off| (off.until_ns, off.preempted)),
                 frames: addrs
                     .iter()
                     .map(|&addr| (symbols.frame(thread.pid, addr), addr))
@@ -457,7 +482,8 @@ fn emit_thread(
         let ts = match &event {
             StackEvent::Begin { ts, .. }
             | StackEvent::End { ts }
-            | StackEvent::Gap { start: ts, .. } => *ts,
+            | StackEvent::Gap { start: ts, .. }
+            | StackEvent::OffCpu { start: ts, .. } => *ts,
         };
         if let Some(t) = pending.filter(|t| t.trigger_time_ns < ts) {
             trigger_instant(sink, t)?;
@@ -476,6 +502,14 @@ fn emit_thread(
             StackEvent::Gap { start, end } => {
                 sink.begin(key, start, UNTRACED, &[])?;
                 sink.end(key, end, UNTRACED)?;
+            }
+            StackEvent::OffCpu {
+                start,
+                end,
+                preempted,
+            } => {
+                let blocked_in = open.last().map(|f| f.name.as_str());
+                off_cpu_slice(sink, key, (start, end), preempted, blocked_in)?;
             }
         }
     }

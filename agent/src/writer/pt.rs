@@ -330,7 +330,7 @@ impl<S: TraceSink> TrackWriter<'_, '_, S> {
     fn event(&mut self, event: StackEvent<Frame>) -> io::Result<()> {
         let ts = match &event {
             StackEvent::Begin { ts, .. } | StackEvent::End { ts } => *ts,
-            StackEvent::Gap { start, .. } => *start,
+            StackEvent::Gap { start, .. } | StackEvent::OffCpu { start, .. } => *start,
         };
         if let Some(t) = self.pending.filter(|t| t.trigger_time_ns < ts) {
             trigger_instant(self.sink, t)?;
@@ -351,6 +351,11 @@ impl<S: TraceSink> TrackWriter<'_, '_, S> {
                 self.sink.begin(self.key, start, super::UNTRACED, &[])?;
                 self.sink.end(self.key, end, super::UNTRACED)?;
             }
+            StackEvent::OffCpu {
+                start,
+                end,
+                preempted,
+            } => super::off_cpu_slice(self.sink, self.key, (start, end), preempted, None)?,
         }
         Ok(())
     }

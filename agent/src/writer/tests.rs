@@ -96,6 +96,7 @@ fn snapshot() -> Snapshot {
             sample_type: SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CALLCHAIN,
             sample_regs_user: 0,
             sample_stack_user: 0,
+            switch_ids: Vec::new(),
             sample_id_all: true,
             sample_frequency: Some(10_000),
             buffer_size: 1 << 20,

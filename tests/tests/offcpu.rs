@@ -1,0 +1,130 @@
+//! Off-CPU time, end to end: a program whose `handle()` (0.3 ms, once 15 ms) alternates
+//! with 5 ms sleeps, traced by the `lookback` binary with the sampling backend. Its
+//! context switches are recorded (a sample with the stack at each switch out, the switch
+//! records of each switch in), so `handle()`'s slices last what the program itself
+//! measured, and each sleep is an `[off-cpu]` slice of its own under the sleep's caller
+//! instead of stretching `handle()` across it. Needs root.
+
+use std::process::Command;
+
+use lookback_tests::{chrome_events, is_root, lookback_bin, toolchains};
+use serde_json::Value;
+
+/// A finished slice of the trace: name, start and duration (µs), args.
+struct Slice {
+    name: String,
+    start: f64,
+    duration: f64,
+    args: Value,
+}
+
+/// The slices of a Chrome JSON trace's B/E events (one thread).
+fn slices(events: &[Value]) -> Vec<Slice> {
+    let mut open: Vec<&Value> = Vec::new();
+    let mut out = Vec::new();
+    for e in events {
+        match e["ph"].as_str() {
+            Some("B") => open.push(e),
+            Some("E") => {
+                let begin = open.pop().expect("E matches a B");
+                let start = begin["ts"].as_f64().expect("ts");
+                out.push(Slice {
+                    name: begin["name"].as_str().unwrap_or("").to_owned(),
+                    start,
+                    duration: e["ts"].as_f64().expect("ts") - start,
+                    args: begin["args"].clone(),
+                });
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn slices_last_what_the_program_measured_and_sleeps_are_off_cpu() {
+    if !is_root() {
+        #[expect(clippy::print_stderr, reason = "a skipped test says why")]
+        {
+            eprintln!("skipped: needs root");
+        }
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("trace.json");
+    let rule = "func:handle>10ms";
+    let out = Command::new(lookback_bin())
+        .args(["run", "--backend", "sampling", "--trigger", rule, "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(toolchains::c_offcpu())
+        .args(["200", "190"])
+        .output()
+        .expect("lookback");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // The program's own measurement of each call: (start, duration) in µs.
+    let calls: Vec<(f64, f64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.strip_prefix("call=")?.split_whitespace();
+            let start: f64 = it.next()?.parse().ok()?;
+            let duration: f64 = it.next()?.parse().ok()?;
+            Some((start / 1e3, duration / 1e3))
+        })
+        .collect();
+    assert_eq!(calls.len(), 200, "{stderr}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&trace).expect("trace")).expect("JSON");
+    let all = slices(chrome_events(&doc));
+    let handles: Vec<&Slice> = all.iter().filter(|s| s.name == "handle").collect();
+    assert!(
+        handles.len() >= 10,
+        "{} handle slices\n{stderr}",
+        handles.len()
+    );
+    for slice in &handles {
+        // The call it shows: the one it overlaps most.
+        let overlap = |&(start, duration): &(f64, f64)| {
+            (slice.start + slice.duration).min(start + duration) - slice.start.max(start)
+        };
+        let call = calls
+            .iter()
+            .copied()
+            .max_by(|a, b| overlap(a).total_cmp(&overlap(b)))
+            .expect("calls");
+        assert!(
+            (slice.duration - call.1).abs() < 1000.0,
+            "a handle slice of {:.0} µs at {:.0} for a call the program measured at {:.0} µs",
+            slice.duration,
+            slice.start,
+            call.1
+        );
+    }
+    assert!(
+        handles.iter().any(|s| s.duration > 14_000.0),
+        "the slow call is in the trace"
+    );
+    let off: Vec<&Slice> = all.iter().filter(|s| s.name == "[off-cpu]").collect();
+    assert!(off.len() >= 10, "{} [off-cpu] slices", off.len());
+    assert!(
+        off.iter().all(|s| s.duration >= 4_000.0
+            && s.args["reason"] == "blocked"
+            && s.args["in"]
+                .as_str()
+                .is_some_and(|f| f.contains("nanosleep"))),
+        "the sleeps: {:?}",
+        off.iter()
+            .map(|s| (s.duration, s.args.to_string()))
+            .collect::<Vec<_>>()
+    );
+    // No handle slice spans a sleep.
+    for s in &off {
+        assert!(
+            !handles
+                .iter()
+                .any(|h| h.start < s.start && s.start + s.duration <= h.start + h.duration),
+            "a handle slice spans the sleep at {:.0}",
+            s.start
+        );
+    }
+}
