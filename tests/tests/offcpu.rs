@@ -41,13 +41,19 @@ fn slices(events: &[Value]) -> Vec<Slice> {
     out
 }
 
+/// `false` (with a note on stderr) when the test cannot run here.
+#[expect(clippy::print_stderr, reason = "a skipped test says why")]
+fn can_run() -> bool {
+    let root = is_root();
+    if !root {
+        eprintln!("skipped: needs root");
+    }
+    root
+}
+
 #[test]
 fn slices_last_what_the_program_measured_and_sleeps_are_off_cpu() {
-    if !is_root() {
-        #[expect(clippy::print_stderr, reason = "a skipped test says why")]
-        {
-            eprintln!("skipped: needs root");
-        }
+    if !can_run() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

@@ -226,30 +226,39 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
             }
         }
     }
-    // The stack the kernel took at the trigger is one more sample of its thread, at the
-    // trigger instant: a syscall's or signal's caller is open there even when no sample
-    // caught it.
+    add_trigger_stack(snap, &mut out);
+    let end = snap.meta.window_end_ns.unwrap_or(snap.meta.freeze_time_ns);
+    finish_threads(&mut out, &mut comms, &execs, end);
+    out.threads.retain(|_, t| !t.stacks.is_empty());
+    out
+}
+
+/// The stack the kernel took at the trigger is one more sample of its thread, at the
+/// trigger instant: a syscall's or signal's caller is open there even when no sample
+/// caught it.
+fn add_trigger_stack(snap: &Snapshot, out: &mut Sampled) {
     if let Some(t) = snap
         .meta
         .trigger
         .as_ref()
         .filter(|t| t.pid != 0 && !t.stack.is_empty())
     {
-        out.threads
-            .entry((t.pid, t.tid))
-            .or_insert_with(|| ThreadSamples {
-                pid: t.pid,
-                tid: t.tid,
-                ..ThreadSamples::default()
-            })
-            .stacks
-            .push(StackAt {
-                time_ns: t.trigger_time_ns,
-                addrs: outermost_first(t.stack.clone()),
-                off_cpu: None,
-            });
+        thread_of(out, t.pid, t.tid).stacks.push(StackAt {
+            time_ns: t.trigger_time_ns,
+            addrs: outermost_first(t.stack.clone()),
+            off_cpu: None,
+        });
     }
-    let end = snap.meta.window_end_ns.unwrap_or(snap.meta.freeze_time_ns);
+}
+
+/// Per thread: drops what came before its process's last exec, sorts, names it (COMM
+/// records), closes its off-CPU periods (the recording ends at `end`).
+fn finish_threads(
+    out: &mut Sampled,
+    comms: &mut BTreeMap<(u32, u32), String>,
+    execs: &BTreeMap<u32, u64>,
+    end: u64,
+) {
     for (key, thread) in &mut out.threads {
         if let Some(&exec) = execs.get(&thread.pid) {
             thread.stacks.retain(|s| s.time_ns >= exec);
@@ -261,8 +270,6 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
         thread.comm = comms.remove(key);
         close_off_cpu(thread, end);
     }
-    out.threads.retain(|_, t| !t.stacks.is_empty());
-    out
 }
 
 /// The thread `(pid, tid)` of `out`, added when new.
