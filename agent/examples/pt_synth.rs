@@ -131,6 +131,7 @@ fn bundle(program: &SynthProgram, trace: Vec<u8>, elf: &Path) -> Result<Snapshot
         }],
         code: Vec::new(),
         window: None,
+        kernel_symbols: Vec::new(),
     };
     let trigger = TriggerMeta {
         rule: "bench".to_owned(),

@@ -438,6 +438,7 @@ impl Recorder for PtRecorder {
             processes,
             code,
             window: None,
+            kernel_symbols: Vec::new(),
         })
     }
 

@@ -24,6 +24,7 @@ pub mod aux_pause;
 mod events;
 pub mod freeze;
 pub mod intel_pt;
+pub mod kallsyms;
 pub mod procmaps;
 pub mod pt_config;
 pub mod pt_filter;
@@ -255,6 +256,8 @@ pub struct CapturedData {
     pub code: Vec<CodeRegion>,
     /// First and last sample time in the rings (`CLOCK_MONOTONIC` ns), when known.
     pub window: Option<(u64, u64)>,
+    /// The kernel functions the samples' kernel frames are in (`include_kernel`).
+    pub kernel_symbols: Vec<kallsyms::KernelSymbol>,
 }
 
 impl CapturedData {

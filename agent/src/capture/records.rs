@@ -78,6 +78,8 @@ impl From<u64> for Layout {
 pub const PERF_CONTEXT_MAX: u64 = (-4095i64).cast_unsigned();
 /// `PERF_CONTEXT_USER`: the user part of a callchain follows.
 pub const PERF_CONTEXT_USER: u64 = (-512i64).cast_unsigned();
+/// `PERF_CONTEXT_KERNEL`: the kernel part of a callchain follows.
+pub const PERF_CONTEXT_KERNEL: u64 = (-128i64).cast_unsigned();
 
 /// One record of a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +142,18 @@ pub struct UserRegs {
 }
 
 impl Sample {
+    /// The kernel addresses of the callchain (after `PERF_CONTEXT_KERNEL`, up to the user
+    /// part), leaf first.
+    pub fn kernel_callchain(&self) -> impl Iterator<Item = u64> + '_ {
+        self.callchain
+            .iter()
+            .skip_while(|&&a| a != PERF_CONTEXT_KERNEL)
+            .skip(1)
+            .take_while(|&&a| a != PERF_CONTEXT_USER)
+            .copied()
+            .filter(|&a| a < PERF_CONTEXT_MAX)
+    }
+
     /// The user-space addresses of the callchain (after `PERF_CONTEXT_USER`).
     pub fn user_callchain(&self) -> impl Iterator<Item = u64> + '_ {
         self.callchain

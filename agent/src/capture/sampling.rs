@@ -27,10 +27,12 @@ use super::{
     RecorderParams, RingData, RingKind, SamplingEvent,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
     freeze::{FreezeSwitch, StopMethod},
+    kallsyms::{self, Kallsyms},
     pages_for, procmaps,
     records::{
-        SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_IP, SAMPLE_PERIOD,
-        SAMPLE_REGS_USER, SAMPLE_STACK_USER, SAMPLE_TID, SAMPLE_TIME, StreamSummary, UNWIND_REGS,
+        self, Layout, PERF_CONTEXT_MAX, SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_IP,
+        SAMPLE_PERIOD, SAMPLE_REGS_USER, SAMPLE_STACK_USER, SAMPLE_TID, SAMPLE_TIME, StreamSummary,
+        UNWIND_REGS,
     },
     ring::PerfRing,
 };
@@ -88,7 +90,9 @@ pub fn sampling_attr(
     attr.__bindgen_anon_1.sample_freq = frequency.max(1);
     attr.set_freq(1);
     attr.set_inherit(1);
-    attr.set_exclude_kernel(u64::from(!include_kernel));
+    // Samples in the kernel are kept either way: without `include_kernel` they are a
+    // `[kernel]` frame on the user stack (a thread running a syscall is not off-CPU),
+    // with it the kernel's callchain too.
     attr.set_exclude_callchain_kernel(u64::from(!include_kernel));
     attr.set_exclude_hv(1);
     attr.set_mmap(1);
@@ -148,6 +152,8 @@ pub struct SamplingRecorder {
     switch: Arc<FreezeSwitch>,
     /// The online CPUs, in ring-slot order of `switch`.
     cpus: Vec<u32>,
+    /// The kernel's symbols, read at open with `include_kernel` (else empty).
+    kallsyms: Kallsyms,
 }
 
 // The recorder moves to the thread that freezes it: it must be `Send`.
@@ -211,6 +217,11 @@ impl SamplingRecorder {
             pids: BTreeSet::new(),
             known_maps: BTreeMap::new(),
             maps_text: BTreeMap::new(),
+            kallsyms: if opts.include_kernel {
+                Kallsyms::read()
+            } else {
+                Kallsyms::default()
+            },
         })
     }
 
@@ -248,6 +259,16 @@ impl SamplingRecorder {
         }
         out
     }
+}
+
+/// The kernel addresses of the samples in `stream`: IPs and kernel callchain entries.
+fn kernel_addresses(layout: Layout, stream: &[u8]) -> Vec<u64> {
+    records::records(stream)
+        .filter(|r| r.kind == records::PERF_RECORD_SAMPLE)
+        .filter_map(|r| records::parse_sample(layout, r.body))
+        .flat_map(|s| s.ip.into_iter().chain(s.callchain))
+        .filter(|&a| kallsyms::is_kernel_address(a) && a < PERF_CONTEXT_MAX)
+        .collect()
 }
 
 impl Recorder for SamplingRecorder {
@@ -341,6 +362,13 @@ impl Recorder for SamplingRecorder {
                 data: copy.data,
             });
         }
+        let kernel_symbols = if self.kallsyms.is_empty() {
+            Vec::new()
+        } else {
+            let layout = self.params.sample_layout();
+            self.kallsyms
+                .symbols_for(rings.iter().flat_map(|r| kernel_addresses(layout, &r.data)))
+        };
         let pids: BTreeSet<u32> = self.pids.iter().chain(&summary.pids).copied().collect();
         let processes = self.collect_maps(&pids);
         let code = processes
@@ -359,6 +387,7 @@ impl Recorder for SamplingRecorder {
             processes,
             code,
             window: summary.first_time.zip(summary.last_time),
+            kernel_symbols,
         })
     }
 
@@ -428,7 +457,7 @@ mod tests {
         );
         let kernel = sampling_attr(SamplingEvent::Cycles, 0, true, 0);
         assert_eq!(
-            (kernel.type_, kernel.exclude_kernel()),
+            (kernel.type_, kernel.exclude_callchain_kernel()),
             (PERF_TYPE_HARDWARE, 0)
         );
     }

@@ -67,8 +67,9 @@ pub struct CommonArgs {
     /// keep more history in the same --buffer-size. [default: 8KiB, or the rules file's]
     #[arg(long, value_name = "SIZE", value_parser = rules::parse_stack_size)]
     pub stack_size: Option<u32>,
-    /// Record kernel code too (PT kernel trace, kernel callchains); also when the rules
-    /// file says `include_kernel: true`.
+    /// Record kernel code too (PT kernel trace; sampling: the kernel's functions above
+    /// the user frames, named from /proc/kallsyms, instead of one `[kernel]` frame); also
+    /// when the rules file says `include_kernel: true`.
     #[arg(long)]
     pub include_kernel: bool,
     /// Intel PT only: trace only the code of this binary (an executable or shared

@@ -329,6 +329,7 @@ pub(super) mod tests {
             processes: vec![],
             code: vec![],
             window: None,
+            kernel_symbols: Vec::new(),
         };
         let event = TriggerEvent {
             rule_id: 0,

@@ -146,6 +146,7 @@ fn synth_snapshot(
             data: program.code,
         }],
         window: None,
+        kernel_symbols: Vec::new(),
     };
     (Snapshot::from_captured(captured, None), encoded.branches)
 }

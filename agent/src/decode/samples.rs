@@ -1,8 +1,10 @@
 //! Decode, sampling half: the perf records of a sampling snapshot → per-thread stacks.
 //!
 //! In: a [`Snapshot`] whose rings hold perf records (`RingKind::PerfRecords`). Out:
-//! [`ThreadSamples`] per (pid, tid), in time order, each stack outermost frame first with
-//! user-space addresses only. Caller frames (return addresses) are moved back one byte so
+//! [`ThreadSamples`] per (pid, tid), in time order, each stack outermost frame first: the
+//! user frames, then the kernel's for a sample taken in the kernel (its kernel callchain
+//! with `include_kernel`, else its kernel IP, which the writer names `[kernel]`). Caller
+//! frames (return addresses) are moved back one byte so
 //! they fall inside the call instruction; the leaf is the sampled IP. Thread names come
 //! from `PERF_RECORD_COMM` records, else the process's comm. Never panics on record bytes:
 //! malformed samples are counted and skipped.
@@ -19,6 +21,7 @@
 use std::collections::BTreeMap;
 
 use crate::capture::RingKind;
+use crate::capture::kallsyms::is_kernel_address;
 use crate::capture::records::{
     self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES,
     PERF_RECORD_MISC_SWITCH_OUT, PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, PERF_RECORD_SAMPLE,
@@ -114,6 +117,17 @@ fn user_stack(sample: &records::Sample, body: &[u8], unwind: &mut Unwind<'_>) ->
     callchain_stack(sample)
 }
 
+/// The kernel frames of `sample`, outermost first, to go above its user stack: its
+/// kernel callchain (`include_kernel`), else its IP when that is in the kernel (a thread
+/// running a syscall: one `[kernel]` frame); none for a sample in user space.
+fn kernel_stack(sample: &records::Sample) -> Vec<u64> {
+    let mut leaf_first: Vec<u64> = sample.kernel_callchain().collect();
+    if leaf_first.is_empty() {
+        leaf_first.extend(sample.ip.filter(|&ip| is_kernel_address(ip)));
+    }
+    outermost_first(leaf_first)
+}
+
 /// The user stack of `sample` from its callchain, outermost first.
 fn callchain_stack(sample: &records::Sample) -> Vec<u64> {
     let mut leaf_first: Vec<u64> = sample.user_callchain().collect();
@@ -182,10 +196,16 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
                         continue;
                     };
                     let switch_out = s.id.is_some_and(|id| switch_ids.contains(&id));
+                    let mut addrs = user_stack(&s, record.body, unwind);
+                    if !switch_out {
+                        // At a switch the kernel frames are the scheduler's: the
+                        // `[off-cpu]` slice says that.
+                        addrs.extend(kernel_stack(&s));
+                    }
                     let thread = thread_of(&mut out, pid, tid);
                     thread.stacks.push(StackAt {
                         time_ns,
-                        addrs: user_stack(&s, record.body, unwind),
+                        addrs,
                         off_cpu: switch_out.then_some(OffCpu {
                             until_ns: u64::MAX,
                             preempted: false,
@@ -314,10 +334,10 @@ fn close_off_cpu(thread: &mut ThreadSamples, end: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Loss, callchain_stack, comm_record, loss, user_stack};
+    use super::{Loss, callchain_stack, comm_record, kernel_stack, loss, user_stack};
     use crate::capture::records::{
-        PERF_CONTEXT_USER, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, SAMPLE_TID, SAMPLE_TIME,
-        Sample, UserRegs,
+        PERF_CONTEXT_KERNEL, PERF_CONTEXT_USER, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES,
+        SAMPLE_TID, SAMPLE_TIME, Sample, UserRegs,
     };
 
     #[test]
@@ -381,6 +401,34 @@ mod tests {
         };
         let stack = user_stack(&bad, &body, &mut |_, _, _| panic!("not unwound"));
         assert_eq!(stack, [0x1010]);
+    }
+
+    #[test]
+    fn kernel_frames_go_above_the_user_stack() {
+        let k = 0xffff_ffff_8100_0000u64;
+        let s = Sample {
+            ip: Some(k + 0x10),
+            callchain: vec![
+                PERF_CONTEXT_KERNEL,
+                k + 0x10,
+                k + 0x205,
+                PERF_CONTEXT_USER,
+                0x1005,
+            ],
+            ..Sample::default()
+        };
+        assert_eq!(kernel_stack(&s), [k + 0x204, k + 0x10]);
+        // Without a kernel callchain: the kernel IP alone; a user IP: nothing.
+        let bare = Sample {
+            ip: Some(k + 0x10),
+            ..Sample::default()
+        };
+        assert_eq!(kernel_stack(&bare), [k + 0x10]);
+        let user = Sample {
+            ip: Some(0x1010),
+            ..Sample::default()
+        };
+        assert!(kernel_stack(&user).is_empty());
     }
 
     #[test]

@@ -116,6 +116,10 @@ pub struct Metadata {
     /// `debug_dirs:`, `--debug-dir`), before the target's `/usr/lib/debug`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub debug_dirs: Vec<std::path::PathBuf>,
+    /// The kernel functions the samples' kernel frames are in (`--include-kernel`), from
+    /// the recording machine's `/proc/kallsyms`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel_symbols: Vec<crate::capture::kallsyms::KernelSymbol>,
 }
 
 /// A snapshot bundle in memory.
@@ -149,6 +153,7 @@ impl Snapshot {
                 window_start_ns: data.window.map(|w| w.0),
                 window_end_ns: data.window.map(|w| w.1),
                 debug_dirs: Vec::new(),
+                kernel_symbols: data.kernel_symbols,
             },
             rings: data.rings,
             sideband: data.sideband,

@@ -87,6 +87,7 @@ fn sample_snapshot() -> Snapshot {
             data: b"\x7fELF code".to_vec(),
         }],
         window: Some((1_000_000, 4_900_000)),
+        kernel_symbols: Vec::new(),
     };
     let trigger = TriggerMeta {
         rule: "func:lb_work>5ms".to_owned(),

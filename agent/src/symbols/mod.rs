@@ -32,7 +32,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as Blaze};
 
+use crate::capture::kallsyms::{KernelSymbol, is_kernel_address};
 use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
+
+/// The name of a kernel frame without kernel symbols (no `--include-kernel`).
+pub const KERNEL: &str = "[kernel]";
 use debug_file::DebugSearch;
 use separate::Separate;
 
@@ -119,6 +123,8 @@ pub struct Symbolizer<'a> {
     separate: HashMap<PathBuf, Rc<Separate>>,
     /// Frames per module.
     modules: BTreeMap<String, ModuleCount>,
+    /// The kernel functions of the snapshot (`--include-kernel`), sorted by address.
+    kernel: Vec<KernelSymbol>,
     /// Addresses that got no name.
     pub misses: u64,
 }
@@ -178,7 +184,35 @@ impl<'a> Symbolizer<'a> {
             debug_dirs: debug_dirs.to_vec(),
             separate: HashMap::new(),
             modules: BTreeMap::new(),
+            kernel: Vec::new(),
             misses: 0,
+        }
+    }
+
+    /// Names kernel addresses from `symbols` (the snapshot's `kernel_symbols`); without
+    /// them every kernel address is `[kernel]`.
+    #[must_use]
+    pub fn with_kernel_symbols(mut self, symbols: &[KernelSymbol]) -> Self {
+        self.kernel = symbols.to_vec();
+        self.kernel.sort_by_key(|s| s.address);
+        self
+    }
+
+    /// The frame of kernel address `addr`: its function, else `[kernel]`.
+    fn kernel_frame(&self, addr: u64) -> Frame {
+        let symbol = crate::capture::kallsyms::lookup(&self.kernel, addr);
+        Frame {
+            name: symbol.map_or_else(|| KERNEL.to_owned(), |s| s.name.clone()),
+            module: Some(
+                symbol
+                    .and_then(|s| s.module.clone())
+                    .unwrap_or_else(|| "[kernel.kallsyms]".to_owned()),
+            ),
+            location: None,
+            unknown: None,
+            inlined: Vec::new(),
+            func_offset: symbol.map(|s| addr - s.address),
+            func_size: None,
         }
     }
 
@@ -189,6 +223,9 @@ impl<'a> Symbolizer<'a> {
     /// nothing can be judged.
     #[must_use]
     pub fn is_code(&self, pid: u32, addr: u64) -> Option<bool> {
+        if is_kernel_address(addr) {
+            return Some(true);
+        }
         let maps = self.maps.get(&pid).filter(|m| !m.maps.is_empty())?;
         Some(
             maps.maps
@@ -302,6 +339,9 @@ impl<'a> Symbolizer<'a> {
     }
 
     fn lookup(&mut self, pid: u32, addr: u64) -> Rc<Frame> {
+        if is_kernel_address(addr) {
+            return Rc::new(self.kernel_frame(addr));
+        }
         let Some(maps) = self.maps.get(&pid).copied() else {
             return Rc::new(unknown(addr, None, format!("no maps of process {pid}")));
         };

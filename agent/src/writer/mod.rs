@@ -353,7 +353,8 @@ fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceS
         unwinder.unwind(pid, regs, stack)
     });
     let threads: Vec<&ThreadSamples> = sampled.threads.values().collect();
-    let mut symbols = Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs);
+    let mut symbols = Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs)
+        .with_kernel_symbols(&snap.meta.kernel_symbols);
     let mut summary = TraceSummary {
         threads: threads.len(),
         malformed_samples: sampled.malformed,

@@ -200,6 +200,7 @@ fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
         processes: Vec::new(),
         code: Vec::new(),
         window: None,
+        kernel_symbols: Vec::new(),
     };
     for (i, case) in cases.iter().enumerate() {
         let (pid, tid) = ids(i);

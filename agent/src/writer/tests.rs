@@ -122,6 +122,7 @@ fn snapshot() -> Snapshot {
         processes: vec![own_maps()],
         code: vec![],
         window: Some((1_000_000, 1_300_000)),
+        kernel_symbols: Vec::new(),
     };
     let trigger = TriggerMeta {
         rule: "func:lookback_writer_inner>1ms".to_owned(),

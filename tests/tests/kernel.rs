@@ -1,0 +1,118 @@
+//! Kernel time in sampled traces, end to end: the workload's `enoent` loop (`open()` of a
+//! missing file, most of its time in the kernel) traced by the `lookback` binary with the
+//! sampling backend. With `--include-kernel` the kernel's functions, named from the
+//! recording machine's `/proc/kallsyms`, are slices above the libc call that entered the
+//! kernel; without it that time is one `[kernel]` slice there, not `[untraced]`. Needs root.
+
+use std::process::Command;
+
+use lookback_tests::{chrome_events, is_root, lookback_bin, workload};
+use serde_json::Value;
+
+/// `false` (with a note on stderr) when the test cannot run here.
+#[expect(clippy::print_stderr, reason = "a skipped test says why")]
+fn can_run() -> bool {
+    let root = is_root();
+    if !root {
+        eprintln!("skipped: needs root");
+    }
+    root
+}
+
+/// Each B event of the trace with the names of the slices open around it, outermost first.
+fn begins_with_ancestors(events: &[Value]) -> Vec<(&Value, Vec<String>)> {
+    let mut open: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    for e in events {
+        match e["ph"].as_str() {
+            Some("B") => {
+                out.push((e, open.clone()));
+                open.push(e["name"].as_str().unwrap_or("").to_owned());
+            }
+            Some("E") => {
+                open.pop();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The trace of the `enoent` loop with `extra` flags.
+fn trace_of_the_open_loop(extra: &[&str]) -> Value {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("trace.json");
+    let out = Command::new(lookback_bin())
+        .args(["run", "--backend", "sampling"])
+        .args(extra)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(workload())
+        .args(["enoent", "300000"])
+        .output()
+        .expect("lookback");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(&trace).expect("trace")).expect("JSON")
+}
+
+#[test]
+fn include_kernel_names_kernel_functions_above_the_syscall() {
+    if !can_run() {
+        return;
+    }
+    let doc = trace_of_the_open_loop(&["--include-kernel"]);
+    let begins = begins_with_ancestors(chrome_events(&doc));
+    let kernel: Vec<&(&Value, Vec<String>)> = begins
+        .iter()
+        .filter(|(e, _)| e["args"]["module"] == "[kernel.kallsyms]")
+        .collect();
+    let names: std::collections::BTreeSet<&str> = kernel
+        .iter()
+        .filter_map(|(e, _)| e["name"].as_str())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.contains("openat")) && names.contains("do_syscall_64"),
+        "kernel functions: {names:?}"
+    );
+    // Above the user frames: main is open around them, and no user frame is below one.
+    assert!(
+        kernel.iter().all(|(_, up)| up.iter().any(|n| n == "main")),
+        "kernel slices outside main"
+    );
+    assert!(!names.contains("[kernel]"), "{names:?}");
+}
+
+#[test]
+fn without_include_kernel_kernel_time_is_a_kernel_slice() {
+    if !can_run() {
+        return;
+    }
+    let doc = trace_of_the_open_loop(&[]);
+    let begins = begins_with_ancestors(chrome_events(&doc));
+    let kernel: Vec<&(&Value, Vec<String>)> = begins
+        .iter()
+        .filter(|(e, _)| e["name"] == "[kernel]")
+        .collect();
+    assert!(!kernel.is_empty(), "no [kernel] slice");
+    assert!(
+        kernel.iter().all(|(_, up)| up.iter().any(|n| n == "main")
+            && up.last().is_some_and(|n| n.contains("open"))),
+        "[kernel] under main, in the open() wrapper: {:?}",
+        kernel
+            .iter()
+            .map(|(_, up)| up.clone())
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        begins
+            .iter()
+            .all(|(e, _)| e["args"]["module"] != "[kernel.kallsyms]" || e["name"] == "[kernel]"),
+        "kernel names without --include-kernel"
+    );
+}
