@@ -57,6 +57,12 @@ __attribute__((noinline)) int lb_recurse(int depth, long us) {
 volatile long sink;
 __attribute__((noinline)) void lb_noop(long i) { sink += i; }
 
+/* Writes through `p`: NULL faults here, in a frame of its own under main (segv mode). */
+__attribute__((noinline)) void lb_fault(volatile int *p) {
+    *p = 1;
+    sink++;
+}
+
 /* What gcc -pg -mfentry -mnop-mcount emits: a 5-byte NOP at the entry. */
 __attribute__((noinline)) void lb_noop_nop5(long i) {
     __asm__ volatile(".byte 0x0f, 0x1f, 0x44, 0x00, 0x00");
@@ -204,8 +210,7 @@ int main(int argc, char **argv) {
         for (long i = 0; i < ARG(0); i++) lb_noop_rets(i);
         report(ARG(0), t);
     } else if (!strcmp(mode, "segv")) {
-        volatile int *p = NULL;
-        *p = 1;
+        lb_fault(NULL);
     } else if (!strcmp(mode, "abort")) {
         abort();
     } else if (!strcmp(mode, "usr1")) {

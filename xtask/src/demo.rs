@@ -16,14 +16,10 @@ pub fn demo(env: &BuildEnv) -> Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let workload = out.join("demo-workload");
     let source = env.root.join("tests/workloads/demo.c");
+    // Built as distributions build C (-O2, no frame pointers): the stacks come from
+    // unwinding each sample's stack copy with the binary's .eh_frame.
     run(Command::new("cc")
-        .args([
-            "-O1",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-mno-omit-leaf-frame-pointer",
-        ])
-        .args(["-pthread", "-o"])
+        .args(["-O2", "-g", "-pthread", "-o"])
         .arg(&workload)
         .arg(&source))
     .context("building the demo workload (needs a C compiler)")?;
@@ -63,8 +59,12 @@ pub fn demo(env: &BuildEnv) -> Result<()> {
         trace.display()
     );
     println!("slices per function (handle_request → query_database → scan_cold_cache →");
-    println!("hash_row) and an instant `trigger: func:handle_request>5ms` where the slow call");
-    println!("returned. To look at it:");
+    println!("hash_row, unwound without frame pointers: the workload is built with cc -O2),");
+    println!("[off-cpu] slices where a thread slept (parse_request's nanosleep, args: reason and");
+    println!("the function it blocked in), and an instant `trigger: func:handle_request>5ms`");
+    println!(
+        "where the slow call returned, with handle_request and its callers open. To look at it:"
+    );
     println!(
         "  - https://ui.perfetto.dev → Open trace file → {}",
         trace.display()

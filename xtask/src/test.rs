@@ -65,7 +65,15 @@ pub fn test(env: &BuildEnv, extra: &[String]) -> Result<()> {
     }
     let mut integration = env.cargo();
     integration
-        .args(["test", "-p", "lookback-tests", "--", "--test-threads=1"])
+        // Every test binary runs even after one fails: one run shows every failure.
+        .args([
+            "test",
+            "--no-fail-fast",
+            "-p",
+            "lookback-tests",
+            "--",
+            "--test-threads=1",
+        ])
         .args(extra);
     if let Err(e) = run_counted(&mut integration, &mut totals) {
         failures.push(format!("integration tests: {e:#}"));

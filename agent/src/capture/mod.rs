@@ -25,6 +25,7 @@ mod events;
 pub mod freeze;
 pub mod intel_pt;
 pub mod kallsyms;
+pub mod mmap_records;
 pub mod procmaps;
 pub mod pt_config;
 pub mod pt_filter;

@@ -28,7 +28,7 @@ use super::{
     events::{CpuRing, EventSet, EventSpec, online_cpus},
     freeze::{FreezeSwitch, StopMethod},
     kallsyms::{self, Kallsyms},
-    pages_for, procmaps,
+    mmap_records, pages_for, procmaps,
     records::{
         self, Layout, PERF_CONTEXT_MAX, SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_IP,
         SAMPLE_PERIOD, SAMPLE_REGS_USER, SAMPLE_STACK_USER, SAMPLE_TID, SAMPLE_TIME, StreamSummary,
@@ -225,6 +225,37 @@ impl SamplingRecorder {
         })
     }
 
+    /// The maps of a process gone before the freeze: those its records in `rings` show
+    /// when it exec'd after the last maps read of it ([`mmap_records`]), else those.
+    fn gone_maps(&self, pid: u32, rings: &[RingData]) -> Option<procmaps::ProcessMaps> {
+        let old = self.known_maps.get(&pid);
+        let streams = rings.iter().map(|r| r.data.as_slice());
+        let recorded = mmap_records::recorded_maps(pid, self.params.sample_type, streams);
+        match recorded.exec {
+            Some((exec, comm))
+                if old.is_none_or(|o| o.read_at_ns < exec) && !recorded.maps.is_empty() =>
+            {
+                log::debug!(
+                    "pid {pid}: gone before the freeze; its maps since its exec rebuilt from \
+                     {} mmap records",
+                    recorded.maps.len()
+                );
+                Some(procmaps::ProcessMaps {
+                    pid,
+                    comm,
+                    exe: None,
+                    read_at_ns: exec,
+                    at_freeze: false,
+                    maps: recorded.maps,
+                })
+            }
+            _ => old.map(|o| procmaps::ProcessMaps {
+                at_freeze: false,
+                ..o.clone()
+            }),
+        }
+    }
+
     /// Pauses every ring (again, when the switch already did: the ioctl is idempotent,
     /// and here a failure is reported).
     fn pause_all(&self) -> Result<(), CaptureError> {
@@ -237,24 +268,21 @@ impl SamplingRecorder {
         Ok(())
     }
 
-    /// Maps of every process in `pids`, read now, or the last ones read when it is gone.
-    fn collect_maps(&mut self, pids: &BTreeSet<u32>) -> Vec<procmaps::ProcessMaps> {
+    /// Maps of every process in `pids`, read now; when it is gone, the last ones read, or
+    /// those its records in `rings` show when it exec'd since ([`mmap_records`]).
+    fn collect_maps(
+        &mut self,
+        pids: &BTreeSet<u32>,
+        rings: &[RingData],
+    ) -> Vec<procmaps::ProcessMaps> {
         let now = super::monotonic_ns();
         let mut out = Vec::new();
         for &pid in pids {
-            match procmaps::read_process(pid, now) {
-                Ok(maps) => {
-                    self.known_maps.insert(pid, maps.clone());
-                    out.push(maps);
-                }
-                Err(_) => {
-                    if let Some(old) = self.known_maps.get(&pid) {
-                        out.push(procmaps::ProcessMaps {
-                            at_freeze: false,
-                            ..old.clone()
-                        });
-                    }
-                }
+            if let Ok(maps) = procmaps::read_process(pid, now) {
+                self.known_maps.insert(pid, maps.clone());
+                out.push(maps);
+            } else if let Some(maps) = self.gone_maps(pid, rings) {
+                out.push(maps);
             }
         }
         out
@@ -370,7 +398,7 @@ impl Recorder for SamplingRecorder {
                 .symbols_for(rings.iter().flat_map(|r| kernel_addresses(layout, &r.data)))
         };
         let pids: BTreeSet<u32> = self.pids.iter().chain(&summary.pids).copied().collect();
-        let processes = self.collect_maps(&pids);
+        let processes = self.collect_maps(&pids, &rings);
         let code = processes
             .iter()
             .filter(|p| p.at_freeze)

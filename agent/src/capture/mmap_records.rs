@@ -1,0 +1,225 @@
+//! The maps of a process that died before the freeze, rebuilt from the rings' records.
+//!
+//! A process killed by a fault right after it started (a crash at start-up, `workload
+//! segv`) is gone before `/proc/PID/maps` can be read at the freeze, and the maps read
+//! earlier may be from before its exec (lookback's own child waiting to exec the command):
+//! its addresses then fall outside them, and its samples and trigger stack come out
+//! empty. The kernel wrote a `PERF_RECORD_MMAP2` for every executable mapping the new
+//! program made, after the `PERF_RECORD_COMM` of its exec, into the same rings; those
+//! are its maps, as perf reconstructs them.
+//!
+//! In: the copied record streams, their `sample_type` (for the `sample_id_all` trailer)
+//! and a pid. Out: the pid's exec time and the [`MapEntry`]s mapped after it.
+#![forbid(unsafe_code)]
+
+use super::procmaps::MapEntry;
+use super::records::{self, PERF_RECORD_COMM, PERF_RECORD_MMAP2};
+
+/// `PERF_RECORD_COMM` flag: the name changed because the process exec'd.
+const COMM_EXEC: u16 = 1 << 13;
+/// `PERF_RECORD_MMAP2` flag: the record carries a build-id instead of device and inode.
+const MMAP_BUILD_ID: u16 = 1 << 14;
+
+/// What the records say about one process since its last exec.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordedMaps {
+    /// When it last exec'd, with the name it got (`None`: no exec in the records).
+    pub exec: Option<(u64, String)>,
+    /// Executable mappings made since (all of them without an exec), in record order.
+    pub maps: Vec<MapEntry>,
+}
+
+/// The exec and mappings of `pid` in `streams` (records with a `sample_id_all` trailer
+/// of `sample_type`, oldest first within each stream).
+pub fn recorded_maps<'a>(
+    pid: u32,
+    sample_type: u64,
+    streams: impl IntoIterator<Item = &'a [u8]>,
+) -> RecordedMaps {
+    let mut recorded: Vec<(u64, MapEntry)> = Vec::new();
+    let mut exec: Option<(u64, String)> = None;
+    for stream in streams {
+        for record in records::records(stream) {
+            let time = records::id_trailer(sample_type, record.body).and_then(|(_, t)| t);
+            match record.kind {
+                PERF_RECORD_COMM if record.misc & COMM_EXEC != 0 => {
+                    let Some((p, name)) = comm(record.body) else {
+                        continue;
+                    };
+                    if let (true, Some(t)) = (p == pid, time)
+                        && exec.as_ref().is_none_or(|(old, _)| t > *old)
+                    {
+                        exec = Some((t, name));
+                    }
+                }
+                PERF_RECORD_MMAP2 => {
+                    if let Some((p, entry)) = mmap2(record.body, record.misc)
+                        && p == pid
+                    {
+                        recorded.push((time.unwrap_or(0), entry));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let since = exec.as_ref().map_or(0, |(t, _)| *t);
+    let mut maps: Vec<MapEntry> = recorded
+        .into_iter()
+        .filter(|(t, _)| *t >= since)
+        .map(|(_, e)| e)
+        .collect();
+    maps.sort_by_key(|m| m.start);
+    // A later mapping over the same start replaces an earlier one.
+    maps.dedup_by(|later, earlier| later.start == earlier.start);
+    RecordedMaps { exec, maps }
+}
+
+/// `PERF_RECORD_COMM`: pid, tid, name.
+fn comm(body: &[u8]) -> Option<(u32, String)> {
+    let pid = u32::from_le_bytes(body.get(0..4)?.try_into().ok()?);
+    let name = body.get(8..)?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Some((pid, String::from_utf8_lossy(&name[..end]).into_owned()))
+}
+
+/// `PERF_RECORD_MMAP2`: pid, tid, addr, len, pgoff, (maj, min, ino, `ino_generation`) or a
+/// build-id, prot, flags, filename.
+fn mmap2(body: &[u8], misc: u16) -> Option<(u32, MapEntry)> {
+    let u32_at = |at: usize| {
+        body.get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+    };
+    let u64_at = |at: usize| {
+        body.get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let pid = u32_at(0)?;
+    let (start, len, offset) = (u64_at(8)?, u64_at(16)?, u64_at(24)?);
+    let (dev, inode) = if misc & MMAP_BUILD_ID == 0 {
+        (
+            format!("{:02x}:{:02x}", u32_at(32)?, u32_at(36)?),
+            u64_at(40)?,
+        )
+    } else {
+        ("00:00".to_owned(), 0)
+    };
+    let (prot, flags) = (u32_at(56)?, u32_at(60)?);
+    let name = body.get(64..)?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let perms = format!(
+        "{}{}{}{}",
+        if prot & 1 != 0 { 'r' } else { '-' },
+        if prot & 2 != 0 { 'w' } else { '-' },
+        if prot & 4 != 0 { 'x' } else { '-' },
+        // MAP_SHARED is 1.
+        if flags & 1 != 0 { 's' } else { 'p' },
+    );
+    Some((
+        pid,
+        MapEntry {
+            start,
+            end: start.checked_add(len)?,
+            perms,
+            offset,
+            dev,
+            inode,
+            path: String::from_utf8_lossy(&name[..end]).into_owned(),
+            build_id: None,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::records::{SAMPLE_TID, SAMPLE_TIME};
+
+    const ST: u64 = SAMPLE_TID | SAMPLE_TIME;
+
+    fn record(kind: u32, misc: u16, body: &[u8], pid: u32, time: u64) -> Vec<u8> {
+        let mut body = body.to_vec();
+        body.extend((u64::from(pid) << 32 | u64::from(pid)).to_le_bytes());
+        body.extend(time.to_le_bytes());
+        let mut r = kind.to_le_bytes().to_vec();
+        r.extend(misc.to_le_bytes());
+        r.extend(u16::try_from(8 + body.len()).unwrap().to_le_bytes());
+        r.extend(body);
+        r
+    }
+
+    fn mmap2_body(pid: u32, start: u64, path: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(pid.to_le_bytes());
+        b.extend(pid.to_le_bytes());
+        for v in [start, 0x2000, 0x1000] {
+            b.extend(v.to_le_bytes());
+        }
+        b.extend(8u32.to_le_bytes()); // maj
+        b.extend(1u32.to_le_bytes()); // min
+        b.extend(77u64.to_le_bytes()); // ino
+        b.extend(0u64.to_le_bytes()); // ino generation
+        b.extend(5u32.to_le_bytes()); // PROT_READ | PROT_EXEC
+        b.extend(2u32.to_le_bytes()); // MAP_PRIVATE
+        b.extend(path.as_bytes());
+        b.resize(b.len().next_multiple_of(8) + 8, 0);
+        b
+    }
+
+    fn comm_body(pid: u32, name: &str) -> Vec<u8> {
+        let mut b = pid.to_le_bytes().to_vec();
+        b.extend(pid.to_le_bytes());
+        b.extend(name.as_bytes());
+        b.resize(16, 0);
+        b
+    }
+
+    #[test]
+    fn mappings_after_the_last_exec_are_the_maps() {
+        let mut stream = record(
+            PERF_RECORD_MMAP2,
+            0,
+            &mmap2_body(9, 0x1000, "/usr/bin/old"),
+            9,
+            10,
+        );
+        stream.extend(record(
+            PERF_RECORD_COMM,
+            COMM_EXEC,
+            &comm_body(9, "new"),
+            9,
+            20,
+        ));
+        stream.extend(record(
+            PERF_RECORD_MMAP2,
+            0,
+            &mmap2_body(9, 0x5000, "/usr/bin/new"),
+            9,
+            30,
+        ));
+        stream.extend(record(
+            PERF_RECORD_MMAP2,
+            0,
+            &mmap2_body(4, 0x9000, "/usr/bin/other"),
+            4,
+            31,
+        ));
+        let got = recorded_maps(9, ST, [stream.as_slice()]);
+        assert_eq!(got.exec, Some((20, "new".to_owned())));
+        assert_eq!(got.maps.len(), 1, "{got:?}");
+        let m = &got.maps[0];
+        assert_eq!((m.start, m.end, m.offset), (0x5000, 0x7000, 0x1000));
+        assert_eq!(
+            (m.perms.as_str(), m.dev.as_str(), m.inode),
+            ("r-xp", "08:01", 77)
+        );
+        assert_eq!(m.path, "/usr/bin/new");
+        assert!(m.executable());
+        // Garbage and short records are skipped, never a panic.
+        for cut in 0..stream.len() {
+            let _ = recorded_maps(9, ST, [&stream[..cut]]);
+        }
+    }
+}
