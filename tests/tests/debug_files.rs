@@ -291,7 +291,9 @@ fn inside_another_mount_namespace_the_debug_file_comes_from_its_root() {
     let bin = dir.path().join("server");
     stripped_copy(&full, &bin, &[]);
     // The debug file only inside the target's namespace: a private tmpfs on
-    // /usr/lib/debug there, filled from a staging tree the host can see.
+    // /usr/lib/debug there, filled from a staging tree the host can see. The target runs
+    // (600 rounds, killed at the end) until the trace is written, however long that takes:
+    // its namespace is reachable only through a live process.
     let staging = dir.path().join("staging");
     let staged = build_id_tree(&staging, &full, &bin);
     let inside = Path::new("/usr/lib/debug").join(staged.strip_prefix(&staging).expect("under"));
@@ -299,7 +301,7 @@ fn inside_another_mount_namespace_the_debug_file_comes_from_its_root() {
     assert!(!inside.exists(), "{} exists on the host", inside.display());
     let script = format!(
         "mount -t tmpfs lookback-test /usr/lib/debug && mkdir -p {dir} && cp {staged} {inside} \
-         && exec {bin} 100 30 wait",
+         && exec {bin} 100 600 wait",
         dir = inside.parent().expect("dir").display(),
         staged = staged.display(),
         inside = inside.display(),

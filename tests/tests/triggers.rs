@@ -24,7 +24,20 @@ fn latency_trigger_fires_exactly_for_slow_calls_on_every_thread() {
         &["calls", "20", "5", "8000", "100", "4"],
     );
     let events = run.of_rule(0);
-    assert_eq!(events.len(), 16, "{events:#?}");
+    // The 16 slow calls fire; a fast one fires too when it took over 5 ms after all (a
+    // busy machine): never more than the calls the program itself measured at 5 ms or
+    // more (the kernel times entry to return, inside the program's measurement).
+    let slow_by_the_program = run
+        .program_stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("call_ns=")?.parse::<u64>().ok())
+        .filter(|&ns| ns >= 5_000_000)
+        .count();
+    assert!(
+        (16..=slow_by_the_program).contains(&events.len()),
+        "{} triggers, {slow_by_the_program} calls of 5 ms or more: {events:#?}",
+        events.len()
+    );
     assert!(
         durations_ms(&events).iter().all(|&d| d >= 5.0),
         "{events:#?}"
@@ -33,8 +46,8 @@ fn latency_trigger_fires_exactly_for_slow_calls_on_every_thread() {
     assert_eq!(tids.len(), 4, "one set of triggers per thread: {tids:?}");
     let pids: BTreeSet<_> = events.iter().map(|e| e["pid"].as_u64()).collect();
     assert_eq!(pids.len(), 1);
-    assert_eq!(run.counter(0, "met"), 16);
-    assert_eq!(run.counter(0, "emitted"), 16);
+    assert_eq!(run.counter(0, "met"), events.len() as u64);
+    assert_eq!(run.counter(0, "emitted"), events.len() as u64);
 }
 
 #[test]

@@ -471,7 +471,7 @@ mod tests {
                 attr.freq(),
                 attr.inherit(),
                 attr.write_backward(),
-                attr.exclude_kernel()
+                attr.exclude_callchain_kernel()
             ),
             (1, 1, 1, 1)
         );
