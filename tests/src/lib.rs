@@ -20,6 +20,34 @@ pub fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
+/// Whether `test` can run here (root); `false` with a note on stderr when not.
+#[must_use]
+#[expect(clippy::print_stderr, reason = "a skipped test says why")]
+pub fn can_run(test: &str) -> bool {
+    let root = is_root();
+    if !root {
+        eprintln!("skipped {test}: needs root");
+    }
+    root
+}
+
+/// Runs `cmd` to completion and returns its output, which must say success.
+///
+/// # Panics
+/// When it cannot be started or fails (with its stderr).
+pub fn succeeded(cmd: &mut Command) -> std::process::Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The workspace root: the parent of this crate's directory.
 ///
 /// # Panics

@@ -17,17 +17,7 @@ use lookback::capture::{
     records::{self, PERF_RECORD_SAMPLE, Sample},
 };
 use lookback::snapshot;
-use lookback_tests::{is_root, ring_samples, workload};
-
-/// `false` (with a note on stderr) when the test cannot run here.
-#[expect(clippy::print_stderr, reason = "a skipped test says why")]
-fn can_run(test: &str) -> bool {
-    let root = is_root();
-    if !root {
-        eprintln!("skipped {test}: needs root");
-    }
-    root
-}
+use lookback_tests::{can_run, ring_samples, workload};
 
 /// The frame-pointer recorder (no stack copies): these tests read the kernel's callchains.
 fn opts() -> CaptureOptions {

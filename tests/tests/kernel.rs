@@ -6,18 +6,8 @@
 
 use std::process::Command;
 
-use lookback_tests::{chrome_events, is_root, lookback_bin, workload};
+use lookback_tests::{can_run, chrome_events, lookback_bin, succeeded, workload};
 use serde_json::Value;
-
-/// `false` (with a note on stderr) when the test cannot run here.
-#[expect(clippy::print_stderr, reason = "a skipped test says why")]
-fn can_run() -> bool {
-    let root = is_root();
-    if !root {
-        eprintln!("skipped: needs root");
-    }
-    root
-}
 
 /// Each B event of the trace with the names of the slices open around it, outermost first.
 fn begins_with_ancestors(events: &[Value]) -> Vec<(&Value, Vec<String>)> {
@@ -42,27 +32,22 @@ fn begins_with_ancestors(events: &[Value]) -> Vec<(&Value, Vec<String>)> {
 fn trace_of_the_open_loop(extra: &[&str]) -> Value {
     let dir = tempfile::tempdir().expect("tempdir");
     let trace = dir.path().join("trace.json");
-    let out = Command::new(lookback_bin())
-        .args(["run", "--backend", "sampling"])
-        .args(extra)
-        .arg("-o")
-        .arg(&trace)
-        .arg("--")
-        .arg(workload())
-        .args(["enoent", "300000"])
-        .output()
-        .expect("lookback");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeded(
+        Command::new(lookback_bin())
+            .args(["run", "--backend", "sampling"])
+            .args(extra)
+            .arg("-o")
+            .arg(&trace)
+            .arg("--")
+            .arg(workload())
+            .args(["enoent", "300000"]),
     );
     serde_json::from_slice(&std::fs::read(&trace).expect("trace")).expect("JSON")
 }
 
 #[test]
 fn include_kernel_names_kernel_functions_above_the_syscall() {
-    if !can_run() {
+    if !can_run("include_kernel_names_kernel_functions_above_the_syscall") {
         return;
     }
     let doc = trace_of_the_open_loop(&["--include-kernel"]);
@@ -103,7 +88,7 @@ fn include_kernel_names_kernel_functions_above_the_syscall() {
 
 #[test]
 fn without_include_kernel_kernel_time_is_a_kernel_slice() {
-    if !can_run() {
+    if !can_run("without_include_kernel_kernel_time_is_a_kernel_slice") {
         return;
     }
     let doc = trace_of_the_open_loop(&[]);

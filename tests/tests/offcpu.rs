@@ -10,7 +10,7 @@
 
 use std::process::Command;
 
-use lookback_tests::{chrome_events, is_root, lookback_bin, toolchains};
+use lookback_tests::{can_run, chrome_events, lookback_bin, succeeded, toolchains};
 use serde_json::Value;
 
 /// A finished slice of the trace: name, start and duration (µs), args.
@@ -44,34 +44,23 @@ fn slices(events: &[Value]) -> Vec<Slice> {
     out
 }
 
-/// `false` (with a note on stderr) when the test cannot run here.
-#[expect(clippy::print_stderr, reason = "a skipped test says why")]
-fn can_run() -> bool {
-    let root = is_root();
-    if !root {
-        eprintln!("skipped: needs root");
-    }
-    root
-}
-
 #[test]
 fn slices_last_what_the_program_measured_and_sleeps_are_off_cpu() {
-    if !can_run() {
+    if !can_run("slices_last_what_the_program_measured_and_sleeps_are_off_cpu") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let trace = dir.path().join("trace.json");
     let rule = "func:handle>10ms";
-    let out = Command::new(lookback_bin())
-        .args(["run", "--backend", "sampling", "--trigger", rule, "-o"])
-        .arg(&trace)
-        .arg("--")
-        .arg(toolchains::c_offcpu())
-        .args(["200", "190"])
-        .output()
-        .expect("lookback");
+    let out = succeeded(
+        Command::new(lookback_bin())
+            .args(["run", "--backend", "sampling", "--trigger", rule, "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(toolchains::c_offcpu())
+            .args(["200", "190"]),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
     // The program's own measurement of each call: (start, duration) in µs.
     let calls: Vec<(f64, f64)> = String::from_utf8_lossy(&out.stdout)
         .lines()

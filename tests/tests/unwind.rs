@@ -12,21 +12,13 @@ use lookback::{
     snapshot::{self, Snapshot},
     unwind::StackUnwinder,
 };
-use lookback_tests::{chrome_events, is_root, lookback_bin, open_at_instant, toolchains};
+use lookback_tests::{
+    can_run, chrome_events, lookback_bin, open_at_instant, succeeded, toolchains,
+};
 use serde_json::Value;
 
 /// The sampling frequency of both recorders.
 const HZ: &str = "4000";
-
-/// `false` (with a note on stderr) when the test cannot run here.
-#[expect(clippy::print_stderr, reason = "a skipped test says why")]
-fn can_run(test: &str) -> bool {
-    let root = is_root();
-    if !root {
-        eprintln!("skipped {test}: needs root");
-    }
-    root
-}
 
 /// A traced run: its trace (Chrome JSON), the kept snapshot, lookback's stderr.
 struct Traced {
@@ -39,19 +31,18 @@ struct Traced {
 /// raw snapshot kept in `dir`.
 fn traced(dir: &Path, rule: &str, extra: &[&str], program: &Path, args: &[&str]) -> Traced {
     let trace = dir.join("trace.json");
-    let out = Command::new(lookback_bin())
-        .args(["run", "--backend", "sampling", "--sample-frequency", HZ])
-        .args(["--keep-raw", "--trigger", rule])
-        .args(extra)
-        .arg("-o")
-        .arg(&trace)
-        .arg("--")
-        .arg(program)
-        .args(args)
-        .output()
-        .expect("lookback");
+    let out = succeeded(
+        Command::new(lookback_bin())
+            .args(["run", "--backend", "sampling", "--sample-frequency", HZ])
+            .args(["--keep-raw", "--trigger", rule])
+            .args(extra)
+            .arg("-o")
+            .arg(&trace)
+            .arg("--")
+            .arg(program)
+            .args(args),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
     let doc = serde_json::from_slice(&std::fs::read(&trace).expect("the trace")).expect("JSON");
     let snap = snapshot::read(&dir.join("trace.lbsnap")).expect("the kept snapshot");
     Traced { doc, snap, stderr }

@@ -58,8 +58,9 @@ pub fn demo(env: &BuildEnv) -> Result<()> {
         "Wrote {} ({size} bytes): one track per thread, nested",
         trace.display()
     );
-    println!("slices per function (handle_request → query_database → scan_cold_cache →");
-    println!("hash_row, unwound without frame pointers: the workload is built with cc -O2),");
+    println!("slices per function (handle_request → scan_cold_cache → hash_row, unwound");
+    println!("without frame pointers: the workload is built with cc -O2, which also turned");
+    println!("query_database's call of scan_cold_cache into a tail jump, so it has no frame),");
     println!("[off-cpu] slices where a thread slept (parse_request's nanosleep, args: reason and");
     println!("the function it blocked in), and an instant `trigger: func:handle_request>5ms`");
     println!(

@@ -88,7 +88,7 @@ impl UnwindSections {
             let s = file.section_by_name(name)?;
             let data = s.uncompressed_data().ok()?;
             Some(Section {
-                svma: s.address()..s.address() + s.size(),
+                svma: s.address()..s.address().saturating_add(s.size()),
                 data: Arc::from(&*data),
             })
         };
@@ -100,7 +100,7 @@ impl UnwindSections {
             debug_frame: section(".debug_frame"),
             got: file
                 .section_by_name(".got")
-                .map(|s| s.address()..s.address() + s.size()),
+                .map(|s| s.address()..s.address().saturating_add(s.size())),
         };
         (sections.eh_frame.is_some() || sections.debug_frame.is_some()).then_some(sections)
     }
