@@ -13,10 +13,8 @@
 #![forbid(unsafe_code)]
 
 use super::procmaps::MapEntry;
-use super::records::{self, PERF_RECORD_COMM, PERF_RECORD_MMAP2};
+use super::records::{self, PERF_RECORD_COMM, PERF_RECORD_MISC_COMM_EXEC, PERF_RECORD_MMAP2};
 
-/// `PERF_RECORD_COMM` flag: the name changed because the process exec'd.
-const COMM_EXEC: u16 = 1 << 13;
 /// `PERF_RECORD_MMAP2` flag: the record carries a build-id instead of device and inode.
 const MMAP_BUILD_ID: u16 = 1 << 14;
 
@@ -42,8 +40,8 @@ pub fn recorded_maps<'a>(
         for record in records::records(stream) {
             let time = records::id_trailer(sample_type, record.body).and_then(|(_, t)| t);
             match record.kind {
-                PERF_RECORD_COMM if record.misc & COMM_EXEC != 0 => {
-                    let Some((p, name)) = comm(record.body) else {
+                PERF_RECORD_COMM if record.misc & PERF_RECORD_MISC_COMM_EXEC != 0 => {
+                    let Some((p, _, name)) = records::comm_record(record.body) else {
                         continue;
                     };
                     if let (true, Some(t)) = (p == pid, time)
@@ -73,14 +71,6 @@ pub fn recorded_maps<'a>(
     // A later mapping over the same start replaces an earlier one.
     maps.dedup_by(|later, earlier| later.start == earlier.start);
     RecordedMaps { exec, maps }
-}
-
-/// `PERF_RECORD_COMM`: pid, tid, name.
-fn comm(body: &[u8]) -> Option<(u32, String)> {
-    let pid = u32::from_le_bytes(body.get(0..4)?.try_into().ok()?);
-    let name = body.get(8..)?;
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    Some((pid, String::from_utf8_lossy(&name[..end]).into_owned()))
 }
 
 /// `PERF_RECORD_MMAP2`: pid, tid, addr, len, pgoff, (maj, min, ino, `ino_generation`) or a
@@ -187,7 +177,7 @@ mod tests {
         );
         stream.extend(record(
             PERF_RECORD_COMM,
-            COMM_EXEC,
+            PERF_RECORD_MISC_COMM_EXEC,
             &comm_body(9, "new"),
             9,
             20,

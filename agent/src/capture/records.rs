@@ -22,6 +22,9 @@ pub const PERF_RECORD_AUX: u32 = 11;
 pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
 pub const PERF_RECORD_SWITCH: u32 = 14;
 
+/// `PERF_RECORD_COMM` header flag: the name changed because the process exec'd.
+pub const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
+
 /// `PERF_RECORD_SWITCH` header flags: a switch out (else in), and out while runnable.
 pub const PERF_RECORD_MISC_SWITCH_OUT: u16 = 1 << 13;
 pub const PERF_RECORD_MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
@@ -110,6 +113,16 @@ pub fn records(stream: &[u8]) -> impl Iterator<Item = RawRecord<'_>> {
             body: &record[HEADER_SIZE..],
         })
     })
+}
+
+/// A `PERF_RECORD_COMM` body: pid, tid, NUL-terminated name.
+#[must_use]
+pub fn comm_record(body: &[u8]) -> Option<(u32, u32, String)> {
+    let pid = u32::from_le_bytes(body.get(0..4)?.try_into().ok()?);
+    let tid = u32::from_le_bytes(body.get(4..8)?.try_into().ok()?);
+    let name = body.get(8..)?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Some((pid, tid, String::from_utf8_lossy(&name[..end]).into_owned()))
 }
 
 /// A `PERF_RECORD_SAMPLE`.

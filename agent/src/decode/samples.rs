@@ -23,13 +23,10 @@ use std::collections::BTreeMap;
 use crate::capture::RingKind;
 use crate::capture::kallsyms::is_kernel_address;
 use crate::capture::records::{
-    self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES,
+    self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_MISC_COMM_EXEC,
     PERF_RECORD_MISC_SWITCH_OUT, PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, PERF_RECORD_SAMPLE,
     PERF_RECORD_SWITCH, UserRegs,
 };
-
-/// `PERF_RECORD_COMM` header flag: the name changed because the process exec'd.
-const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
 use crate::snapshot::Snapshot;
 
 /// One sampled stack of a thread.
@@ -153,20 +150,6 @@ fn outermost_first(mut leaf_first: Vec<u64>) -> Vec<u64> {
     leaf_first
 }
 
-/// `PERF_RECORD_COMM` body: pid u32, tid u32, NUL-terminated name.
-fn comm_record(body: &[u8]) -> Option<(u32, u32, String)> {
-    let pid = u32::from_le_bytes(body.get(0..4)?.try_into().ok()?);
-    let tid = u32::from_le_bytes(body.get(4..8)?.try_into().ok()?);
-    let name = body.get(8..)?;
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    Some((pid, tid, String::from_utf8_lossy(&name[..end]).into_owned()))
-}
-
-/// Reads every sample of `snap`'s perf-record rings; stack copies give only their IP.
-pub fn read(snap: &Snapshot) -> Sampled {
-    read_with(snap, &mut |_, regs, _| vec![regs.ip])
-}
-
 /// Reads every sample of `snap`'s perf-record rings, stack copies unwound by `unwind`.
 pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
     let layout = snap.meta.recorder.sample_layout();
@@ -230,7 +213,7 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
                         .extend(loss(record.kind, record.body, sample_type, id_all));
                 }
                 PERF_RECORD_COMM => {
-                    if let Some((pid, tid, name)) = comm_record(record.body) {
+                    if let Some((pid, tid, name)) = records::comm_record(record.body) {
                         comms.insert((pid, tid), name);
                         let exec_time = (record.misc & PERF_RECORD_MISC_COMM_EXEC != 0 && id_all)
                             .then(|| records::id_trailer(sample_type, record.body))
@@ -334,10 +317,10 @@ fn close_off_cpu(thread: &mut ThreadSamples, end: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Loss, callchain_stack, comm_record, kernel_stack, loss, user_stack};
+    use super::{Loss, callchain_stack, kernel_stack, loss, user_stack};
     use crate::capture::records::{
         PERF_CONTEXT_KERNEL, PERF_CONTEXT_USER, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES,
-        SAMPLE_TID, SAMPLE_TIME, Sample, UserRegs,
+        SAMPLE_TID, SAMPLE_TIME, Sample, UserRegs, comm_record,
     };
 
     #[test]
