@@ -40,6 +40,20 @@ pub struct TriggerRecord {
     pub reserved: u32,
     /// `comm` of the current task, NUL-padded.
     pub comm: [u8; 16],
+    /// Every rule this record fired for (bit `rule_id`): one entry per event, with its
+    /// stacks taken once, however many rules it met; `rule_id` is the lowest of them.
+    pub rule_mask: u64,
+}
+
+/// The rule ids of `record`, lowest first: the bits of its `rule_mask`, or its `rule_id`
+/// alone when the mask is empty.
+pub fn record_rules(record: &TriggerRecord) -> impl Iterator<Item = u32> {
+    let mask = if record.rule_mask == 0 {
+        1u64.checked_shl(record.rule_id).unwrap_or(0)
+    } else {
+        record.rule_mask
+    };
+    (0..64).filter(move |bit| mask >> bit & 1 == 1)
 }
 
 /// Size of a [`TriggerRecord`] on the ring.
@@ -48,17 +62,28 @@ pub const TRIGGER_RECORD_SIZE: usize = size_of::<TriggerRecord>();
 /// Frames of the triggering thread's user stack a ring entry carries at most.
 pub const TRIGGER_STACK_FRAMES: usize = 32;
 
+/// Frames of the triggering thread's kernel stack a ring entry carries at most.
+pub const TRIGGER_KERNEL_FRAMES: usize = 32;
+
 /// The user stack of the triggering thread at the trigger (`bpf_get_stack` with
 /// `BPF_F_USER_STACK`: a frame-pointer walk from the thread's user registers), leaf first:
 /// at a syscall exit the syscall's caller, at a fault the faulting frames, at a function's
 /// return its caller's. Empty for a signal sent by another process (the stack there is the
 /// sender's).
+///
+/// Then the kernel stack there (`bpf_get_stack` without flags), leaf first: at a syscall
+/// exit the syscall's path, at a fault the fault's (`exc_page_fault`, `force_sig_fault`).
+/// Empty at a uprobe (its registers are the user's: the kernel part would only be the
+/// probe's own machinery).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TriggerStack {
     /// Bytes of `frames` the helper wrote (a multiple of 8); 0 when it failed.
     pub bytes: u64,
     pub frames: [u64; TRIGGER_STACK_FRAMES],
+    /// Bytes of `kernel_frames` the helper wrote; 0 when there were none.
+    pub kernel_bytes: u64,
+    pub kernel_frames: [u64; TRIGGER_KERNEL_FRAMES],
 }
 
 /// Bytes of the triggering thread's user stack a ring entry copies at most: what the
@@ -81,13 +106,20 @@ pub struct TriggerStackCopy {
     pub bytes: [u8; TRIGGER_STACK_COPY],
 }
 
+/// The triggering thread's stacks: the kernel's walks, then the copy to unwind.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TriggerStacks {
+    pub stack: TriggerStack,
+    pub copy: TriggerStackCopy,
+}
+
 /// One entry of the `EVENTS` ring: the record, then the stack, then the stack copy.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TriggerEntry {
     pub record: TriggerRecord,
-    pub stack: TriggerStack,
-    pub copy: TriggerStackCopy,
+    pub stacks: TriggerStacks,
 }
 
 /// Size of a [`TriggerEntry`] on the ring.
@@ -111,5 +143,24 @@ impl TryFrom<u32> for RecordKind {
             KIND_SIGNAL => Ok(Self::Signal),
             other => Err(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_names_every_rule_of_its_mask_or_its_rule_id() {
+        let mut r = TriggerRecord {
+            rule_id: 3,
+            ..TriggerRecord::default()
+        };
+        assert!(record_rules(&r).eq([3]), "no mask: the id");
+        r.rule_mask = 1 << 0 | 1 << 5 | 1 << 63;
+        assert!(record_rules(&r).eq([0, 5, 63]));
+        r.rule_mask = 0;
+        r.rule_id = 64;
+        assert_eq!(record_rules(&r).count(), 0, "an id past the mask's width");
     }
 }

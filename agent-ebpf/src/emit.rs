@@ -9,7 +9,7 @@ use core::{
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_FORCE_WAKEUP, pt_regs},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns,
+        bpf_get_current_comm, bpf_get_stack, bpf_ktime_get_ns,
         generated::{
             bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
         },
@@ -21,10 +21,13 @@ use lookback_common::{
         COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL, COUNTER_SUPPRESSED_COOLDOWN,
         COUNTER_SUPPRESSED_RATE, COUNTERS_PER_RULE, FLAG_FREEZE_IN_KERNEL, RuleSpec,
     },
-    trigger::{TRIGGER_STACK_FRAMES, TriggerEntry, TriggerRecord, TriggerStackCopy},
+    trigger::{
+        TRIGGER_KERNEL_FRAMES, TRIGGER_STACK_FRAMES, TriggerEntry, TriggerRecord, TriggerStackCopy,
+        TriggerStacks,
+    },
 };
 
-use crate::maps::{COUNTERS, EVENTS, FROZEN, RULE_STATE};
+use crate::maps::{COUNTERS, EVENTS, FIRE_SCRATCH, FROZEN, RULE_STATE};
 
 const HOUR_NS: u64 = 3_600_000_000_000;
 
@@ -53,75 +56,166 @@ pub fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Counts a met condition and, unless suppressed, sends `record` (with rule id, time and
-/// comm filled in) to userspace, followed by the current thread's user stack when it is
-/// the triggering process's (`ctx`: the program's context, for `bpf_get_stack`).
+/// Sends `record` once for the rules of `admitted` (a bitmask of rule ids whose condition
+/// it met and that [`admit`] let through; nothing when empty), with their mask, the comm
+/// and the current thread's stacks when `own` (it is the triggering process's thread;
+/// `ctx`: the program's context, for `bpf_get_stack`); freezes the process first when
+/// `freeze` (one of them freezes in the kernel). The caller fills in `kind`.
+///
+/// One entry per event, not per rule: the stack helpers and the 8 KiB copy run once,
+/// after the rule loop (inside it, their branches multiplied the verifier's states past
+/// its limit), and two rules met by one syscall cost one entry.
 #[inline(always)]
-pub fn fire(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, mut record: TriggerRecord) {
-    count(rule_id, COUNTER_MET);
-    let now = record.timestamp_ns;
-    if let Some(reason) = suppressed(rule_id, rule, now) {
-        count(rule_id, reason);
+pub fn fire(ctx: *mut c_void, admitted: u64, freeze: bool, record: TriggerRecord, own: bool) {
+    // A mask built in a loop is known to the verifier bit by bit; tested as it is, every
+    // combination of bits would be a state of its own. Read back from a map, it is one
+    // unknown value.
+    let Some((admitted, freeze)) = launder(admitted, freeze) else {
+        return;
+    };
+    if admitted == 0 {
         return;
     }
-    record.rule_id = rule_id;
-    record.kind = rule.kind;
+    let outcome = send(ctx, admitted, record, own, freeze);
+    for rule_id in 0..MAX_RULES {
+        if admitted >> rule_id == 0 {
+            break;
+        }
+        if admitted & (1 << rule_id) != 0 {
+            count(rule_id, outcome);
+        }
+    }
+}
+
+/// `admitted` and `freeze` as the verifier sees values read from a map: unknown.
+#[inline(always)]
+fn launder(admitted: u64, freeze: bool) -> Option<(u64, bool)> {
+    let slot = FIRE_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot of a per-CPU array (programs do not migrate while running).
+    unsafe {
+        write_volatile(slot, admitted | u64::from(freeze) << 63);
+        let value = read_volatile(slot);
+        Some((value & !(1 << 63), value >> 63 != 0))
+    }
+}
+
+/// [`fire`] for one rule (function triggers: the probe's cookie names it), without the
+/// loop over rule ids.
+#[inline(always)]
+pub fn fire_rule(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, record: TriggerRecord) {
+    if rule_id >= MAX_RULES || !admit(rule_id, rule, record.timestamp_ns) {
+        return;
+    }
+    let freeze = rule.flags & FLAG_FREEZE_IN_KERNEL != 0;
+    let outcome = send(ctx, 1 << rule_id, record, true, freeze);
+    count(rule_id, outcome);
+}
+
+/// Counts a met condition of rule `rule_id` at `now`; whether it is not suppressed
+/// (cooldown, hourly limit): then the caller adds it to the rules it [`fire`]s.
+#[inline(always)]
+pub fn admit(rule_id: u32, rule: &RuleSpec, now: u64) -> bool {
+    count(rule_id, COUNTER_MET);
+    if let Some(reason) = suppressed(rule_id, rule, now) {
+        count(rule_id, reason);
+        return false;
+    }
+    true
+}
+
+/// Whether rule `rule` freezes its process in the kernel when it fires.
+#[inline(always)]
+pub fn freezes(rule: &RuleSpec) -> bool {
+    rule.flags & FLAG_FREEZE_IN_KERNEL != 0
+}
+
+/// Sends `record` for the rules of `admitted` (a non-empty bitmask), freezing its process
+/// first when `freeze_wanted`; returns the counter of the outcome (emitted, or ring full).
+#[inline(always)]
+fn send(
+    ctx: *mut c_void,
+    admitted: u64,
+    mut record: TriggerRecord,
+    own: bool,
+    freeze_wanted: bool,
+) -> u32 {
+    record.rule_mask = admitted;
+    record.rule_id = admitted.trailing_zeros();
     if let Ok(comm) = bpf_get_current_comm() {
         record.comm = comm;
     }
     // Frozen before the record is submitted: its forced wakeup can preempt this program
     // (the reader runs SCHED_FIFO), and the freeze must not wait for the reader.
-    let frozen = rule.flags & FLAG_FREEZE_IN_KERNEL != 0 && freeze(record.pid);
+    let frozen = freeze_wanted && freeze(record.pid);
     if let Some(mut entry) = EVENTS.reserve::<TriggerEntry>(0) {
         let at = entry.as_mut_ptr();
-        let own = (bpf_get_current_pid_tgid() >> 32) as u32 == record.pid;
-        // SAFETY: `at` points at the reserved entry, ours until submitted; the helper
-        // writes at most the size given into the frames array.
+        // SAFETY: `at` points at the reserved entry, ours until submitted.
         unsafe {
             addr_of_mut!((*at).record).write(record);
-            let written = if own {
-                bpf_get_stack(
-                    ctx,
-                    addr_of_mut!((*at).stack.frames).cast(),
-                    (TRIGGER_STACK_FRAMES * 8) as u32,
-                    u64::from(BPF_F_USER_STACK),
-                )
-            } else {
-                0
-            };
-            addr_of_mut!((*at).stack.bytes).write(written.max(0).cast_unsigned());
-            copy_stack(addr_of_mut!((*at).copy), own);
+            take_stacks(ctx, addr_of_mut!((*at).stacks), own);
         }
         // Wake the reader on every trigger: the default (adaptive) wakeup skips it when
         // the reader has not caught up, and the freeze must not wait for a later record.
         // Triggers are rare (suppressed in here), so the forced wakeup costs nothing.
         entry.submit(u64::from(BPF_RB_FORCE_WAKEUP));
-        count(rule_id, COUNTER_EMITTED);
+        COUNTER_EMITTED
     } else {
         if frozen {
             // No snapshot will come to unfreeze the process.
             let _ = FROZEN.remove(record.pid);
         }
-        count(rule_id, COUNTER_RINGBUF_FULL);
+        COUNTER_RINGBUF_FULL
+    }
+}
+
+/// Writes the current thread's user and kernel stacks and a copy of its user stack into
+/// `stacks`; empty (lengths 0) unless `own`.
+///
+/// # Safety
+/// `stacks` points at writable memory for one `TriggerStacks` (the reserved entry's).
+#[inline(always)]
+unsafe fn take_stacks(ctx: *mut c_void, stacks: *mut TriggerStacks, own: bool) {
+    // SAFETY (whole body): the fields are in writable memory; the helpers write at most
+    // the sizes given into their arrays.
+    unsafe {
+        if !own {
+            addr_of_mut!((*stacks).stack.bytes).write(0);
+            addr_of_mut!((*stacks).stack.kernel_bytes).write(0);
+            addr_of_mut!((*stacks).copy.len).write(0);
+            return;
+        }
+        let user = bpf_get_stack(
+            ctx,
+            addr_of_mut!((*stacks).stack.frames).cast(),
+            (TRIGGER_STACK_FRAMES * 8) as u32,
+            u64::from(BPF_F_USER_STACK),
+        );
+        addr_of_mut!((*stacks).stack.bytes).write(non_negative(user));
+        let kernel = bpf_get_stack(
+            ctx,
+            addr_of_mut!((*stacks).stack.kernel_frames).cast(),
+            (TRIGGER_KERNEL_FRAMES * 8) as u32,
+            0,
+        );
+        addr_of_mut!((*stacks).stack.kernel_bytes).write(non_negative(kernel));
+        copy_stack(addr_of_mut!((*stacks).copy));
     }
 }
 
 /// Fills `copy` with the current thread's user registers and the largest copy of its
 /// user stack from SP upwards that lies within the stack's mapping (a read crossing its
-/// end fails as a whole, so smaller sizes are tried); empty unless `own`.
+/// end fails as a whole, so smaller sizes are tried); `len` 0 when the registers cannot
+/// be read.
 ///
 /// # Safety
-/// `copy` points at the reserved ring entry's copy, writable until submitted.
+/// `copy` points at writable memory for one `TriggerStackCopy`.
 #[inline(always)]
-unsafe fn copy_stack(copy: *mut TriggerStackCopy, own: bool) {
-    // SAFETY (whole body): `copy`'s fields are in the reserved entry; the helpers write at
-    // most the sizes given; `regs` is the kernel's pointer to the task's user registers,
-    // only read through `bpf_probe_read_kernel` (which faults safely).
+unsafe fn copy_stack(copy: *mut TriggerStackCopy) {
+    // SAFETY (whole body): `copy`'s fields are writable; the helpers write at most the
+    // sizes given; `regs` is the kernel's pointer to the task's user registers, only read
+    // through `bpf_probe_read_kernel` (which faults safely).
     unsafe {
         addr_of_mut!((*copy).len).write(0);
-        if !own {
-            return;
-        }
         let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
         let (Some(ip), Some(sp), Some(bp)) = (
             read_kernel_u64(addr_of!((*regs).rip).cast()),
@@ -152,6 +246,13 @@ unsafe fn copy_stack(copy: *mut TriggerStackCopy, own: bool) {
         };
         addr_of_mut!((*copy).len).write(len);
     }
+}
+
+/// `rc` when it is not negative, else 0, without a branch (each branch here multiplies
+/// the verifier's states in the programs that loop over rules).
+#[inline(always)]
+fn non_negative(rc: i64) -> u64 {
+    (rc & !(rc >> 63)).cast_unsigned()
 }
 
 /// One `u64` of kernel memory at `at`, `None` when it faults.

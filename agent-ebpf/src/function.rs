@@ -31,13 +31,13 @@ use lookback_common::{
     },
     rule::{
         COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, COUNTER_UNWOUND, EntryFrame, EntryKey,
-        EntryStack, FLAG_ON_ENTRY, MAX_CALL_DEPTH, RuleSpec,
+        EntryStack, FLAG_ON_ENTRY, KIND_FUNCTION, MAX_CALL_DEPTH, RuleSpec,
     },
     trigger::{PHASE_ENTRY, PHASE_RETURN},
 };
 
 use crate::{
-    emit::{count, count_n, fire, now_ns, record_for_current},
+    emit::{count, count_n, fire_rule, now_ns, record_for_current},
     maps::{EMPTY_ENTRY_STACK, ENTRY_TIMES, JUMP_SITES, RULES, config, current_rules},
 };
 
@@ -151,7 +151,8 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
         let mut record = record_for_current(pid_tgid);
         record.phase = PHASE_ENTRY;
         record.ip = regs.rip;
-        fire(ctx.as_ptr(), rule_id, rule, record);
+        record.kind = KIND_FUNCTION;
+        fire_rule(ctx.as_ptr(), rule_id, rule, record);
         return Some(());
     }
     let now = now_ns();
@@ -321,7 +322,8 @@ fn try_function_exit(regs: *mut pt_regs, cookie: u64) -> Option<()> {
     record.ip = return_address;
     record.depth = (depth - 1) as u32;
     // The context of a uprobe and of a uretprobe is the task's saved registers.
-    fire(
+    record.kind = KIND_FUNCTION;
+    fire_rule(
         core::ptr::from_ref(regs).cast_mut().cast(),
         rule_id,
         rule,

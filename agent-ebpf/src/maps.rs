@@ -54,10 +54,16 @@ pub static JUMP_SITES: Array<JumpSite> = Array::with_max_entries(MAX_JUMP_SITES,
 #[map]
 pub static SYSCALL_START: LruHashMap<u32, SyscallStart> = LruHashMap::with_max_entries(65536, 0);
 
-/// Triggers for the agent: `lookback_common::trigger::TriggerEntry`s (8.5 KiB each with
-/// the stack copy: room for ~120 triggers the reader has not taken yet).
+/// Triggers for the agent: `lookback_common::trigger::TriggerEntry`s (8.8 KiB each with
+/// the stack copy: room for ~470 events the reader has not taken yet; a process start
+/// under a long `LD_LIBRARY_PATH` makes a burst of ~120 failing opens within a
+/// millisecond, which filled the earlier 1 MiB).
 #[map]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(1024 * 1024, 0);
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+
+/// Per CPU: one word `emit::fire` passes through memory (see there why).
+#[map]
+pub static FIRE_SCRATCH: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Process (tgid) → kernel time from which its samples are dropped (`sample_filter`): a
 /// trigger of a rule with `FLAG_FREEZE_IN_KERNEL` stops its process's recording here, at

@@ -6,10 +6,10 @@ use aya_ebpf::{
     EbpfContext as _, helpers::bpf_get_current_pid_tgid, macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
-use lookback_common::{MAX_RULES, trigger::PHASE_ENTRY};
+use lookback_common::{MAX_RULES, rule::KIND_SIGNAL, trigger::PHASE_ENTRY};
 
 use crate::{
-    emit::{fire, record_for_current},
+    emit::{admit, fire, freezes, now_ns, record_for_current},
     maps::{RULES, TARGET_TGIDS, config, task_u32},
 };
 
@@ -46,6 +46,8 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     }
     let sig: u64 = ctx.arg(0);
     let sender = bpf_get_current_pid_tgid();
+    let (mut firing, mut freeze) = (0u64, false);
+    let now = now_ns();
     for rule_id in 0..MAX_RULES {
         if mask >> rule_id == 0 {
             break; // no rule with this id or above applies
@@ -53,19 +55,30 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         if mask & (1 << rule_id) == 0 {
             continue;
         }
-        let Some(rule) = RULES.get(rule_id) else {
-            continue;
-        };
-        if !rule.has_signal(sig) {
-            continue;
+        if let Some(rule) = RULES.get(rule_id)
+            && rule.has_signal(sig)
+            && admit(rule_id, rule, now)
+        {
+            firing |= 1 << rule_id;
+            freeze |= freezes(rule);
         }
-        let mut record = record_for_current(sender);
-        record.pid = tgid;
-        record.tid = thread;
-        record.sender_pid = (sender >> 32) as u32;
-        record.signal = sig as u32;
-        record.phase = PHASE_ENTRY;
-        fire(ctx.as_ptr(), rule_id, rule, record);
     }
+    // The current thread is the receiver for a fault (SIGSEGV, SIGBUS) or a signal it
+    // raised itself; otherwise it is the sender, whose stack says nothing of the target.
+    let mut record = record_for_current(sender);
+    record.timestamp_ns = now;
+    record.kind = KIND_SIGNAL;
+    record.pid = tgid;
+    record.tid = thread;
+    record.sender_pid = (sender >> 32) as u32;
+    record.signal = sig as u32;
+    record.phase = PHASE_ENTRY;
+    fire(
+        ctx.as_ptr(),
+        firing,
+        freeze,
+        record,
+        (sender >> 32) as u32 == tgid,
+    );
     Some(())
 }

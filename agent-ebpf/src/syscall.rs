@@ -7,12 +7,12 @@ use aya_ebpf::{
 };
 use lookback_common::{
     MAX_RULES,
-    rule::{FLAG_ERRNO, FLAG_ON_ENTRY, SyscallStart},
+    rule::{FLAG_ERRNO, FLAG_ON_ENTRY, KIND_SYSCALL, SyscallStart},
     trigger::{PHASE_ENTRY, PHASE_RETURN},
 };
 
 use crate::{
-    emit::{fire, now_ns, record_for_current},
+    emit::{admit, fire, freezes, now_ns, record_for_current},
     maps::{RULES, SYSCALL_START, config, current_rules},
 };
 
@@ -43,6 +43,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
     let nr: u64 = ctx.arg(1);
     let now = now_ns();
     let mut wants_exit = false;
+    let (mut firing, mut freeze) = (0u64, false);
     for rule_id in 0..MAX_RULES {
         if mask >> rule_id == 0 {
             break; // no rule with this id or above applies
@@ -57,15 +58,20 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
             continue;
         }
         if rule.flags & FLAG_ON_ENTRY != 0 {
-            let mut record = record_for_current(pid_tgid);
-            record.timestamp_ns = now;
-            record.phase = PHASE_ENTRY;
-            record.syscall_nr = nr as u32;
-            fire(ctx.as_ptr(), rule_id, rule, record);
+            if admit(rule_id, rule, now) {
+                firing |= 1 << rule_id;
+                freeze |= freezes(rule);
+            }
         } else {
             wants_exit = true;
         }
     }
+    let mut record = record_for_current(pid_tgid);
+    record.kind = KIND_SYSCALL;
+    record.timestamp_ns = now;
+    record.phase = PHASE_ENTRY;
+    record.syscall_nr = nr as u32;
+    fire(ctx.as_ptr(), firing, freeze, record, true);
     if wants_exit {
         let start = SyscallStart { enter_ns: now, nr };
         SYSCALL_START.insert(pid_tgid as u32, start, 0).ok()?;
@@ -90,6 +96,7 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
     let now = now_ns();
     let ret: i64 = ctx.arg(1);
     let duration = now.saturating_sub(start.enter_ns);
+    let (mut firing, mut freeze) = (0u64, false);
     for rule_id in 0..MAX_RULES {
         if mask >> rule_id == 0 {
             break; // no rule with this id or above applies
@@ -100,20 +107,23 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
         let Some(rule) = RULES.get(rule_id) else {
             continue;
         };
-        if rule.flags & FLAG_ON_ENTRY != 0
-            || !rule.has_syscall(start.nr)
-            || duration < rule.min_duration_ns
-            || (rule.flags & FLAG_ERRNO != 0 && !rule.errno_matches(ret))
+        if rule.flags & FLAG_ON_ENTRY == 0
+            && rule.has_syscall(start.nr)
+            && duration >= rule.min_duration_ns
+            && (rule.flags & FLAG_ERRNO == 0 || rule.errno_matches(ret))
+            && admit(rule_id, rule, now)
         {
-            continue;
+            firing |= 1 << rule_id;
+            freeze |= freezes(rule);
         }
-        let mut record = record_for_current(pid_tgid);
-        record.timestamp_ns = now;
-        record.phase = PHASE_RETURN;
-        record.syscall_nr = start.nr as u32;
-        record.duration_ns = duration;
-        record.ret = ret;
-        fire(ctx.as_ptr(), rule_id, rule, record);
     }
+    let mut record = record_for_current(pid_tgid);
+    record.kind = KIND_SYSCALL;
+    record.timestamp_ns = now;
+    record.phase = PHASE_RETURN;
+    record.syscall_nr = start.nr as u32;
+    record.duration_ns = duration;
+    record.ret = ret;
+    fire(ctx.as_ptr(), firing, freeze, record, true);
     Some(())
 }

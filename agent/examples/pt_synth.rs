@@ -143,6 +143,7 @@ fn bundle(program: &SynthProgram, trace: Vec<u8>, elf: &Path) -> Result<Snapshot
         trigger_time_ns: 0,
         duration_ns: None,
         stack: Vec::new(),
+        kernel_stack: Vec::new(),
     };
     Ok(Snapshot::from_captured(captured, Some(trigger)))
 }

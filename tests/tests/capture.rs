@@ -271,6 +271,7 @@ fn a_real_capture_round_trips_through_an_lbsnap_file() {
         trigger_time_ns,
         duration_ns: None,
         stack: Vec::new(),
+        kernel_stack: Vec::new(),
     };
     let snap = snapshot::Snapshot::from_captured(data, Some(trigger));
     assert!(

@@ -128,3 +128,82 @@ fn without_include_kernel_kernel_time_is_a_kernel_slice() {
         "kernel names without --include-kernel"
     );
 }
+
+/// The `stack` arg of the trigger instant of a run of the workload (`mode`) with `rule`
+/// and `extra` flags, split into functions (outermost first), and lookback's exit code.
+fn trigger_stack_of(rule: &str, extra: &[&str], mode: &[&str]) -> (Vec<String>, Option<i32>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trace = dir.path().join("trace.json");
+    let out = Command::new(lookback_bin())
+        .args(["run", "--backend", "sampling", "--trigger", rule])
+        .args(extra)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .arg(workload())
+        .args(mode)
+        .output()
+        .expect("lookback");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&trace).expect("trace")).expect("JSON");
+    let name = format!("trigger: {rule}");
+    let instant = chrome_events(&doc)
+        .iter()
+        .find(|e| e["ph"] == "i" && e["name"] == name.as_str())
+        .expect("the trigger instant");
+    let stack = instant["args"]["stack"]
+        .as_str()
+        .unwrap_or_default()
+        .split(" → ")
+        .map(str::to_owned)
+        .collect();
+    (stack, out.status.code())
+}
+
+#[test]
+fn with_include_kernel_a_syscall_trigger_shows_the_kernel_path_above_its_caller() {
+    if !can_run("with_include_kernel_a_syscall_trigger_shows_the_kernel_path_above_its_caller") {
+        return;
+    }
+    // The first open of a missing file: the loader's library search or the loop's.
+    let rule = "syscall:openat=ENOENT";
+    let (stack, code) = trigger_stack_of(rule, &["--include-kernel"], &["enoent", "3000"]);
+    assert_eq!(code, Some(0));
+    let at = |name: &str| stack.iter().position(|f| f == name);
+    let syscall = at("do_syscall_64");
+    let user_open = stack
+        .iter()
+        .rposition(|f| f.contains("open") && !f.contains("openat"));
+    assert!(
+        syscall.is_some() && user_open.is_some() && user_open < syscall,
+        "the kernel's frames above the libc call: {stack:?}"
+    );
+    assert!(
+        !stack
+            .iter()
+            .any(|f| f.starts_with("bpf_") || f.starts_with("__bpf_trace")),
+        "the probe's own path is not the thread's: {stack:?}"
+    );
+    // Without the flag: the user stack alone.
+    let (plain, _) = trigger_stack_of(rule, &[], &["enoent", "3000"]);
+    assert!(
+        !plain.is_empty() && !plain.iter().any(|f| f == "do_syscall_64"),
+        "{plain:?}"
+    );
+}
+
+#[test]
+fn with_include_kernel_a_sigsegv_trigger_shows_the_page_fault_above_the_faulting_function() {
+    if !can_run(
+        "with_include_kernel_a_sigsegv_trigger_shows_the_page_fault_above_the_faulting_function",
+    ) {
+        return;
+    }
+    let (stack, code) = trigger_stack_of("signal:SIGSEGV", &["--include-kernel"], &["segv"]);
+    assert_eq!(code, Some(139), "exits as the command did");
+    let fault = stack.iter().position(|f| f == "lb_fault");
+    let kernel = stack.iter().position(|f| f.contains("exc_page_fault"));
+    assert!(
+        fault.is_some() && kernel.is_some() && fault < kernel,
+        "the page fault above lb_fault: {stack:?}"
+    );
+}

@@ -146,6 +146,37 @@ fn failing_syscalls_by_errno() {
 }
 
 #[test]
+fn rules_met_by_the_same_syscall_each_fire() {
+    // One ring entry per event carries the mask of the rules it met; each gets its event
+    // and its counters, with the same stack.
+    let spec = [
+        "--trigger",
+        "syscall:openat=ENOENT",
+        "--trigger",
+        "syscall:openat,open=ENOENT,EACCES",
+        "--trigger",
+        "syscall:openat=EACCES",
+    ];
+    let base = dry_run(&spec, &["enoent", "0"]);
+    let run = dry_run(&spec, &["enoent", "7"]);
+    let (enoent, either) = (run.of_rule(0), run.of_rule(1));
+    let base_enoent = base.of_rule(0).len();
+    assert_eq!(enoent.len(), base_enoent + 7, "baseline {base_enoent}");
+    assert_eq!(either.len(), enoent.len());
+    assert!(run.of_rule(2).is_empty(), "EACCES never met");
+    for (id, events) in [(0, &enoent), (1, &either)] {
+        assert_eq!(run.counter(id, "met"), events.len() as u64, "rule {id}");
+        assert_eq!(run.counter(id, "emitted"), events.len() as u64, "rule {id}");
+    }
+    // The same failing opens: same time, thread and stack.
+    for (e, o) in enoent.iter().zip(&either) {
+        for field in ["timestamp_ns", "tid", "stack", "ret"] {
+            assert_eq!(e[field], o[field], "{field}: {e} vs {o}");
+        }
+    }
+}
+
+#[test]
 fn fatal_signals() {
     for (mode, signal) in [("segv", 11), ("abort", 6)] {
         let run = dry_run(&["--trigger", "signal:SIGSEGV,SIGABRT"], &[mode]);

@@ -152,8 +152,8 @@ pub struct SamplingRecorder {
     switch: Arc<FreezeSwitch>,
     /// The online CPUs, in ring-slot order of `switch`.
     cpus: Vec<u32>,
-    /// The kernel's symbols, read at open with `include_kernel` (else empty).
-    kallsyms: Kallsyms,
+    /// The kernel's symbols, read at the first open with `include_kernel` (else none).
+    kallsyms: Option<&'static Kallsyms>,
 }
 
 // The recorder moves to the thread that freezes it: it must be `Send`.
@@ -217,11 +217,7 @@ impl SamplingRecorder {
             pids: BTreeSet::new(),
             known_maps: BTreeMap::new(),
             maps_text: BTreeMap::new(),
-            kallsyms: if opts.include_kernel {
-                Kallsyms::read()
-            } else {
-                Kallsyms::default()
-            },
+            kallsyms: opts.include_kernel.then(Kallsyms::shared),
         })
     }
 
@@ -390,13 +386,10 @@ impl Recorder for SamplingRecorder {
                 data: copy.data,
             });
         }
-        let kernel_symbols = if self.kallsyms.is_empty() {
-            Vec::new()
-        } else {
+        let kernel_symbols = self.kallsyms.map_or_else(Vec::new, |kallsyms| {
             let layout = self.params.sample_layout();
-            self.kallsyms
-                .symbols_for(rings.iter().flat_map(|r| kernel_addresses(layout, &r.data)))
-        };
+            kallsyms.symbols_for(rings.iter().flat_map(|r| kernel_addresses(layout, &r.data)))
+        });
         let pids: BTreeSet<u32> = self.pids.iter().chain(&summary.pids).copied().collect();
         let processes = self.collect_maps(&pids, &rings);
         let code = processes

@@ -149,7 +149,7 @@ impl Recording {
                     .trigger
                     .as_ref()
                     .and_then(|(_, e)| e.stack_copy.as_ref());
-                crate::unwind::unwind_trigger_stack(&mut job.snap, copy);
+                crate::unwind::complete_trigger_stack(&mut job.snap, copy);
                 let files = write_snapshot(&output, keep_raw, &job)?;
                 on_written(&job, &files);
                 Ok(())
@@ -278,6 +278,7 @@ impl Recording {
                 trigger_time_ns: monotonic_ns(),
                 duration_ns: None,
                 stack: Vec::new(),
+                kernel_stack: Vec::new(),
             },
         };
         let mut snap = Snapshot::from_captured(data, Some(meta));

@@ -348,6 +348,7 @@ pub(super) mod tests {
             ip: None,
             depth: None,
             stack: Vec::new(),
+            kernel_stack: Vec::new(),
             stack_copy: None,
         };
         SnapshotJob {

@@ -226,7 +226,7 @@ impl Pipeline {
             let result = tokio::task::spawn_blocking(move || {
                 let mut job = job;
                 // Here, off the freeze path: it reads the unwind tables of the process's files.
-                crate::unwind::unwind_trigger_stack(&mut job.snap, job.event.stack_copy.as_ref());
+                crate::unwind::complete_trigger_stack(&mut job.snap, job.event.stack_copy.as_ref());
                 write(&job, &metrics);
                 drop(job);
                 super::release_freed_memory();

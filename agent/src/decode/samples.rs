@@ -238,7 +238,7 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
 
 /// The stack the kernel took at the trigger is one more sample of its thread, at the
 /// trigger instant: a syscall's or signal's caller is open there even when no sample
-/// caught it.
+/// caught it (with the kernel's frames above it, where the snapshot kept them).
 fn add_trigger_stack(snap: &Snapshot, out: &mut Sampled) {
     if let Some(t) = snap
         .meta
@@ -248,7 +248,12 @@ fn add_trigger_stack(snap: &Snapshot, out: &mut Sampled) {
     {
         thread_of(out, t.pid, t.tid).stacks.push(StackAt {
             time_ns: t.trigger_time_ns,
-            addrs: outermost_first(t.stack.clone()),
+            addrs: t
+                .lookup_stack()
+                .into_iter()
+                .rev()
+                .map(|(_, at)| at)
+                .collect(),
             off_cpu: None,
         });
     }

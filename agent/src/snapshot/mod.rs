@@ -59,9 +59,32 @@ pub struct TriggerMeta {
     /// empty when it gave none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stack: Vec<u64>,
+    /// The thread's kernel stack at the trigger, leaf first, above `stack` (syscall and
+    /// signal triggers of a recording with `include_kernel`; its functions are in
+    /// [`Metadata::kernel_symbols`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kernel_stack: Vec<u64>,
 }
 
 impl TriggerMeta {
+    /// The whole stack at the trigger, leaf first (the kernel's frames, then the user's),
+    /// as pairs of the address recorded and the address to look its function up at: a
+    /// return address's call instruction (one byte before it), except for each part's
+    /// leaf, the exact instruction the thread was at.
+    #[must_use]
+    pub fn lookup_stack(&self) -> Vec<(u64, u64)> {
+        let part = |frames: &[u64]| {
+            frames
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| (a, if i == 0 { a } else { a.saturating_sub(1) }))
+                .collect::<Vec<_>>()
+        };
+        let mut out = part(&self.kernel_stack);
+        out.extend(part(&self.stack));
+        out
+    }
+
     /// The metadata of a kernel trigger event for rule `rule`.
     pub fn from_event(rule: &str, event: &crate::triggers::TriggerEvent) -> Self {
         use crate::triggers::TriggerKind;
@@ -80,6 +103,7 @@ impl TriggerMeta {
             trigger_time_ns: event.timestamp_ns,
             duration_ns: event.duration_ns,
             stack: event.stack.clone(),
+            kernel_stack: event.kernel_stack.clone(),
         }
     }
 }

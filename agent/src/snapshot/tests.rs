@@ -99,6 +99,7 @@ fn sample_snapshot() -> Snapshot {
         trigger_time_ns: 4_990_000,
         duration_ns: Some(8_290_000),
         stack: Vec::new(),
+        kernel_stack: Vec::new(),
     };
     Snapshot::from_captured(data, Some(trigger))
 }

@@ -3,8 +3,8 @@
 use std::fmt;
 
 use lookback_common::trigger::{
-    PHASE_ENTRY, RecordKind, TRIGGER_ENTRY_SIZE, TRIGGER_RECORD_SIZE, TRIGGER_STACK_COPY,
-    TRIGGER_STACK_FRAMES, TriggerRecord, TriggerStack,
+    PHASE_ENTRY, RecordKind, TRIGGER_ENTRY_SIZE, TRIGGER_KERNEL_FRAMES, TRIGGER_RECORD_SIZE,
+    TRIGGER_STACK_COPY, TRIGGER_STACK_FRAMES, TriggerRecord, TriggerStack,
 };
 
 use crate::capture::records::UserRegs;
@@ -54,9 +54,13 @@ pub struct TriggerEvent {
     /// in the kernel; see [`TriggerStack`]); empty when the kernel gave none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stack: Vec<u64>,
+    /// The thread's kernel stack at the trigger, leaf first (syscall and signal triggers;
+    /// kept in snapshots recorded with `include_kernel`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kernel_stack: Vec<u64>,
     /// The thread's registers and user stack bytes at the trigger, for unwinding code
     /// without frame pointers (`stack` is then 1–2 frames deep); unwound into the
-    /// snapshot's trigger stack ([`crate::unwind::trigger_stack`]).
+    /// snapshot's trigger stack ([`crate::unwind::complete_trigger_stack`]).
     #[serde(skip)]
     pub stack_copy: Option<StackCopy>,
 }
@@ -88,6 +92,8 @@ pub fn stack_from_bytes(bytes: &[u8]) -> TriggerStack {
     let mut stack = TriggerStack {
         bytes: 0,
         frames: [0; TRIGGER_STACK_FRAMES],
+        kernel_bytes: 0,
+        kernel_frames: [0; TRIGGER_KERNEL_FRAMES],
     };
     if bytes.len() >= TRIGGER_RECORD_SIZE + size_of::<TriggerStack>() {
         // SAFETY: length checked; TriggerStack is repr(C) plain integers, valid for every
@@ -137,25 +143,44 @@ pub fn stack_copy_from_bytes(bytes: &[u8]) -> Option<StackCopy> {
     })
 }
 
-/// The frames of `stack`, leaf first (at most [`TRIGGER_STACK_FRAMES`]; trailing zeros,
-/// where the walk ended, dropped).
+/// The user frames of `stack`, leaf first (at most [`TRIGGER_STACK_FRAMES`]; trailing
+/// zeros, where the walk ended, dropped).
 #[must_use]
 pub fn stack_frames(stack: &TriggerStack) -> Vec<u64> {
-    let n = usize::try_from(stack.bytes / 8)
-        .unwrap_or(0)
-        .min(TRIGGER_STACK_FRAMES);
-    let mut frames = stack.frames[..n].to_vec();
-    while frames.last() == Some(&0) {
-        frames.pop();
+    frames_written(&stack.frames, stack.bytes)
+}
+
+/// The kernel frames of `stack`, leaf first; only kernel addresses (a helper that wrote
+/// anything else wrote no kernel stack).
+#[must_use]
+pub fn kernel_stack_frames(stack: &TriggerStack) -> Vec<u64> {
+    let mut frames = frames_written(&stack.kernel_frames, stack.kernel_bytes);
+    if !frames
+        .iter()
+        .all(|&a| crate::capture::kallsyms::is_kernel_address(a))
+    {
+        frames.clear();
     }
     frames
+}
+
+/// The first `bytes / 8` of `frames` (at most all), without trailing zeros.
+fn frames_written(frames: &[u64], bytes: u64) -> Vec<u64> {
+    let n = usize::try_from(bytes / 8).unwrap_or(0).min(frames.len());
+    let mut out = frames[..n].to_vec();
+    while out.last() == Some(&0) {
+        out.pop();
+    }
+    out
 }
 
 impl TriggerEvent {
     /// Decodes one ring-buffer entry (the record, and the stack after it).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, EventError> {
         let mut event = Self::from_record(&record_from_bytes(bytes)?)?;
-        event.stack = stack_frames(&stack_from_bytes(bytes));
+        let stack = stack_from_bytes(bytes);
+        event.stack = stack_frames(&stack);
+        event.kernel_stack = kernel_stack_frames(&stack);
         event.stack_copy = stack_copy_from_bytes(bytes);
         Ok(event)
     }
@@ -189,6 +214,7 @@ impl TriggerEvent {
             ip: is(TriggerKind::Function).map(|()| r.ip),
             depth: is(TriggerKind::Function).map(|()| r.depth),
             stack: Vec::new(),
+            kernel_stack: Vec::new(),
             stack_copy: None,
         })
     }
@@ -295,8 +321,29 @@ mod tests {
         for f in frames {
             entry.extend(f.to_le_bytes());
         }
+        let user_only = entry.len();
+        // The kernel's part: two frames written.
+        let mut kernel = [0u64; TRIGGER_KERNEL_FRAMES];
+        kernel[..3].copy_from_slice(&[0xffff_ffff_8100_0010, 0xffff_ffff_8100_0310, 0xdead]);
+        entry.extend(16u64.to_le_bytes());
+        for f in kernel {
+            entry.extend(f.to_le_bytes());
+        }
         let e = TriggerEvent::from_bytes(&entry).expect("valid");
         assert_eq!(e.stack, [0x1000, 0x2000, 0x3000]);
+        assert_eq!(
+            e.kernel_stack,
+            [0xffff_ffff_8100_0010, 0xffff_ffff_8100_0310]
+        );
+        // A kernel part with a user address in it is not a kernel stack.
+        let mut bogus = entry.clone();
+        bogus[user_only + 16..user_only + 24].copy_from_slice(&0x4000u64.to_le_bytes());
+        assert!(
+            TriggerEvent::from_bytes(&bogus)
+                .expect("valid")
+                .kernel_stack
+                .is_empty()
+        );
         assert_eq!(e.stack_copy, None, "an entry without the copy");
         // The copy: registers, the length, the bytes (only `len` of them are read).
         for w in [0x40_1000u64, 0x7ff0, 0x7ff8, 3] {
@@ -321,6 +368,7 @@ mod tests {
         for _ in 0..TRIGGER_STACK_FRAMES {
             full.extend(0x4000u64.to_le_bytes());
         }
+        full.resize(TRIGGER_RECORD_SIZE + size_of::<TriggerStack>(), 0);
         assert_eq!(
             TriggerEvent::from_bytes(&full).expect("valid").stack.len(),
             TRIGGER_STACK_FRAMES

@@ -23,11 +23,12 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use lookback_common::trigger::TriggerRecord;
+use lookback_common::trigger::{TriggerRecord, record_rules};
 use tokio::sync::mpsc;
 
 use super::event::{
-    TriggerEvent, record_from_bytes, stack_copy_from_bytes, stack_frames, stack_from_bytes,
+    TriggerEvent, kernel_stack_frames, record_from_bytes, stack_copy_from_bytes, stack_frames,
+    stack_from_bytes,
 };
 use crate::sys::{SyscallError, thread};
 
@@ -214,16 +215,26 @@ fn drain_ring(
         // in the kernel when its rule asks for that.
         let copy = stack_copy_from_bytes(&item);
         drop(item);
-        hook(&record);
-        match TriggerEvent::from_record(&record) {
-            Ok(mut event) => {
-                event.stack = stack_frames(&stack);
-                event.stack_copy = copy;
-                out.push(event);
-            }
-            Err(e) => {
-                control.malformed.fetch_add(1, Ordering::Relaxed);
-                log::debug!("dropping trigger record: {e}");
+        // One entry per event, whatever number of rules it met: one record per rule here,
+        // each hooked (the freeze decision is per rule) and delivered on its own.
+        for rule_id in record_rules(&record) {
+            let record = TriggerRecord {
+                rule_id,
+                rule_mask: 1 << rule_id,
+                ..record
+            };
+            hook(&record);
+            match TriggerEvent::from_record(&record) {
+                Ok(mut event) => {
+                    event.stack = stack_frames(&stack);
+                    event.kernel_stack = kernel_stack_frames(&stack);
+                    event.stack_copy.clone_from(&copy);
+                    out.push(event);
+                }
+                Err(e) => {
+                    control.malformed.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("dropping trigger record: {e}");
+                }
             }
         }
     }

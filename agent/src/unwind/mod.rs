@@ -152,12 +152,14 @@ impl<'a> StackUnwinder<'a> {
     }
 }
 
-/// Replaces the trigger's frame-pointer stack in `snap` with the unwinding of the stack
-/// `copy` the kernel took at the trigger, when that reaches further (code without frame
-/// pointers: the kernel's walk stops after 1–2 frames). Done by the snapshot writers
-/// before the `.lbsnap` is written (not on the freeze path: reading the files' unwind
-/// tables takes milliseconds); the snapshot keeps the addresses, not the copy.
-pub fn unwind_trigger_stack(snap: &mut Snapshot, copy: Option<&StackCopy>) {
+/// Completes the trigger's stack in `snap`: replaces its frame-pointer user stack with the
+/// unwinding of the stack `copy` the kernel took at the trigger, when that reaches further
+/// (code without frame pointers: the kernel's walk stops after 1–2 frames), and keeps its
+/// kernel stack, named, where the recording included the kernel. Done by the snapshot
+/// writers before the `.lbsnap` is written (not on the freeze path: reading the files'
+/// unwind tables takes milliseconds); the snapshot keeps the addresses, not the copy.
+pub fn complete_trigger_stack(snap: &mut Snapshot, copy: Option<&StackCopy>) {
+    crate::capture::kallsyms::keep_trigger_kernel_stack(snap);
     let (Some(trigger), Some(copy)) = (snap.meta.trigger.as_mut(), copy) else {
         return;
     };

@@ -140,27 +140,26 @@ pub struct StackFrameName {
     pub function: String,
 }
 
-/// The trigger's stack of `snap`, symbolized, leaf first (return addresses looked up in
-/// their call instruction, as the samples' are).
+/// The trigger's stack of `snap`, symbolized, leaf first, kernel frames (if kept) before
+/// the user's (return addresses looked up in their call instruction, as the samples' are).
 fn trigger_stack(snap: &Snapshot, symbols: &mut Symbolizer<'_>) -> Vec<StackFrameName> {
     let Some(t) = snap.meta.trigger.as_ref() else {
         return Vec::new();
     };
-    t.stack
-        .iter()
-        .enumerate()
-        .map(|(i, &address)| {
-            let at = if i == 0 {
-                address
-            } else {
-                address.saturating_sub(1)
-            };
-            StackFrameName {
-                address,
-                function: symbols.frame(t.pid, at).name.clone(),
-            }
+    t.lookup_stack()
+        .into_iter()
+        .map(|(address, at)| StackFrameName {
+            address,
+            function: symbols.frame(t.pid, at).name.clone(),
         })
         .collect()
+}
+
+/// The functions of a trigger stack (leaf first), outermost first, as one line:
+/// `main → run → __libc_open64 → do_syscall_64`.
+fn stack_line(stack: &[StackFrameName]) -> String {
+    let names: Vec<&str> = stack.iter().rev().map(|f| f.function.as_str()).collect();
+    names.join(" → ")
 }
 
 /// One warning per module of `summary` most of whose frames have no name and that lacks
@@ -360,10 +359,12 @@ fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceS
         malformed_samples: sampled.malformed,
         ..TraceSummary::default()
     };
+    summary.trigger_stack = trigger_stack(snap, &mut symbols);
     let ctx = Context {
         snap,
         period_ns: period_ns(snap, &threads),
         trigger: snap.meta.trigger.as_ref().filter(|t| t.pid != 0),
+        trigger_stack: stack_line(&summary.trigger_stack),
     };
     let mut named = std::collections::BTreeSet::new();
     for thread in &threads {
@@ -385,9 +386,8 @@ fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceS
         // The trigger thread was never sampled: give it its own track.
         let comm = if t.comm.is_empty() { "?" } else { &t.comm };
         sink.thread(t.pid, t.tid, &format!("{comm} [{}] [{}]", t.pid, t.tid))?;
-        trigger_instant(sink, t)?;
+        trigger_instant(sink, t, &ctx.trigger_stack)?;
     }
-    summary.trigger_stack = trigger_stack(snap, &mut symbols);
     summary.unknown_frames = symbols.misses;
     summary.symbols = symbols.module_report();
     Ok(summary)
@@ -399,6 +399,8 @@ struct Context<'a> {
     period_ns: u64,
     /// The trigger, when it names a thread.
     trigger: Option<&'a TriggerMeta>,
+    /// Its stack's functions, for its instant ([`stack_line`]).
+    trigger_stack: String,
 }
 
 impl Context<'_> {
@@ -487,7 +489,7 @@ fn emit_thread(
             | StackEvent::OffCpu { start: ts, .. } => *ts,
         };
         if let Some(t) = pending.filter(|t| t.trigger_time_ns < ts) {
-            trigger_instant(sink, t)?;
+            trigger_instant(sink, t, &ctx.trigger_stack)?;
             pending = None;
         }
         match event {
@@ -515,7 +517,7 @@ fn emit_thread(
         }
     }
     match pending {
-        Some(t) => trigger_instant(sink, t),
+        Some(t) => trigger_instant(sink, t, &ctx.trigger_stack),
         None => Ok(()),
     }
 }
@@ -567,7 +569,9 @@ fn lost_instant(
     )
 }
 
-fn trigger_instant(sink: &mut impl TraceSink, t: &TriggerMeta) -> io::Result<()> {
+/// The trigger's instant; `stack`: its stack's functions ([`stack_line`]), an arg when
+/// not empty.
+fn trigger_instant(sink: &mut impl TraceSink, t: &TriggerMeta, stack: &str) -> io::Result<()> {
     let mut args = vec![
         Arg::new("rule", ArgValue::Str(&t.rule)),
         Arg::new("kind", ArgValue::Str(&t.kind)),
@@ -577,6 +581,9 @@ fn trigger_instant(sink: &mut impl TraceSink, t: &TriggerMeta) -> io::Result<()>
     ];
     if let Some(d) = t.duration_ns {
         args.push(Arg::new("duration_ns", ArgValue::U64(d)));
+    }
+    if !stack.is_empty() {
+        args.push(Arg::new("stack", ArgValue::Str(stack)));
     }
     sink.instant(
         (t.pid, t.tid),

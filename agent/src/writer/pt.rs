@@ -22,7 +22,7 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use super::{Arg, ArgValue, TraceSink, TraceSummary, trigger_instant};
+use super::{Arg, ArgValue, TraceSink, TraceSummary, stack_line, trigger_instant};
 use crate::capture::MapEntry;
 use crate::capture::records::PtLosses;
 use crate::decode::pt::flow::IpHasher;
@@ -259,6 +259,8 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         ..TraceSummary::default()
     };
     let trigger = snap.meta.trigger.as_ref().filter(|t| t.pid != 0);
+    summary.trigger_stack = super::trigger_stack(snap, &mut lookup.borrow_mut().symbols);
+    let trigger_stack = stack_line(&summary.trigger_stack);
     let keys: Vec<(u32, u32)> = stacks.tracks.keys().map(|&t| track_key(snap, t)).collect();
     let pids: BTreeSet<u32> = keys.iter().map(|k| k.0).collect();
     for pid in pids {
@@ -287,6 +289,7 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
             key,
             open: Vec::new(),
             pending: trigger.filter(|t| (t.pid, t.tid) == key),
+            trigger_stack: &trigger_stack,
             slices: 0,
         };
         let mut result = Ok(());
@@ -298,16 +301,15 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         result?;
         summary.slices += writer.slices;
         if let Some(t) = writer.pending {
-            trigger_instant(writer.sink, t)?;
+            trigger_instant(writer.sink, t, &trigger_stack)?;
         }
     }
     if let Some(t) = trigger.filter(|t| !keys.contains(&(t.pid, t.tid))) {
         // The trigger thread has no trace: give it its own track.
         let comm = if t.comm.is_empty() { "?" } else { &t.comm };
         sink.thread(t.pid, t.tid, &format!("{comm} [{}] [{}]", t.pid, t.tid))?;
-        trigger_instant(sink, t)?;
+        trigger_instant(sink, t, &trigger_stack)?;
     }
-    summary.trigger_stack = super::trigger_stack(snap, &mut lookup.borrow_mut().symbols);
     summary.unknown_frames = lookup.borrow().symbols.misses;
     summary.symbols = lookup.borrow_mut().symbols.module_report();
     Ok(summary)
@@ -323,6 +325,8 @@ struct TrackWriter<'a, 'l, S> {
     open: Vec<Rc<str>>,
     /// The trigger, until its instant is written.
     pending: Option<&'a TriggerMeta>,
+    /// The trigger's stack, for its instant.
+    trigger_stack: &'a str,
     slices: u64,
 }
 
@@ -333,7 +337,7 @@ impl<S: TraceSink> TrackWriter<'_, '_, S> {
             StackEvent::Gap { start, .. } | StackEvent::OffCpu { start, .. } => *start,
         };
         if let Some(t) = self.pending.filter(|t| t.trigger_time_ns < ts) {
-            trigger_instant(self.sink, t)?;
+            trigger_instant(self.sink, t, self.trigger_stack)?;
             self.pending = None;
         }
         match event {

@@ -258,6 +258,7 @@ fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
         trigger_time_ns: 0,
         duration_ns: None,
         stack: Vec::new(),
+        kernel_stack: Vec::new(),
     };
     Snapshot::from_captured(captured, Some(trigger))
 }

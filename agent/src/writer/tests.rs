@@ -134,6 +134,7 @@ fn snapshot() -> Snapshot {
         trigger_time_ns: 1_240_000,
         duration_ns: Some(1_200_000),
         stack: Vec::new(),
+        kernel_stack: Vec::new(),
     };
     Snapshot::from_captured(captured, Some(trigger))
 }
