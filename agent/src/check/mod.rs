@@ -298,13 +298,20 @@ pub fn probe_backend(paths: &Paths) -> BackendChoice {
 /// The event the sampling backend uses here: cycles with a hardware PMU, else cpu-clock;
 /// `None` when neither opens.
 pub fn probe_sampling_event() -> Option<SamplingEvent> {
-    if pmu::probe_hardware_cycles().ok {
-        Some(SamplingEvent::Cycles)
-    } else if pmu::probe_cpu_clock().ok {
-        Some(SamplingEvent::CpuClock)
-    } else {
-        None
+    // Found once per process: the PMU does not change, and every recorder the agent opens
+    // asks (a probe event per recorder, and under EMFILE a misleading "no event opens").
+    static FOUND: std::sync::OnceLock<SamplingEvent> = std::sync::OnceLock::new();
+    if let Some(&event) = FOUND.get() {
+        return Some(event);
     }
+    let event = if pmu::probe_hardware_cycles().ok {
+        SamplingEvent::Cycles
+    } else if pmu::probe_cpu_clock().ok {
+        SamplingEvent::CpuClock
+    } else {
+        return None;
+    };
+    Some(*FOUND.get_or_init(|| event))
 }
 
 /// The outcome of [`choose_backend`].

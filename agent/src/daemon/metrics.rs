@@ -33,6 +33,7 @@ use prometheus::{
     TextEncoder, core::Collector,
 };
 
+use super::limits::ErrorTally;
 use crate::triggers::{RuleCounters, TriggerEngine, engine::ProgramStats};
 
 /// Buckets of `lookback_trigger_to_freeze_seconds`: 10 µs to 1 s. Freezing a recorder is a
@@ -109,9 +110,16 @@ pub enum MetricsError {
 #[derive(Default)]
 struct Seen {
     rules: HashMap<String, RuleCounters>,
+    /// (operation, errno) → failures already exported.
+    errors: HashMap<(&'static str, &'static str), u64>,
     /// Program name → (run count, run time in ns).
     programs: HashMap<String, (u64, u64)>,
 }
+
+/// The operations of `lookback_errors_total`, whose series exist from the start.
+const ERROR_OPS: [&str; 2] = ["recorder", "probe"];
+/// Its errnos: the resource limits, and `other`.
+const ERROR_ERRNOS: [&str; 6] = ["EMFILE", "ENFILE", "ENOMEM", "EPERM", "ENOSPC", "other"];
 
 /// The increment from `last` to `now` of a kernel counter that may have been reset.
 fn delta(last: u64, now: u64) -> u64 {
@@ -137,6 +145,8 @@ pub struct Metrics {
     /// Function calls a latency rule could not measure, by reason (extension).
     unmeasured: IntCounterVec,
     events_lost: IntCounterVec,
+    /// Recorder and probe failures by operation and errno.
+    errors: IntCounterVec,
     bpf: BpfMetrics,
     seen: Mutex<Seen>,
 }
@@ -218,6 +228,24 @@ fn unmeasured_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
          e.g. a call in flight at attach) (extension).",
         &["rule", "reason"],
     )
+}
+
+/// `lookback_errors_total{op,errno}`, every series at 0 from the start (an alert on
+/// `increase(...) > 0` needs them before the first failure).
+fn errors_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
+    let errors = counter_vec(
+        r,
+        "lookback_errors_total",
+        "Flight recorders and probes that could not be set up, by operation and errno \
+         (EMFILE, ENFILE, ENOMEM, EPERM, ENOSPC: a resource limit; other) (extension).",
+        &["op", "errno"],
+    )?;
+    for op in ERROR_OPS {
+        for errno in ERROR_ERRNOS {
+            errors.with_label_values(&[op, errno]).inc_by(0);
+        }
+    }
+    Ok(errors)
 }
 
 /// The extension metrics: cost of the eBPF programs.
@@ -345,6 +373,7 @@ impl Metrics {
                 "Records lost before reaching the agent, by where.",
                 &["source"],
             )?,
+            errors: errors_counter(&r)?,
             unmeasured: unmeasured_counter(&r)?,
             bpf: BpfMetrics::new(&r)?,
             registry: r,
@@ -542,6 +571,19 @@ impl Metrics {
         self.events_lost
             .with_label_values(&[source.label()])
             .inc_by(n);
+    }
+
+    /// Takes in the tracer's failure counts (absolute) as increments of
+    /// `lookback_errors_total`.
+    pub fn observe_errors(&self, tally: &ErrorTally) {
+        let mut seen = self.seen();
+        for (op, errno, n) in tally.iter() {
+            let last = seen.errors.insert((op, errno), n).unwrap_or(0);
+            let d = delta(last, n);
+            if d > 0 {
+                self.errors.with_label_values(&[op, errno]).inc_by(d);
+            }
+        }
     }
 
     /// Takes in the kernel's run-time statistics of the loaded programs (absolute values).

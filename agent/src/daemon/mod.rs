@@ -18,6 +18,7 @@ pub mod discovery;
 pub mod early_freeze;
 pub mod http;
 pub mod kubernetes;
+pub mod limits;
 pub mod metrics;
 pub mod output;
 pub mod pipeline;
@@ -175,6 +176,7 @@ pub(crate) fn release_freed_memory() {
     reason = "start-up, the one select over every event source, and shutdown read best together"
 )]
 async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
+    limits::raise_open_files();
     let mut config = ConfigFile::new(opts.config.clone());
     let rules = config.load()?;
     let choice = check::probe_backend(&check::Paths::default());
@@ -293,6 +295,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             Some(()) = pipeline.next_done() => {}
             _ = tick.tick() => {
                 refresh_metrics(&tracer, &metrics);
+                tracer.retry_recorders();
                 update_readiness(&tracer, &state, &failed);
                 tracer.poll_recorders();
                 if let Some(p) = pods.as_mut()
@@ -444,8 +447,9 @@ fn after_rules(tracer: &Tracer, metrics: &Metrics, state: &HttpState, failed: &[
     update_readiness(tracer, state, failed);
 }
 
-/// Sets `/readyz` from the installed rules and their probes: after a rule change, and on
-/// every tick, since probes come and go with the processes. A change to not ready is
+/// Sets `/readyz` from the installed rules and their probes, and from the recorders a
+/// resource limit kept from opening: after a rule change, and on every tick, since probes
+/// and recorders come and go with the processes. A change to not ready is
 /// logged once, with the reason.
 fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String]) {
     let installed: Vec<RuleProbes<'_>> = tracer
@@ -462,7 +466,12 @@ fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String]) {
             error: a.probe_error.as_deref(),
         })
         .collect();
-    match not_ready_reason(&installed, failed) {
+    let resources = limits::recorders_missing(&tracer.recorders_missing());
+    match not_ready_reason(&installed, failed)
+        .into_iter()
+        .chain(resources)
+        .reduce(|a, b| format!("{a}; {b}"))
+    {
         Some(reason) => {
             if state.readiness.status().err().as_deref() != Some(reason.as_str()) {
                 log::error!("not ready: {reason}");
@@ -485,4 +494,5 @@ fn refresh_metrics(tracer: &Tracer, metrics: &Metrics) {
         metrics.set_probe_error(&active.rule.name, active.probe_error_reason);
     }
     metrics.observe_program_stats(&tracer.engine().program_stats());
+    metrics.observe_errors(tracer.errors());
 }

@@ -13,12 +13,14 @@ use std::{
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use lookback_common::MAX_RULES;
 
 use super::discovery::{self, ProcessInfo};
 use super::early_freeze::EarlyFreeze;
+use super::limits::ErrorTally;
 use crate::{
     capture::{self, BackendRequest, CaptureOptions, Recorder, aux_pause},
     rules::{self, Rule, RuleSet, Trigger},
@@ -58,7 +60,20 @@ pub struct Traced {
     /// Whether the recorder runs `sample_filter`: drops the samples of processes the
     /// kernel froze at a trigger (`FROZEN`).
     pub filtered: bool,
+    /// Why its recorder could not be opened, the last time that was tried.
+    pub recorder_error: Option<RecorderFailure>,
 }
+
+/// A failed recorder open.
+#[derive(Debug, Clone, Copy)]
+pub struct RecorderFailure {
+    /// The resource limit it hit (`EMFILE`, ...); `None`: another failure, not retried.
+    pub errno: Option<&'static str>,
+    pub at: Instant,
+}
+
+/// How long a recorder that failed on a resource limit waits before it is tried again.
+const RECORDER_RETRY: Duration = Duration::from_secs(1);
 
 /// What [`Tracer::apply_rules`] changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -97,6 +112,8 @@ pub struct Tracer {
     /// The kernel's `FROZEN` map: processes whose samples stopped at their trigger (rules
     /// that freeze in the kernel); `None` when it could not be taken (no in-kernel freeze).
     frozen: Option<FrozenProcesses>,
+    /// Recorder and probe failures, for `lookback_errors_total`.
+    errors: ErrorTally,
 }
 
 impl Tracer {
@@ -123,6 +140,7 @@ impl Tracer {
             rules: BTreeMap::new(),
             processes: HashMap::new(),
             pods: None,
+            errors: ErrorTally::default(),
         }
     }
 
@@ -260,9 +278,13 @@ impl Tracer {
             && let Some(binary) = f.binary.clone().or_else(|| rule.target.exe.clone())
             && Path::new(&binary).exists()
         {
-            place_probe(&mut self.engine, &mut active, &binary, || {
-                resolve::resolve_symbol(&binary, &resolve::Lookup::of(f))
-            });
+            place_probe(
+                &mut self.engine,
+                &mut self.errors,
+                &mut active,
+                &binary,
+                || resolve::resolve_symbol(&binary, &resolve::Lookup::of(f)),
+            );
         }
         self.rules.insert(rule.name.clone(), active);
         Ok(())
@@ -415,33 +437,16 @@ impl Tracer {
                 }
             }
         }
-        let capture = self.capture_for(mask);
         let traced = self.processes.entry(pid).or_insert_with(|| Traced {
             info: info.clone(),
             mask,
             recorder: None,
             filtered: false,
+            recorder_error: None,
         });
         traced.info = info;
         traced.mask = mask;
-        if traced.recorder.is_none()
-            && let Some(opts) = capture
-        {
-            let filter = self.frozen.as_ref().and(self.engine.sample_filter().ok());
-            match open_recorder(&opts, pid, filter) {
-                Ok((r, filtered)) => {
-                    if let Some(switch) = r.freeze_switch() {
-                        self.early.insert(pid, switch);
-                    }
-                    traced.recorder = Some(r);
-                    traced.filtered = filtered;
-                }
-                Err(e) => log::warn!(
-                    "process {pid}: no flight recorder ({}); triggers are still counted",
-                    ErrorChain(&e)
-                ),
-            }
-        }
+        self.open_recorder_of(pid);
         if old == 0 {
             // Logged once the recorder runs: from here on, the process is recorded.
             let recorder = self
@@ -495,6 +500,89 @@ impl Tracer {
         }
         let recorder = self.processes.get_mut(&at)?.recorder.as_mut()?;
         Some((at, recorder))
+    }
+
+    /// Opens the flight recorder of traced process `pid` when its rules want one and it
+    /// has none; a failure is logged, counted (`errors`) and kept for readiness and
+    /// [`retry_recorders`](Self::retry_recorders).
+    fn open_recorder_of(&mut self, pid: u32) {
+        let Some(mask) = self
+            .processes
+            .get(&pid)
+            .filter(|p| p.recorder.is_none())
+            .map(|p| p.mask)
+        else {
+            return;
+        };
+        let Some(opts) = self.capture_for(mask) else {
+            return;
+        };
+        let filter = self.frozen.as_ref().and(self.engine.sample_filter().ok());
+        let opened = open_recorder(&opts, pid, filter);
+        let Some(traced) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        match opened {
+            Ok((r, filtered)) => {
+                if let Some(switch) = r.freeze_switch() {
+                    self.early.insert(pid, switch);
+                }
+                if traced.recorder_error.take().is_some() {
+                    log::info!("process {pid}: flight recorder opened on a retry");
+                }
+                traced.recorder = Some(r);
+                traced.filtered = filtered;
+            }
+            Err(e) => {
+                let errno = self.errors.record("recorder", &e);
+                if traced.recorder_error.is_none() {
+                    log::warn!(
+                        "process {pid}: no flight recorder ({}); triggers are still counted",
+                        ErrorChain(&e)
+                    );
+                }
+                traced.recorder_error = Some(RecorderFailure {
+                    errno,
+                    at: Instant::now(),
+                });
+            }
+        }
+    }
+
+    /// Tries again to open the recorders that failed on a resource limit, at most once a
+    /// second each: fds or memory freed, or a raised limit, bring them back without a
+    /// restart.
+    pub fn retry_recorders(&mut self) {
+        let due: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| {
+                p.recorder.is_none()
+                    && p.recorder_error
+                        .as_ref()
+                        .is_some_and(|f| f.errno.is_some() && f.at.elapsed() >= RECORDER_RETRY)
+            })
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            self.open_recorder_of(pid);
+        }
+    }
+
+    /// Traced processes without a flight recorder because of a resource limit, by errno.
+    pub fn recorders_missing(&self) -> BTreeMap<&'static str, usize> {
+        let mut missing = BTreeMap::new();
+        for p in self.processes.values().filter(|p| p.recorder.is_none()) {
+            if let Some(errno) = p.recorder_error.as_ref().and_then(|f| f.errno) {
+                *missing.entry(errno).or_default() += 1;
+            }
+        }
+        missing
+    }
+
+    /// Failures of recorders and probes so far, by operation and errno.
+    pub fn errors(&self) -> &ErrorTally {
+        &self.errors
     }
 
     /// Gives every recorder a chance to drain its sideband.
@@ -562,7 +650,7 @@ impl Tracer {
             };
             let host = resolve::in_process_root(pid, &binary);
             let trigger = f.clone();
-            place_probe(&mut self.engine, active, &host, || {
+            place_probe(&mut self.engine, &mut self.errors, active, &host, || {
                 resolve::resolve_for_process(
                     pid,
                     trigger.binary.as_deref(),
@@ -592,9 +680,11 @@ fn open_recorder(
     })
 }
 
-/// Resolves and attaches the rule's probe for `binary` once per inode.
+/// Resolves and attaches the rule's probe for `binary` once per inode; an attach that
+/// fails is counted in `errors`.
 fn place_probe(
     engine: &mut TriggerEngine,
+    errors: &mut ErrorTally,
     active: &mut ActiveRule,
     binary: &Path,
     resolve: impl FnOnce() -> Result<Vec<resolve::ProbePoint>, ResolveError>,
@@ -615,6 +705,7 @@ fn place_probe(
                 true
             }
             Err(e) => {
+                errors.record("probe", &e);
                 let msg = format!("{}", ErrorChain(&e));
                 log::error!(
                     "rule {}: attaching the uprobe in {} failed: {msg}",

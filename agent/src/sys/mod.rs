@@ -9,6 +9,7 @@ pub mod bpf;
 pub mod mmap;
 pub mod perf;
 pub mod process;
+pub mod rlimit;
 pub mod thread;
 
 /// A failed system call: which call, and the OS error it returned.
@@ -60,6 +61,7 @@ pub fn errno_name(errno: i32) -> Option<&'static str> {
         libc::ENODEV => "ENODEV",
         libc::EINVAL => "EINVAL",
         libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
         libc::ENOSPC => "ENOSPC",
         libc::ENOSYS => "ENOSYS",
         libc::EOPNOTSUPP => "EOPNOTSUPP",

@@ -1,0 +1,112 @@
+//! `lookback agent` at its resource limits, as root: the open-files limit raised at start,
+//! and a recorder that cannot be opened (`EMFILE`) counted, reported by `/readyz` with the
+//! reason, and opened on a retry once the limit is raised — without a restart.
+#![allow(
+    clippy::float_cmp,
+    reason = "metric values are integer counts, exactly representable"
+)]
+
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use lookback_tests::{agent::Agent, workload};
+
+const RULES: &str = "
+version: 1
+defaults:
+  capture: { backend: sampling, buffer_size: 256KiB }
+rules:
+  - name: sleeps
+    target: { comm: workload }
+    trigger: { syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1s } }
+";
+
+/// The soft and hard `Max open files` of process `pid`.
+fn open_files_limit(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files")
+        .to_owned();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    (fields[3].to_owned(), fields[4].to_owned())
+}
+
+/// Sets the soft open-files limit of `pid` (raising a hard limit needs `CAP_SYS_RESOURCE`,
+/// which a container's root may lack).
+fn set_open_files_limit(pid: u32, soft: &str) {
+    let status = Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={soft}:"))
+        .status()
+        .expect("prlimit (util-linux)");
+    assert!(status.success(), "prlimit: {status}");
+}
+
+/// Waits until `/readyz` answers `status`; returns its body.
+fn wait_readyz(agent: &mut Agent, status: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (got, body) = agent.get("/readyz");
+        if got == status {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz {got} {body}, expected {status}\n{}",
+            agent.log()
+        );
+        agent.assert_running();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back() {
+    let mut agent = Agent::start(RULES, &[]);
+    let pid = agent.child.id();
+    // Raised to the hard limit at start.
+    let (soft, hard) = open_files_limit(pid);
+    assert_eq!(soft, hard, "{}", agent.log());
+    assert!(agent.log().contains("open files limit"), "{}", agent.log());
+    wait_readyz(&mut agent, 200);
+    // Now only a few fds to spare: enough for a metrics request, not for a recorder
+    // (two perf events per CPU and their rings).
+    let used = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .count();
+    set_open_files_limit(pid, &(used + 2).to_string());
+    let mut target = Command::new(workload())
+        .args(["--wait", "nanosleep", "1", "1000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("workload");
+    agent.wait_log(
+        &format!("tracing process {} ", target.id()),
+        Duration::from_secs(10),
+    );
+    let body = wait_readyz(&mut agent, 503);
+    assert!(
+        body.contains("EMFILE") && body.contains("RLIMIT_NOFILE"),
+        "{body}"
+    );
+    let emfile = [("op", "recorder"), ("errno", "EMFILE")];
+    assert!(agent.metric("lookback_errors_total", &emfile) >= 1.0);
+    assert!(
+        agent.log().contains("no flight recorder"),
+        "the failure is logged: {}",
+        agent.log()
+    );
+    // The limit rises: the recorder is opened on a retry, the agent is ready again.
+    set_open_files_limit(pid, &hard);
+    agent.wait_log("flight recorder opened on a retry", Duration::from_secs(10));
+    wait_readyz(&mut agent, 200);
+    let _ = target.stdin.take().expect("stdin").write_all(b"go\n");
+    assert!(target.wait().expect("wait").success());
+    agent.stop_ok();
+}
