@@ -9,7 +9,10 @@
 //! eBPF programs themselves: `lookback_bpf_program_runs_total{program}` and
 //! `lookback_bpf_program_run_seconds_total{program}`. The kernel only counts them while
 //! run-time statistics are enabled ([`enable_bpf_stats`] or `sysctl kernel.bpf_stats_enabled=1`),
-//! which costs two clock reads, about 20 ns, per program run.
+//! which costs two clock reads, about 20 ns, per program run. Also extensions:
+//! `lookback_function_calls_unmeasured_total{rule,reason}`,
+//! `lookback_rule_probe_errors{rule,reason}` and `lookback_errors_total{op,errno}`
+//! (recorders and probes that could not be set up; see [`super::limits`]).
 //!
 //! Kernel counters are absolute values that restart from zero when a rule is removed and
 //! re-added (the engine clears its slot) or a program is reloaded. They are exported as
