@@ -658,3 +658,44 @@ fn a_bad_rules_file_at_start_exits_2_with_its_position() {
     );
     assert!(!dir.path().join("out").exists(), "it wrote output");
 }
+
+#[test]
+fn a_signal_rule_warns_when_its_target_ignores_the_signal() {
+    // A shell's `trap '' USR1` is inherited across exec, as `nohup` does for SIGHUP: a
+    // SIGUSR1 sent to such a process is dropped before delivery, and the rule would stay
+    // silent without a word.
+    let rules = "
+version: 1
+rules:
+  - name: usr1
+    target: { comm: workload }
+    trigger: { signal: { signals: [SIGUSR1, SIGSEGV] } }
+";
+    let mut agent = Agent::start(rules, &[]);
+    let mut ignoring = Command::new("sh")
+        .arg("-c")
+        .arg("trap '' USR1; exec \"$0\" --wait nanosleep 1 1")
+        .arg(workload())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("sh");
+    agent.release_when_traced(&mut ignoring);
+    let line = agent.wait_log("ignores SIGUSR1", Duration::from_secs(10));
+    assert!(
+        line.contains("rule usr1")
+            && line.contains(&ignoring.id().to_string())
+            && !line.contains("SIGSEGV,"),
+        "{line}"
+    );
+    assert!(ignoring.wait().expect("wait").success());
+    // A process that does not ignore it: no warning.
+    agent.run_workload(&["nanosleep", "1", "1"]);
+    assert_eq!(
+        agent.log().matches("ignores SIGUSR1").count(),
+        1,
+        "{}",
+        agent.log()
+    );
+    agent.stop_ok();
+}

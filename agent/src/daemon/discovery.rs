@@ -53,6 +53,21 @@ impl ProcessInfo {
     }
 }
 
+/// The signals process `pid` ignores (`SigIgn` of `/proc/PID/status`: bit `n - 1` for
+/// signal `n`); `None` when it is gone. A signal sent to a process that ignores it is
+/// dropped before delivery, so a signal rule for it never fires (a fault's SIGSEGV is
+/// still forced through).
+pub fn ignored_signals(proc_root: &Path, pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
+    signal_mask(&status, "SigIgn:")
+}
+
+/// The hex mask on the `key` line of a `/proc/PID/status` text.
+fn signal_mask(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix(key))?;
+    u64::from_str_radix(line.trim(), 16).ok()
+}
+
 /// The path of the unified (v2) hierarchy in a `/proc/PID/cgroup` file.
 pub fn cgroup_v2_path(text: &str) -> Option<String> {
     text.lines()
@@ -130,6 +145,14 @@ mod tests {
     use std::{collections::BTreeMap, path::Path};
 
     use super::*;
+
+    #[test]
+    fn the_ignored_signals_are_read_from_the_status_mask() {
+        let status = "Name:\tsh\nSigBlk:\t0000000000010000\nSigIgn:\t0000000000000006\n";
+        // SIGINT (2) and SIGQUIT (3): what a shell gives its background jobs.
+        assert_eq!(signal_mask(status, "SigIgn:"), Some(0b110));
+        assert_eq!(signal_mask("Name: x\n", "SigIgn:"), None);
+    }
     use crate::rules::KubernetesSelector;
 
     fn fake_proc(dir: &Path, pid: u32, comm: &str, exe: Option<&str>, cgroup: &str) {

@@ -177,6 +177,17 @@ pub(crate) fn release_freed_memory() {
 )]
 async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     limits::raise_open_files();
+    if let Some(dir) = &opts.output_dir {
+        match retention::remove_stale_temp_files(dir) {
+            Ok(0) => {}
+            Ok(n) => log::info!(
+                "removed {n} temporary file(s) an interrupted write left in {}",
+                dir.display()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("temporary files in {}: {e}", dir.display()),
+        }
+    }
     let mut config = ConfigFile::new(opts.config.clone());
     let rules = config.load()?;
     let choice = check::probe_backend(&check::Paths::default());

@@ -70,6 +70,55 @@ pub fn enforce(dir: &Path, retention: &Retention) -> io::Result<Pruned> {
     Ok(pruned)
 }
 
+/// The pid in a temporary file name (`.NAME.tmp-PID` or `.NAME.tmp-PID-SEQ`, as the
+/// snapshot writers name them); `None` for every other name.
+fn temp_file_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let (_, tail) = rest.rsplit_once(".tmp-")?;
+    let pid = tail.split_once('-').map_or(tail, |(pid, seq)| {
+        if seq.bytes().all(|b| b.is_ascii_digit()) {
+            pid
+        } else {
+            ""
+        }
+    });
+    pid.parse().ok()
+}
+
+/// Removes the temporary files a writer killed mid-write left in `dir` and the rule
+/// directories under it (`kill -9` during a write: nothing else would ever remove them),
+/// except those of a process still alive (its write may be in flight). Returns how many
+/// went.
+pub fn remove_stale_temp_files(dir: &Path) -> io::Result<usize> {
+    let mut removed = 0;
+    let mut dirs = vec![dir.to_path_buf()];
+    for entry in fs::read_dir(dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            dirs.push(entry.path());
+        }
+    }
+    for d in dirs {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = temp_file_pid(&name) else {
+                continue;
+            };
+            let alive = Path::new(&format!("/proc/{pid}")).exists();
+            if !alive && entry.file_type().is_ok_and(|t| t.is_file()) {
+                match fs::remove_file(entry.path()) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +210,31 @@ mod tests {
         assert_eq!(stem("a.lbsnap"), Some("a"));
         assert_eq!(stem(".a.json.tmp-3"), None);
         assert_eq!(stem("README"), None);
+    }
+
+    #[test]
+    fn stale_temp_files_go_and_live_writers_keep_theirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let rule = dir.path().join("slow");
+        fs::create_dir(&rule).unwrap();
+        // No process has pid 4194304 (above the largest pid_max).
+        let dead = ".2026-12-01T10:00:00Z-1-1.fxt.gz.tmp-4194304-3";
+        let live = format!(".x.lbsnap.tmp-{}-1", std::process::id());
+        for name in [
+            dead,
+            live.as_str(),
+            "2026-12-01T10:00:00Z-1-1.json",
+            ".hidden",
+        ] {
+            fs::write(rule.join(name), b"x").unwrap();
+        }
+        fs::write(dir.path().join(".y.json.tmp-4194304"), b"x").unwrap();
+        assert_eq!(remove_stale_temp_files(dir.path()).unwrap(), 2);
+        assert_eq!(
+            names(&rule),
+            [".hidden", live.as_str(), "2026-12-01T10:00:00Z-1-1.json"]
+        );
+        assert_eq!(temp_file_pid(".a.tmp-12-x"), None);
+        assert_eq!(temp_file_pid("a.tmp-12"), None);
     }
 }

@@ -62,6 +62,8 @@ pub struct Traced {
     pub filtered: bool,
     /// Why its recorder could not be opened, the last time that was tried.
     pub recorder_error: Option<RecorderFailure>,
+    /// Signal rules (bit = id) already warned about signals the process ignores.
+    pub warned_ignored: u64,
 }
 
 /// A failed recorder open.
@@ -443,10 +445,12 @@ impl Tracer {
             recorder: None,
             filtered: false,
             recorder_error: None,
+            warned_ignored: 0,
         });
         traced.info = info;
         traced.mask = mask;
         self.open_recorder_of(pid);
+        self.warn_ignored_signals(pid);
         if old == 0 {
             // Logged once the recorder runs: from here on, the process is recorded.
             let recorder = self
@@ -545,6 +549,47 @@ impl Tracer {
                     errno,
                     at: Instant::now(),
                 });
+            }
+        }
+    }
+
+    /// Warns once per signal rule of traced process `pid` whose signals it ignores
+    /// (`SigIgn`: `nohup`, a shell's background job): sent to it, they are dropped
+    /// before delivery and the rule never fires (faults are forced through).
+    fn warn_ignored_signals(&mut self, pid: u32) {
+        let Some(traced) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        let unwarned = traced.mask & !traced.warned_ignored;
+        if unwarned == 0 {
+            return;
+        }
+        let Some(ignored) = discovery::ignored_signals(&self.proc_root, pid) else {
+            return;
+        };
+        for active in self.rules.values() {
+            let Trigger::Signal(trigger) = &active.rule.trigger else {
+                continue;
+            };
+            if unwarned & 1 << active.id == 0 {
+                continue;
+            }
+            let names: Vec<&str> = trigger
+                .signals
+                .iter()
+                .filter(|&&sig| (1..=64).contains(&sig) && ignored >> (sig - 1) & 1 == 1)
+                .map(|&sig| rules::signal_name(sig).unwrap_or("?"))
+                .collect();
+            if !names.is_empty() {
+                traced.warned_ignored |= 1 << active.id;
+                log::warn!(
+                    "rule {}: process {pid} ({}) ignores {}: sent to it, they are dropped \
+                     before delivery and the rule does not fire (a fault's SIGSEGV or \
+                     SIGBUS still does)",
+                    active.rule.name,
+                    traced.info.comm,
+                    names.join(", ")
+                );
             }
         }
     }

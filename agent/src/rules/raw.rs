@@ -99,6 +99,7 @@ pub(super) struct RawTrigger {
 pub(super) struct RawFunction {
     pub symbol: Symbol,
     pub binary: Option<AbsolutePath>,
+    #[serde(default, deserialize_with = "present")]
     pub min_duration: Option<HumanDuration>,
     pub return_probe: Option<ReturnProbe>,
     pub all: Option<bool>,
@@ -112,6 +113,7 @@ pub(super) struct RawFunction {
 )]
 pub(super) struct RawSyscall {
     pub names: SyscallNames,
+    #[serde(default, deserialize_with = "present")]
     pub min_duration: Option<HumanDuration>,
     pub errno: Option<List<Errno>>,
 }
@@ -142,8 +144,10 @@ pub(super) struct RawCapture {
     expecting = "a mapping of cooldown, max_per_hour, post_trigger"
 )]
 pub(super) struct RawSnapshot {
+    #[serde(default, deserialize_with = "present")]
     pub cooldown: Option<HumanDuration>,
     pub max_per_hour: Option<Positive>,
+    #[serde(default, deserialize_with = "present")]
     pub post_trigger: Option<HumanDuration>,
 }
 
@@ -164,4 +168,16 @@ pub(super) struct RawOutput {
 pub(super) struct RawRetention {
     pub max_files: Option<Positive>,
     pub max_bytes: Option<Size>,
+}
+
+/// An optional field that, when written, holds a value: `min_duration:` with nothing after
+/// it is YAML null, and read as "absent" it silently made a latency rule fire on every
+/// call. Absent fields get `default`; a null is refused like any wrong value, at its
+/// line and column.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }

@@ -43,18 +43,38 @@ fn ten_megabyte_file_is_refused_quickly() {
 
 #[test]
 fn big_file_under_the_cap_is_parsed() {
-    // Many rules up to ~3 MiB: a result, not a hang (and a position in the last rule).
+    // The most rules a file may hold, padded with comments to ~3 MiB: a result, not a
+    // hang (and a position in the last rule).
+    let pad = format!("# {}\n", "x".repeat(1000)).repeat(50);
     let mut text = String::from("version: 1\nrules:\n");
-    let mut index = 0;
-    while text.len() < 3 << 20 {
-        let _ = write!(text, "  - name: r{index}\n{BODY}");
-        index += 1;
+    let mut lines = 2;
+    for index in 0..validate::MAX_RULES_PER_FILE {
+        let _ = write!(text, "  - name: r{index}\n{BODY}{pad}");
+        lines += 3 + 50;
     }
+    assert!(text.len() > 3 << 20);
     let rules = RuleSet::from_str(&text, "big.yaml").expect("valid big file");
-    assert_eq!(rules.rules.len(), index);
-    let _ = write!(text, "  - name: r0\n{BODY}");
+    assert_eq!(rules.rules.len(), validate::MAX_RULES_PER_FILE);
+    // One more: refused, at its line.
+    let _ = write!(text, "  - name: r64\n{BODY}");
     let (line, column, message) = error_of(&text);
-    assert_eq!((line, column), (index * 3 + 3, 11), "{message}");
+    assert_eq!((line, column), (lines + 1, 5), "{message}");
+}
+
+#[test]
+fn more_rules_than_the_engine_holds_are_refused_at_the_first_one_too_many() {
+    // `rules validate` accepted 20,000 rules that the agent then refused at start.
+    let mut text = String::from("version: 1\nrules:\n");
+    for index in 0..=validate::MAX_RULES_PER_FILE {
+        let _ = write!(text, "  - name: r{index}\n{BODY}");
+    }
+    let (line, column, message) = error_of(&text);
+    let max = validate::MAX_RULES_PER_FILE;
+    assert_eq!((line, column), (max * 3 + 3, 5), "{message}");
+    assert!(
+        message.contains(&format!("at most {max} rules")),
+        "{message}"
+    );
 }
 
 #[test]
@@ -197,5 +217,32 @@ fn no_panic_on_prefixes_and_mutations_of_a_valid_file() {
                 assert!(line <= mutated.lines().count() + 1, "{err} past the end");
             }
         }
+    }
+}
+
+#[test]
+fn an_empty_duration_is_refused_where_it_is_written() {
+    // `min_duration:` alone is YAML null: read as absent it made a latency rule an
+    // every-call rule.
+    for (key, text) in [
+        (
+            "min_duration",
+            "version: 1\nrules:\n  - name: r\n    target: {pid: 1}\n    trigger:\n      function: {symbol: f, min_duration: }\n",
+        ),
+        (
+            "min_duration",
+            "version: 1\nrules:\n  - name: r\n    target: {pid: 1}\n    trigger:\n      syscall:\n        names: [read]\n        min_duration:\n",
+        ),
+        (
+            "cooldown",
+            "version: 1\nrules:\n  - name: r\n    target: {pid: 1}\n    trigger: {signal: {signals: [SIGSEGV]}}\n    snapshot: {cooldown: null}\n",
+        ),
+    ] {
+        let (line, _, message) = error_of(text);
+        assert!(line >= 6, "{key}: line {line}: {message}");
+        assert!(
+            message.contains(key) && message.contains("invalid duration"),
+            "{key}: {message}"
+        );
     }
 }

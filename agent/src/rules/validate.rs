@@ -50,6 +50,9 @@ pub(super) fn load_str(text: &str, file: &str) -> Result<RuleSet, RulesError> {
     build(raw).map_err(|problem| locate::from_problem(text, file, problem))
 }
 
+/// How many rules one file may hold: the kernel engine's rule slots.
+pub const MAX_RULES_PER_FILE: usize = lookback_common::MAX_RULES as usize;
+
 /// The checks across values, and the merge of defaults.
 fn build(raw: RawFile) -> Result<RuleSet, Problem> {
     if raw.rules.is_empty() {
@@ -63,6 +66,19 @@ fn build(raw: RawFile) -> Result<RuleSet, Problem> {
     let mut rules = Vec::with_capacity(raw.rules.len());
     for (index, rule) in raw.rules.into_iter().enumerate() {
         let here = [Step::Key("rules"), Step::Index(index)];
+        if index == MAX_RULES_PER_FILE {
+            // The same limit for `rules validate`, `run --rules` and the agent: a file
+            // that validates is one the agent loads.
+            return Err(Problem::at_key(
+                vec![Step::Key("name")],
+                format!(
+                    "rule {} of more than {MAX_RULES_PER_FILE}: at most \
+                     {MAX_RULES_PER_FILE} rules can be loaded at once",
+                    index + 1
+                ),
+            )
+            .under(&here));
+        }
         if let Some(&first) = first_index.get(&rule.name.0) {
             let message = format!(
                 "duplicate rule name `{}`; rule names must be unique",

@@ -83,6 +83,11 @@ pub enum SnapshotError {
     SectionCount { expected: u64, found: u64 },
     #[error("{extra} bytes after the end marker")]
     TrailingBytes { extra: u64 },
+    #[error("sample_type {sample_type:#x} of the recorder {problem}: corrupt snapshot")]
+    SampleType {
+        sample_type: u64,
+        problem: &'static str,
+    },
 }
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -274,10 +279,39 @@ fn parse_header(c: &mut Cursor<'_>) -> Result<Metadata, SnapshotError> {
     c.json("metadata", meta_len)
 }
 
+/// Bits of `perf_event_attr.sample_type` the kernel knows (below `PERF_SAMPLE_MAX`,
+/// Linux 6.x: `1 << 25`).
+const SAMPLE_TYPE_KNOWN: u64 = (1 << 25) - 1;
+
+/// Refuses a sampling snapshot whose `sample_type` cannot describe its records: without
+/// the IP, thread and time every sample would be skipped, and a corrupt value decoded to
+/// an empty trace that looked like an idle process.
+fn check_sample_type(meta: &Metadata) -> Result<(), SnapshotError> {
+    use crate::capture::records::{SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME};
+    if meta.backend != crate::capture::Backend::Sampling {
+        return Ok(());
+    }
+    let sample_type = meta.recorder.sample_type;
+    let problem = if sample_type & !SAMPLE_TYPE_KNOWN != 0 {
+        "has bits no kernel defines"
+    } else if sample_type & (SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME)
+        != SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME
+    {
+        "lacks IP, TID or TIME, which every sample of lookback's has"
+    } else {
+        return Ok(());
+    };
+    Err(SnapshotError::SampleType {
+        sample_type,
+        problem,
+    })
+}
+
 /// Parses a snapshot from its bytes.
 pub fn parse(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
     let mut c = Cursor { bytes, at: 0 };
     let meta = parse_header(&mut c)?;
+    check_sample_type(&meta)?;
     let mut snap = Snapshot {
         meta,
         rings: Vec::new(),

@@ -178,6 +178,22 @@ fn foreign_newer_and_trailing_data_are_explained() {
 }
 
 #[test]
+fn a_corrupt_sample_type_is_refused_with_the_reason() {
+    // It decoded to an empty trace, with exit 0, that looked like an idle process.
+    for (sample_type, problem) in [(0x1a0, "lacks IP, TID or TIME"), (1 << 40 | 0x1a7, "bits")] {
+        let mut snap = sample_snapshot();
+        snap.meta.recorder.sample_type = sample_type;
+        let err = parse(&to_bytes(&snap)).unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::SampleType { .. })
+                && err.to_string().contains(problem)
+                && err.to_string().ends_with("corrupt snapshot"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn unknown_sections_are_skipped() {
     let snap = sample_snapshot();
     let mut bytes = to_bytes(&snap);
