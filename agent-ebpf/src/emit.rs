@@ -56,21 +56,21 @@ pub fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Sends `record` once for the rules of `admitted` (a bitmask of rule ids whose condition
-/// it met and that [`admit`] let through; nothing when empty), with their mask, the comm
-/// and the current thread's stacks when `own` (it is the triggering process's thread;
-/// `ctx`: the program's context, for `bpf_get_stack`); freezes the process first when
-/// `freeze` (one of them freezes in the kernel). The caller fills in `kind`.
+/// Sends `record` once for the rules of `firing` (those whose condition it met and that
+/// [`admit`] let through; nothing when empty), with their mask, the comm and the current
+/// thread's stacks when `own` (it is the triggering process's thread; `ctx`: the program's
+/// context, for `bpf_get_stack`); freezes the process first when one of them freezes in
+/// the kernel. The caller fills in `kind`.
 ///
 /// One entry per event, not per rule: the stack helpers and the 8 KiB copy run once,
 /// after the rule loop (inside it, their branches multiplied the verifier's states past
 /// its limit), and two rules met by one syscall cost one entry.
 #[inline(always)]
-pub fn fire(ctx: *mut c_void, admitted: u64, freeze: bool, record: TriggerRecord, own: bool) {
+pub fn fire(ctx: *mut c_void, firing: Firing, record: TriggerRecord, own: bool) {
     // A mask built in a loop is known to the verifier bit by bit; tested as it is, every
     // combination of bits would be a state of its own. Read back from a map, it is one
     // unknown value.
-    let Some((admitted, freeze)) = launder(admitted, freeze) else {
+    let Some((admitted, freeze)) = launder(firing.rules, firing.freeze) else {
         return;
     };
     if admitted == 0 {
@@ -112,9 +112,9 @@ pub fn fire_rule(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, record: Trigge
 }
 
 /// Counts a met condition of rule `rule_id` at `now`; whether it is not suppressed
-/// (cooldown, hourly limit): then the caller adds it to the rules it [`fire`]s.
+/// (cooldown, hourly limit).
 #[inline(always)]
-pub fn admit(rule_id: u32, rule: &RuleSpec, now: u64) -> bool {
+fn admit(rule_id: u32, rule: &RuleSpec, now: u64) -> bool {
     count(rule_id, COUNTER_MET);
     if let Some(reason) = suppressed(rule_id, rule, now) {
         count(rule_id, reason);
@@ -123,10 +123,23 @@ pub fn admit(rule_id: u32, rule: &RuleSpec, now: u64) -> bool {
     true
 }
 
-/// Whether rule `rule` freezes its process in the kernel when it fires.
-#[inline(always)]
-pub fn freezes(rule: &RuleSpec) -> bool {
-    rule.flags & FLAG_FREEZE_IN_KERNEL != 0
+/// A bitmask of rules to [`fire`], and whether one of them freezes in the kernel.
+#[derive(Clone, Copy, Default)]
+pub struct Firing {
+    pub rules: u64,
+    pub freeze: bool,
+}
+
+impl Firing {
+    /// Adds rule `rule_id`, whose condition was met at `now`, unless [`admit`] suppresses
+    /// it.
+    #[inline(always)]
+    pub fn add(&mut self, rule_id: u32, rule: &RuleSpec, now: u64) {
+        if admit(rule_id, rule, now) {
+            self.rules |= 1 << rule_id;
+            self.freeze |= rule.flags & FLAG_FREEZE_IN_KERNEL != 0;
+        }
+    }
 }
 
 /// Sends `record` for the rules of `admitted` (a non-empty bitmask), freezing its process

@@ -9,7 +9,7 @@ use aya_ebpf::{
 use lookback_common::{MAX_RULES, rule::KIND_SIGNAL, trigger::PHASE_ENTRY};
 
 use crate::{
-    emit::{admit, fire, freezes, now_ns, record_for_current},
+    emit::{Firing, fire, now_ns, record_for_current},
     maps::{RULES, TARGET_TGIDS, config, task_u32},
 };
 
@@ -46,7 +46,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     }
     let sig: u64 = ctx.arg(0);
     let sender = bpf_get_current_pid_tgid();
-    let (mut firing, mut freeze) = (0u64, false);
+    let mut firing = Firing::default();
     let now = now_ns();
     for rule_id in 0..MAX_RULES {
         if mask >> rule_id == 0 {
@@ -57,10 +57,8 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         }
         if let Some(rule) = RULES.get(rule_id)
             && rule.has_signal(sig)
-            && admit(rule_id, rule, now)
         {
-            firing |= 1 << rule_id;
-            freeze |= freezes(rule);
+            firing.add(rule_id, rule, now);
         }
     }
     // The current thread is the receiver for a fault (SIGSEGV, SIGBUS) or a signal it
@@ -73,12 +71,6 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     record.sender_pid = (sender >> 32) as u32;
     record.signal = sig as u32;
     record.phase = PHASE_ENTRY;
-    fire(
-        ctx.as_ptr(),
-        firing,
-        freeze,
-        record,
-        (sender >> 32) as u32 == tgid,
-    );
+    fire(ctx.as_ptr(), firing, record, (sender >> 32) as u32 == tgid);
     Some(())
 }

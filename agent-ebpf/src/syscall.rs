@@ -12,7 +12,7 @@ use lookback_common::{
 };
 
 use crate::{
-    emit::{admit, fire, freezes, now_ns, record_for_current},
+    emit::{Firing, fire, now_ns, record_for_current},
     maps::{RULES, SYSCALL_START, config, current_rules},
 };
 
@@ -43,7 +43,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
     let nr: u64 = ctx.arg(1);
     let now = now_ns();
     let mut wants_exit = false;
-    let (mut firing, mut freeze) = (0u64, false);
+    let mut firing = Firing::default();
     for rule_id in 0..MAX_RULES {
         if mask >> rule_id == 0 {
             break; // no rule with this id or above applies
@@ -58,10 +58,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
             continue;
         }
         if rule.flags & FLAG_ON_ENTRY != 0 {
-            if admit(rule_id, rule, now) {
-                firing |= 1 << rule_id;
-                freeze |= freezes(rule);
-            }
+            firing.add(rule_id, rule, now);
         } else {
             wants_exit = true;
         }
@@ -71,7 +68,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
     record.timestamp_ns = now;
     record.phase = PHASE_ENTRY;
     record.syscall_nr = nr as u32;
-    fire(ctx.as_ptr(), firing, freeze, record, true);
+    fire(ctx.as_ptr(), firing, record, true);
     if wants_exit {
         let start = SyscallStart { enter_ns: now, nr };
         SYSCALL_START.insert(pid_tgid as u32, start, 0).ok()?;
@@ -96,7 +93,7 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
     let now = now_ns();
     let ret: i64 = ctx.arg(1);
     let duration = now.saturating_sub(start.enter_ns);
-    let (mut firing, mut freeze) = (0u64, false);
+    let mut firing = Firing::default();
     for rule_id in 0..MAX_RULES {
         if mask >> rule_id == 0 {
             break; // no rule with this id or above applies
@@ -111,10 +108,8 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
             && rule.has_syscall(start.nr)
             && duration >= rule.min_duration_ns
             && (rule.flags & FLAG_ERRNO == 0 || rule.errno_matches(ret))
-            && admit(rule_id, rule, now)
         {
-            firing |= 1 << rule_id;
-            freeze |= freezes(rule);
+            firing.add(rule_id, rule, now);
         }
     }
     let mut record = record_for_current(pid_tgid);
@@ -124,6 +119,6 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
     record.syscall_nr = start.nr as u32;
     record.duration_ns = duration;
     record.ret = ret;
-    fire(ctx.as_ptr(), firing, freeze, record, true);
+    fire(ctx.as_ptr(), firing, record, true);
     Some(())
 }

@@ -41,17 +41,26 @@ impl Agent {
     /// [`start`](Self::start) with extra environment variables.
     pub fn start_with_env(rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut agent = Self::launch(rules, extra, env);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while agent.get("/readyz").0 != 200 {
+        agent.wait_readyz(200, Duration::from_secs(30));
+        agent
+    }
+
+    /// Waits until `/readyz` answers `status`; returns its body.
+    pub fn wait_readyz(&mut self, status: u16, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (got, body) = self.get("/readyz");
+            if got == status {
+                return body;
+            }
             assert!(
                 Instant::now() < deadline,
-                "agent never ready:\n{}",
-                agent.log()
+                "/readyz {got} {body}, expected {status}:\n{}",
+                self.log()
             );
-            agent.assert_running();
+            self.assert_running();
             std::thread::sleep(Duration::from_millis(100));
         }
-        agent
     }
 
     /// Starts the agent and waits for its metrics address, not for readiness.

@@ -9,7 +9,7 @@
 use std::{
     io::Write as _,
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use lookback_tests::{agent::Agent, workload};
@@ -47,24 +47,6 @@ fn set_open_files_limit(pid: u32, soft: &str) {
     assert!(status.success(), "prlimit: {status}");
 }
 
-/// Waits until `/readyz` answers `status`; returns its body.
-fn wait_readyz(agent: &mut Agent, status: u16) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (got, body) = agent.get("/readyz");
-        if got == status {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz {got} {body}, expected {status}\n{}",
-            agent.log()
-        );
-        agent.assert_running();
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back() {
     let mut agent = Agent::start(RULES, &[]);
@@ -73,7 +55,7 @@ fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back(
     let (soft, hard) = open_files_limit(pid);
     assert_eq!(soft, hard, "{}", agent.log());
     assert!(agent.log().contains("open files limit"), "{}", agent.log());
-    wait_readyz(&mut agent, 200);
+    agent.wait_readyz(200, Duration::from_secs(20));
     // Now only a few fds to spare: enough for a metrics request, not for a recorder
     // (two perf events per CPU and their rings).
     let used = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -90,7 +72,7 @@ fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back(
         &format!("tracing process {} ", target.id()),
         Duration::from_secs(10),
     );
-    let body = wait_readyz(&mut agent, 503);
+    let body = agent.wait_readyz(503, Duration::from_secs(20));
     assert!(
         body.contains("EMFILE") && body.contains("RLIMIT_NOFILE"),
         "{body}"
@@ -105,7 +87,7 @@ fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back(
     // The limit rises: the recorder is opened on a retry, the agent is ready again.
     set_open_files_limit(pid, &hard);
     agent.wait_log("flight recorder opened on a retry", Duration::from_secs(10));
-    wait_readyz(&mut agent, 200);
+    agent.wait_readyz(200, Duration::from_secs(20));
     let _ = target.stdin.take().expect("stdin").write_all(b"go\n");
     assert!(target.wait().expect("wait").success());
     agent.stop_ok();
