@@ -24,6 +24,9 @@ pub const FLAG_FOLLOW_FORKS: u32 = 1 << 3;
 /// read by the sampling recorder's `sample_filter`). Set by userspace for rules frozen at
 /// once (no `post_trigger`) while a sampling recorder runs that filter.
 pub const FLAG_FREEZE_IN_KERNEL: u32 = 1 << 4;
+/// Cooldown and hourly limit per rule (`snapshot.scope: rule`); without it they are per
+/// rule and process (`PROCESS_RULE_STATE`), so a noisy process cannot use up another's.
+pub const FLAG_SCOPE_RULE: u32 = 1 << 5;
 
 /// Capacity of the `FROZEN` map (processes frozen at the same time).
 pub const MAX_FROZEN: u32 = 4096;
@@ -200,6 +203,15 @@ pub struct EntryKey {
     pub rule_id: u32,
 }
 
+/// Key of the per-process suppression state (`PROCESS_RULE_STATE`): one rule in one
+/// process.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessRuleKey {
+    pub tgid: u32,
+    pub rule_id: u32,
+}
+
 /// A syscall in flight on a traced thread (`SYSCALL_START` map).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -223,4 +235,6 @@ mod pod {
     unsafe impl aya::Pod for super::SyscallStart {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::EntryKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ProcessRuleKey {}
 }

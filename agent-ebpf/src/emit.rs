@@ -19,7 +19,8 @@ use lookback_common::{
     MAX_RULES,
     rule::{
         COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL, COUNTER_SUPPRESSED_COOLDOWN,
-        COUNTER_SUPPRESSED_RATE, COUNTERS_PER_RULE, FLAG_FREEZE_IN_KERNEL, RuleSpec,
+        COUNTER_SUPPRESSED_RATE, COUNTERS_PER_RULE, FLAG_FREEZE_IN_KERNEL, FLAG_SCOPE_RULE,
+        ProcessRuleKey, RuleSpec, RuleState,
     },
     trigger::{
         TRIGGER_KERNEL_FRAMES, TRIGGER_STACK_FRAMES, TriggerEntry, TriggerRecord, TriggerStackCopy,
@@ -27,7 +28,7 @@ use lookback_common::{
     },
 };
 
-use crate::maps::{COUNTERS, EVENTS, FIRE_SCRATCH, FROZEN, RULE_STATE};
+use crate::maps::{COUNTERS, EVENTS, FIRE_SCRATCH, FROZEN, PROCESS_RULE_STATE, RULE_STATE};
 
 const HOUR_NS: u64 = 3_600_000_000_000;
 
@@ -103,7 +104,7 @@ fn launder(admitted: u64, freeze: bool) -> Option<(u64, bool)> {
 /// loop over rule ids.
 #[inline(always)]
 pub fn fire_rule(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, record: TriggerRecord) {
-    if rule_id >= MAX_RULES || !admit(rule_id, rule, record.timestamp_ns) {
+    if rule_id >= MAX_RULES || !admit(rule_id, rule, record.timestamp_ns, record.pid) {
         return;
     }
     let freeze = rule.flags & FLAG_FREEZE_IN_KERNEL != 0;
@@ -111,12 +112,12 @@ pub fn fire_rule(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, record: Trigge
     count(rule_id, outcome);
 }
 
-/// Counts a met condition of rule `rule_id` at `now`; whether it is not suppressed
-/// (cooldown, hourly limit).
+/// Counts a met condition of rule `rule_id` at `now` in process `tgid`; whether it is not
+/// suppressed (cooldown, hourly limit).
 #[inline(always)]
-fn admit(rule_id: u32, rule: &RuleSpec, now: u64) -> bool {
+fn admit(rule_id: u32, rule: &RuleSpec, now: u64, tgid: u32) -> bool {
     count(rule_id, COUNTER_MET);
-    if let Some(reason) = suppressed(rule_id, rule, now) {
+    if let Some(reason) = suppressed(rule_id, rule, now, tgid) {
         count(rule_id, reason);
         return false;
     }
@@ -131,11 +132,11 @@ pub struct Firing {
 }
 
 impl Firing {
-    /// Adds rule `rule_id`, whose condition was met at `now`, unless [`admit`] suppresses
-    /// it.
+    /// Adds rule `rule_id`, whose condition was met at `now` in process `tgid`, unless
+    /// [`admit`] suppresses it.
     #[inline(always)]
-    pub fn add(&mut self, rule_id: u32, rule: &RuleSpec, now: u64) {
-        if admit(rule_id, rule, now) {
+    pub fn add(&mut self, rule_id: u32, rule: &RuleSpec, now: u64, tgid: u32) {
+        if admit(rule_id, rule, now, tgid) {
             self.rules |= 1 << rule_id;
             self.freeze |= rule.flags & FLAG_FREEZE_IN_KERNEL != 0;
         }
@@ -304,11 +305,11 @@ fn freeze(tgid: u32) -> bool {
 /// pass the check within the same few nanoseconds may therefore both emit; the agent then
 /// suppresses the second as `busy`. The hourly count may overshoot by at most one per CPU.
 #[inline(always)]
-fn suppressed(rule_id: u32, rule: &RuleSpec, now: u64) -> Option<u32> {
+fn suppressed(rule_id: u32, rule: &RuleSpec, now: u64, tgid: u32) -> Option<u32> {
     if rule.cooldown_ns == 0 && rule.max_per_hour == 0 {
         return None;
     }
-    let state = RULE_STATE.get_ptr_mut(rule_id)?;
+    let state = suppression_state(rule_id, rule, tgid)?;
     // SAFETY: `state` points into a preallocated array map value that lives as long as the
     // map; its fields are naturally aligned u64s, read and written whole.
     unsafe {
@@ -338,6 +339,23 @@ fn suppressed(rule_id: u32, rule: &RuleSpec, now: u64) -> Option<u32> {
         }
     }
     None
+}
+
+/// The suppression state of rule `rule_id` for process `tgid`: the rule's own with
+/// `FLAG_SCOPE_RULE`, else the (process, rule) entry, made on first use. `None` when the
+/// map refuses (then nothing is suppressed: a lost cooldown, never a lost trigger).
+#[inline(always)]
+fn suppression_state(rule_id: u32, rule: &RuleSpec, tgid: u32) -> Option<*mut RuleState> {
+    if rule.flags & FLAG_SCOPE_RULE != 0 {
+        return RULE_STATE.get_ptr_mut(rule_id);
+    }
+    let key = ProcessRuleKey { tgid, rule_id };
+    if let Some(state) = PROCESS_RULE_STATE.get_ptr_mut(key) {
+        return Some(state);
+    }
+    // Two CPUs may both insert: NOEXIST keeps the first, and both then use it.
+    let _ = PROCESS_RULE_STATE.insert(key, RuleState::default(), u64::from(BPF_NOEXIST));
+    PROCESS_RULE_STATE.get_ptr_mut(key)
 }
 
 /// A record with the calling task's identity and the current time.

@@ -7,8 +7,8 @@ use lookback_common::{
     MAX_RULES,
     probe::{JumpSite, MAX_JUMP_SITES},
     rule::{
-        COUNTERS_PER_RULE, EngineConfig, EntryKey, EntryStack, MAX_FROZEN, RuleSpec, RuleState,
-        SyscallStart,
+        COUNTERS_PER_RULE, EngineConfig, EntryKey, EntryStack, MAX_FROZEN, ProcessRuleKey,
+        RuleSpec, RuleState, SyscallStart,
     },
 };
 
@@ -60,6 +60,12 @@ pub static SYSCALL_START: LruHashMap<u32, SyscallStart> = LruHashMap::with_max_e
 /// millisecond, which filled the earlier 1 MiB).
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(4 * 1024 * 1024, 0);
+
+/// (process, rule) → cooldown and hourly-limit state, for rules without
+/// `FLAG_SCOPE_RULE`: least recently used entries go first (a process that exited).
+#[map]
+pub static PROCESS_RULE_STATE: LruHashMap<ProcessRuleKey, RuleState> =
+    LruHashMap::with_max_entries(16384, 0);
 
 /// Per CPU: one word `emit::fire` passes through memory (see there why).
 #[map]

@@ -58,7 +58,7 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
         if let Some(rule) = RULES.get(rule_id)
             && rule.has_signal(sig)
         {
-            firing.add(rule_id, rule, now);
+            firing.add(rule_id, rule, now, tgid);
         }
     }
     // The current thread is the receiver for a fault (SIGSEGV, SIGBUS) or a signal it

@@ -58,7 +58,7 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
             continue;
         }
         if rule.flags & FLAG_ON_ENTRY != 0 {
-            firing.add(rule_id, rule, now);
+            firing.add(rule_id, rule, now, (pid_tgid >> 32) as u32);
         } else {
             wants_exit = true;
         }
@@ -109,7 +109,7 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
             && duration >= rule.min_duration_ns
             && (rule.flags & FLAG_ERRNO == 0 || rule.errno_matches(ret))
         {
-            firing.add(rule_id, rule, now);
+            firing.add(rule_id, rule, now, (pid_tgid >> 32) as u32);
         }
     }
     let mut record = record_for_current(pid_tgid);

@@ -40,7 +40,7 @@ rules:
     target: { comm: workload }
     trigger:
       syscall: { names: [openat], errno: [ENOENT] }
-    snapshot: { cooldown: 1h }
+    snapshot: { cooldown: 1h, scope: rule }
     output: { keep_raw: false }
   - name: usr1
     target: { comm: workload }
@@ -210,7 +210,7 @@ rules:
   - name: cooled
     target: { comm: workload }
     trigger: { syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1ms } }
-    snapshot: { cooldown: 1h }
+    snapshot: { cooldown: 1h, scope: rule }
   - name: limited
     target: { comm: workload }
     trigger: { function: { symbol: lb_work, binary: @WORKLOAD@ } }
@@ -697,5 +697,42 @@ rules:
         "{}",
         agent.log()
     );
+    agent.stop_ok();
+}
+
+#[test]
+fn the_cooldown_is_per_process_so_a_noisy_process_cannot_starve_another() {
+    // Two runs of a workload, three slow sleeps each, under two rules with a 1 h cooldown:
+    // kept per process (the default), the second process still gets its snapshot; kept
+    // per rule (`scope: rule`), the first process used it up.
+    let rules = r"
+version: 1
+defaults: { capture: { backend: sampling, buffer_size: 256KiB } }
+rules:
+  - name: per-process
+    target: { comm: workload }
+    trigger: { syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1ms } }
+    snapshot: { cooldown: 1h }
+  - name: per-rule
+    target: { comm: workload }
+    trigger: { syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1ms } }
+    snapshot: { cooldown: 1h, scope: rule }
+";
+    let mut agent = Agent::start(rules, &[]);
+    agent.run_workload(&["nanosleep", "3", "3000"]);
+    agent.run_workload(&["nanosleep", "3", "3000"]);
+    for (rule, sent) in [("per-process", 2.0), ("per-rule", 1.0)] {
+        agent.expect_metric("lookback_triggers_total", &[("rule", rule)], 6.0);
+        agent.expect_metric(
+            "lookback_triggers_suppressed_total",
+            &[("rule", rule), ("reason", "cooldown")],
+            6.0 - sent,
+        );
+        agent.expect_metric(
+            "lookback_snapshots_total",
+            &[("rule", rule), ("backend", "sampling"), ("result", "ok")],
+            sent,
+        );
+    }
     agent.stop_ok();
 }

@@ -92,3 +92,40 @@ fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back(
     assert!(target.wait().expect("wait").success());
     agent.stop_ok();
 }
+
+/// The agent's resident memory in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn a_parent_forking_thousands_of_children_leaves_the_agent_memory_flat() {
+    // A pre-fork server's churn without exec: each child lives a second, ~2,000 at a
+    // time. The recorder keeps the maps of the children it saw for snapshots of them;
+    // kept for every child it ever saw, 30,000 of them grew the agent by ~30 MB.
+    let mut agent = Agent::start(RULES, &[]);
+    let pid = agent.child.id();
+    let mut parent = Command::new(workload())
+        .args(["--wait", "forks", "30000", "1000000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("workload");
+    agent.release_when_traced(&mut parent);
+    let before = rss_kib(pid);
+    let out = parent.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "forked=30000");
+    std::thread::sleep(Duration::from_millis(600)); // two polls after the last exit
+    let after = rss_kib(pid);
+    assert!(
+        after < before + 10 * 1024,
+        "agent RSS {before} KiB → {after} KiB after 30,000 children"
+    );
+    agent.stop_ok();
+}

@@ -42,6 +42,7 @@ fn kernel_counters_and_program_stats_reach_the_registry() {
         cooldown: Duration::ZERO,
         max_per_hour: 0,
         follow_forks: false,
+        per_process: true,
     };
     engine.add_rule(rule.clone(), &[]).expect("add rule");
     engine

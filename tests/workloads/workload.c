@@ -8,6 +8,7 @@
  *                              each thread calls lb_work() N times; every SLOW_EVERY-th call
  *                              (1-based) sleeps SLOW_US, the others FAST_US
  *     recurse DEPTH SLEEP_US   lb_recurse(DEPTH): each level sleeps SLEEP_US after recursing
+ *                              and prints level_ns=DEPTH:NS, its duration as it measured it
  *     lib N SLOW_US            calls lib_slow() (in libworkload.so) N times
  *     fsync N                  write+fsync a temp file N times
  *     nanosleep N US           N nanosleeps of US
@@ -21,6 +22,8 @@
  *     spin MS THREADS          each thread busy-loops in lb_spin() for MS ms (on-CPU work for
  *                              sampling tests)
  *     forkspin MS              fork a child that runs lb_spin(MS); the parent waits
+ *     forks N LIVE_US          fork N children without exec, as fast as it can; each sleeps
+ *                              LIVE_US and exits (a pre-fork server's churn); prints forked=N
  *     spinbg MS COUNT BG_MS [FILE]
  *                              a thread busy-loops in lb_busy() for BG_MS ms while the main
  *                              thread calls lb_spin(MS) COUNT times (on-CPU work after a
@@ -48,9 +51,14 @@ static void sleep_us(long us) {
 
 __attribute__((noinline)) int lb_work(long us) { sleep_us(us); return 1; }
 
+static long long now_ns(void);
+
 __attribute__((noinline)) int lb_recurse(int depth, long us) {
+    long long t0 = now_ns();
     int r = depth > 0 ? lb_recurse(depth - 1, us) : 0;
     sleep_us(us);
+    /* Each level's own measurement, for tests that must not depend on the clock. */
+    printf("level_ns=%d:%lld\n", depth, now_ns() - t0);
     return r + 1;
 }
 
@@ -90,7 +98,6 @@ __asm__(
     "2:  ret\n"
     "    .size lb_noop_rets, .-lb_noop_rets\n");
 
-static long long now_ns(void);
 
 /* Busy for `ms` milliseconds, calling lb_noop so the samples have a two-deep user stack. */
 __attribute__((noinline)) void lb_spin(long ms) {
@@ -177,6 +184,19 @@ int main(int argc, char **argv) {
             _exit(0);
         }
         waitpid(child, NULL, 0);
+    } else if (!strcmp(mode, "forks")) {
+        long forked = 0;
+        for (long i = 0; i < ARG(0); i++) {
+            pid_t child = fork();
+            if (child == 0) {
+                usleep((useconds_t)ARG(1));
+                _exit(0);
+            }
+            if (child > 0) forked++;
+            while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        }
+        while (wait(NULL) > 0) {}
+        printf("forked=%ld\n", forked);
     } else if (!strcmp(mode, "recurse")) {
         lb_recurse((int)ARG(0), ARG(1));
     } else if (!strcmp(mode, "lib")) {

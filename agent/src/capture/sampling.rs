@@ -12,7 +12,7 @@
 //! `CLOCK_MONOTONIC` (`use_clockid`), the clock of the BPF trigger timestamps.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     os::fd::{BorrowedFd, OwnedFd},
     sync::Arc,
 };
@@ -148,6 +148,10 @@ pub struct SamplingRecorder {
     known_maps: BTreeMap<u32, procmaps::ProcessMaps>,
     /// The `/proc/PID/maps` text behind each `known_maps` entry (skip unchanged re-reads).
     maps_text: BTreeMap<u32, String>,
+    /// Processes of `known_maps` found gone, oldest first: their maps are kept for a
+    /// snapshot whose rings still hold their samples, but only the last [`GONE_KEPT`] (a
+    /// pre-fork server's churn made the cache grow by every child it ever had).
+    gone: VecDeque<u32>,
     /// Pauses the rings from the trigger pump's thread; the recorder pauses through it too.
     switch: Arc<FreezeSwitch>,
     /// The online CPUs, in ring-slot order of `switch`.
@@ -217,6 +221,7 @@ impl SamplingRecorder {
             pids: BTreeSet::new(),
             known_maps: BTreeMap::new(),
             maps_text: BTreeMap::new(),
+            gone: VecDeque::new(),
             kallsyms: opts.include_kernel.then(Kallsyms::shared),
         })
     }
@@ -249,6 +254,16 @@ impl SamplingRecorder {
                 at_freeze: false,
                 ..o.clone()
             }),
+        }
+    }
+
+    /// Drops the maps of the processes found gone longest ago, down to `keep` of them.
+    fn forget_gone(&mut self, keep: usize) {
+        while self.gone.len() > keep {
+            if let Some(pid) = self.gone.pop_front() {
+                self.known_maps.remove(&pid);
+                self.maps_text.remove(&pid);
+            }
         }
     }
 
@@ -285,6 +300,10 @@ impl SamplingRecorder {
     }
 }
 
+/// How many gone processes' maps a recorder keeps (the most recently gone): a ring of a
+/// few MiB holds the samples of far fewer processes than that.
+const GONE_KEPT: usize = 256;
+
 /// The kernel addresses of the samples in `stream`: IPs and kernel callchain entries.
 fn kernel_addresses(layout: Layout, stream: &[u8]) -> Vec<u64> {
     records::records(stream)
@@ -305,22 +324,33 @@ impl Recorder for SamplingRecorder {
     /// in its snapshot. Unchanged maps cost one read of `/proc/PID/maps`.
     fn poll(&mut self) -> Result<(), CaptureError> {
         let mut pids: BTreeSet<u32> = self.pids.iter().copied().collect();
-        pids.extend(self.known_maps.keys().copied());
+        pids.extend(
+            self.known_maps
+                .keys()
+                .filter(|pid| !self.gone.contains(pid))
+                .copied(),
+        );
         let children: Vec<u32> = pids.iter().flat_map(|&p| procmaps::children(p)).collect();
         pids.extend(children);
         let now = super::monotonic_ns();
         for pid in pids {
             let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+                if self.known_maps.contains_key(&pid) && !self.gone.contains(&pid) {
+                    self.gone.push_back(pid);
+                }
                 continue;
             };
             if self.maps_text.get(&pid) == Some(&text) {
                 continue;
             }
             if let Ok(maps) = procmaps::read_process(pid, now) {
+                // A pid seen gone and now alive again is a new process with it.
+                self.gone.retain(|&g| g != pid);
                 self.known_maps.insert(pid, maps);
                 self.maps_text.insert(pid, text);
             }
         }
+        self.forget_gone(GONE_KEPT);
         Ok(())
     }
 

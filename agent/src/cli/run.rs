@@ -18,7 +18,7 @@ use super::{
 use crate::{
     capture::{BackendRequest, CaptureOptions, PtOptions, aux_pause},
     daemon::targets::capture_options,
-    rules::{self, Backend, ReturnProbe, Rule, Trigger},
+    rules::{self, Backend, ReturnProbe, Rule, SnapshotScope, Trigger},
     triggers::{EngineRule, pump::Wait},
 };
 
@@ -203,6 +203,7 @@ fn engine_rules(common: &CommonArgs, file_rules: &[Rule]) -> Result<Vec<EngineRu
         cooldown: rule.snapshot.cooldown,
         max_per_hour: rule.snapshot.max_per_hour,
         follow_forks,
+        per_process: rule.snapshot.scope == SnapshotScope::Process,
     });
     let cli_rules = common.triggers.iter().map(|trigger| EngineRule {
         id: 0,
@@ -211,6 +212,7 @@ fn engine_rules(common: &CommonArgs, file_rules: &[Rule]) -> Result<Vec<EngineRu
         cooldown: common.cooldown,
         max_per_hour: common.max_per_hour,
         follow_forks,
+        per_process: true,
     });
     Ok(from_file
         .chain(cli_rules)

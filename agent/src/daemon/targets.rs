@@ -258,6 +258,7 @@ impl Tracer {
             cooldown: rule.snapshot.cooldown,
             max_per_hour: rule.snapshot.max_per_hour,
             follow_forks: true,
+            per_process: rule.snapshot.scope == rules::SnapshotScope::Process,
         };
         self.engine.add_rule(engine_rule, &[])?;
         if self.freezes_in_kernel(rule) {

@@ -16,7 +16,7 @@ use super::names::{
 };
 use super::spec::{dedup, valid_symbol};
 use super::units::{format_size, parse_duration, parse_size};
-use super::{Backend, OutputFormat, ReturnProbe, error::snippet};
+use super::{Backend, OutputFormat, ReturnProbe, SnapshotScope, error::snippet};
 
 /// A leaf read from one YAML scalar (as a string) and checked by `parse`.
 pub(super) trait Scalar: Sized {
@@ -70,6 +70,7 @@ deserialize_scalar!(
     Backend,
     OutputFormat,
     ReturnProbe,
+    SnapshotScope,
 );
 
 /// `version: 1`, the only version.
@@ -376,6 +377,15 @@ impl Scalar for ReturnProbe {
     fn parse(text: &str) -> Result<Self, String> {
         text.parse()
             .map_err(|err: super::ParseReturnProbeError| err.to_string())
+    }
+}
+
+impl Scalar for SnapshotScope {
+    const EXPECTING: &'static str = "a scope: process or rule";
+
+    fn parse(text: &str) -> Result<Self, String> {
+        text.parse()
+            .map_err(|err: super::ParseScopeError| err.to_string())
     }
 }
 

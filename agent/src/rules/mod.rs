@@ -306,15 +306,18 @@ impl Default for Capture {
     }
 }
 
-/// When to take snapshots. Defaults: 10 s cooldown, 60 per hour, no post-trigger recording.
+/// When to take snapshots. Defaults: 10 s cooldown, 60 per hour, per process, no
+/// post-trigger recording.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotPolicy {
-    /// Minimum time between two snapshots of one rule.
+    /// Minimum time between two snapshots of one rule (in one process, by `scope`).
     pub cooldown: Duration,
     /// At least 1.
     pub max_per_hour: u32,
     /// Keep recording this long after the trigger.
     pub post_trigger: Duration,
+    /// What the cooldown and the hourly limit count over.
+    pub scope: SnapshotScope,
 }
 
 impl Default for SnapshotPolicy {
@@ -323,7 +326,49 @@ impl Default for SnapshotPolicy {
             cooldown: Duration::from_secs(10),
             max_per_hour: 60,
             post_trigger: Duration::ZERO,
+            scope: SnapshotScope::Process,
         }
+    }
+}
+
+/// `snapshot.scope`: whether the cooldown and the hourly limit are kept per rule and
+/// process (the default: a noisy process cannot use up another's snapshots) or per rule.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum SnapshotScope {
+    #[default]
+    Process,
+    Rule,
+}
+
+impl SnapshotScope {
+    /// The spelling used in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Process => "process",
+            Self::Rule => "rule",
+        }
+    }
+}
+
+impl fmt::Display for SnapshotScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `process` or `rule` did not match.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scope `{0}`: expected process or rule")]
+pub struct ParseScopeError(String);
+
+impl FromStr for SnapshotScope {
+    type Err = ParseScopeError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        [Self::Process, Self::Rule]
+            .into_iter()
+            .find(|scope| scope.as_str() == text)
+            .ok_or_else(|| ParseScopeError(error::snippet(text)))
     }
 }
 

@@ -10,7 +10,7 @@ use super::leaf::{
     AbsolutePath, BufferSize, CgroupPath, Comm, Errno, HumanDuration, List, Positive, RuleName,
     Signal, Size, StackSize, Symbol, SyscallNames, Text, Version,
 };
-use super::{Backend, OutputFormat, ReturnProbe};
+use super::{Backend, OutputFormat, ReturnProbe, SnapshotScope};
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -141,7 +141,7 @@ pub(super) struct RawCapture {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of cooldown, max_per_hour, post_trigger"
+    expecting = "a mapping of cooldown, max_per_hour, post_trigger, scope"
 )]
 pub(super) struct RawSnapshot {
     #[serde(default, deserialize_with = "present")]
@@ -149,6 +149,7 @@ pub(super) struct RawSnapshot {
     pub max_per_hour: Option<Positive>,
     #[serde(default, deserialize_with = "present")]
     pub post_trigger: Option<HumanDuration>,
+    pub scope: Option<SnapshotScope>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -232,6 +232,7 @@ fn merge_snapshot(rule: Option<&RawSnapshot>, defaults: Option<&RawSnapshot>) ->
         cooldown: pick(rule, defaults, |s| s.cooldown).map_or(base.cooldown, |d| d.0),
         max_per_hour: pick(rule, defaults, |s| s.max_per_hour).map_or(base.max_per_hour, |n| n.0),
         post_trigger: pick(rule, defaults, |s| s.post_trigger).map_or(base.post_trigger, |d| d.0),
+        scope: pick(rule, defaults, |s| s.scope).unwrap_or(base.scope),
     }
 }
 

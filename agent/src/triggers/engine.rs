@@ -28,7 +28,7 @@ use lookback_common::{
         COUNTER_DEPTH_OVERFLOW, COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL,
         COUNTER_SUPPRESSED_COOLDOWN, COUNTER_SUPPRESSED_RATE, COUNTER_UNMATCHED_RETURN,
         COUNTER_UNWOUND, COUNTERS_PER_RULE, EngineConfig, FLAG_FOLLOW_FORKS, FLAG_FREEZE_IN_KERNEL,
-        KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, RuleSpec,
+        KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, ProcessRuleKey, RuleSpec, RuleState,
     },
 };
 use serde::Serialize;
@@ -743,11 +743,23 @@ impl TriggerEngine {
     fn write_rule(&mut self, id: u32, spec: &RuleSpec) -> Result<(), TriggerError> {
         let mut rules: Array<_, RuleSpec> = map_mut(&mut self.ebpf, "RULES")?;
         rules.set(id, spec, 0).map_err(map_err("RULES"))?;
-        let mut state: Array<_, lookback_common::rule::RuleState> =
-            map_mut(&mut self.ebpf, "RULE_STATE")?;
+        let mut state: Array<_, RuleState> = map_mut(&mut self.ebpf, "RULE_STATE")?;
         state
-            .set(id, lookback_common::rule::RuleState::default(), 0)
-            .map_err(map_err("RULE_STATE"))
+            .set(id, RuleState::default(), 0)
+            .map_err(map_err("RULE_STATE"))?;
+        // And its per-process state: a rule that reuses the id starts without cooldowns.
+        let mut per_process: aya::maps::HashMap<_, ProcessRuleKey, RuleState> =
+            map_mut(&mut self.ebpf, "PROCESS_RULE_STATE")?;
+        let of_this_rule: Vec<ProcessRuleKey> = per_process
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.rule_id == id)
+            .collect();
+        for key in of_this_rule {
+            // Gone already (evicted, or removed by another pass): nothing to clear.
+            let _ = per_process.remove(&key);
+        }
+        Ok(())
     }
 
     /// Recomputes the per-kind rule masks and attaches/detaches the shared raw tracepoints

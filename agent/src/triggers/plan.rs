@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use lookback_common::rule::{
     ERRNO_BITMAP_WORDS, FLAG_ANY_SYSCALL, FLAG_ERRNO, FLAG_FOLLOW_FORKS, FLAG_ON_ENTRY,
-    KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, RuleSpec, SYSCALL_BITMAP_WORDS, set_bit,
+    FLAG_SCOPE_RULE, KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, RuleSpec, SYSCALL_BITMAP_WORDS,
+    set_bit,
 };
 
 use crate::rules::{SyscallSet, Trigger};
@@ -22,6 +23,9 @@ pub struct EngineRule {
     pub max_per_hour: u32,
     /// Children forked by a target become targets.
     pub follow_forks: bool,
+    /// The cooldown and hourly limit count per rule and process (`snapshot.scope:
+    /// process`), not per rule.
+    pub per_process: bool,
 }
 
 /// A rule the kernel cannot represent.
@@ -52,6 +56,9 @@ pub fn rule_spec(rule: &EngineRule) -> Result<RuleSpec, PlanError> {
     };
     if rule.follow_forks {
         spec.flags |= FLAG_FOLLOW_FORKS;
+    }
+    if !rule.per_process {
+        spec.flags |= FLAG_SCOPE_RULE;
     }
     match &rule.trigger {
         Trigger::Function(f) => {
@@ -124,7 +131,21 @@ mod tests {
             cooldown: Duration::from_secs(10),
             max_per_hour: 60,
             follow_forks: true,
+            per_process: true,
         }
+    }
+
+    #[test]
+    fn the_cooldown_is_per_process_unless_the_rule_scope_is_asked_for() {
+        let trigger = Trigger::Signal(SignalTrigger { signals: vec![11] });
+        let spec = rule_spec(&rule(trigger.clone())).expect("spec");
+        assert_eq!(spec.flags & FLAG_SCOPE_RULE, 0);
+        let spec = rule_spec(&EngineRule {
+            per_process: false,
+            ..rule(trigger)
+        })
+        .expect("spec");
+        assert_ne!(spec.flags & FLAG_SCOPE_RULE, 0);
     }
 
     #[test]
