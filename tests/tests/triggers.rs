@@ -191,6 +191,20 @@ fn rules_met_by_the_same_syscall_each_fire() {
 }
 
 #[test]
+fn the_last_rule_slot_fires_too() {
+    // Rule id 63, the mask's top bit: 63 rules that never fire, then a failing open.
+    let mut spec: Vec<&str> = Vec::new();
+    for _ in 0..63 {
+        spec.extend(["--trigger", "signal:SIGUSR2"]);
+    }
+    spec.extend(["--trigger", "syscall:openat=ENOENT"]);
+    let run = dry_run(&spec, &["enoent", "3"]);
+    let events = run.of_rule(63);
+    assert!(events.len() >= 3, "{}", run.stderr);
+    assert_eq!(run.counter(63, "emitted"), events.len() as u64);
+}
+
+#[test]
 fn fatal_signals() {
     for (mode, signal) in [("segv", 11), ("abort", 6)] {
         let run = dry_run(&["--trigger", "signal:SIGSEGV,SIGABRT"], &[mode]);
