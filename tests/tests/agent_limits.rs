@@ -105,27 +105,35 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[test]
 fn a_parent_forking_thousands_of_children_leaves_the_agent_memory_flat() {
-    // A pre-fork server's churn without exec: each child lives a second, ~2,000 at a
-    // time. The recorder keeps the maps of the children it saw for snapshots of them;
-    // kept for every child it ever saw, 30,000 of them grew the agent by ~30 MB.
-    let mut agent = Agent::start(RULES, &[]);
+    // A pre-fork server's churn without exec: each child lives a second, up to ~2,000 at
+    // a time. The recorder keeps the maps of the children it saw for snapshots of them;
+    // kept for every child it ever saw, the agent grew with every storm (by hand: 30,000
+    // children, +30 MB). What the live children take depends on how many live at once
+    // (and so on the machine's speed); what must not happen is growth with the number
+    // of children: a second storm as large as the first leaves the agent where the first
+    // did. The children's 1 s sleeps stay below the rule's threshold: this is about
+    // the recorder's caches, not about snapshots of triggering children.
+    let rules = RULES.replace("min_duration: 1s", "min_duration: 1h");
+    let mut agent = Agent::start(&rules, &[]);
     let pid = agent.child.id();
-    let mut parent = Command::new(workload())
-        .args(["--wait", "forks", "30000", "1000000"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("workload");
-    agent.release_when_traced(&mut parent);
-    let before = rss_kib(pid);
-    let out = parent.wait_with_output().expect("wait");
-    assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "forked=30000");
-    std::thread::sleep(Duration::from_millis(600)); // two polls after the last exit
-    let after = rss_kib(pid);
+    let mut after = Vec::new();
+    for _ in 0..2 {
+        let mut parent = Command::new(workload())
+            .args(["--wait", "forks", "15000", "1000000"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("workload");
+        agent.release_when_traced(&mut parent);
+        let out = parent.wait_with_output().expect("wait");
+        assert!(out.status.success());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "forked=15000");
+        std::thread::sleep(Duration::from_millis(600)); // two polls after the last exit
+        after.push(rss_kib(pid));
+    }
     assert!(
-        after < before + 10 * 1024,
-        "agent RSS {before} KiB → {after} KiB after 30,000 children"
+        after[1] < after[0] + 8 * 1024,
+        "agent RSS after each storm of 15,000 children: {after:?} KiB"
     );
     agent.stop_ok();
 }
