@@ -288,13 +288,7 @@ impl Agent {
     /// work (a process that lives less than the few milliseconds opening a recorder takes
     /// is counted, but cannot be recorded).
     pub fn run_workload(&mut self, args: &[&str]) {
-        let mut child = Command::new(workload())
-            .arg("--wait")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("workload");
+        let mut child = waiting_workload(args, Stdio::null());
         self.release_when_traced(&mut child);
         let status = child.wait().expect("wait");
         assert!(status.success(), "workload {args:?}: {status}");
@@ -309,6 +303,21 @@ impl Agent {
         );
         let _ = child.stdin.take().expect("stdin").write_all(b"go\n");
     }
+}
+
+/// Starts the workload with `--wait` and `args`: it waits on its piped stdin until
+/// [`Agent::release_when_traced`] lets it go; its stdout goes to `stdout`.
+///
+/// # Panics
+/// When the workload cannot be started.
+pub fn waiting_workload(args: &[&str], stdout: Stdio) -> Child {
+    Command::new(workload())
+        .arg("--wait")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(stdout)
+        .spawn()
+        .expect("workload")
 }
 
 /// The files of directory `dir`, sorted.

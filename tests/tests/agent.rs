@@ -22,7 +22,7 @@ use std::{
 };
 
 use lookback_tests::{
-    agent::{Agent, files, write_rules},
+    agent::{Agent, files, waiting_workload, write_rules},
     lookback_bin, lookback_programs, workload,
 };
 
@@ -51,12 +51,7 @@ rules:
 #[test]
 fn several_rules_and_workloads_give_exact_counts() {
     // One workload runs before the agent starts: the /proc scan must find it.
-    let mut early = Command::new(workload())
-        .args(["--wait", "calls", "6", "2", "25000", "100", "1"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("workload");
+    let mut early = waiting_workload(&["calls", "6", "2", "25000", "100", "1"], Stdio::null());
     let mut agent = Agent::start(RULES, &[]);
     agent.release_when_traced(&mut early);
     assert!(early.wait().expect("wait").success());
@@ -532,12 +527,7 @@ rules:
 ";
     let mut agent = Agent::start(rules, &[]);
     // A hundred 100 ms sleeps: the process outlives the test (its exit would freeze too).
-    let child = Command::new(workload())
-        .args(["--wait", "nanosleep", "100", "100000"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("workload");
+    let child = waiting_workload(&["nanosleep", "100", "100000"], Stdio::null());
     let mut workload = Running(child);
     agent.release_when_traced(&mut workload.0);
     agent.wait_log("trigger sleeps", Duration::from_secs(10));

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use lookback_tests::{agent::Agent, workload};
+use lookback_tests::agent::{Agent, waiting_workload};
 
 const RULES: &str = "
 version: 1
@@ -62,12 +62,7 @@ fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back(
         .expect("fds")
         .count();
     set_open_files_limit(pid, &(used + 2).to_string());
-    let mut target = Command::new(workload())
-        .args(["--wait", "nanosleep", "1", "1000"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("workload");
+    let mut target = waiting_workload(&["nanosleep", "1", "1000"], Stdio::null());
     agent.wait_log(
         &format!("tracing process {} ", target.id()),
         Duration::from_secs(10),
@@ -118,12 +113,7 @@ fn a_parent_forking_thousands_of_children_leaves_the_agent_memory_flat() {
     let pid = agent.child.id();
     let mut after = Vec::new();
     for _ in 0..2 {
-        let mut parent = Command::new(workload())
-            .args(["--wait", "forks", "15000", "1000000"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("workload");
+        let mut parent = waiting_workload(&["forks", "15000", "1000000"], Stdio::piped());
         agent.release_when_traced(&mut parent);
         let out = parent.wait_with_output().expect("wait");
         assert!(out.status.success());
