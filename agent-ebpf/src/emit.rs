@@ -28,7 +28,9 @@ use lookback_common::{
     },
 };
 
-use crate::maps::{COUNTERS, EVENTS, FIRE_SCRATCH, FROZEN, PROCESS_RULE_STATE, RULE_STATE};
+use crate::maps::{
+    COUNTERS, EVENTS, FIRE_SCRATCH, FROZEN, PROCESS_RULE_STATE, RULE_STATE, rule_slots,
+};
 
 const HOUR_NS: u64 = 3_600_000_000_000;
 
@@ -79,8 +81,9 @@ pub fn fire(ctx: *mut c_void, firing: Firing, record: TriggerRecord, own: bool) 
         return;
     }
     let outcome = send(ctx, admitted, record, own, freeze);
+    let slots = rule_slots();
     for rule_id in 0..MAX_RULES {
-        if admitted >> rule_id == 0 {
+        if rule_id >= slots || admitted >> rule_id == 0 {
             break;
         }
         if admitted & (1 << rule_id) != 0 {

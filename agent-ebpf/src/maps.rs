@@ -12,6 +12,22 @@ use lookback_common::{
     },
 };
 
+/// How many rule ids (`0..RULE_SLOTS`) the loader will use, set at load time
+/// (`EbpfLoader::set_global`) in the read-only `.rodata`. The verifier reads a frozen
+/// read-only value as the constant it is, so the rule loops are verified for that many
+/// iterations only: `run --trigger syscall:...` (one rule) loads in milliseconds instead of
+/// the ~0.8 s the full 64-iteration loops cost the verifier. The agent loads with all 64.
+#[unsafe(no_mangle)]
+static RULE_SLOTS: u32 = MAX_RULES;
+
+/// [`RULE_SLOTS`] as the loader set it (a volatile read, so the compiler cannot fold the
+/// default in).
+#[inline(always)]
+pub fn rule_slots() -> u32 {
+    // SAFETY: a plain read of an aligned static.
+    unsafe { core::ptr::read_volatile(&raw const RULE_SLOTS) }
+}
+
 /// Rule id → rule.
 #[map]
 pub static RULES: Array<RuleSpec> = Array::with_max_entries(MAX_RULES, 0);
@@ -87,6 +103,11 @@ pub static EXEC_COMMS: HashMap<[u8; 16], u64> = HashMap::with_max_entries(1024, 
 /// Exec and exit events for the agent: `lookback_common::process::ProcessRecord`s.
 #[map]
 pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Index 0: process records dropped because `PROC_EVENTS` was full (per CPU), for
+/// `lookback_events_lost_total{source="ringbuf"}`.
+#[map]
+pub static PROC_EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// The rule bitmask that applies to the current task, or 0. One hash lookup for processes
 /// outside the target set (two when cgroup targets exist).

@@ -15,7 +15,7 @@ use lookback_common::process::{PROC_EXEC, PROC_EXIT, ProcessRecord};
 
 use crate::{
     emit::now_ns,
-    maps::{EXEC_COMMS, FROZEN, PROC_EVENTS, TARGET_TGIDS, config, task_u32},
+    maps::{EXEC_COMMS, FROZEN, PROC_EVENTS, PROC_EVENTS_LOST, TARGET_TGIDS, config, task_u32},
 };
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
@@ -98,7 +98,8 @@ fn try_process_exit(ctx: &RawTracePointContext) -> Option<()> {
     Some(())
 }
 
-/// Sends one process record; a full ring drops it (the agent's periodic rescan catches up).
+/// Sends one process record; a full ring drops it, counted (the agent's periodic rescan
+/// catches up).
 #[inline(always)]
 fn send(kind: u32, tgid: u32) {
     if let Some(mut entry) = PROC_EVENTS.reserve::<ProcessRecord>(0) {
@@ -108,5 +109,8 @@ fn send(kind: u32, tgid: u32) {
             tgid,
         });
         entry.submit(0);
+    } else if let Some(lost) = PROC_EVENTS_LOST.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot (programs do not migrate while running).
+        unsafe { *lost += 1 };
     }
 }

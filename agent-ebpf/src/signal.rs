@@ -10,7 +10,7 @@ use lookback_common::{MAX_RULES, rule::KIND_SIGNAL, trigger::PHASE_ENTRY};
 
 use crate::{
     emit::{Firing, fire, now_ns, record_for_current},
-    maps::{RULES, TARGET_TGIDS, config, task_u32},
+    maps::{RULES, TARGET_TGIDS, config, rule_slots, task_u32},
 };
 
 /// `TRACE_SIGNAL_DELIVERED` and `TRACE_SIGNAL_LOSE_INFO`: the signal reached the task.
@@ -48,8 +48,9 @@ fn try_signal_generate(ctx: &RawTracePointContext) -> Option<()> {
     let sender = bpf_get_current_pid_tgid();
     let mut firing = Firing::default();
     let now = now_ns();
+    let slots = rule_slots();
     for rule_id in 0..MAX_RULES {
-        if mask >> rule_id == 0 {
+        if rule_id >= slots || mask >> rule_id == 0 {
             break; // no rule with this id or above applies
         }
         if mask & (1 << rule_id) == 0 {

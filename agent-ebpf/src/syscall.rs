@@ -13,7 +13,7 @@ use lookback_common::{
 
 use crate::{
     emit::{Firing, fire, now_ns, record_for_current},
-    maps::{RULES, SYSCALL_START, config, current_rules},
+    maps::{RULES, SYSCALL_START, config, current_rules, rule_slots},
 };
 
 /// `TP_PROTO(struct pt_regs *regs, long id)`.
@@ -44,8 +44,9 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
     let now = now_ns();
     let mut wants_exit = false;
     let mut firing = Firing::default();
+    let slots = rule_slots();
     for rule_id in 0..MAX_RULES {
-        if mask >> rule_id == 0 {
+        if rule_id >= slots || mask >> rule_id == 0 {
             break; // no rule with this id or above applies
         }
         if mask & (1 << rule_id) == 0 {
@@ -94,8 +95,9 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
     let ret: i64 = ctx.arg(1);
     let duration = now.saturating_sub(start.enter_ns);
     let mut firing = Firing::default();
+    let slots = rule_slots();
     for rule_id in 0..MAX_RULES {
-        if mask >> rule_id == 0 {
+        if rule_id >= slots || mask >> rule_id == 0 {
             break; // no rule with this id or above applies
         }
         if mask & (1 << rule_id) == 0 {

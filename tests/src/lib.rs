@@ -157,12 +157,12 @@ fn path_str(p: &Path) -> &str {
     p.to_str().expect("UTF-8 test paths")
 }
 
-/// What a `lookback run|attach --dry-run --json` printed: the trigger events and the
+/// What a `lookback run|attach --dry-run --json` wrote: the trigger events and the
 /// closing summary.
 #[derive(Debug)]
 pub struct DryRun {
     pub events: Vec<serde_json::Value>,
-    /// The traced program's own stdout lines (those that are not lookback's JSON).
+    /// The traced program's own stdout (`--json FILE` leaves it alone).
     pub program_stdout: String,
     pub summary: serde_json::Value,
     pub status: std::process::ExitStatus,
@@ -170,20 +170,27 @@ pub struct DryRun {
 }
 
 impl DryRun {
-    /// Parses the JSON lines a dry run wrote.
+    /// Parses the JSON lines a dry run wrote to stdout (`--json`, `--json -`: the
+    /// program's own stdout went to stderr, so every line must be JSON).
     ///
     /// # Panics
     /// On a line that is not JSON.
     pub fn parse(output: &std::process::Output) -> Self {
-        let stdout = String::from_utf8_lossy(&output.stdout);
+        let mut run = Self::parse_lines(&String::from_utf8_lossy(&output.stdout), output);
+        run.program_stdout = String::new();
+        run
+    }
+
+    /// Parses the JSON lines of `json` (a `--json FILE`'s contents); `output` is the run's,
+    /// its stdout the program's own.
+    ///
+    /// # Panics
+    /// On a line that is not JSON.
+    pub fn parse_lines(json: &str, output: &std::process::Output) -> Self {
         let mut events = Vec::new();
         let mut summary = serde_json::Value::Null;
-        let program_stdout = stdout
-            .lines()
-            .filter(|l| !l.starts_with('{'))
-            .collect::<Vec<_>>()
-            .join("\n");
-        for line in stdout.lines().filter(|l| l.starts_with('{')) {
+        let program_stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        for line in json.lines() {
             let value: serde_json::Value =
                 serde_json::from_str(line).unwrap_or_else(|e| panic!("bad JSON line {line}: {e}"));
             if value.get("summary").is_some() {
@@ -227,20 +234,24 @@ pub fn dry_run(extra: &[&str], workload_args: &[&str]) -> DryRun {
     dry_run_of(&workload(), extra, workload_args)
 }
 
-/// Runs `lookback run --dry-run --json --max-snapshots 0 EXTRA... -- PROGRAM ARGS...`.
+/// Runs `lookback run --dry-run --json FILE --max-snapshots 0 EXTRA... -- PROGRAM ARGS...`
+/// (the JSON in a file of its own, the program's stdout on stdout).
 ///
 /// # Panics
 /// When lookback cannot be started or fails, or does not exit as the program did.
 pub fn dry_run_of(program: &Path, extra: &[&str], args: &[&str]) -> DryRun {
+    let json = tempfile::NamedTempFile::new().expect("temp file");
     let output = Command::new(lookback_bin())
-        .args(["run", "--dry-run", "--json", "--max-snapshots", "0"])
+        .args(["run", "--dry-run", "--max-snapshots", "0", "--json"])
+        .arg(json.path())
         .args(extra)
         .arg("--")
         .arg(program)
         .args(args)
         .output()
         .expect("running lookback");
-    let run = DryRun::parse(&output);
+    let text = std::fs::read_to_string(json.path()).expect("reading the --json file");
+    let run = DryRun::parse_lines(&text, &output);
     // `run` exits as its command did (128 + signal when killed, as a shell reports it).
     let exit = &run.summary["exit"];
     let expected = exit["code"]

@@ -726,3 +726,92 @@ rules:
     }
     agent.stop_ok();
 }
+
+/// `CLOCK_MONOTONIC` now, in ns (the clock of the samples and triggers).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).expect("time") * 1_000_000_000 + u64::try_from(ts.tv_nsec).expect("ns")
+}
+
+/// CPU ticks (user) process `pid` has used.
+fn user_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the comm's closing parenthesis; utime is the 14th field overall.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(11)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_reload_that_changes_a_rule_keeps_it_measuring() {
+    // A latency rule whose cooldown is changed by a reload while a slow call is in
+    // flight: the call's entry, the probes and the process's rings live through the
+    // reload, so the call still fires when it returns, and its snapshot holds samples
+    // from before the reload. The second slow call meets the new cooldown (1 h).
+    let rules = |cooldown: &str| {
+        format!(
+            r"
+version: 1
+defaults:
+  # 100 Hz without stack copies: the 1 MiB ring holds the whole 3 s call.
+  capture: {{ backend: sampling, buffer_size: 1MiB, sample_frequency: 100, stack_size: 0 }}
+rules:
+  - name: slow-spin
+    target: {{ comm: workload }}
+    trigger: {{ function: {{ symbol: lb_spin, binary: @WORKLOAD@, min_duration: 1s }} }}
+    snapshot: {{ cooldown: {cooldown} }}
+"
+        )
+    };
+    let mut agent = Agent::start(&rules("0s"), &[]);
+    // Two calls of lb_spin, 3 s each, spinning on the CPU.
+    let mut child = waiting_workload(&["spinbg", "3000", "2", "0"], Stdio::null());
+    agent.release_when_traced(&mut child);
+    // Inside the first call once it has spun for 0.2 s of CPU time (whatever the speed).
+    let started = Instant::now();
+    while user_ticks(child.id()) < 20 {
+        assert!(
+            started.elapsed() < Duration::from_mins(1),
+            "the workload does not spin"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let reload_ns = monotonic_ns();
+    write_rules(&agent.config(), &rules("1h"));
+    agent.expect_metric("lookback_config_reloads_total", &[("result", "ok")], 1.0);
+    agent.wait_log("rule slow-spin: changed in place", Duration::from_secs(5));
+    assert!(child.wait().expect("workload").success());
+    agent.expect_metric("lookback_triggers_total", &[("rule", "slow-spin")], 2.0);
+    agent.expect_metric(
+        "lookback_triggers_suppressed_total",
+        &[("rule", "slow-spin"), ("reason", "cooldown")],
+        1.0,
+    );
+    agent.expect_metric(
+        "lookback_snapshots_total",
+        &[
+            ("rule", "slow-spin"),
+            ("backend", "sampling"),
+            ("result", "ok"),
+        ],
+        1.0,
+    );
+    let snaps = lookback_tests::agent::read_snapshots(&agent.out().join("slow-spin"));
+    assert_eq!(snaps.len(), 1);
+    let first = lookback_tests::agent::sample_times(&snaps[0], child.id())
+        .into_iter()
+        .min()
+        .expect("samples of the workload");
+    assert!(
+        first < reload_ns,
+        "the process's rings were replaced at the reload: first sample {first} ns, reload at \
+         {reload_ns} ns\n{}",
+        agent.log()
+    );
+    agent.stop_ok();
+}

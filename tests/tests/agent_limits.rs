@@ -1,6 +1,7 @@
 //! `lookback agent` at its resource limits, as root: the open-files limit raised at start,
 //! and a recorder that cannot be opened (`EMFILE`) counted, reported by `/readyz` with the
-//! reason, and opened on a retry once the limit is raised — without a restart.
+//! reason, and opened on a retry once the limit is raised — without a restart; a full
+//! disk where the oldest snapshots make room for the newest.
 #![allow(
     clippy::float_cmp,
     reason = "metric values are integer counts, exactly representable"
@@ -8,11 +9,12 @@
 
 use std::{
     io::Write as _,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
 };
 
-use lookback_tests::agent::{Agent, waiting_workload};
+use lookback_tests::agent::{Agent, files, waiting_workload};
 
 const RULES: &str = "
 version: 1
@@ -124,6 +126,148 @@ fn a_parent_forking_thousands_of_children_leaves_the_agent_memory_flat() {
     assert!(
         after[1] < after[0] + 8 * 1024,
         "agent RSS after each storm of 15,000 children: {after:?} KiB"
+    );
+    agent.stop_ok();
+}
+
+/// A small tmpfs mounted at a directory for the test's length.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Self {
+        std::fs::create_dir_all(at).expect("mount point");
+        let status = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount tmpfs at {}", at.display());
+        Self(at.to_owned())
+    }
+
+    /// Bytes still free.
+    fn free(&self) -> u64 {
+        let out = Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(&self.0)
+            .output()
+            .expect("df");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .and_then(|l| l.trim().parse().ok())
+            .expect("df's avail")
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn on_a_full_disk_the_oldest_snapshots_make_room_for_the_newest() {
+    let rules = RULES.replace("name: sleeps", "name: usr1").replace(
+        "{ syscall: { names: [nanosleep, clock_nanosleep], min_duration: 1s } }",
+        "{ signal: { signals: [SIGUSR1] } }",
+    );
+    let mut agent = Agent::start(&rules, &[]);
+    // The rule's directory is a 4 MiB filesystem that two earlier snapshots fill.
+    let disk = Tmpfs::mount(&agent.out().join("usr1"), "4m");
+    let oldest = "20200101T000000.000000Z-1-1";
+    let older = "20200101T000001.000000Z-1-1";
+    std::fs::write(disk.0.join(format!("{oldest}.fxt.gz")), vec![0u8; 1 << 20]).expect("fill");
+    std::fs::write(disk.0.join(format!("{oldest}.json")), b"{}").expect("fill");
+    let rest = usize::try_from(disk.free()).expect("size");
+    std::fs::write(disk.0.join(format!("{older}.fxt.gz")), vec![0u8; rest]).expect("fill");
+    assert_eq!(disk.free(), 0, "not full");
+    agent.run_workload(&["usr1"]);
+    agent.expect_metric(
+        "lookback_snapshots_total",
+        &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
+        1.0,
+    );
+    let names = files(&disk.0);
+    assert!(
+        !names.iter().any(|n| n.starts_with(oldest)),
+        "the oldest snapshot stays: {names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n.starts_with(older)),
+        "more than the oldest removed: {names:?}"
+    );
+    let new: Vec<&String> = names
+        .iter()
+        .filter(|n| !n.starts_with("2020") && n.ends_with(".fxt.gz"))
+        .collect();
+    assert_eq!(new.len(), 1, "{names:?}\n{}", agent.log());
+    agent.wait_log("disk full for rule usr1", Duration::from_secs(5));
+    agent.stop_ok();
+    drop(disk);
+}
+
+#[test]
+fn exec_events_the_kernel_dropped_are_counted_and_the_kernel_target_set_exported() {
+    let mut agent = Agent::start(RULES, &[]);
+    // A traced process: the kernel's target set holds it.
+    let mut held = waiting_workload(&["nanosleep", "1", "1"], Stdio::null());
+    agent.wait_log(
+        &format!("tracing process {} ", held.id()),
+        Duration::from_secs(10),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while agent.metric("lookback_kernel_targets", &[]) < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lookback_kernel_targets: {:?}",
+            agent.metric_opt("lookback_kernel_targets", &[])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = held.stdin.take().expect("stdin").write_all(b"go\n");
+    assert!(held.wait().expect("workload").success());
+    assert_eq!(
+        agent.metric("lookback_events_lost_total", &[("source", "ringbuf")]),
+        0.0
+    );
+    // Stopped, the agent reads no exec events: 5,000 execs overflow their 64 KiB ring
+    // (about 2,700 records) whatever the machine's speed, and each drop is counted.
+    let pid = i32::try_from(agent.child.id()).expect("pid");
+    // SAFETY: kill has no memory preconditions; the agent is our child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let status = Command::new("sh")
+        .args([
+            "-c",
+            "i=0; while [ $i -lt 5000 ]; do /bin/true; i=$((i+1)); done",
+        ])
+        .status()
+        .expect("sh");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let lost = agent.metric("lookback_events_lost_total", &[("source", "ringbuf")]);
+        if lost >= 1000.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{lost} dropped exec events counted\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    agent.wait_log(
+        "exec/exit event(s) dropped from a full ring",
+        Duration::from_secs(5),
     );
     agent.stop_ok();
 }

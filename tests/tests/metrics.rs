@@ -27,24 +27,24 @@ fn kernel_counters_and_program_stats_reach_the_registry() {
     }
     let _stats = enable_bpf_stats().expect("BPF_ENABLE_STATS (kernel 5.8+)");
     let mut engine = TriggerEngine::load().expect("load the engine");
-    let names: Vec<String> = engine.program_stats().into_iter().map(|s| s.name).collect();
-    assert!(names.iter().any(|n| n == "sys_exit"), "{names:?}");
+    let names = |engine: &TriggerEngine| -> Vec<String> {
+        engine.program_stats().into_iter().map(|s| s.name).collect()
+    };
+    // The syscall programs are verified when a syscall rule first needs them.
+    assert!(
+        !names(&engine).iter().any(|n| n == "sys_exit"),
+        "{:?}",
+        names(&engine)
+    );
 
     // Every syscall return of this process fires (no cooldown, no rate limit).
-    let rule = EngineRule {
-        id: 0,
-        name: "any-syscall".into(),
-        trigger: Trigger::Syscall(SyscallTrigger {
-            syscalls: SyscallSet::Any,
-            min_duration: None,
-            errnos: Vec::new(),
-        }),
-        cooldown: Duration::ZERO,
-        max_per_hour: 0,
-        follow_forks: false,
-        per_process: true,
-    };
+    let rule = any_syscall(0, "any-syscall");
     engine.add_rule(rule.clone(), &[]).expect("add rule");
+    assert!(
+        names(&engine).iter().any(|n| n == "sys_exit"),
+        "{:?}",
+        names(&engine)
+    );
     engine
         .add_target(std::process::id(), 1)
         .expect("add target");
@@ -82,8 +82,46 @@ fn kernel_counters_and_program_stats_reach_the_registry() {
     assert!(after >= met + 100.0, "{after} after {met}");
 }
 
+/// A rule met by every syscall entry of its targets (no cooldown, no rate limit).
+fn any_syscall(id: u32, name: &str) -> EngineRule {
+    EngineRule {
+        id,
+        name: name.into(),
+        trigger: Trigger::Syscall(SyscallTrigger {
+            syscalls: SyscallSet::Any,
+            min_duration: None,
+            errnos: Vec::new(),
+        }),
+        cooldown: Duration::ZERO,
+        max_per_hour: 0,
+        follow_forks: false,
+        per_process: true,
+    }
+}
+
 fn syscalls() {
     for _ in 0..100 {
         let _ = std::fs::metadata("/proc/self");
     }
+}
+
+#[test]
+fn an_engine_loaded_for_few_rules_fires_its_last_slot_and_refuses_beyond() {
+    if !is_root() {
+        eprintln!("skipped an_engine_loaded_for_few_rules_...: needs root");
+        return;
+    }
+    // Loaded for 2 rule ids: the programs' rule loops are verified for ids 0 and 1 only
+    // (RULE_SLOTS in .rodata). Id 1, the last, must still fire; id 2 is refused.
+    let mut engine = TriggerEngine::load_for(2).expect("load the engine");
+    let rule = |id: u32| any_syscall(id, &format!("slot-{id}"));
+    engine.add_rule(rule(1), &[]).expect("rule id 1");
+    engine
+        .add_target(std::process::id(), 1 << 1)
+        .expect("add target");
+    syscalls();
+    let counters = engine.counters(1).expect("counters");
+    assert!(counters.met >= 100, "{counters:?}");
+    let refused = engine.add_rule(rule(2), &[]).expect_err("rule id 2");
+    assert!(refused.to_string().contains("2 rule slot(s)"), "{refused}");
 }

@@ -18,6 +18,7 @@
  *     loopnop N                N calls of lb_noop_nop5() (NOP5 entry); prints ns_per_op=
  *     looprets N               N calls of lb_noop_rets() (three rets); prints ns_per_op=
  *     segv | abort | usr1      die by SIGSEGV / SIGABRT, or raise SIGUSR1 (handled) once
+ *     started                  print started_ns=NOW (CLOCK_REALTIME at main), call lb_work(1)
  *     fork N SLOW_US           fork a child that calls lb_work(SLOW_US) N times; parent waits
  *     spin MS THREADS          each thread busy-loops in lb_spin() for MS ms (on-CPU work for
  *                              sampling tests)
@@ -234,6 +235,13 @@ int main(int argc, char **argv) {
         long long t = now_ns();
         for (long i = 0; i < ARG(0); i++) lb_noop_rets(i);
         report(ARG(0), t);
+    } else if (!strcmp(mode, "started")) {
+        /* When main began (wall clock): a tool's start-up delay, seen from outside
+           (cargo xtask bench --startup-only); then one call of the probed function. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        printf("started_ns=%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+        lb_work(1);
     } else if (!strcmp(mode, "segv")) {
         lb_fault(NULL);
     } else if (!strcmp(mode, "abort")) {

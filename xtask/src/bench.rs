@@ -22,17 +22,25 @@ use crate::util::{BuildEnv, run};
 const CALLS: &str = "200000";
 const SYSCALLS: &str = "1000000";
 
-pub fn bench(env: &BuildEnv, freeze_only: bool, triggers: usize) -> Result<()> {
+pub fn bench(env: &BuildEnv, freeze_only: bool, startup_only: bool, triggers: usize) -> Result<()> {
     if !env.is_root {
         bail!("the benchmarks load BPF programs: run as root");
     }
-    run(env.cargo().args(["build", "--release", "-p", "lookback"]))?;
+    // `LOOKBACK_BIN`: measure a prebuilt binary (an earlier commit's, for a before/after).
+    let lookback = if let Some(bin) = std::env::var_os("LOOKBACK_BIN") {
+        PathBuf::from(bin)
+    } else {
+        run(env.cargo().args(["build", "--release", "-p", "lookback"]))?;
+        env.release_bin()
+    };
     let workload = build_workload(env)?;
-    let lookback = env.release_bin();
     if freeze_only {
         return freeze_latency(env, &lookback, &workload, triggers);
     }
     let bpftrace = which("bpftrace");
+    if startup_only {
+        return crate::bench_startup::startup(&lookback, &workload, bpftrace.as_deref());
+    }
     if bpftrace.is_none() {
         eprintln!(
             "xtask bench: bpftrace not found (apt-get install bpftrace): its column stays empty"
@@ -82,6 +90,7 @@ pub fn bench(env: &BuildEnv, freeze_only: bool, triggers: usize) -> Result<()> {
         );
     }
     syscall_rows(&lookback, &workload, bpftrace.as_deref())?;
+    crate::bench_startup::startup(&lookback, &workload, bpftrace.as_deref())?;
     freeze_latency(env, &lookback, &workload, triggers)
 }
 
@@ -333,7 +342,7 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-fn which(name: &str) -> Option<PathBuf> {
+pub fn which(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(name))
         .find(|p| p.is_file())

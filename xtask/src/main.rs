@@ -13,6 +13,7 @@
 mod bench;
 mod bench_decode;
 mod bench_sampling;
+mod bench_startup;
 mod demo;
 mod setup;
 mod soak;
@@ -46,12 +47,17 @@ enum Command {
     Demo,
     /// rustfmt --check and clippy -D warnings (userspace and eBPF crates).
     Lint,
-    /// Trigger overhead on the traced process, side by side with bpftrace, then the
-    /// trigger → freeze latency of the sampling backend (needs root).
+    /// Trigger overhead on the traced process, side by side with bpftrace, the start-up
+    /// delay of `run` beside perf record and bpftrace, then the trigger → freeze latency of
+    /// the sampling backend (needs root).
     Bench {
         /// Only the trigger → freeze latency table.
         #[arg(long)]
         freeze_only: bool,
+        /// Only the start-up table: the delay before the command's first instruction
+        /// under `lookback run`, `perf record` and `bpftrace -c`.
+        #[arg(long, conflicts_with = "freeze_only")]
+        startup_only: bool,
         /// Triggers in the latency table.
         #[arg(long, default_value_t = 1000)]
         triggers: usize,
@@ -84,8 +90,9 @@ fn main() -> std::process::ExitCode {
         Command::Lint => setup::setup().and_then(|env| test::lint(&env)),
         Command::Bench {
             freeze_only,
+            startup_only,
             triggers,
-        } => setup::setup().and_then(|env| bench::bench(&env, freeze_only, triggers)),
+        } => setup::setup().and_then(|env| bench::bench(&env, freeze_only, startup_only, triggers)),
         Command::BenchDecode { snapshot_only } => {
             setup::setup().and_then(|env| bench_decode::bench_decode(&env, snapshot_only))
         }

@@ -26,12 +26,14 @@ const FXT_VERSION: &str = "0.3.0";
 /// Debian packages the tests' workloads need, each with the command it provides:
 /// checked with `command -v` and `dpkg-query`, installed with apt-get when both miss.
 /// `perf` (Debian `linux-perf`) and `redis-server` are the side-by-side reference and the
-/// distro program of the unwinding tests (tests/tests/unwind.rs).
-const TEST_PACKAGES: [(&str, &str); 4] = [
+/// distro program of the unwinding tests (tests/tests/unwind.rs); `nginx` the master +
+/// workers server of the run/attach tests (`tests/tests/run_attach.rs`).
+const TEST_PACKAGES: [(&str, &str); 5] = [
     ("g++", "g++"),
     ("go", "golang-go"),
     ("perf", "linux-perf"),
     ("redis-server", "redis-server"),
+    ("nginx", "nginx"),
 ];
 /// Offline Kubernetes JSON schemas for the manifest test (tests/tests/deploy.rs).
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";

@@ -214,6 +214,21 @@ pub fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// `roots` and all their living descendants (children of children, through every
+/// thread), each once, roots first. A process that exits during the walk is skipped.
+pub fn descendants(roots: &[u32]) -> Vec<u32> {
+    let mut seen = std::collections::HashSet::new();
+    let mut order = Vec::new();
+    let mut queue: std::collections::VecDeque<u32> = roots.iter().copied().collect();
+    while let Some(pid) = queue.pop_front() {
+        if seen.insert(pid) {
+            order.push(pid);
+            queue.extend(children(pid));
+        }
+    }
+    order
+}
+
 /// At most this many bytes of code per mapping are embedded.
 pub const MAX_CODE_PER_MAPPING: u64 = 64 << 20;
 

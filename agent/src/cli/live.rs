@@ -1,7 +1,7 @@
 //! A live session of `run`/`attach`: start or find the targets, load and attach the trigger
 //! engine, deliver trigger events until the targets exit, the event limit is reached, or
 //! the user interrupts; then report the per-rule counters and detach everything.
-#![expect(clippy::print_stdout, reason = "trigger lines and JSON go to stdout")]
+#![expect(clippy::print_stdout, reason = "dry-run trigger lines go to stdout")]
 
 use std::{
     os::fd::{AsRawFd as _, RawFd},
@@ -19,12 +19,13 @@ use tokio::{
 
 use super::{
     CliError, CliResult,
+    json_out::JsonSink,
     record::{OnWritten, RecordOptions, Recording, WhenFull},
 };
 use crate::{
     capture::aux_pause,
     rules::Trigger,
-    sys::process::HeldProcess,
+    sys::process::{self, HeldProcess},
     triggers::{
         AttachedProbe, EngineRule, ProbePoint, TriggerEngine, TriggerEvent,
         engine::log_probes,
@@ -37,8 +38,13 @@ use crate::{
 /// What to trace.
 #[derive(Debug)]
 pub enum Target {
-    /// Start `argv` (the resolved `program`) suspended, attach, then let it run.
-    Spawn { program: PathBuf, argv: Vec<String> },
+    /// Start `argv` (the resolved `program`) suspended, attach, then let it run;
+    /// `stdout_to_stderr` when our stdout carries the JSON lines.
+    Spawn {
+        program: PathBuf,
+        argv: Vec<String>,
+        stdout_to_stderr: bool,
+    },
     /// Running processes.
     Attach { pids: Vec<u32> },
 }
@@ -48,7 +54,13 @@ pub enum Target {
 pub struct Session {
     pub rules: Vec<EngineRule>,
     pub target: Target,
-    pub json: bool,
+    /// `--json`: where the machine-readable lines go.
+    pub json: Option<JsonSink>,
+    /// `--duration`: stop tracing after this long.
+    pub duration: Option<Duration>,
+    /// Follow forks; for `run`, also keep tracing after the command exits while processes
+    /// it started live on (a daemonizing server).
+    pub follow_descendants: bool,
     /// Stop after this many triggers (dry run) or snapshots; 0 = no limit.
     pub max_events: u64,
     /// `None`: dry run (print triggers only).
@@ -181,6 +193,7 @@ struct Live {
     events: TriggerPump,
     installed: Vec<(EngineRule, Vec<AttachedProbe>)>,
     held: Option<HeldProcess>,
+    /// The command's pidfd until the command exits.
     child_exit: Option<AsyncFd<RawFd>>,
     pids: Vec<u32>,
     recording: Option<Recording>,
@@ -189,7 +202,10 @@ struct Live {
 
 async fn run_async(session: Session) -> CliResult {
     let mut live = start(&session)?;
-    let exit_status = deliver(&session, &mut live).await?;
+    let exit_status = deliver(&session, &mut live)
+        .await?
+        // Tracing ended after the command exited (its descendants still traced).
+        .or_else(|| live.held.as_ref().and_then(HeldProcess::status));
     // Triggers still in the ring when the targets exited: a dry run prints them, a recording
     // snapshots them (the rings still hold the window before each; writing a trace takes
     // long enough for a short-lived target to exit with triggers pending).
@@ -216,6 +232,7 @@ async fn run_async(session: Session) -> CliResult {
         &live.installed,
         exit_status.as_ref(),
         dropped,
+        &live.pids,
     )?;
     let Live {
         engine,
@@ -255,13 +272,26 @@ fn command_exit_code(status: ExitStatus) -> ExitCode {
 /// Starts or finds the targets, loads the engine, installs the rules, lets the command run.
 fn start(session: &Session) -> Result<Live, CliError> {
     let mut held = match &session.target {
-        Target::Spawn { program, argv } => Some(
-            HeldProcess::spawn(program, argv)
-                .with_context(|| format!("starting {}", program.display()))?,
-        ),
+        Target::Spawn {
+            program,
+            argv,
+            stdout_to_stderr,
+        } => {
+            if session.follow_descendants {
+                // Before the fork: processes the command leaves behind become ours.
+                process::become_subreaper().context("following the command's descendants")?;
+            }
+            Some(
+                HeldProcess::spawn(program, argv, *stdout_to_stderr)
+                    .with_context(|| format!("starting {}", program.display()))?,
+            )
+        }
         Target::Attach { .. } => None,
     };
-    let mut engine = TriggerEngine::load().context("loading the trigger engine")?;
+    // The rules are known now and never change: the programs' rule loops are verified
+    // for their ids only (a fraction of the start-up time, see TriggerEngine::load_for).
+    let slots = session.rules.iter().map(|r| r.id + 1).max().unwrap_or(1);
+    let mut engine = TriggerEngine::load_for(slots).context("loading the trigger engine")?;
     if let Some(logger) = engine.logger() {
         tokio::spawn(forward_logs(logger));
     }
@@ -350,6 +380,10 @@ async fn deliver(session: &Session, live: &mut Live) -> Result<Option<ExitStatus
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut poll = tokio::time::interval(Duration::from_millis(200));
     let mut recorder_poll = tokio::time::interval(Duration::from_millis(20));
+    let deadline = session.duration.map(|d| tokio::time::Instant::now() + d);
+    // `run` follows the command's descendants: they are ours to reap (subreaper), and the
+    // session lasts until the last of them exits.
+    let following = session.follow_descendants && live.held.is_some();
     loop {
         tokio::select! {
             batch = live.events.next_batch() => {
@@ -368,14 +402,35 @@ async fn deliver(session: &Session, live: &mut Live) -> Result<Option<ExitStatus
                 if let Some(h) = live.held.as_mut()
                     && let Some(status) = h.try_wait().context("waiting for the command")?
                 {
-                    return Ok(Some(status));
+                    if !following || !process::reap_orphans(None).context("reaping")? {
+                        return Ok(Some(status));
+                    }
+                    log::info!(
+                        "command exited: {status}; still tracing the processes it started \
+                         (until they exit, Ctrl-C or --duration)"
+                    );
+                    // The pidfd stays readable from now on.
+                    live.child_exit = None;
                 }
             }
-            _ = poll.tick(), if live.held.is_none() => {
-                if live.pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            _ = poll.tick(), if following || live.held.is_none() => {
+                if following {
+                    // The command itself is reaped by the branch above, with its status.
+                    let command = live.held.as_ref().filter(|h| h.status().is_none());
+                    let left = process::reap_orphans(command.map(HeldProcess::pid))
+                        .context("reaping")?;
+                    if !left && live.child_exit.is_none() {
+                        log::info!("the last process the command started exited");
+                        return Ok(live.held.as_ref().and_then(HeldProcess::status));
+                    }
+                } else if live.pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
                     log::info!("all target processes exited");
                     return Ok(None);
                 }
+            }
+            () = sleep_until(deadline), if deadline.is_some() => {
+                log::info!("--duration reached: tracing ends");
+                return Ok(None);
             }
             _ = sigint.recv() => {
                 forward(live.held.as_ref(), libc::SIGINT);
@@ -417,26 +472,31 @@ async fn on_trigger(
 /// With `--json`, one line per triggered snapshot once its files are written (on the
 /// writer thread, in snapshot order); without, nothing (the log says it).
 fn print_written(session: &Session) -> OnWritten {
-    if !session.json {
+    let Some(sink) = session.json.clone() else {
         return Box::new(|_, _| {});
-    }
-    Box::new(|job, files| {
+    };
+    Box::new(move |job, files| {
         let Some((rule, trigger)) = job.trigger.as_ref() else {
             return;
         };
-        println!(
-            "{}",
-            json!({
+        sink.line(&json!({
                 "snapshot": files.raw,
                 "trace": files.trace,
                 "trigger_to_freeze_ns": files.trigger_to_freeze_ns,
                 "rule": rule,
                 "trigger": trigger,
-                // Per binary: frames, `[unknown]` frames, the debug-symbols hint.
-                "symbols": files.symbols,
-            })
-        );
+            // Per binary: frames, `[unknown]` frames, the debug-symbols hint.
+            "symbols": files.symbols,
+        }));
     })
+}
+
+/// Resolves at `deadline`; never without one.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Waits until the pidfd says the command exited; never resolves without one.
@@ -469,13 +529,13 @@ fn rule_name(session: &Session, id: u32) -> &str {
 
 fn print_event(session: &Session, event: &TriggerEvent) {
     let rule = rule_name(session, event.rule_id);
-    if session.json {
+    if let Some(sink) = &session.json {
         let mut value = serde_json::to_value(event).unwrap_or_default();
         if let Some(obj) = value.as_object_mut() {
             obj.insert("rule".into(), json!(rule));
             obj.insert("detail".into(), json!(event.detail()));
         }
-        println!("{value}");
+        sink.line(&value);
     } else {
         println!("trigger {rule}: {event}");
     }
@@ -487,6 +547,7 @@ fn report(
     installed: &[(EngineRule, Vec<AttachedProbe>)],
     exit: Option<&ExitStatus>,
     dropped: u64,
+    pids: &[u32],
 ) -> Result<(), CliError> {
     let mut rules = Vec::new();
     for (rule, probes) in installed {
@@ -528,12 +589,14 @@ fn report(
     if let Some(status) = exit {
         log::info!("command exited: {status}");
     }
-    if session.json {
+    if let Some(sink) = &session.json {
         let exit = exit.map(|s| json!({ "code": s.code(), "signal": std::os::unix::process::ExitStatusExt::signal(s) }));
-        println!(
-            "{}",
-            json!({ "summary": { "rules": rules, "exit": exit, "snapshots_dropped": dropped } })
-        );
+        sink.line(&json!({ "summary": {
+            "rules": rules,
+            "exit": exit,
+            "snapshots_dropped": dropped,
+            "targets": pids,
+        } }));
     }
     Ok(())
 }

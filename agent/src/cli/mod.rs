@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 pub mod agent;
 pub mod check;
 pub mod decode;
+mod json_out;
 mod live;
 mod output_path;
 pub mod pt_files;
@@ -118,7 +119,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Run(args) => run::run(args),
-        Command::Attach(args) => run::attach(args),
+        Command::Attach(args) => run::attach(&args),
         Command::Rules(args) => rules::run(&args),
         Command::Decode(args) => decode::run(&args),
         Command::Agent(args) => agent::run(args),

@@ -1,7 +1,7 @@
 //! `lookback run [OPTS] -- CMD` and `lookback attach -p PID[,PID..] [OPTS]`.
 //!
-//! Until the recorders exist, both run in `--dry-run` mode: the triggers are decided in the
-//! kernel and each one is printed (one line, or one JSON object per line with `--json`).
+//! The triggers are decided in the kernel; each one is snapshotted, or printed with
+//! `--dry-run` (one line, or one JSON object per line with `--json`).
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, anyhow};
@@ -12,11 +12,12 @@ use clap::{
 
 use super::{
     CliError, CliResult,
+    json_out::{JsonDest, JsonSink},
     live::{self, Session, Target},
     record::RecordOptions,
 };
 use crate::{
-    capture::{BackendRequest, CaptureOptions, PtOptions, aux_pause},
+    capture::{BackendRequest, CaptureOptions, PtOptions, aux_pause, procmaps},
     daemon::targets::capture_options,
     rules::{self, Backend, ReturnProbe, Rule, SnapshotScope, Trigger},
     triggers::{EngineRule, pump::Wait},
@@ -97,9 +98,13 @@ pub struct CommonArgs {
     /// Also keep the raw `.lbsnap` snapshot (`lookback decode` turns it into a trace).
     #[arg(long)]
     pub keep_raw: bool,
-    /// With --dry-run: one JSON object per trigger on stdout, then a summary object.
-    #[arg(long)]
-    pub json: bool,
+    /// Machine-readable lines: one JSON object per trigger (--dry-run) or written
+    /// snapshot, then a summary object, to FILE or to stdout with `-` (the default when no
+    /// FILE is given). With stdout, `run` sends the command's own stdout to stderr, so the
+    /// lines are never mixed with the program's output; `--json /dev/fd/3` writes to an
+    /// inherited descriptor instead and leaves the program's stdout alone.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    pub json: Option<JsonDest>,
     /// Stop after this many triggers (0 = no limit). [default: 1; with --dry-run: no
     /// limit, so that a dry run shows how often the rules would fire]
     #[arg(long, value_name = "N")]
@@ -111,9 +116,15 @@ pub struct CommonArgs {
     /// limit).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub max_per_hour: u32,
-    /// Do not follow children forked by the target.
+    /// Do not follow children forked by the target (`run` then also ends when the command
+    /// exits, without waiting for the processes it left running).
     #[arg(long)]
     pub no_follow_forks: bool,
+    /// Stop tracing after this long (the snapshot taken, the probes removed); `run` then
+    /// waits for the command to exit as it would without lookback. Without it, tracing
+    /// ends when the targets exit, at the snapshot limit, or at Ctrl-C.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
     /// Keep one CPU spinning on the trigger ring instead of sleeping until a trigger
     /// arrives: the recorder freezes a few µs after the kernel's decision instead of after
     /// a scheduler wakeup (60 µs typical, and milliseconds at the tail, on a busy VM), so
@@ -153,9 +164,15 @@ pub struct RunArgs {
 pub struct AttachArgs {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Process ids, comma-separated (all their threads are traced).
+    /// Process ids, comma-separated (all their threads, and the processes they have
+    /// forked, are traced).
     #[arg(short, long, value_delimiter = ',', required = true)]
     pub pid: Vec<u32>,
+    /// Trace only the given processes, not their existing descendants (an nginx master
+    /// without its workers). Children forked after the attach are followed unless
+    /// --no-follow-forks.
+    #[arg(long)]
+    pub no_children: bool,
 }
 
 fn parse_trigger(spec: &str) -> Result<Trigger, String> {
@@ -346,10 +363,19 @@ fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
     {
         log::warn!("{}: {warning}", path.display());
     }
+    let json = match &common.json {
+        Some(dest) => Some(
+            JsonSink::open(dest)
+                .map_err(|e| CliError::usage(anyhow!("--json {}: {e}", json_dest_name(dest))))?,
+        ),
+        None => None,
+    };
     Ok(Session {
         rules: engine_rules(common, &file_rules)?,
         target,
-        json: common.json,
+        json,
+        duration: common.duration,
+        follow_descendants: !common.no_follow_forks,
         max_events: common
             .max_snapshots
             // A dry run shows how often the rules fire: no limit (0); a recording, one.
@@ -363,26 +389,78 @@ fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
     })
 }
 
+fn json_dest_name(dest: &JsonDest) -> String {
+    match dest {
+        JsonDest::Stdout => "-".into(),
+        JsonDest::File(path) => path.display().to_string(),
+    }
+}
+
 pub fn run(args: RunArgs) -> CliResult {
     let program = resolve_program(&args.command[0]).map_err(CliError::usage)?;
+    let stdout_to_stderr = args
+        .common
+        .json
+        .as_ref()
+        .is_some_and(JsonDest::takes_stdout);
     let session = session(
         &args.common,
         Target::Spawn {
             program,
             argv: args.command,
+            stdout_to_stderr,
         },
     )?;
     live::run_session(session)
 }
 
-pub fn attach(args: AttachArgs) -> CliResult {
+pub fn attach(args: &AttachArgs) -> CliResult {
     for &pid in &args.pid {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             return Err(CliError::usage(anyhow!("process {pid} not found")));
         }
     }
-    let session = session(&args.common, Target::Attach { pids: args.pid })?;
+    let pids = attach_targets(&args.pid, args.no_children);
+    let session = session(&args.common, Target::Attach { pids })?;
     live::run_session(session)
+}
+
+/// The processes `attach -p` traces: the given ones and, unless `no_children`, every
+/// descendant they have now (a server's workers are where its requests run). Logged, so
+/// the user sees what is traced and what is not.
+fn attach_targets(given: &[u32], no_children: bool) -> Vec<u32> {
+    let descendants: Vec<u32> = procmaps::descendants(given)
+        .into_iter()
+        .filter(|p| !given.contains(p))
+        .collect();
+    let mut pids = given.to_vec();
+    if descendants.is_empty() {
+        return pids;
+    }
+    if no_children {
+        log::warn!(
+            "{} existing descendant process(es) of {} not traced (--no-children): {}",
+            descendants.len(),
+            pid_list(given),
+            pid_list(&descendants)
+        );
+    } else {
+        log::info!(
+            "also tracing {} existing descendant process(es) of {}: {}",
+            descendants.len(),
+            pid_list(given),
+            pid_list(&descendants)
+        );
+        pids.extend(descendants);
+    }
+    pids
+}
+
+fn pid_list(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Finds the executable `cmd` names, like the shell does (PATH lookup without a slash).

@@ -11,8 +11,10 @@
 //! run-time statistics are enabled ([`enable_bpf_stats`] or `sysctl kernel.bpf_stats_enabled=1`),
 //! which costs two clock reads, about 20 ns, per program run. Also extensions:
 //! `lookback_function_calls_unmeasured_total{rule,reason}`,
-//! `lookback_rule_probe_errors{rule,reason}` and `lookback_errors_total{op,errno}`
-//! (recorders and probes that could not be set up; see [`super::limits`]).
+//! `lookback_rule_probe_errors{rule,reason}`, `lookback_errors_total{op,errno}`
+//! (recorders and probes that could not be set up; see [`super::limits`]) and
+//! `lookback_kernel_targets` (processes the kernel's target set holds: selected at exec
+//! or fork in the kernel, beside `lookback_targets{rule}`, those the agent traces).
 //!
 //! Kernel counters are absolute values that restart from zero when a rule is removed and
 //! re-added (the engine clears its slot) or a program is reloaded. They are exported as
@@ -117,6 +119,8 @@ struct Seen {
     errors: HashMap<(&'static str, &'static str), u64>,
     /// Program name → (run count, run time in ns).
     programs: HashMap<String, (u64, u64)>,
+    /// Exec/exit records dropped in the kernel, as last read.
+    process_events_lost: u64,
 }
 
 /// The operations of `lookback_errors_total`, whose series exist from the start.
@@ -134,6 +138,7 @@ pub struct Metrics {
     registry: Registry,
     build_info: IntGaugeVec,
     rules_loaded: IntGauge,
+    kernel_targets: IntGauge,
     config_reloads: IntCounterVec,
     targets: IntGaugeVec,
     probes_attached: IntGaugeVec,
@@ -152,6 +157,17 @@ pub struct Metrics {
     errors: IntCounterVec,
     bpf: BpfMetrics,
     seen: Mutex<Seen>,
+}
+
+/// A registered gauge without labels.
+fn int_gauge(
+    registry: &Registry,
+    name: &'static str,
+    help: &str,
+) -> Result<IntGauge, MetricsError> {
+    let gauge =
+        IntGauge::new(name, help).map_err(|source| MetricsError::Register { name, source })?;
+    register(registry, name, gauge)
 }
 
 fn register<T>(registry: &Registry, name: &'static str, metric: T) -> Result<T, MetricsError>
@@ -296,15 +312,12 @@ impl Metrics {
                 "Always 1; the agent's version and default capture backend.",
                 &["version", "backend"],
             )?,
-            rules_loaded: register(
+            rules_loaded: int_gauge(&r, "lookback_rules_loaded", "Rules currently installed.")?,
+            kernel_targets: int_gauge(
                 &r,
-                "lookback_rules_loaded",
-                IntGauge::new("lookback_rules_loaded", "Rules currently installed.").map_err(
-                    |source| MetricsError::Register {
-                        name: "lookback_rules_loaded",
-                        source,
-                    },
-                )?,
+                "lookback_kernel_targets",
+                "Processes in the kernel's target set (selected at exec or fork in the \
+                 kernel, and those the agent added).",
             )?,
             config_reloads: counter_vec(
                 &r,
@@ -418,6 +431,24 @@ impl Metrics {
     pub fn config_reload(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.config_reloads.with_label_values(&[result]).inc();
+    }
+
+    pub fn set_kernel_targets(&self, n: usize) {
+        self.kernel_targets
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Takes in the kernel's count of dropped exec/exit records (absolute): the increase
+    /// goes to `lookback_events_lost_total{source="ringbuf"}`. Returns the increase.
+    pub fn observe_process_events_lost(&self, now: u64) -> u64 {
+        let last = std::mem::replace(&mut self.seen().process_events_lost, now);
+        let d = delta(last, now);
+        if d > 0 {
+            self.events_lost
+                .with_label_values(&[LossSource::Ringbuf.label()])
+                .inc_by(d);
+        }
+        d
     }
 
     pub fn set_targets(&self, rule: &str, n: usize) {

@@ -27,7 +27,11 @@ pub mod readiness;
 pub mod retention;
 pub mod targets;
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -265,6 +269,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut config_tick = tokio::time::interval(Duration::from_secs(1));
     let mut rescan = tokio::time::interval(opts.rescan_interval);
+    let mut kernel_targets_at = None;
     rescan.reset();
     loop {
         tokio::select! {
@@ -306,6 +311,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             Some(()) = pipeline.next_done() => {}
             _ = tick.tick() => {
                 refresh_metrics(&tracer, &metrics);
+                refresh_kernel_targets(&tracer, &metrics, &mut kernel_targets_at);
                 tracer.retry_recorders();
                 update_readiness(&tracer, &state, &failed);
                 tracer.poll_recorders();
@@ -506,4 +512,32 @@ fn refresh_metrics(tracer: &Tracer, metrics: &Metrics) {
     }
     metrics.observe_program_stats(&tracer.engine().program_stats());
     metrics.observe_errors(tracer.errors());
+    match tracer.engine().process_events_lost() {
+        Ok(total) => {
+            let lost = metrics.observe_process_events_lost(total);
+            if lost > 0 {
+                log::warn!(
+                    "{lost} exec/exit event(s) dropped from a full ring; the next /proc rescan \
+                     finds the processes they were about"
+                );
+            }
+        }
+        Err(e) => log::debug!("dropped process events: {}", ErrorChain(&e)),
+    }
+}
+
+/// How often `lookback_kernel_targets` is counted: one pass over the kernel's target set
+/// is a syscall per target, too many for every 250 ms tick on a busy node.
+const KERNEL_TARGETS_EVERY: Duration = Duration::from_secs(5);
+
+/// `lookback_kernel_targets`, when [`KERNEL_TARGETS_EVERY`] has passed since `last`.
+fn refresh_kernel_targets(tracer: &Tracer, metrics: &Metrics, last: &mut Option<Instant>) {
+    if last.is_some_and(|at| at.elapsed() < KERNEL_TARGETS_EVERY) {
+        return;
+    }
+    *last = Some(Instant::now());
+    match tracer.engine().kernel_targets() {
+        Ok(targets) => metrics.set_kernel_targets(targets.len()),
+        Err(e) => log::debug!("kernel target set: {}", ErrorChain(&e)),
+    }
 }

@@ -260,12 +260,30 @@ impl Pipeline {
     }
 }
 
-/// Decodes and writes one snapshot, applies retention, records the outcome.
+/// Decodes and writes one snapshot, applies retention, records the outcome. On a full
+/// filesystem the rule's oldest snapshots make room first (and once more when the write
+/// still fails with `ENOSPC`/`EDQUOT`): the newest moment is the one to keep.
 fn write(job: &SnapshotJob, metrics: &Metrics) {
     let started = Instant::now();
     let backend = job.snap.meta.backend.as_str();
     let raw_bytes = job.snap.raw_bytes();
-    match output::write_snapshot(job) {
+    let dir = job.root.join(&job.rule);
+    // The trace is about as large as the raw snapshot, or smaller (gzip); the raw copy
+    // when kept doubles it.
+    let needed = raw_bytes.saturating_mul(1 + u64::from(job.policy.keep_raw));
+    make_room(&dir, needed, &job.rule);
+    let mut result = output::write_snapshot(job);
+    if let Err(e) = &result
+        && matches!(
+            super::limits::errno_of(e),
+            Some(libc::ENOSPC | libc::EDQUOT)
+        )
+        && make_room(&dir, needed.saturating_mul(4), &job.rule) > 0
+    {
+        log::warn!("snapshot {}: {e}; retrying after making room", job.rule);
+        result = output::write_snapshot(job);
+    }
+    match result {
         Ok(written) => {
             metrics.decode_duration(backend, written.decode);
             // perf: LOST records in the sampling rings or the PT sideband; aux: AUX
@@ -283,7 +301,6 @@ fn write(job: &SnapshotJob, metrics: &Metrics) {
                 written.trace.display(),
                 started.elapsed()
             );
-            let dir = job.root.join(&job.rule);
             match retention::enforce(&dir, &job.policy.retention) {
                 Ok(p) if p.snapshots > 0 => log::info!(
                     "retention {}: removed {} old snapshot(s), {} files, {} bytes",
@@ -301,6 +318,27 @@ fn write(job: &SnapshotJob, metrics: &Metrics) {
             // Like a success, measured from the trigger: the histogram is "trigger to
             // outcome", whatever the outcome.
             metrics.snapshot_done(&job.rule, backend, false, 0, since_trigger(job));
+        }
+    }
+}
+
+/// [`retention::make_room`] for `needed` bytes in `dir`, logged; the snapshots removed.
+fn make_room(dir: &std::path::Path, needed: u64, rule: &str) -> usize {
+    match retention::make_room(dir, needed) {
+        Ok(p) if p.snapshots > 0 => {
+            log::warn!(
+                "disk full for rule {rule}: removed its {} oldest snapshot(s) ({} files, {} \
+                 bytes) to make room for a new one",
+                p.snapshots,
+                p.files,
+                p.bytes
+            );
+            p.snapshots
+        }
+        Ok(_) => 0,
+        Err(e) => {
+            log::warn!("making room in {}: {e}", dir.display());
+            0
         }
     }
 }

@@ -25,10 +25,11 @@ fn stem(name: &str) -> Option<&str> {
     SUFFIXES.iter().find_map(|s| name.strip_suffix(s))
 }
 
-/// Enforces `retention` on `dir`.
-pub fn enforce(dir: &Path, retention: &Retention) -> io::Result<Pruned> {
-    // (stem, [(file name, bytes)]), sorted by stem.
-    let mut groups: Vec<(String, Vec<(String, u64)>)> = Vec::new();
+/// The snapshots in `dir`: (stem, [(file name, bytes)]), oldest first.
+type Groups = Vec<(String, Vec<(String, u64)>)>;
+
+fn snapshot_groups(dir: &Path) -> io::Result<Groups> {
+    let mut groups: Groups = Vec::new();
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -44,28 +45,83 @@ pub fn enforce(dir: &Path, retention: &Retention) -> io::Result<Pruned> {
         }
     }
     groups.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(groups)
+}
+
+/// Removes every file of snapshot `group` from `dir`, counting them into `pruned`;
+/// returns the bytes freed.
+fn remove_group(
+    dir: &Path,
+    (stem, group): &(String, Vec<(String, u64)>),
+    pruned: &mut Pruned,
+) -> io::Result<(usize, u64)> {
+    let (mut files, mut bytes) = (0, 0);
+    for (name, size) in group {
+        match fs::remove_file(dir.join(name)) {
+            Ok(()) => {
+                files += 1;
+                bytes += size;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    pruned.files += files;
+    pruned.bytes += bytes;
+    pruned.snapshots += 1;
+    log::debug!("retention: removed snapshot {}", dir.join(stem).display());
+    Ok((files, bytes))
+}
+
+/// Enforces `retention` on `dir`.
+pub fn enforce(dir: &Path, retention: &Retention) -> io::Result<Pruned> {
+    let groups = snapshot_groups(dir)?;
     let mut files: usize = groups.iter().map(|(_, f)| f.len()).sum();
     let mut bytes: u64 = groups.iter().flat_map(|(_, f)| f.iter().map(|x| x.1)).sum();
     let max_files = usize::try_from(retention.max_files).unwrap_or(usize::MAX);
     let mut pruned = Pruned::default();
-    for (stem, group) in &groups[..groups.len().saturating_sub(1)] {
+    for group in &groups[..groups.len().saturating_sub(1)] {
         if files <= max_files && bytes <= retention.max_bytes {
             break;
         }
-        for (name, size) in group {
-            match fs::remove_file(dir.join(name)) {
-                Ok(()) => {
-                    files -= 1;
-                    bytes = bytes.saturating_sub(*size);
-                    pruned.files += 1;
-                    pruned.bytes += size;
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
+        let (f, b) = remove_group(dir, group, &mut pruned)?;
+        files -= f;
+        bytes = bytes.saturating_sub(b);
+    }
+    Ok(pruned)
+}
+
+/// Bytes an unprivileged writer can still put on the filesystem of `dir`.
+fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: an all-zero statvfs is a valid out buffer.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs reads the NUL-terminated path and writes into `st`, both ours.
+    if unsafe { libc::statvfs(path.as_ptr(), &raw mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// Makes room in `dir` (a rule's directory) for a snapshot of about `needed` bytes:
+/// while its filesystem has less free, removes the rule's oldest snapshots — beyond its
+/// retention budget, since a full disk would lose every new one — but never the newest.
+/// In: the directory and the estimate. Out: what was removed (nothing when there is room,
+/// or the directory does not exist yet).
+pub fn make_room(dir: &Path, needed: u64) -> io::Result<Pruned> {
+    let mut pruned = Pruned::default();
+    let groups = match snapshot_groups(dir) {
+        Ok(groups) => groups,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(pruned),
+        Err(e) => return Err(e),
+    };
+    for group in &groups[..groups.len().saturating_sub(1)] {
+        if free_bytes(dir)? >= needed {
+            break;
         }
-        pruned.snapshots += 1;
-        log::debug!("retention: removed snapshot {}", dir.join(stem).display());
+        remove_group(dir, group, &mut pruned)?;
     }
     Ok(pruned)
 }

@@ -185,8 +185,15 @@ impl Tracer {
                 Some(rule) if self.rules.get(&name).is_some_and(|a| a.rule == **rule) => {
                     changes.unchanged.push(name);
                 }
-                Some(_) => {
-                    self.uninstall(&name);
+                Some(rule) => {
+                    // Swapped in place when only thresholds, limits or outputs changed:
+                    // the rule keeps measuring through the reload (probes, calls in
+                    // flight, its processes' rings). Otherwise removed and installed anew.
+                    if self.update_in_place(&name, rule) {
+                        log::info!("rule {name}: changed in place");
+                    } else {
+                        self.uninstall(&name);
+                    }
                     changes.changed.push(name);
                 }
                 None => {
@@ -246,12 +253,9 @@ impl Tracer {
         self.exec_comms = comms;
     }
 
-    fn install(&mut self, rule: &Rule) -> Result<(), TriggerError> {
-        let used: BTreeSet<u32> = self.rules.values().map(|r| r.id).collect();
-        let id = (0..MAX_RULES)
-            .find(|id| !used.contains(id))
-            .ok_or(TriggerError::RuleId { id: MAX_RULES })?;
-        let engine_rule = EngineRule {
+    /// The kernel's view of `rule` under id `id`.
+    fn engine_rule(id: u32, rule: &Rule) -> EngineRule {
+        EngineRule {
             id,
             name: rule.name.clone(),
             trigger: rule.trigger.clone(),
@@ -259,8 +263,44 @@ impl Tracer {
             max_per_hour: rule.snapshot.max_per_hour,
             follow_forks: true,
             per_process: rule.snapshot.scope == rules::SnapshotScope::Process,
+        }
+    }
+
+    /// Replaces installed rule `name` by `rule` without detaching anything, when it
+    /// selects the same processes, records them the same way and needs the same probes;
+    /// returns whether it did (else nothing changed).
+    fn update_in_place(&mut self, name: &str, rule: &Rule) -> bool {
+        let Some(active) = self.rules.get(name) else {
+            return false;
         };
-        self.engine.add_rule(engine_rule, &[])?;
+        if active.rule.target != rule.target || active.rule.capture != rule.capture {
+            return false;
+        }
+        let id = active.id;
+        match self.engine.update_rule(&Self::engine_rule(id, rule)) {
+            Ok(true) => {}
+            Ok(false) => return false,
+            Err(e) => {
+                log::warn!("rule {name}: cannot change in place: {}", ErrorChain(&e));
+                return false;
+            }
+        }
+        let freeze = self.freezes_in_kernel(rule);
+        if let Err(e) = self.engine.set_rule_freeze_in_kernel(id, freeze) {
+            log::warn!("rule {name}: in-kernel freeze: {}", ErrorChain(&e));
+        }
+        if let Some(active) = self.rules.get_mut(name) {
+            active.rule = rule.clone();
+        }
+        true
+    }
+
+    fn install(&mut self, rule: &Rule) -> Result<(), TriggerError> {
+        let used: BTreeSet<u32> = self.rules.values().map(|r| r.id).collect();
+        let id = (0..MAX_RULES)
+            .find(|id| !used.contains(id))
+            .ok_or(TriggerError::RuleId { id: MAX_RULES })?;
+        self.engine.add_rule(Self::engine_rule(id, rule), &[])?;
         if self.freezes_in_kernel(rule) {
             self.engine.set_rule_freeze_in_kernel(id, true)?;
         }

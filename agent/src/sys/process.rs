@@ -53,8 +53,13 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), SyscallError> {
 
 impl HeldProcess {
     /// Forks; the child waits for [`release`](Self::release), then executes `program` with
-    /// `argv` (argv[0] included) and the current environment.
-    pub fn spawn(program: &Path, argv: &[String]) -> Result<Self, SpawnError> {
+    /// `argv` (argv[0] included) and the current environment. `stdout_to_stderr`: the
+    /// child's stdout is our stderr (our stdout carries `--json -` lines).
+    pub fn spawn(
+        program: &Path,
+        argv: &[String],
+        stdout_to_stderr: bool,
+    ) -> Result<Self, SpawnError> {
         let c_program =
             CString::new(program.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
         let c_args: Vec<CString> = argv
@@ -67,7 +72,7 @@ impl HeldProcess {
         let (gate_read, gate_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
         // SAFETY: after fork the child only makes async-signal-safe calls (close, read,
-        // execv, write, _exit) on memory prepared before the fork.
+        // dup2, execv, write, _exit) on memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(SyscallError::last("fork").into());
@@ -80,6 +85,11 @@ impl HeldProcess {
                 let mut byte = 0u8;
                 if libc::read(gate_read.as_raw_fd(), (&raw mut byte).cast(), 1) != 1 {
                     libc::_exit(127); // lookback went away before releasing us
+                }
+                if stdout_to_stderr && libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO) < 0 {
+                    let errno = *libc::__errno_location();
+                    libc::write(err_write.as_raw_fd(), (&raw const errno).cast(), 4);
+                    libc::_exit(127);
                 }
                 libc::execv(c_program.as_ptr(), argv_ptrs.as_ptr());
                 let errno = *libc::__errno_location();
@@ -157,6 +167,11 @@ impl HeldProcess {
         Ok(self.status)
     }
 
+    /// The exit status once [`try_wait`](Self::try_wait) has seen the child exit.
+    pub fn status(&self) -> Option<ExitStatus> {
+        self.status
+    }
+
     /// Sends `signal` to the child (ignored once it has been reaped).
     pub fn kill(&self, signal: i32) {
         if self.status.is_none() {
@@ -166,5 +181,55 @@ impl HeldProcess {
                 libc::kill(self.pid as i32, signal);
             }
         }
+    }
+}
+
+/// Makes this process the reaper of its orphaned descendants (`PR_SET_CHILD_SUBREAPER`):
+/// a server that daemonizes under `run` (forks, and the parent exits) stays our
+/// descendant, so `run` can tell when the last of them is gone. The orphans see us as
+/// their parent (`getppid`) instead of init, as under systemd, tini or a container's init.
+pub fn become_subreaper() -> Result<(), SyscallError> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(SyscallError::last("prctl(PR_SET_CHILD_SUBREAPER)"));
+    }
+    Ok(())
+}
+
+/// Reaps exited children other than `keep` (the command, whose status
+/// [`HeldProcess::try_wait`] takes) and says whether any child is left.
+/// In: nothing. Out: `true` while a child (living, or `keep` exited but unreaped) remains.
+/// Why a peek first (`WNOWAIT`): `waitpid(-1)` could take the command's status.
+pub fn reap_orphans(keep: Option<u32>) -> Result<bool, SyscallError> {
+    loop {
+        // SAFETY: an all-zero siginfo_t is a valid out buffer for waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes into the siginfo we own.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &raw mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if r < 0 {
+            let error = SyscallError::last("waitid");
+            return if error.errno() == Some(libc::ECHILD) {
+                Ok(false)
+            } else {
+                Err(error)
+            };
+        }
+        // SAFETY: waitid filled the siginfo (si_pid 0: children, none exited).
+        let pid = unsafe { info.si_pid() };
+        #[expect(clippy::cast_sign_loss, reason = "waitid reports positive pids")]
+        if pid == 0 || keep == Some(pid as u32) {
+            return Ok(true);
+        }
+        let mut status = 0i32;
+        // SAFETY: reaping the exited child waitid just named.
+        unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+        log::debug!("reaped descendant {pid}");
     }
 }

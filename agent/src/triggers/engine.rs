@@ -10,7 +10,7 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfError,
+    Ebpf, EbpfError, EbpfLoader,
     maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, ProgramError, RawTracePoint, UProbe,
@@ -86,6 +86,8 @@ pub enum TriggerError {
     Cpus(#[source] std::io::Error),
     #[error("rule id {id} is out of range (at most {MAX_RULES} rules)")]
     RuleId { id: u32 },
+    #[error("rule id {id} is beyond the {slots} rule slot(s) the engine was loaded with")]
+    RuleSlot { id: u32, slots: u32 },
     #[error("rule {rule} is not a function rule: it takes no uprobes")]
     NotFunction { rule: String },
     #[error(
@@ -201,19 +203,36 @@ pub struct TriggerEngine {
     free_jump_sites: Vec<u32>,
     /// Slots `0..next_jump_site` have been handed out.
     next_jump_site: u32,
+    /// Rule ids `0..rule_slots` are usable (the programs' loops stop there).
+    rule_slots: u32,
 }
 
 impl TriggerEngine {
-    /// Loads the eBPF object and every program (attaching nothing yet), and finds the
-    /// `task_struct` offsets in the kernel's BTF.
+    /// Loads the eBPF object and the programs every session uses (attaching nothing yet),
+    /// and finds the `task_struct` offsets in the kernel's BTF. The syscall and signal
+    /// programs are verified when a rule first needs them ([`Self::sync_kinds`]): their
+    /// rule loops cost the verifier ~0.8 s of kernel time, which a `run` with a function
+    /// rule would otherwise spend before its command starts.
     pub fn load() -> Result<Self, TriggerError> {
+        Self::load_for(MAX_RULES)
+    }
+
+    /// [`load`](Self::load) for rule ids `0..rule_slots` only (clamped to 1..=64): the
+    /// verifier then checks the rule loops for that many iterations, not 64. For a
+    /// session whose rules are known at start (`run`, `attach`); the agent, whose reloads
+    /// may use any id, loads all 64.
+    pub fn load_for(rule_slots: u32) -> Result<Self, TriggerError> {
+        let rule_slots = rule_slots.clamp(1, MAX_RULES);
         let btf = Btf::from_sys_fs()?;
         let config = EngineConfig {
             task_tgid_offset: btf.member_offset("task_struct", "tgid")?,
             task_pid_offset: btf.member_offset("task_struct", "pid")?,
             ..EngineConfig::default()
         };
-        let mut ebpf = Ebpf::load(EBPF_OBJECT).map_err(|e| TriggerError::Load(Box::new(e)))?;
+        let mut ebpf = EbpfLoader::new()
+            .override_global("RULE_SLOTS", &rule_slots, true)
+            .load(EBPF_OBJECT)
+            .map_err(|e| TriggerError::Load(Box::new(e)))?;
         for name in [
             PROG_FUNCTION_ENTRY,
             PROG_FUNCTION_EXIT,
@@ -222,14 +241,7 @@ impl TriggerEngine {
             let prog: &mut UProbe = program(&mut ebpf, name)?;
             prog.load().map_err(prog_err(name))?;
         }
-        for (name, _) in [
-            PROG_SYS_ENTER,
-            PROG_SYS_EXIT,
-            PROG_SIGNAL,
-            PROG_FORK,
-            PROG_EXEC,
-            PROG_EXIT,
-        ] {
+        for (name, _) in [PROG_FORK, PROG_EXEC, PROG_EXIT] {
             let prog: &mut RawTracePoint = program(&mut ebpf, name)?;
             prog.load().map_err(prog_err(name))?;
         }
@@ -243,6 +255,7 @@ impl TriggerEngine {
             targets: HashMap::new(),
             free_jump_sites: Vec::new(),
             next_jump_site: 0,
+            rule_slots,
         };
         engine.write_config()?;
         Ok(engine)
@@ -331,6 +344,12 @@ impl TriggerEngine {
         if rule.id >= MAX_RULES {
             return Err(TriggerError::RuleId { id: rule.id });
         }
+        if rule.id >= self.rule_slots {
+            return Err(TriggerError::RuleSlot {
+                id: rule.id,
+                slots: self.rule_slots,
+            });
+        }
         self.remove_rule(rule.id)?;
         let spec = rule_spec(&rule)?;
         let mut loaded = LoadedRule {
@@ -358,6 +377,34 @@ impl TriggerEngine {
         self.rules.insert(loaded.rule.id, loaded);
         self.sync_kinds()?;
         Ok(attached)
+    }
+
+    /// Changes installed rule `rule.id` in place when its probes stay as they are: only
+    /// the kernel's `RULES` entry is rewritten, so the uprobes, the entries of calls in
+    /// flight, the suppression state and the counters carry on (a reload that changes a
+    /// threshold or a cooldown loses nothing). Returns `false`, changing nothing, when the
+    /// new version needs other probes (another function, binary or return detection, or
+    /// entry ↔ latency), another kind, or the id is not installed: the caller then
+    /// installs it anew.
+    pub fn update_rule(&mut self, rule: &EngineRule) -> Result<bool, TriggerError> {
+        let Some(loaded) = self.rules.get(&rule.id) else {
+            return Ok(false);
+        };
+        if !same_probes(&loaded.rule.trigger, &rule.trigger)
+            || loaded.rule.follow_forks != rule.follow_forks
+        {
+            return Ok(false);
+        }
+        let mut spec = rule_spec(rule)?;
+        spec.flags |= loaded.spec.flags & FLAG_FREEZE_IN_KERNEL;
+        let mut rules: Array<_, RuleSpec> = map_mut(&mut self.ebpf, "RULES")?;
+        rules.set(rule.id, spec, 0).map_err(map_err("RULES"))?;
+        if let Some(loaded) = self.rules.get_mut(&rule.id) {
+            loaded.rule = rule.clone();
+            loaded.spec = spec;
+        }
+        self.sync_kinds()?;
+        Ok(true)
     }
 
     /// Places more probes for function rule `id` (a binary found later, e.g. a new
@@ -698,6 +745,17 @@ impl TriggerEngine {
             .collect()
     }
 
+    /// Exec/exit records the kernel dropped because their ring was full (summed over CPUs).
+    pub fn process_events_lost(&self) -> Result<u64, TriggerError> {
+        let name = "PROC_EVENTS_LOST";
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or(TriggerError::MissingMap { name })?;
+        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err(name))?;
+        Ok(map.get(&0, 0).map_err(map_err(name))?.iter().sum())
+    }
+
     /// The counters of rule `id`.
     pub fn counters(&self, id: u32) -> Result<RuleCounters, TriggerError> {
         let map = self
@@ -785,6 +843,9 @@ impl TriggerEngine {
             let prog: &mut RawTracePoint = program(&mut self.ebpf, name)?;
             match (wanted, self.raw_links.contains_key(name)) {
                 (true, false) => {
+                    if prog.fd().is_err() {
+                        prog.load().map_err(prog_err(name))?;
+                    }
                     let link = prog.attach(tracepoint).map_err(prog_err(name))?;
                     self.raw_links.insert(name, link);
                 }
@@ -918,6 +979,24 @@ pub fn log_probes(rule: &str, probes: &[AttachedProbe]) {
 
 /// The record of a probe placed at `file_offset` of `point`'s file; every site but the
 /// entry sees a return.
+/// Whether triggers `a` and `b` are served by the same probes: both not function
+/// triggers (raw tracepoints shared by all rules), or the same function, binary, selection
+/// and return detection, both entry or both latency triggers (only the threshold differs).
+fn same_probes(a: &Trigger, b: &Trigger) -> bool {
+    match (a, b) {
+        (Trigger::Function(a), Trigger::Function(b)) => {
+            a.symbol == b.symbol
+                && a.binary == b.binary
+                && a.all == b.all
+                && a.debug_dirs == b.debug_dirs
+                && a.min_duration.is_some() == b.min_duration.is_some()
+                && (a.min_duration.is_none() || a.return_probe == b.return_probe)
+        }
+        (Trigger::Function(_), _) | (_, Trigger::Function(_)) => false,
+        _ => true,
+    }
+}
+
 fn attached_probe(point: &ProbePoint, file_offset: u64, site: &'static str) -> AttachedProbe {
     AttachedProbe {
         path: point.path.display().to_string(),
