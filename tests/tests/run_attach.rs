@@ -114,6 +114,31 @@ impl Nginx {
     }
 }
 
+impl Drop for Nginx {
+    /// A test that failed midway must not leave nginx behind: its processes would hold the
+    /// test runner's pipes open (and the suite would wait on them forever). Kills the
+    /// master named by the pid file and its workers; nothing when they are gone.
+    fn drop(&mut self) {
+        let Some(master) = std::fs::read_to_string(self.dir.path().join("nginx.pid"))
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+        else {
+            return;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{master}/comm")).unwrap_or_default();
+        if comm.trim() != "nginx" {
+            return; // gone (and the pid perhaps reused)
+        }
+        let workers = workers(master)
+            .into_iter()
+            .filter_map(|p| i32::try_from(p).ok());
+        for pid in std::iter::once(i32::try_from(master).unwrap_or(0)).chain(workers) {
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 /// `lookback` started with `args`, stderr read on a thread: [`Self::wait_for`] blocks until
 /// a log line contains a text (the attach done, the command gone), whatever the speed.
 struct Lookback {
@@ -166,12 +191,22 @@ impl Lookback {
     fn finish(mut self) -> (Option<i32>, String) {
         let status = self.child.wait().expect("lookback exits");
         self.log.extend(self.lines.iter().map(|l| l + "\n"));
-        (status.code(), self.log)
+        (status.code(), std::mem::take(&mut self.log))
     }
 
     fn interrupt(&self) {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(i32::try_from(self.child.id()).expect("pid"), libc::SIGINT) };
+    }
+}
+
+impl Drop for Lookback {
+    /// A failed test does not leave lookback running.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -190,10 +225,10 @@ fn events_by_pid(json: &Path) -> Vec<(u64, serde_json::Value)> {
         .collect()
 }
 
-/// The pids of the workers of nginx `master` (its children).
+/// The pids of the workers of nginx `master` (its children; none when it is gone).
 fn workers(master: u32) -> Vec<u64> {
     let text = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children"))
-        .expect("children");
+        .unwrap_or_default();
     text.split_whitespace()
         .map(|p| p.parse().expect("pid"))
         .collect()
@@ -209,6 +244,8 @@ fn attach_traces_the_existing_workers_of_a_server_unless_told_not_to() {
     let mut server = Command::new(&args[0])
         .args(&args[1..])
         .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .expect("nginx");
     let master = nginx.wait_ready();

@@ -113,9 +113,19 @@ fn go_goroutines_whose_stacks_move_are_measured_exactly() {
     assert_unharmed(&run, &out, &reference);
     // The hazard was there: main.slow's frame moved while it ran.
     assert!(measured(&out, "stack_moves") > 0, "{out}");
+    // Every call that spun (20 ms) fires, and nothing fires that the program itself did
+    // not measure as slow. (On a loaded machine a call that returns at once can still take
+    // over 10 ms by the program's clock, which also spans the time around the call: the
+    // kernel, timing entry to return, rightly does not fire for it.)
+    let spun = measured(&out, "slow_calls");
     let slow = measured(&out, "measured_slow");
-    assert!(slow > 0, "{out}");
-    assert_eq!(run.of_rule(0).len() as u64, slow, "{out}\n{}", run.summary);
+    let fired = run.of_rule(0).len() as u64;
+    assert!(spun > 0, "{out}");
+    assert!(
+        spun <= fired && fired <= slow,
+        "{fired} triggers for {spun} spun calls, {slow} measured slow:\n{out}\n{}",
+        run.summary
+    );
     assert_eq!(run.counter(0, "unmatched_return"), 0, "{}", run.summary);
     // main.slow has one RET per return statement.
     assert_eq!(exit_sites(&run), ["ret"; 3]);

@@ -22,7 +22,16 @@ use crate::util::{BuildEnv, run};
 const CALLS: &str = "200000";
 const SYSCALLS: &str = "1000000";
 
-pub fn bench(env: &BuildEnv, freeze_only: bool, startup_only: bool, triggers: usize) -> Result<()> {
+/// Which single table `cargo xtask bench` prints (none set: all but the agent-scale one,
+/// which takes minutes and gigabytes of rings).
+#[derive(Debug, Clone, Copy)]
+pub struct Only {
+    pub freeze: bool,
+    pub startup: bool,
+    pub agent_scale: bool,
+}
+
+pub fn bench(env: &BuildEnv, only: Only, triggers: usize) -> Result<()> {
     if !env.is_root {
         bail!("the benchmarks load BPF programs: run as root");
     }
@@ -34,11 +43,14 @@ pub fn bench(env: &BuildEnv, freeze_only: bool, startup_only: bool, triggers: us
         env.release_bin()
     };
     let workload = build_workload(env)?;
-    if freeze_only {
+    if only.freeze {
         return freeze_latency(env, &lookback, &workload, triggers);
     }
+    if only.agent_scale {
+        return crate::bench_agent_scale::agent_scale(&env.root, &lookback, &workload);
+    }
     let bpftrace = which("bpftrace");
-    if startup_only {
+    if only.startup {
         return crate::bench_startup::startup(&lookback, &workload, bpftrace.as_deref());
     }
     if bpftrace.is_none() {

@@ -11,6 +11,7 @@
 )]
 
 mod bench;
+mod bench_agent_scale;
 mod bench_decode;
 mod bench_sampling;
 mod bench_startup;
@@ -58,6 +59,10 @@ enum Command {
         /// under `lookback run`, `perf record` and `bpftrace -c`.
         #[arg(long, conflicts_with = "freeze_only")]
         startup_only: bool,
+        /// Only the agent at scale: one sampling rule matching 10, 100, 500 idle processes
+        /// (1 and 20 threads): attach time, ring memory, fds, RSS, idle CPU.
+        #[arg(long, conflicts_with_all = ["freeze_only", "startup_only"])]
+        agent_scale: bool,
         /// Triggers in the latency table.
         #[arg(long, default_value_t = 1000)]
         triggers: usize,
@@ -91,8 +96,16 @@ fn main() -> std::process::ExitCode {
         Command::Bench {
             freeze_only,
             startup_only,
+            agent_scale,
             triggers,
-        } => setup::setup().and_then(|env| bench::bench(&env, freeze_only, startup_only, triggers)),
+        } => setup::setup().and_then(|env| {
+            let only = bench::Only {
+                freeze: freeze_only,
+                startup: startup_only,
+                agent_scale,
+            };
+            bench::bench(&env, only, triggers)
+        }),
         Command::BenchDecode { snapshot_only } => {
             setup::setup().and_then(|env| bench_decode::bench_decode(&env, snapshot_only))
         }

@@ -23,16 +23,16 @@ use anyhow::{Context as _, Result, bail};
 use crate::{bench::build_workload, util::BuildEnv};
 
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
-const METRICS_ADDR: &str = "127.0.0.1:9469";
+pub const METRICS_ADDR: &str = "127.0.0.1:9469";
 
 /// One sample of the agent process.
-struct Sample {
-    elapsed_s: f64,
-    rss_kib: u64,
-    cpu_s: f64,
-    fds: usize,
-    triggers: f64,
-    snapshots: f64,
+pub struct Sample {
+    pub elapsed_s: f64,
+    pub rss_kib: u64,
+    pub cpu_s: f64,
+    pub fds: usize,
+    pub triggers: f64,
+    pub snapshots: f64,
 }
 
 pub fn soak(env: &BuildEnv, minutes: u64) -> Result<()> {
@@ -121,7 +121,7 @@ pub fn soak(env: &BuildEnv, minutes: u64) -> Result<()> {
 }
 
 /// Kills a child on drop (early returns included).
-struct Guard(Child);
+pub struct Guard(pub Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
@@ -131,13 +131,13 @@ impl Drop for Guard {
 }
 
 /// SIGTERM through `kill(1)`: xtask has no libc dependency.
-fn terminate(pid: u32) {
+pub fn terminate(pid: u32) {
     let _ = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
 }
 
-fn wait_ready() -> Result<()> {
+pub fn wait_ready() -> Result<()> {
     let deadline = Instant::now() + Duration::from_mins(1);
     while Instant::now() < deadline {
         if get("/readyz").is_some_and(|(code, _)| code == 200) {
@@ -145,10 +145,10 @@ fn wait_ready() -> Result<()> {
         }
         sleep(Duration::from_millis(200));
     }
-    bail!("the agent did not become ready (see target/soak/agent.log)")
+    bail!("the agent did not become ready (see its log under target/)")
 }
 
-fn get(path: &str) -> Option<(u16, String)> {
+pub fn get(path: &str) -> Option<(u16, String)> {
     use std::io::Write as _;
     let mut s = TcpStream::connect(METRICS_ADDR).ok()?;
     write!(
@@ -163,14 +163,14 @@ fn get(path: &str) -> Option<(u16, String)> {
 }
 
 /// Sum of every series of metric `name` whose labels contain `filter`.
-fn metric_sum(body: &str, name: &str, filter: &str) -> f64 {
+pub fn metric_sum(body: &str, name: &str, filter: &str) -> f64 {
     body.lines()
         .filter(|l| l.starts_with(name) && l.contains(filter))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
 }
 
-fn sample(pid: u32, elapsed: Duration) -> Result<Sample> {
+pub fn sample(pid: u32, elapsed: Duration) -> Result<Sample> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     let rss_kib = status
         .lines()

@@ -200,9 +200,27 @@ struct Live {
     snapshots: u64,
 }
 
+/// The signals that end a session, handled from before the command starts or a probe is
+/// placed: a Ctrl-C right after the start must end the session cleanly (the summary, the
+/// snapshot), not kill lookback by the default action.
+struct Stops {
+    sigint: tokio::signal::unix::Signal,
+    sigterm: tokio::signal::unix::Signal,
+}
+
+impl Stops {
+    fn install() -> Result<Self, CliError> {
+        Ok(Self {
+            sigint: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            sigterm: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+        })
+    }
+}
+
 async fn run_async(session: Session) -> CliResult {
+    let mut stops = Stops::install()?;
     let mut live = start(&session)?;
-    let exit_status = deliver(&session, &mut live)
+    let exit_status = deliver(&session, &mut live, &mut stops)
         .await?
         // Tracing ended after the command exited (its descendants still traced).
         .or_else(|| live.held.as_ref().and_then(HeldProcess::status));
@@ -375,9 +393,11 @@ fn freeze_hook(recording: Option<&Recording>) -> FreezeHook {
 
 /// Handles triggers until the targets exit, the limit is reached or we are interrupted;
 /// returns the command's exit status if it exited.
-async fn deliver(session: &Session, live: &mut Live) -> Result<Option<ExitStatus>, CliError> {
-    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+async fn deliver(
+    session: &Session,
+    live: &mut Live,
+    stops: &mut Stops,
+) -> Result<Option<ExitStatus>, CliError> {
     let mut poll = tokio::time::interval(Duration::from_millis(200));
     let mut recorder_poll = tokio::time::interval(Duration::from_millis(20));
     let deadline = session.duration.map(|d| tokio::time::Instant::now() + d);
@@ -432,11 +452,11 @@ async fn deliver(session: &Session, live: &mut Live) -> Result<Option<ExitStatus
                 log::info!("--duration reached: tracing ends");
                 return Ok(None);
             }
-            _ = sigint.recv() => {
+            _ = stops.sigint.recv() => {
                 forward(live.held.as_ref(), libc::SIGINT);
                 return Ok(None);
             }
-            _ = sigterm.recv() => {
+            _ = stops.sigterm.recv() => {
                 forward(live.held.as_ref(), libc::SIGTERM);
                 return Ok(None);
             }

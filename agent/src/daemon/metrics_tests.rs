@@ -164,6 +164,7 @@ fn names_types_and_labels_follow_the_contract() {
         ("lookback_bpf_program_runs_total", "counter", &["program"]),
         ("lookback_rule_probe_errors", "gauge", &["reason", "rule"]),
         ("lookback_errors_total", "counter", &["errno", "op"]),
+        ("lookback_kernel_targets", "gauge", &[]),
         (
             "lookback_bpf_program_run_seconds_total",
             "counter",

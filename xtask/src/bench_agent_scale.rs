@@ -1,0 +1,150 @@
+//! `cargo xtask bench --agent-scale`: the agent with one sampling rule matching N idle
+//! processes (each with T threads that sleep 10 ms at a time), for the rows of issue 16's
+//! table: how long until all are traced, the memory of the perf rings the agent maps, its
+//! fds, resident memory and CPU while nothing triggers. Informative only.
+//!
+//! The processes are a copy of the test workload named `lbscale`, selected by exe, so
+//! nothing else on the machine (tests running meanwhile) is traced or traces them.
+use std::{
+    fs,
+    path::Path,
+    process::{Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::soak::{Guard, get, metric_sum, sample, terminate, wait_ready};
+
+/// (targets, threads per target) rows.
+const ROWS: [(usize, usize); 5] = [(10, 1), (100, 1), (500, 1), (10, 20), (100, 20)];
+/// How long the agent's idle CPU is measured.
+const IDLE: Duration = Duration::from_secs(10);
+
+pub fn agent_scale(root: &Path, lookback: &Path, workload: &Path) -> Result<()> {
+    let dir = root.join("target/bench/agent-scale");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let target = dir.join("lbscale");
+    fs::copy(workload, &target).context("copying the workload")?;
+    let rules = format!(
+        "version: 1\nrules:\n  - name: idle\n    target: {{ exe: {} }}\n    \
+         capture: {{ backend: sampling }}\n    \
+         trigger: {{ signal: {{ signals: [SIGUSR2] }} }}\n",
+        target.canonicalize()?.display()
+    );
+    let config = dir.join("rules.yaml");
+    fs::write(&config, rules)?;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    println!();
+    println!(
+        "| agent, one sampling rule (4 MiB rings), {cpus} CPUs | all traced after | perf ring memory | agent fds | agent RSS | agent CPU, idle |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (n, threads) in ROWS {
+        let row = measure(lookback, &config, &dir, &target, n, threads)?;
+        println!(
+            "| {n} targets × {threads} thread(s) | {:.2} s | {} MiB | {} | {} MiB | {:.2} % |",
+            row.attach.as_secs_f64(),
+            row.ring_bytes >> 20,
+            row.fds,
+            row.rss_kib >> 10,
+            row.idle_cpu_pct
+        );
+    }
+    let _ = fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+struct Row {
+    attach: Duration,
+    ring_bytes: u64,
+    fds: usize,
+    rss_kib: u64,
+    idle_cpu_pct: f64,
+}
+
+fn measure(
+    lookback: &Path,
+    config: &Path,
+    dir: &Path,
+    target: &Path,
+    n: usize,
+    threads: usize,
+) -> Result<Row> {
+    let log = fs::File::create(dir.join("agent.log"))?;
+    let agent = Guard(
+        Command::new(lookback)
+            .args(["agent", "--config"])
+            .arg(config)
+            .args(["--metrics-addr", crate::soak::METRICS_ADDR, "--output-dir"])
+            .arg(dir.join("out"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting the agent")?,
+    );
+    wait_ready()?;
+    let started = Instant::now();
+    let mut targets = Vec::with_capacity(n);
+    for _ in 0..n {
+        // 10 ms sleeps for ~17 minutes per thread: idle, never exiting during the row.
+        targets.push(Guard(
+            Command::new(target)
+                .args([
+                    "calls",
+                    "100000",
+                    "1",
+                    "10000",
+                    "10000",
+                    &threads.to_string(),
+                ])
+                .stdout(Stdio::null())
+                .spawn()
+                .context("starting a target")?,
+        ));
+    }
+    let deadline = started + Duration::from_mins(5);
+    loop {
+        let body = get("/metrics").map(|x| x.1).unwrap_or_default();
+        #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+        if metric_sum(&body, "lookback_targets", "rule=\"idle\"") >= n as f64 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{n} targets not all traced after 5 minutes");
+        }
+        sleep(Duration::from_millis(20));
+    }
+    let attach = started.elapsed();
+    sleep(Duration::from_secs(2));
+    let pid = agent.0.id();
+    let before = sample(pid, Duration::ZERO)?;
+    sleep(IDLE);
+    let after = sample(pid, IDLE)?;
+    let row = Row {
+        attach,
+        ring_bytes: perf_ring_bytes(pid)?,
+        fds: after.fds,
+        rss_kib: after.rss_kib,
+        idle_cpu_pct: (after.cpu_s - before.cpu_s) / IDLE.as_secs_f64() * 100.0,
+    };
+    terminate(pid);
+    drop(targets);
+    drop(agent);
+    Ok(row)
+}
+
+/// Bytes of `pid`'s perf event mappings (the rings: locked, unswappable kernel memory).
+fn perf_ring_bytes(pid: u32) -> Result<u64> {
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    Ok(maps
+        .lines()
+        .filter(|l| l.ends_with("[perf_event]"))
+        .filter_map(|l| {
+            let (start, end) = l.split_whitespace().next()?.split_once('-')?;
+            Some(u64::from_str_radix(end, 16).ok()? - u64::from_str_radix(start, 16).ok()?)
+        })
+        .sum())
+}
