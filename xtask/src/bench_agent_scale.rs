@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::soak::{Guard, get, metric_sum, sample, terminate, wait_ready};
+use crate::soak::{Guard, get, metric_sum, sample, start_agent, terminate};
 
 /// (targets, threads per target) rows.
 const ROWS: [(usize, usize); 5] = [(10, 1), (100, 1), (500, 1), (10, 20), (100, 20)];
@@ -73,19 +73,7 @@ fn measure(
     n: usize,
     threads: usize,
 ) -> Result<Row> {
-    let log = fs::File::create(dir.join("agent.log"))?;
-    let agent = Guard(
-        Command::new(lookback)
-            .args(["agent", "--config"])
-            .arg(config)
-            .args(["--metrics-addr", crate::soak::METRICS_ADDR, "--output-dir"])
-            .arg(dir.join("out"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting the agent")?,
-    );
-    wait_ready()?;
+    let agent = start_agent(lookback, config, dir)?;
     let started = Instant::now();
     let mut targets = Vec::with_capacity(n);
     for _ in 0..n {

@@ -62,19 +62,7 @@ pub fn soak(env: &BuildEnv, minutes: u64) -> Result<()> {
     );
     let config = dir.join("rules.yaml");
     fs::write(&config, rules)?;
-    let log = fs::File::create(dir.join("agent.log"))?;
-    let mut agent = Guard(
-        Command::new(env.release_bin())
-            .args(["agent", "--config"])
-            .arg(&config)
-            .args(["--metrics-addr", METRICS_ADDR, "--output-dir"])
-            .arg(dir.join("out"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting the agent")?,
-    );
-    wait_ready()?;
+    let mut agent = start_agent(&env.release_bin(), &config, &dir)?;
     // Every other call 3 ms (slow), the others 100 µs; outlives the soak (killed at the end).
     let calls = (minutes * 60 * 1000).to_string();
     let _steady = Guard(
@@ -118,6 +106,25 @@ pub fn soak(env: &BuildEnv, minutes: u64) -> Result<()> {
     let status = agent.0.wait()?;
     println!("agent stopped by SIGTERM: {status}");
     Ok(())
+}
+
+/// Starts `lookback agent` on `config` with its metrics at [`METRICS_ADDR`], its output
+/// and log (`agent.log`) in `dir`, and waits until it is ready.
+pub fn start_agent(lookback: &Path, config: &Path, dir: &Path) -> Result<Guard> {
+    let log = fs::File::create(dir.join("agent.log"))?;
+    let agent = Guard(
+        Command::new(lookback)
+            .args(["agent", "--config"])
+            .arg(config)
+            .args(["--metrics-addr", METRICS_ADDR, "--output-dir"])
+            .arg(dir.join("out"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting the agent")?,
+    );
+    wait_ready()?;
+    Ok(agent)
 }
 
 /// Kills a child on drop (early returns included).
