@@ -4,7 +4,9 @@
  * CFI (.eh_frame) knows all of them.
  *
  * Usage: deep CALLS SLOW_INDEX [SLOW_ITERS]. Each call of level1 runs leaf_work for 300k
- * iterations, the one at SLOW_INDEX for SLOW_ITERS (default 30M, ~50-100 ms); prints
+ * iterations, the one at SLOW_INDEX for SLOW_ITERS (default 30M) at a time until it has
+ * lasted at least 60 ms by the program's clock (however fast the CPU: the tests' latency
+ * rules fire at 20 ms, and 30M iterations took 14 ms on a faster host); prints
  * `measured_slow=NS` for it (the program's own measurement), and `elapsed_ns=` (all calls)
  * and `result=` at the end. SLOW_INDEX -1: no slow call (the sampling benchmark). */
 #include <stdio.h>
@@ -23,7 +25,12 @@ volatile unsigned long sink;
 __attribute__((noinline)) void leaf_work(unsigned long n) {
     for (unsigned long i = 0; i < n; i++) sink += i * i;
 }
-__attribute__((noinline)) void handle(unsigned long n) { leaf_work(n); sink++; }
+/* When the slow call may end (CLOCK_MONOTONIC ns); 0 for the other calls (one leaf_work). */
+static unsigned long long slow_until;
+__attribute__((noinline)) void handle(unsigned long n) {
+    do leaf_work(n); while (slow_until && now_ns() < slow_until);
+    sink++;
+}
 __attribute__((noinline)) void level3(unsigned long n) { handle(n); sink++; }
 __attribute__((noinline)) void level2(unsigned long n) { level3(n); sink++; }
 __attribute__((noinline)) void level1(unsigned long n) { level2(n); sink++; }
@@ -36,6 +43,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < calls; i++) {
         unsigned long n = i == slow ? slow_iters : 300000ul;
         unsigned long long t0 = now_ns();
+        slow_until = i == slow ? t0 + 60000000ull : 0;
         level1(n);
         if (i == slow) printf("measured_slow=%llu\n", now_ns() - t0);
     }
