@@ -166,6 +166,11 @@ pub struct EngineConfig {
     /// Nonzero: send exec and exit events to `PROC_EVENTS` (the agent discovers targets
     /// with them; `run`/`attach` leave it 0 and pay nothing per exec).
     pub process_events: u32,
+    /// Padding, zero (keeps `shared_record_rules` 8-byte aligned on both sides).
+    pub reserved: u32,
+    /// Rules recorded by the agent's per-CPU recorders (bit = rule id): `target_filter`
+    /// keeps the samples of processes any of these rules target.
+    pub shared_record_rules: u64,
 }
 
 /// Depth of the per-thread stack of function entries (recursion is measured up to it).

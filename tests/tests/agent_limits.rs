@@ -51,7 +51,10 @@ fn set_open_files_limit(pid: u32, soft: &str) {
 
 #[test]
 fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back() {
-    let mut agent = Agent::start(RULES, &[]);
+    // Rings per process: the shared per-CPU rings are opened with the rules, at start,
+    // and a new target needs no fd of its own.
+    let rules = RULES.replace("256KiB }", "256KiB, isolate: true }");
+    let mut agent = Agent::start(&rules, &[]);
     let pid = agent.child.id();
     // Raised to the hard limit at start.
     let (soft, hard) = open_files_limit(pid);

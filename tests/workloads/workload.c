@@ -249,6 +249,12 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "usr1")) {
         signal(SIGUSR1, usr1);
         raise(SIGUSR1);
+    } else if (!strcmp(mode, "spinusr1")) {
+        /* Busy for MS ms, then a SIGUSR1 to itself: a short-lived process whose
+           snapshot shows whether it was recorded from its start. */
+        signal(SIGUSR1, usr1);
+        lb_spin(ARG(0));
+        raise(SIGUSR1);
     } else if (!strcmp(mode, "fork")) {
         pid_t child = fork();
         if (child == 0) {

@@ -1,7 +1,9 @@
 //! `cargo xtask bench --agent-scale`: the agent with one sampling rule matching N idle
 //! processes (each with T threads that sleep 10 ms at a time), for the rows of issue 16's
 //! table: how long until all are traced, the memory of the perf rings the agent maps, its
-//! fds, resident memory and CPU while nothing triggers. Informative only.
+//! fds, resident memory and CPU while nothing triggers. Informative only. Twice in one
+//! run: the per-CPU rings all targets share (the default), then rings per process
+//! (`capture.isolate: true`, the agent's only way before), the reference.
 //!
 //! The processes are a copy of the test workload named `lbscale`, selected by exe, so
 //! nothing else on the machine (tests running meanwhile) is traced or traces them.
@@ -19,6 +21,8 @@ use crate::soak::{Guard, get, metric_sum, sample, start_agent, terminate};
 
 /// (targets, threads per target) rows.
 const ROWS: [(usize, usize); 5] = [(10, 1), (100, 1), (500, 1), (10, 20), (100, 20)];
+/// The rows of the per-process reference (100 × 20 threads took over 2 minutes to attach).
+const ISOLATED_ROWS: [(usize, usize); 4] = [(10, 1), (100, 1), (500, 1), (10, 20)];
 /// How long the agent's idle CPU is measured.
 const IDLE: Duration = Duration::from_secs(10);
 
@@ -28,30 +32,37 @@ pub fn agent_scale(root: &Path, lookback: &Path, workload: &Path) -> Result<()> 
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let target = dir.join("lbscale");
     fs::copy(workload, &target).context("copying the workload")?;
-    let rules = format!(
-        "version: 1\nrules:\n  - name: idle\n    target: {{ exe: {} }}\n    \
-         capture: {{ backend: sampling }}\n    \
-         trigger: {{ signal: {{ signals: [SIGUSR2] }} }}\n",
-        target.canonicalize()?.display()
-    );
-    let config = dir.join("rules.yaml");
-    fs::write(&config, rules)?;
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    println!();
-    println!(
-        "| agent, one sampling rule (4 MiB rings), {cpus} CPUs | all traced after | perf ring memory | agent fds | agent RSS | agent CPU, idle |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for (n, threads) in ROWS {
-        let row = measure(lookback, &config, &dir, &target, n, threads)?;
-        println!(
-            "| {n} targets × {threads} thread(s) | {:.2} s | {} MiB | {} | {} MiB | {:.2} % |",
-            row.attach.as_secs_f64(),
-            row.ring_bytes >> 20,
-            row.fds,
-            row.rss_kib >> 10,
-            row.idle_cpu_pct
+    for (isolate, rows) in [(false, &ROWS[..]), (true, &ISOLATED_ROWS[..])] {
+        let rules = format!(
+            "version: 1\nrules:\n  - name: idle\n    target: {{ exe: {} }}\n    \
+             capture: {{ backend: sampling, isolate: {isolate} }}\n    \
+             trigger: {{ signal: {{ signals: [SIGUSR2] }} }}\n",
+            target.canonicalize()?.display()
         );
+        let config = dir.join("rules.yaml");
+        fs::write(&config, rules)?;
+        let kind = if isolate {
+            "rings per process (isolate)"
+        } else {
+            "per-CPU rings shared"
+        };
+        println!();
+        println!(
+            "| agent, one sampling rule (4 MiB rings, {kind}), {cpus} CPUs | all traced after | perf ring memory | agent fds | agent RSS | agent CPU, idle |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for &(n, threads) in rows {
+            let row = measure(lookback, &config, &dir, &target, n, threads)?;
+            println!(
+                "| {n} targets × {threads} thread(s) | {:.2} s | {} MiB | {} | {} MiB | {:.2} % |",
+                row.attach.as_secs_f64(),
+                row.ring_bytes >> 20,
+                row.fds,
+                row.rss_kib >> 10,
+                row.idle_cpu_pct
+            );
+        }
     }
     let _ = fs::remove_dir_all(&dir);
     Ok(())

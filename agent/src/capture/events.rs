@@ -112,7 +112,36 @@ impl<R: CpuRing> EventSet<R> {
             return Ok(true);
         }
         let pid = libc::pid_t::try_from(tid).map_err(|_| CaptureError::NoProcess { pid: tid })?;
-        for &cpu in &self.cpus {
+        if !self.open_on_cpus(Target::Pid(pid), tid, specs, make_ring)? {
+            return Ok(false);
+        }
+        self.tids.insert(tid);
+        Ok(true)
+    }
+
+    /// Opens `specs` once per CPU for every task on it (`pid = -1`): the per-CPU recorder
+    /// shared by all targets, whose events' BPF filter decides which samples are kept.
+    /// Needs `CAP_PERFMON` (or `perf_event_paranoid` ≤ 0).
+    pub fn add_cpu_wide(
+        &mut self,
+        specs: &[EventSpec],
+        make_ring: &mut dyn FnMut(OwnedFd, u32) -> Result<R, CaptureError>,
+    ) -> Result<(), CaptureError> {
+        self.open_on_cpus(Target::AllTasks, 0, specs, make_ring)
+            .map(|_| ())
+    }
+
+    /// Opens `specs` for `target` on every CPU (`tid`: for error messages); `Ok(false)`
+    /// when the target thread is gone.
+    fn open_on_cpus(
+        &mut self,
+        target: Target,
+        tid: u32,
+        specs: &[EventSpec],
+        make_ring: &mut dyn FnMut(OwnedFd, u32) -> Result<R, CaptureError>,
+    ) -> Result<bool, CaptureError> {
+        let cpus = self.cpus.clone();
+        for cpu in cpus {
             let mut opened: Vec<Option<Opened>> = vec![None; specs.len()];
             for (index, spec) in specs.iter().enumerate() {
                 let leader = spec
@@ -128,20 +157,18 @@ impl<R: CpuRing> EventSet<R> {
                         },
                     });
                 }
-                let fd =
-                    match perf::perf_event_open(&spec.attr, Target::Pid(pid), Some(cpu), leader, 0)
-                    {
-                        Ok(fd) => fd,
-                        Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(false),
-                        Err(source) => {
-                            return Err(CaptureError::Open {
-                                event: spec.name,
-                                tid,
-                                cpu,
-                                source,
-                            });
-                        }
-                    };
+                let fd = match perf::perf_event_open(&spec.attr, target, Some(cpu), leader, 0) {
+                    Ok(fd) => fd,
+                    Err(err) if err.errno() == Some(libc::ESRCH) => return Ok(false),
+                    Err(source) => {
+                        return Err(CaptureError::Open {
+                            event: spec.name,
+                            tid,
+                            cpu,
+                            source,
+                        });
+                    }
+                };
                 if let Some(filter) = &spec.filter {
                     perf::set_filter(fd.as_fd(), filter).map_err(|source| {
                         CaptureError::Syscall {
@@ -180,7 +207,6 @@ impl<R: CpuRing> EventSet<R> {
                 self.followers.push((index, fd));
             }
         }
-        self.tids.insert(tid);
         Ok(true)
     }
 

@@ -284,6 +284,15 @@ pub trait Recorder: Send {
     /// Stops the rings and copies them out. Recording stays stopped until
     /// [`resume`](Self::resume).
     fn freeze(&mut self) -> Result<CapturedData, CaptureError>;
+    /// [`freeze`](Self::freeze) for a snapshot of process `pid`: a recorder of its own
+    /// (and its children's) gives everything; the per-CPU recorder shared by all targets
+    /// only `pid`'s records and maps.
+    fn freeze_for(&mut self, _pid: u32) -> Result<CapturedData, CaptureError> {
+        self.freeze()
+    }
+    /// Process `pid` is no longer a target (exited, or its rules went): a shared recorder
+    /// lets go of what it kept for it. A recorder of its own is dropped instead.
+    fn remove_process(&mut self, _pid: u32) {}
     /// Restarts recording after a freeze.
     fn resume(&mut self) -> Result<(), CaptureError>;
     /// A handle that stops the rings from another thread at the trigger itself; the next
@@ -396,6 +405,24 @@ pub fn open_recorder_filtered(
         recorder.add_process(pid)?;
     }
     Ok((recorder, filtered))
+}
+
+/// The per-CPU sampling recorder shared by all targets of the agent's rules that record
+/// that way ([`sampling::SamplingRecorder::open_cpu_wide`]), with `target_filter`
+/// deciding in the kernel which samples are kept. Sampling only: Intel PT keeps its
+/// per-process rings (a CPU-wide PT trace of every process cannot be cut down to one).
+pub fn open_cpu_wide_recorder(
+    opts: &CaptureOptions,
+    target_filter: BorrowedFd<'_>,
+) -> Result<Box<dyn Recorder>, CaptureError> {
+    let event = check::probe_sampling_event().ok_or_else(|| CaptureError::NoBackend {
+        reason: "neither cycles nor cpu-clock events open".to_owned(),
+    })?;
+    Ok(Box::new(sampling::SamplingRecorder::open_cpu_wide(
+        opts,
+        event,
+        target_filter,
+    )?))
 }
 
 /// `CLOCK_MONOTONIC` in ns (the clock of BPF trigger timestamps and of sampling records).

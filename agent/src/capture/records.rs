@@ -21,6 +21,8 @@ pub const PERF_RECORD_MMAP2: u32 = 10;
 pub const PERF_RECORD_AUX: u32 = 11;
 pub const PERF_RECORD_LOST_SAMPLES: u32 = 13;
 pub const PERF_RECORD_SWITCH: u32 = 14;
+/// A context switch seen by a CPU-wide event (body: the other task's pid, tid).
+pub const PERF_RECORD_SWITCH_CPU_WIDE: u32 = 15;
 
 /// `PERF_RECORD_COMM` header flag: the name changed because the process exec'd.
 pub const PERF_RECORD_MISC_COMM_EXEC: u16 = 1 << 13;
@@ -319,6 +321,44 @@ pub fn id_trailer(sample_type: u64, body: &[u8]) -> Option<IdTrailer> {
     Some((pid_tid, time))
 }
 
+/// The process a record belongs to: a sample's `TID` field, another record's
+/// `sample_id_all` trailer (`SWITCH_CPU_WIDE` out: the task leaving; in: the task coming
+/// in); `None` for records of no process (LOST, `LOST_SAMPLES`) or without the fields.
+#[must_use]
+pub fn record_pid(sample_type: u64, record: &RawRecord<'_>) -> Option<u32> {
+    match record.kind {
+        PERF_RECORD_SAMPLE => parse_sample(sample_type, record.body)?.pid,
+        PERF_RECORD_LOST | PERF_RECORD_LOST_SAMPLES => None,
+        _ => id_trailer(sample_type, record.body)?.0.map(|(pid, _)| pid),
+    }
+}
+
+/// The records of `stream` that belong to a process `keep` accepts, plus those of no
+/// process (losses), in order, and how many: a per-CPU ring shared by every target cut
+/// down to one snapshot's processes. Records of other processes are dropped unread.
+#[must_use]
+pub fn retain_processes(
+    sample_type: u64,
+    stream: &[u8],
+    keep: impl Fn(u32) -> bool,
+) -> (Vec<u8>, u64) {
+    let mut out = Vec::new();
+    let mut count = 0;
+    let mut at = 0usize;
+    for record in records(stream) {
+        let size = HEADER_SIZE + record.body.len();
+        let bytes = stream.get(at..at + size);
+        at += size;
+        if record_pid(sample_type, &record).is_none_or(&keep)
+            && let Some(bytes) = bytes
+        {
+            out.extend_from_slice(bytes);
+            count += 1;
+        }
+    }
+    (out, count)
+}
+
 /// What a record stream holds, at a glance.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StreamSummary {
@@ -425,6 +465,47 @@ mod tests {
 
     const ST: u64 =
         SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CALLCHAIN | SAMPLE_CPU | SAMPLE_PERIOD;
+
+    #[test]
+    fn a_shared_ring_is_cut_down_to_one_process() {
+        // Samples by their TID field; other records by their `sample_id_all` trailer
+        // (pid/tid, time); losses belong to nobody and are kept.
+        let st = SAMPLE_IP | SAMPLE_TID | SAMPLE_TIME;
+        let sample = |pid: u64| {
+            rec(
+                PERF_RECORD_SAMPLE,
+                &words(&[0x40_1000, (pid << 32) | pid, 5]),
+            )
+        };
+        let switch = |pid: u64| {
+            rec(
+                PERF_RECORD_SWITCH_CPU_WIDE,
+                &words(&[(9 << 32) | 9, (pid << 32) | pid, 6]),
+            )
+        };
+        let lost = rec(PERF_RECORD_LOST, &words(&[1, 3, (1 << 32) | 1, 7]));
+        let stream = [
+            sample(5),
+            switch(6),
+            sample(6),
+            lost.clone(),
+            switch(5),
+            sample(5),
+        ]
+        .concat();
+        let (kept, count) = retain_processes(st, &stream, |p| p == 5);
+        assert_eq!(count, 4);
+        assert_eq!(kept, [sample(5), lost, switch(5), sample(5)].concat());
+        let pids: Vec<Option<u32>> = records(&stream).map(|r| record_pid(st, &r)).collect();
+        assert_eq!(
+            pids,
+            vec![Some(5), Some(6), Some(6), None, Some(5), Some(5)]
+        );
+        // A torn stream keeps what came before the bad header.
+        let mut torn = stream.clone();
+        torn.extend([0xff; 8]);
+        assert_eq!(retain_processes(st, &torn, |p| p == 5).1, 4);
+    }
 
     #[test]
     fn samples_parse_with_callchains() {

@@ -140,7 +140,15 @@ pub fn walk_backward(data: &[u8], head: u64) -> RingCopy {
 
 /// [`walk_backward`] over any [`RingBytes`].
 pub fn walk_backward_in<D: RingBytes + ?Sized>(data: &D, head: u64) -> RingCopy {
+    walk_backward_within(data, head, data.size())
+}
+
+/// [`walk_backward_in`], reading at most `limit` bytes back from `head`: what lies further
+/// back may have been overwritten while the ring was copied (see
+/// [`PerfRing::copy_backward_live`]).
+pub fn walk_backward_within<D: RingBytes + ?Sized>(data: &D, head: u64, limit: usize) -> RingCopy {
     let size = data.size();
+    let limit = limit.min(size);
     let mut records: Vec<(usize, usize)> = Vec::new();
     let empty = |stop| RingCopy {
         data: Vec::new(),
@@ -160,7 +168,7 @@ pub fn walk_backward_in<D: RingBytes + ?Sized>(data: &D, head: u64) -> RingCopy 
     }
     let mut read = 0usize;
     let stop = loop {
-        if read >= size {
+        if read >= limit {
             break WalkStop::Wrapped;
         }
         let at = (start + read) % size;
@@ -184,7 +192,7 @@ pub fn walk_backward_in<D: RingBytes + ?Sized>(data: &D, head: u64) -> RingCopy 
             };
         }
         let len = usize::from(rec_size);
-        if read + len > size {
+        if read + len > limit {
             // The oldest record's tail was overwritten by the newest one.
             break WalkStop::Wrapped;
         }
@@ -364,6 +372,30 @@ impl PerfRing {
     pub fn copy_backward(&self) -> RingCopy {
         let head = self.head();
         walk_backward_in(&self.data(), head)
+    }
+
+    /// Overwrite mode, while the kernel goes on writing: the records in the ring, oldest
+    /// first, without pausing it (the per-CPU ring shared by every target: a pause would
+    /// stop all of them). `data_head` is read before and after one copy of the data area
+    /// into `scratch` (reused: its pages are not faulted in again). The kernel publishes
+    /// `data_head` only after a record is complete, so the records from the first head
+    /// on are whole; it writes new ones over the oldest, so of the copy only `size -
+    /// written - one record` bytes back from that head are trusted.
+    pub fn copy_backward_live(&self, scratch: &mut Vec<u8>) -> RingCopy {
+        let before = self.head();
+        scratch.clear();
+        if !self.map.copy_out(self.data_offset, self.data_size, scratch) {
+            scratch.clear();
+        }
+        fence(Ordering::Acquire);
+        let after = self.head();
+        // `data_head` counts down in overwrite mode.
+        let written = usize::try_from(before.wrapping_sub(after)).unwrap_or(usize::MAX);
+        let trusted = self
+            .data_size
+            .saturating_sub(written)
+            .saturating_sub(usize::from(u16::MAX) + 1);
+        walk_backward_within(scratch.as_slice(), before, trusted)
     }
 
     /// Forward mode: appends the records since the last drain to `out` and commits the

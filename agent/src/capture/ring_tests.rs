@@ -270,3 +270,24 @@ fn walks_over_the_mapping_read_what_walks_over_a_copy_read() {
     assert_eq!(ring.drain(&mut out), WalkStop::Head);
     assert_eq!(out, [a, b].concat());
 }
+
+#[test]
+fn a_limited_walk_keeps_only_the_newest_bytes() {
+    // What a copy of a running ring trusts: records from the head back to the limit;
+    // the older ones may have been overwritten during the copy.
+    let recs = vec![record(1, 16), record(2, 24), record(3, 32), record(4, 16)];
+    let (data, head) = backward_ring(256, &recs);
+    let copy = walk_backward_within(data.as_slice(), head, 48);
+    assert_eq!(copy.stop, WalkStop::Wrapped);
+    assert_eq!(copy.data, concat(&recs[2..]));
+    assert_eq!(
+        walk_backward_within(data.as_slice(), head, 47).data,
+        concat(&recs[3..])
+    );
+    assert_eq!(walk_backward_within(data.as_slice(), head, 0).records, 0);
+    // A limit past the ring's size is the ring's size.
+    assert_eq!(
+        walk_backward_within(data.as_slice(), head, usize::MAX),
+        walk_backward(&data, head)
+    );
+}

@@ -158,6 +158,11 @@ pub struct SamplingRecorder {
     cpus: Vec<u32>,
     /// The kernel's symbols, read at the first open with `include_kernel` (else none).
     kallsyms: Option<&'static Kallsyms>,
+    /// One event per CPU for every task, shared by all targets ([`Self::open_cpu_wide`]):
+    /// a snapshot keeps only its process's records, and maps are read at the freeze.
+    cpu_wide: bool,
+    /// Where a running shared ring is copied (kept: its pages stay faulted in).
+    scratch: Vec<u8>,
 }
 
 // The recorder moves to the thread that freezes it: it must be `Send`.
@@ -223,7 +228,62 @@ impl SamplingRecorder {
             maps_text: BTreeMap::new(),
             gone: VecDeque::new(),
             kallsyms: opts.include_kernel.then(Kallsyms::shared),
+            cpu_wide: false,
+            scratch: Vec::new(),
         })
+    }
+
+    /// The per-CPU recorder shared by every target of the agent's rules: one timer and one
+    /// context-switch event per CPU for all tasks (`pid = -1`), whose samples BPF program
+    /// `filter` (the engine's `target_filter`) keeps only for target processes. Memory is
+    /// CPUs × `buffer_size` and fds 2 × CPUs, whatever the number of targets; a process
+    /// the kernel makes a target at exec is recorded from its first instruction.
+    ///
+    /// The trade-off: all targets on a CPU share its ring, so a busy target shortens the
+    /// window of a quiet one (a larger `buffer_size`, or `capture.isolate: true` for
+    /// per-process rings). MMAP2/COMM/FORK/EXIT and `SWITCH_CPU_WIDE` records are written
+    /// for every process on the CPU (they are not samples: the filter cannot drop them);
+    /// a snapshot keeps its own process's.
+    pub fn open_cpu_wide(
+        opts: &CaptureOptions,
+        event: SamplingEvent,
+        filter: BorrowedFd<'_>,
+    ) -> Result<Self, CaptureError> {
+        let mut recorder = Self::open(opts, event)?;
+        recorder.cpu_wide = true;
+        for spec in &mut recorder.spec {
+            // Inheritance means nothing to an event that follows a CPU.
+            spec.attr.set_inherit(0);
+        }
+        recorder.set_filter(filter)?;
+        let pages = recorder.data_pages;
+        let (switch, cpus) = (&recorder.switch, &recorder.cpus);
+        let mut make_ring = |fd: OwnedFd, cpu: u32| {
+            let ring = PerfRing::map(fd, pages, true)?;
+            let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
+            switch.add_ring(slot, ring.fd())?;
+            Ok(ring)
+        };
+        recorder
+            .events
+            .add_cpu_wide(&recorder.spec, &mut make_ring)?;
+        recorder.note_switch_ids()?;
+        Ok(recorder)
+    }
+
+    /// Adds the ids of the context-switch events opened so far to the params (the decoder
+    /// tells their samples from the timer's by them).
+    fn note_switch_ids(&mut self) -> Result<(), CaptureError> {
+        for fd in self.events.followers_of(1) {
+            let id = perf::event_id(fd).map_err(|source| CaptureError::Syscall {
+                what: "reading a context-switch event's id",
+                source,
+            })?;
+            if !self.params.switch_ids.contains(&id) {
+                self.params.switch_ids.push(id);
+            }
+        }
+        Ok(())
     }
 
     /// The maps of a process gone before the freeze: those its records in `rings` show
@@ -323,6 +383,10 @@ impl Recorder for SamplingRecorder {
     /// alive, so a process that exits between its trigger and the freeze still has maps
     /// in its snapshot. Unchanged maps cost one read of `/proc/PID/maps`.
     fn poll(&mut self) -> Result<(), CaptureError> {
+        if self.cpu_wide {
+            // Maps come from the rings' MMAP2 records, or /proc at the freeze.
+            return Ok(());
+        }
         let mut pids: BTreeSet<u32> = self.pids.iter().copied().collect();
         pids.extend(
             self.known_maps
@@ -359,6 +423,16 @@ impl Recorder for SamplingRecorder {
     }
 
     fn add_process(&mut self, pid: u32) -> Result<(), CaptureError> {
+        if self.cpu_wide {
+            // Already recorded (the kernel's target set decides): only its maps, kept in
+            // case it is gone by the freeze of its snapshot.
+            let maps = procmaps::read_process(pid, super::monotonic_ns())
+                .map_err(|_| CaptureError::NoProcess { pid })?;
+            self.gone.retain(|&g| g != pid);
+            self.known_maps.insert(pid, maps);
+            self.pids.insert(pid);
+            return Ok(());
+        }
         let pages = self.data_pages;
         let (switch, cpus) = (&self.switch, &self.cpus);
         let mut make_ring = |fd: OwnedFd, cpu: u32| {
@@ -368,15 +442,7 @@ impl Recorder for SamplingRecorder {
             Ok(ring)
         };
         self.events.add_process(pid, &self.spec, &mut make_ring)?;
-        for fd in self.events.followers_of(1) {
-            let id = perf::event_id(fd).map_err(|source| CaptureError::Syscall {
-                what: "reading a context-switch event's id",
-                source,
-            })?;
-            if !self.params.switch_ids.contains(&id) {
-                self.params.switch_ids.push(id);
-            }
-        }
+        self.note_switch_ids()?;
         if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
             self.known_maps.insert(pid, maps);
         }
@@ -384,20 +450,77 @@ impl Recorder for SamplingRecorder {
         Ok(())
     }
 
+    fn remove_process(&mut self, pid: u32) {
+        if self.pids.remove(&pid) && self.known_maps.contains_key(&pid) {
+            self.gone.push_back(pid);
+            self.forget_gone(GONE_KEPT);
+        }
+    }
+
     fn freeze(&mut self) -> Result<CapturedData, CaptureError> {
+        self.freeze_keeping(None)
+    }
+
+    fn freeze_for(&mut self, pid: u32) -> Result<CapturedData, CaptureError> {
+        self.freeze_keeping(self.cpu_wide.then_some(pid))
+    }
+
+    fn resume(&mut self) -> Result<(), CaptureError> {
+        self.switch.thaw().map_err(|source| CaptureError::Syscall {
+            what: "resuming a sample ring",
+            source,
+        })
+    }
+
+    fn freeze_switch(&self) -> Option<Arc<FreezeSwitch>> {
+        Some(Arc::clone(&self.switch))
+    }
+
+    fn set_sample_filter(&mut self, prog: BorrowedFd<'_>) -> Result<bool, CaptureError> {
+        self.set_filter(prog)?;
+        Ok(true)
+    }
+}
+
+impl SamplingRecorder {
+    /// Pauses and copies the rings; `only`: keep only that process's records (the per-CPU
+    /// recorder), else everything, with the maps of every process seen.
+    fn freeze_keeping(&mut self, only: Option<u32>) -> Result<CapturedData, CaptureError> {
         let before = super::monotonic_ns();
-        self.pause_all()?;
-        let after = super::monotonic_ns();
-        // The pump may have stopped the rings at the trigger already: that moment counts.
-        let (freeze_time_ns, pause_duration_ns) = self.switch.settle(before, after);
+        let (freeze_time_ns, pause_duration_ns) = if only.is_some() {
+            // Shared rings are copied running: the others go on recording, the triggering
+            // process's samples are stopped by the kernel's freeze mark.
+            (before, 0)
+        } else {
+            self.pause_all()?;
+            let after = super::monotonic_ns();
+            // The pump may have stopped the rings at the trigger already: that moment
+            // counts.
+            self.switch.settle(before, after)
+        };
         let tsc_at_freeze = crate::sys::read_tsc();
         let mut rings = Vec::new();
         let mut summary = StreamSummary::default();
         let mut clock = None;
+        let mut copies = Vec::new();
         for (cpu, ring) in self.events.rings() {
-            let copy = ring.copy_backward();
+            let copy = match only {
+                Some(pid) => {
+                    let mut copy = ring.copy_backward_live(&mut self.scratch);
+                    let (kept, count) =
+                        records::retain_processes(self.params.sample_type, &copy.data, |p| {
+                            p == pid
+                        });
+                    copy.data = kept;
+                    copy.records = usize::try_from(count).unwrap_or(usize::MAX);
+                    copy
+                }
+                None => ring.copy_backward(),
+            };
+            copies.push((cpu, ring.clock(), copy));
+        }
+        for (cpu, page_clock, copy) in copies {
             summary.add(self.params.sample_type, &copy.data);
-            let page_clock = ring.clock();
             clock.get_or_insert(ClockConversion {
                 time_zero: page_clock.time_zero,
                 time_mult: page_clock.time_mult,
@@ -420,7 +543,10 @@ impl Recorder for SamplingRecorder {
             let layout = self.params.sample_layout();
             kallsyms.symbols_for(rings.iter().flat_map(|r| kernel_addresses(layout, &r.data)))
         });
-        let pids: BTreeSet<u32> = self.pids.iter().chain(&summary.pids).copied().collect();
+        let pids: BTreeSet<u32> = match only {
+            Some(pid) => BTreeSet::from([pid]),
+            None => self.pids.iter().chain(&summary.pids).copied().collect(),
+        };
         let processes = self.collect_maps(&pids, &rings);
         let code = processes
             .iter()
@@ -442,18 +568,9 @@ impl Recorder for SamplingRecorder {
         })
     }
 
-    fn resume(&mut self) -> Result<(), CaptureError> {
-        self.switch.thaw().map_err(|source| CaptureError::Syscall {
-            what: "resuming a sample ring",
-            source,
-        })
-    }
-
-    fn freeze_switch(&self) -> Option<Arc<FreezeSwitch>> {
-        Some(Arc::clone(&self.switch))
-    }
-
-    fn set_sample_filter(&mut self, prog: BorrowedFd<'_>) -> Result<bool, CaptureError> {
+    /// Sets BPF program `prog` on both events (a frozen process's switches are not
+    /// recorded either).
+    fn set_filter(&mut self, prog: BorrowedFd<'_>) -> Result<(), CaptureError> {
         let prog = prog
             .try_clone_to_owned()
             .map_err(|source| CaptureError::Syscall {
@@ -472,7 +589,7 @@ impl Recorder for SamplingRecorder {
             },
         })?);
         self.spec[0].bpf_prog = Some(prog);
-        Ok(true)
+        Ok(())
     }
 }
 

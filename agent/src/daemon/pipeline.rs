@@ -171,7 +171,7 @@ impl Pipeline {
             .clone()
             .or_else(|| policy.dir.clone())
             .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT_DIR));
-        let Some((owner, recorder)) = tracer.recorder_for(event.pid) else {
+        let Some((owner, recorder)) = tracer.recorder_for_trigger(event.pid, event.rule_id) else {
             tracer.thaw(event.pid);
             log::error!(
                 "trigger {rule}: process {} has no flight recorder; no snapshot",
@@ -182,7 +182,7 @@ impl Pipeline {
             return;
         };
         let backend = recorder.backend().as_str();
-        let frozen = recorder.freeze();
+        let frozen = recorder.freeze_for(event.pid);
         if let Err(e) = recorder.resume() {
             log::warn!("resuming the recorder: {}", ErrorChain(&e));
         }

@@ -55,8 +55,12 @@ pub struct Traced {
     pub info: ProcessInfo,
     /// Rules (bit = id) that target it.
     pub mask: u64,
-    /// Its flight recorder; `None` when it could not be opened (triggers still counted).
+    /// Its flight recorder of its own (`capture.isolate`, Intel PT); `None` when it could
+    /// not be opened (triggers still counted) or it is recorded by a shared one.
     pub recorder: Option<Box<dyn Recorder>>,
+    /// The per-CPU recorder that records it ([`Tracer::shared`] index), instead of one of
+    /// its own.
+    pub shared: Option<usize>,
     /// Whether the recorder runs `sample_filter`: drops the samples of processes the
     /// kernel froze at a trigger (`FROZEN`).
     pub filtered: bool,
@@ -121,6 +125,26 @@ pub struct Tracer {
     errors: ErrorTally,
     /// The pid [`Self::poll_recorders`] polled last: it goes on after it next time.
     poll_cursor: u32,
+    /// The per-CPU recorders shared by all targets, one per recorder configuration.
+    shared: Vec<SharedRecorder>,
+    /// Why per-CPU recorders cannot be used here (the first open failed): every target
+    /// then gets rings of its own.
+    shared_unavailable: Option<String>,
+}
+
+/// Where a process's history is recorded.
+#[derive(Debug, Clone, Copy)]
+enum Located {
+    /// The recorder of this traced process (itself or an ancestor).
+    Own(u32),
+    /// `Tracer::shared[N]`.
+    Shared(usize),
+}
+
+/// A per-CPU recorder for every target of the rules whose capture options it has.
+struct SharedRecorder {
+    opts: CaptureOptions,
+    recorder: Box<dyn Recorder>,
 }
 
 impl Tracer {
@@ -149,6 +173,8 @@ impl Tracer {
             pods: None,
             errors: ErrorTally::default(),
             poll_cursor: 0,
+            shared: Vec::new(),
+            shared_unavailable: None,
         }
     }
 
@@ -221,6 +247,7 @@ impl Tracer {
             }
         }
         self.sync_exec_comms();
+        self.sync_shared_rules();
         self.early.set_immediate(
             self.rules
                 .values()
@@ -257,6 +284,101 @@ impl Tracer {
             log::warn!("pre-selecting targets at exec: {}", ErrorChain(&e));
         }
         self.exec_comms = comms;
+    }
+
+    /// Whether `rule`'s targets are recorded by a per-CPU recorder: the sampling backend,
+    /// not `capture.isolate`, and per-CPU recorders work here.
+    fn records_shared(&self, rule: &Rule) -> bool {
+        let backend = match capture_options(&rule.capture).backend {
+            BackendRequest::Auto => self.auto,
+            other => other,
+        };
+        backend == BackendRequest::Sampling
+            && !rule.capture.isolate
+            && self.shared_unavailable.is_none()
+    }
+
+    /// Opens the per-CPU recorder of every rule that records that way, before any of its
+    /// targets is seen (the kernel makes a process a target at exec: its first
+    /// instructions are recorded only if the rings already exist), and publishes the rules.
+    fn sync_shared_rules(&mut self) {
+        let wanted: Vec<CaptureOptions> = self
+            .rules
+            .values()
+            .filter(|a| self.records_shared(&a.rule))
+            .filter_map(|a| self.capture_for(1 << a.id))
+            .collect();
+        for opts in wanted {
+            if self.shared_recorder(&opts).is_err() {
+                break;
+            }
+        }
+        self.publish_shared();
+    }
+
+    /// Tells `target_filter` which rules' targets the per-CPU recorders keep. The trigger
+    /// thread does not stop shared rings: that would stop every target's recording until
+    /// the event loop gets to the copy (a burst of short processes then recorded
+    /// nothing); the triggering process's own samples stop in the kernel (`FROZEN`).
+    fn publish_shared(&mut self) {
+        let mask = self
+            .rules
+            .values()
+            .filter(|a| self.records_shared(&a.rule))
+            .fold(0, |bits, a| bits | 1u64 << a.id);
+        if let Err(e) = self.engine.set_shared_record_rules(mask) {
+            log::warn!("per-CPU recording: {}", ErrorChain(&e));
+        }
+    }
+
+    /// The per-CPU recorder for `opts`, opened at its first use; `Err`: none can be (the
+    /// reason, also kept in `shared_unavailable`, and the rules fall back to rings per
+    /// process).
+    fn shared_recorder(&mut self, opts: &CaptureOptions) -> Result<usize, String> {
+        if let Some(at) = self.shared.iter().position(|s| s.opts == *opts) {
+            return Ok(at);
+        }
+        if let Some(reason) = &self.shared_unavailable {
+            return Err(reason.clone());
+        }
+        let opened = match self.engine.target_filter() {
+            Ok(filter) => capture::open_cpu_wide_recorder(opts, filter).map_err(|e| {
+                // A resource limit passes (fds, locked memory): tried again with the next
+                // target, counted and shown by `/readyz` like any recorder's.
+                let errno = self.errors.record("recorder", &e);
+                (ErrorChain(&e).to_string(), errno)
+            }),
+            Err(e) => Err((ErrorChain(&e).to_string(), None)),
+        };
+        match opened {
+            Ok(recorder) => {
+                log::info!(
+                    "per-CPU flight recorder opened: {} ring(s) of {} KiB for every target \
+                     of the rules recording with these options",
+                    recorder.params().cpus.len(),
+                    recorder.params().buffer_size / 1024
+                );
+                self.shared.push(SharedRecorder {
+                    opts: opts.clone(),
+                    recorder,
+                });
+                self.publish_shared();
+                Ok(self.shared.len() - 1)
+            }
+            Err((reason, Some(errno @ ("EMFILE" | "ENFILE" | "ENOMEM")))) => {
+                log::warn!("no per-CPU flight recorder yet ({errno}: {reason}); tried again");
+                Err(reason)
+            }
+            Err((reason, _)) => {
+                log::warn!(
+                    "no per-CPU flight recorder ({reason}): every target gets rings of its \
+                     own (memory and fds grow with the number of targets)"
+                );
+                self.shared_unavailable = Some(reason.clone());
+                self.publish_shared();
+                Err(reason)
+            }
+        }
     }
 
     /// The kernel's view of `rule` under id `id`.
@@ -366,7 +488,11 @@ impl Tracer {
     ) -> Option<u64> {
         let at = self.frozen.as_ref()?.frozen_at(pid);
         self.thaw(pid);
-        let filtered = self.processes.get(&owner).is_some_and(|p| p.filtered);
+        // A recorder found for a process never traced is a per-CPU one: it filters.
+        let filtered = self
+            .processes
+            .get(&owner)
+            .map_or(!self.shared.is_empty(), |p| p.filtered);
         log::debug!(
             "process {pid} frozen in the kernel at {at:?}, trigger at {trigger_ns}, rings \
              paused at {paused_ns}, recorder of {owner} filtered: {filtered}"
@@ -490,6 +616,7 @@ impl Tracer {
             info: info.clone(),
             mask,
             recorder: None,
+            shared: None,
             filtered: false,
             recorder_error: None,
             warned_ignored: 0,
@@ -500,11 +627,15 @@ impl Tracer {
         self.warn_ignored_signals(pid);
         if old == 0 {
             // Logged once the recorder runs: from here on, the process is recorded.
-            let recorder = self
-                .processes
-                .get(&pid)
-                .and_then(|p| p.recorder.as_ref())
-                .map_or("no recorder", |r| r.backend().as_str());
+            let recorder = match self.processes.get(&pid) {
+                Some(Traced {
+                    shared: Some(_), ..
+                }) => "sampling, per-CPU rings",
+                Some(Traced {
+                    recorder: Some(r), ..
+                }) => r.backend().as_str(),
+                _ => "no recorder",
+            };
             log::info!(
                 "tracing process {pid} ({}) for {} [{recorder}]",
                 self.processes
@@ -518,8 +649,11 @@ impl Tracer {
     /// Stops tracing `pid`. `kernel_gone`: the kernel already removed its target entry
     /// (exit event).
     pub fn forget(&mut self, pid: u32, kernel_gone: bool) {
-        if self.processes.remove(&pid).is_none() {
+        let Some(traced) = self.processes.remove(&pid) else {
             return;
+        };
+        if let Some(shared) = traced.shared.and_then(|at| self.shared.get_mut(at)) {
+            shared.recorder.remove_process(pid);
         }
         self.early.remove(pid);
         self.thaw(pid);
@@ -536,21 +670,59 @@ impl Tracer {
 
     /// The recorder that holds the history of `pid`: its own, or that of the closest
     /// traced ancestor (children of targets are followed by the kernel and recorded by
-    /// their parent's inherited events).
+    /// their parent's inherited events), or the per-CPU recorder that records it.
     pub fn recorder_for(&mut self, pid: u32) -> Option<(u32, &mut Box<dyn Recorder>)> {
+        let found = self.locate(pid)?;
+        self.recorder_at(pid, found)
+    }
+
+    /// [`recorder_for`](Self::recorder_for) the trigger of rule `rule_id` in `pid`; also a
+    /// process the agent never traced (it lived less than the time its exec event took to
+    /// arrive), when the rule records with the per-CPU recorders: the kernel made it a
+    /// target at exec, so its samples are in their rings, and its maps in their MMAP2
+    /// records.
+    pub fn recorder_for_trigger(
+        &mut self,
+        pid: u32,
+        rule_id: u32,
+    ) -> Option<(u32, &mut Box<dyn Recorder>)> {
+        let found = self.locate(pid).or_else(|| {
+            let rule = self.rule_by_id(rule_id)?;
+            if self.processes.contains_key(&pid) || !self.records_shared(&rule.rule) {
+                return None;
+            }
+            let opts = self.capture_for(1 << rule_id)?;
+            let at = self.shared.iter().position(|s| s.opts == opts)?;
+            log::debug!("process {pid}: gone before it was traced; from the per-CPU rings");
+            Some(Located::Shared(at))
+        })?;
+        self.recorder_at(pid, found)
+    }
+
+    /// Where the recorder of `pid` is (see [`recorder_for`](Self::recorder_for)).
+    fn locate(&self, pid: u32) -> Option<Located> {
         let mut at = pid;
         for _ in 0..64 {
-            if self
-                .processes
-                .get(&at)
-                .is_some_and(|p| p.recorder.is_some())
-            {
-                break;
+            if let Some(traced) = self.processes.get(&at) {
+                if let Some(index) = traced.shared {
+                    // A per-CPU recorder records the process itself (the kernel's target
+                    // set follows forks), not through an ancestor's events.
+                    return Some(Located::Shared(index));
+                }
+                if traced.recorder.is_some() {
+                    return Some(Located::Own(at));
+                }
             }
             at = parent_of(&self.proc_root, at)?;
         }
-        let recorder = self.processes.get_mut(&at)?.recorder.as_mut()?;
-        Some((at, recorder))
+        None
+    }
+
+    fn recorder_at(&mut self, pid: u32, found: Located) -> Option<(u32, &mut Box<dyn Recorder>)> {
+        match found {
+            Located::Shared(index) => Some((pid, &mut self.shared.get_mut(index)?.recorder)),
+            Located::Own(at) => Some((at, self.processes.get_mut(&at)?.recorder.as_mut()?)),
+        }
     }
 
     /// Opens the flight recorder of traced process `pid` when its rules want one and it
@@ -560,7 +732,7 @@ impl Tracer {
         let Some(mask) = self
             .processes
             .get(&pid)
-            .filter(|p| p.recorder.is_none())
+            .filter(|p| p.recorder.is_none() && p.shared.is_none())
             .map(|p| p.mask)
         else {
             return;
@@ -568,6 +740,27 @@ impl Tracer {
         let Some(opts) = self.capture_for(mask) else {
             return;
         };
+        if self.shares_recorder(mask)
+            && let Ok(index) = self.shared_recorder(&opts)
+        {
+            let added = self
+                .shared
+                .get_mut(index)
+                .map(|s| s.recorder.add_process(pid));
+            let Some(traced) = self.processes.get_mut(&pid) else {
+                return;
+            };
+            match added {
+                Some(Ok(())) => {
+                    traced.shared = Some(index);
+                    traced.filtered = true;
+                    traced.recorder_error = None;
+                }
+                Some(Err(e)) => log::debug!("process {pid}: {}", ErrorChain(&e)),
+                None => {}
+            }
+            return;
+        }
         let filter = self.frozen.as_ref().and(self.engine.sample_filter().ok());
         let opened = open_recorder(&opts, pid, filter);
         let Some(traced) = self.processes.get_mut(&pid) else {
@@ -641,6 +834,16 @@ impl Tracer {
         }
     }
 
+    /// Whether the rule that decides the recorder of a process with rules `mask` (the
+    /// lowest id, as in [`Self::capture_for`]) records with the per-CPU recorders.
+    fn shares_recorder(&self, mask: u64) -> bool {
+        self.rules
+            .values()
+            .filter(|r| mask & 1 << r.id != 0)
+            .min_by_key(|r| r.id)
+            .is_some_and(|r| self.records_shared(&r.rule))
+    }
+
     /// Tries again to open the recorders that failed on a resource limit, at most once a
     /// second each: fds or memory freed, or a raised limit, bring them back without a
     /// restart.
@@ -650,6 +853,7 @@ impl Tracer {
             .iter()
             .filter(|(_, p)| {
                 p.recorder.is_none()
+                    && p.shared.is_none()
                     && p.recorder_error
                         .as_ref()
                         .is_some_and(|f| f.errno.is_some() && f.at.elapsed() >= RECORDER_RETRY)
@@ -664,7 +868,11 @@ impl Tracer {
     /// Traced processes without a flight recorder because of a resource limit, by errno.
     pub fn recorders_missing(&self) -> BTreeMap<&'static str, usize> {
         let mut missing = BTreeMap::new();
-        for p in self.processes.values().filter(|p| p.recorder.is_none()) {
+        for p in self
+            .processes
+            .values()
+            .filter(|p| p.recorder.is_none() && p.shared.is_none())
+        {
             if let Some(errno) = p.recorder_error.as_ref().and_then(|f| f.errno) {
                 *missing.entry(errno).or_default() += 1;
             }

@@ -25,7 +25,7 @@ use crate::capture::kallsyms::is_kernel_address;
 use crate::capture::records::{
     self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_MISC_COMM_EXEC,
     PERF_RECORD_MISC_SWITCH_OUT, PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, PERF_RECORD_SAMPLE,
-    PERF_RECORD_SWITCH, UserRegs,
+    PERF_RECORD_SWITCH, PERF_RECORD_SWITCH_CPU_WIDE, UserRegs,
 };
 use crate::snapshot::Snapshot;
 
@@ -195,7 +195,7 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
                         }),
                     });
                 }
-                PERF_RECORD_SWITCH if id_all => {
+                PERF_RECORD_SWITCH | PERF_RECORD_SWITCH_CPU_WIDE if id_all => {
                     let Some((Some((pid, tid)), Some(time))) =
                         records::id_trailer(sample_type, record.body)
                     else {

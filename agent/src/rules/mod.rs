@@ -291,6 +291,11 @@ pub struct Capture {
     /// Intel PT only: trace only the code of these binaries (address filters, at most the
     /// CPU's `nr_addr_filters`); empty: all code. The sampling backend ignores it.
     pub trace_binaries: Vec<PathBuf>,
+    /// The agent, sampling backend: record this rule's targets in rings of their own per
+    /// process (`true`) instead of the per-CPU rings all targets share (the default), so a
+    /// busy neighbour cannot shorten their window. `run`/`attach` always record their
+    /// processes in rings of their own.
+    pub isolate: bool,
 }
 
 impl Default for Capture {
@@ -302,6 +307,7 @@ impl Default for Capture {
             stack_size: DEFAULT_STACK_SIZE,
             include_kernel: false,
             trace_binaries: Vec::new(),
+            isolate: false,
         }
     }
 }

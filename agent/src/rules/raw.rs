@@ -127,7 +127,7 @@ pub(super) struct RawSignal {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of backend, buffer_size, sample_frequency, stack_size, include_kernel, trace_binaries"
+    expecting = "a mapping of backend, buffer_size, sample_frequency, stack_size, include_kernel, trace_binaries, isolate"
 )]
 pub(super) struct RawCapture {
     pub backend: Option<Backend>,
@@ -136,6 +136,7 @@ pub(super) struct RawCapture {
     pub stack_size: Option<StackSize>,
     pub include_kernel: Option<bool>,
     pub trace_binaries: Option<List<AbsolutePath>>,
+    pub isolate: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -223,6 +223,7 @@ fn merge_capture(rule: Option<&RawCapture>, defaults: Option<&RawCapture>) -> Ca
                 .map(|l| l.0.iter().map(|p| p.0.clone()).collect())
         })
         .unwrap_or(base.trace_binaries),
+        isolate: pick(rule, defaults, |c| c.isolate).unwrap_or(base.isolate),
     }
 }
 

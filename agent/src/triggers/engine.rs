@@ -49,6 +49,7 @@ const PROG_FUNCTION_EXIT: &str = "function_exit";
 const PROG_FUNCTION_RETURN: &str = "function_return";
 /// The sampling recorder's in-kernel freeze: set on its perf events, not attached here.
 const PROG_SAMPLE_FILTER: &str = "sample_filter";
+const PROG_TARGET_FILTER: &str = "target_filter";
 /// Raw tracepoint programs and the tracepoint each attaches to.
 const PROG_SYS_ENTER: (&str, &str) = ("sys_enter", "sys_enter");
 const PROG_SYS_EXIT: (&str, &str) = ("sys_exit", "sys_exit");
@@ -287,6 +288,29 @@ impl TriggerEngine {
             .ok_or(TriggerError::MissingProgram { name })?;
         let prog: &PerfEvent = prog.try_into().map_err(prog_err(name))?;
         Ok(prog.fd().map_err(prog_err(name))?.as_fd())
+    }
+
+    /// The `target_filter` program, loaded at its first use (only the agent's per-CPU
+    /// recorders need it): set on events that sample every process of a CPU, it keeps the
+    /// samples of the targets of the rules in
+    /// [`set_shared_record_rules`](Self::set_shared_record_rules) that are not frozen.
+    pub fn target_filter(&mut self) -> Result<BorrowedFd<'_>, TriggerError> {
+        let name = PROG_TARGET_FILTER;
+        let prog: &mut PerfEvent = program(&mut self.ebpf, name)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(prog_err(name))?;
+        }
+        Ok(prog.fd().map_err(prog_err(name))?.as_fd())
+    }
+
+    /// The rules (bit = id) whose targets the per-CPU recorders keep
+    /// ([`target_filter`](Self::target_filter)).
+    pub fn set_shared_record_rules(&mut self, mask: u64) -> Result<(), TriggerError> {
+        if self.config.shared_record_rules == mask {
+            return Ok(());
+        }
+        self.config.shared_record_rules = mask;
+        self.write_config()
     }
 
     /// Takes the `FROZEN` map out of the object (once): the processes whose samples the
