@@ -93,6 +93,53 @@ fn emfile_makes_the_agent_not_ready_and_a_raised_limit_brings_the_recorder_back(
     agent.stop_ok();
 }
 
+#[test]
+fn per_cpu_rings_that_cannot_open_make_the_agent_not_ready_until_they_do() {
+    let mut agent = Agent::start(RULES, &[]);
+    let pid = agent.child.id();
+    assert_eq!(
+        agent
+            .log()
+            .matches("per-CPU flight recorder opened")
+            .count(),
+        1
+    );
+    let (_, hard) = open_files_limit(pid);
+    let used = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .count();
+    set_open_files_limit(pid, &(used + 2).to_string());
+    // A reload adds a rule with other capture options: its own per-CPU rings, which the
+    // limit leaves no fds for.
+    let more = format!(
+        "{RULES}  - name: other-rings\n    target: {{ comm: lbnothing }}\n    \
+         capture: {{ buffer_size: 512KiB }}\n    \
+         trigger: {{ signal: {{ signals: [SIGUSR2] }} }}\n"
+    );
+    lookback_tests::agent::write_rules(&agent.config(), &more);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(i32::try_from(pid).expect("pid"), libc::SIGHUP) };
+    let body = agent.wait_readyz(503, Duration::from_secs(20));
+    assert!(
+        body.contains("the per-CPU rings: EMFILE") && body.contains("RLIMIT_NOFILE"),
+        "{body}"
+    );
+    assert!(agent.log().contains("no per-CPU flight recorder yet"));
+    let emfile = [("op", "recorder"), ("errno", "EMFILE")];
+    assert!(agent.metric("lookback_errors_total", &emfile) >= 1.0);
+    // The limit rises: the rings open on a retry, without a restart.
+    set_open_files_limit(pid, &hard);
+    agent.wait_readyz(200, Duration::from_secs(20));
+    assert_eq!(
+        agent
+            .log()
+            .matches("per-CPU flight recorder opened")
+            .count(),
+        2
+    );
+    agent.stop_ok();
+}
+
 /// The agent's resident memory in KiB.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

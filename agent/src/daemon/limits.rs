@@ -92,6 +92,17 @@ pub fn recorders_missing(missing: &BTreeMap<&'static str, usize>) -> Option<Stri
     Some(format!("out of resources: {}", parts.join("; ")))
 }
 
+/// What `/readyz` says while the per-CPU rings of a rule could not be opened because of
+/// resource limit `errno`; `None` when they are open.
+pub fn shared_rings_missing(errno: Option<&'static str>) -> Option<String> {
+    errno.map(|errno| {
+        format!(
+            "out of resources: the per-CPU rings: {errno}{}",
+            hint(errno)
+        )
+    })
+}
+
 /// What to do about `errno`.
 fn hint(errno: &str) -> String {
     match errno {
@@ -134,6 +145,12 @@ mod tests {
     #[test]
     fn readiness_names_the_errno_and_what_to_raise() {
         assert_eq!(recorders_missing(&BTreeMap::new()), None);
+        assert_eq!(shared_rings_missing(None), None);
+        assert!(
+            shared_rings_missing(Some("ENOMEM")).is_some_and(
+                |r| r.starts_with("out of resources: the per-CPU rings: ENOMEM (locked")
+            )
+        );
         let reason = recorders_missing(&BTreeMap::from([("EMFILE", 3)])).expect("not ready");
         assert!(
             reason.starts_with("out of resources: 3 without a flight recorder: EMFILE")

@@ -484,9 +484,11 @@ fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String]) {
         })
         .collect();
     let resources = limits::recorders_missing(&tracer.recorders_missing());
+    let shared = limits::shared_rings_missing(tracer.shared_missing());
     match not_ready_reason(&installed, failed)
         .into_iter()
         .chain(resources)
+        .chain(shared)
         .reduce(|a, b| format!("{a}; {b}"))
     {
         Some(reason) => {

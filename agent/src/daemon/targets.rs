@@ -130,6 +130,9 @@ pub struct Tracer {
     /// Why per-CPU recorders cannot be used here (the first open failed): every target
     /// then gets rings of its own.
     shared_unavailable: Option<String>,
+    /// The last open of a per-CPU recorder failed on a resource limit (errno, when): tried
+    /// again by [`Self::retry_recorders`], and `/readyz` is not ready meanwhile.
+    shared_failure: Option<RecorderFailure>,
 }
 
 /// Where a process's history is recorded.
@@ -175,6 +178,7 @@ impl Tracer {
             poll_cursor: 0,
             shared: Vec::new(),
             shared_unavailable: None,
+            shared_failure: None,
         }
     }
 
@@ -362,11 +366,20 @@ impl Tracer {
                     opts: opts.clone(),
                     recorder,
                 });
+                self.shared_failure = None;
                 self.publish_shared();
                 Ok(self.shared.len() - 1)
             }
             Err((reason, Some(errno @ ("EMFILE" | "ENFILE" | "ENOMEM")))) => {
-                log::warn!("no per-CPU flight recorder yet ({errno}: {reason}); tried again");
+                if self.shared_failure.is_none() {
+                    log::warn!(
+                        "no per-CPU flight recorder yet ({reason}); tried again each second"
+                    );
+                }
+                self.shared_failure = Some(RecorderFailure {
+                    errno: Some(errno),
+                    at: Instant::now(),
+                });
                 Err(reason)
             }
             Err((reason, _)) => {
@@ -837,17 +850,28 @@ impl Tracer {
     /// Whether the rule that decides the recorder of a process with rules `mask` (the
     /// lowest id, as in [`Self::capture_for`]) records with the per-CPU recorders.
     fn shares_recorder(&self, mask: u64) -> bool {
+        self.deciding_rule(mask)
+            .is_some_and(|r| self.records_shared(&r.rule))
+    }
+
+    /// The rule that decides the recorder of a process with rules `mask`: the lowest id.
+    fn deciding_rule(&self, mask: u64) -> Option<&ActiveRule> {
         self.rules
             .values()
             .filter(|r| mask & 1 << r.id != 0)
             .min_by_key(|r| r.id)
-            .is_some_and(|r| self.records_shared(&r.rule))
     }
 
     /// Tries again to open the recorders that failed on a resource limit, at most once a
     /// second each: fds or memory freed, or a raised limit, bring them back without a
     /// restart.
     pub fn retry_recorders(&mut self) {
+        if self
+            .shared_failure
+            .is_some_and(|f| f.at.elapsed() >= RECORDER_RETRY)
+        {
+            self.sync_shared_rules();
+        }
         let due: Vec<u32> = self
             .processes
             .iter()
@@ -878,6 +902,11 @@ impl Tracer {
             }
         }
         missing
+    }
+
+    /// The resource limit the last open of a per-CPU recorder hit, while it is not open.
+    pub fn shared_missing(&self) -> Option<&'static str> {
+        self.shared_failure.and_then(|f| f.errno)
     }
 
     /// Failures of recorders and probes so far, by operation and errno.
@@ -926,11 +955,7 @@ impl Tracer {
     /// The capture options of the first rule (by id) in `mask`: one recorder per process,
     /// so the rule with the lowest id decides backend and buffer size.
     fn capture_for(&self, mask: u64) -> Option<CaptureOptions> {
-        let rule = self
-            .rules
-            .values()
-            .filter(|r| mask & 1 << r.id != 0)
-            .min_by_key(|r| r.id)?;
+        let rule = self.deciding_rule(mask)?;
         let mut opts = capture_options(&rule.rule.capture);
         if opts.backend == BackendRequest::Auto {
             opts.backend = self.auto;

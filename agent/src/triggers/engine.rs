@@ -893,10 +893,11 @@ impl TriggerEngine {
     /// Run-time statistics of every loaded program (for `lookback_bpf_program_*`). The
     /// kernel fills them only while stats are enabled (`BPF_ENABLE_STATS` or the
     /// `kernel.bpf_stats_enabled` sysctl); otherwise they read zero. A program whose info
-    /// cannot be read is left out.
+    /// cannot be read is left out, as are those not loaded (yet: the lazily loaded ones).
     pub fn program_stats(&self) -> Vec<ProgramStats> {
         self.ebpf
             .programs()
+            .filter(|(_, prog)| prog.fd().is_ok())
             .filter_map(|(name, prog)| match prog.info() {
                 Ok(info) => Some(ProgramStats {
                     name: name.to_owned(),
