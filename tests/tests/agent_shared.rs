@@ -259,3 +259,71 @@ fn processes_exec_d_in_a_burst_are_recorded_from_their_start() {
     );
     agent.stop_ok();
 }
+
+#[test]
+fn an_exec_storm_is_in_the_rings_child_by_child() {
+    if !can_run("an_exec_storm_is_in_the_rings_child_by_child") {
+        return;
+    }
+    // Frame-pointer callchains (no stack copies: ~150 bytes a sample) and 32 MiB a CPU:
+    // the whole storm fits. `peers`: the driver's snapshot keeps every target's records.
+    let rules = r"
+version: 1
+rules:
+  - name: usr1
+    target: { comm: workload }
+    trigger: { signal: { signals: [SIGUSR1] } }
+    capture: { backend: sampling, buffer_size: 32MiB, stack_size: 0, peers: true }
+    output: { keep_raw: true }
+";
+    let mut agent = Agent::start(rules, &[]);
+    // 500 fork+execs at 100 a second; each child spins 3 ms by its own clock, then the
+    // driver signals itself.
+    let out = Command::new(workload())
+        .args(["execstorm", "500", "100", "3"])
+        .output()
+        .expect("workload");
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let children: BTreeSet<u32> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("child=")?.parse().ok())
+        .collect();
+    assert_eq!(children.len(), 500, "{stdout}");
+    eprintln!(
+        "{}",
+        stdout
+            .lines()
+            .find(|l| l.starts_with("elapsed_ns="))
+            .unwrap_or("")
+    );
+    agent.expect_metric(
+        "lookback_snapshots_total",
+        &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
+        1.0,
+    );
+    let snaps = read_snapshots(&agent.out().join("usr1"));
+    assert_eq!(snaps.len(), 1);
+    let snap = &snaps[0];
+    let sampled: BTreeSet<u32> = ring_samples(&snap.rings, snap.meta.recorder.sample_layout())
+        .iter()
+        .filter_map(|s| s.pid)
+        .collect();
+    let missing: Vec<&u32> = children.difference(&sampled).collect();
+    // Every child is in the recording, from the kernel's selection at its exec: most were
+    // gone before the agent read their exec events.
+    assert!(
+        missing.is_empty(),
+        "{} of 500 children without samples: {missing:?}",
+        missing.len()
+    );
+    let with_exec = children
+        .iter()
+        .filter(|&&c| exec_time(snap, c).is_some())
+        .count();
+    assert_eq!(with_exec, 500, "children whose exec is in the rings");
+    // Nothing but targets: the driver and its children.
+    let driver = snap.meta.trigger.as_ref().expect("trigger").pid;
+    assert!(sampled.iter().all(|p| *p == driver || children.contains(p)));
+    agent.stop_ok();
+}

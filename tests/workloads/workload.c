@@ -255,6 +255,32 @@ int main(int argc, char **argv) {
         signal(SIGUSR1, usr1);
         lb_spin(ARG(0));
         raise(SIGUSR1);
+    } else if (!strcmp(mode, "execstorm")) {
+        /* N children, RATE a second, each exec'ing this program to spin MS ms (by its own
+           clock); their pids on stdout (`child=PID`); then a SIGUSR1 to itself. */
+        long n = ARG(0), rate = ARG(1) > 0 ? ARG(1) : 1000;
+        char self[4096], ms[32];
+        ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (len <= 0) return 6;
+        self[len] = 0;
+        snprintf(ms, sizeof ms, "%ld", ARG(2));
+        signal(SIGUSR1, usr1);
+        long long start = now_ns();
+        for (long i = 0; i < n; i++) {
+            long long due = start + i * 1000000000LL / rate;
+            while (now_ns() < due) sleep_us(100);
+            pid_t child = fork();
+            if (child == 0) {
+                execl(self, "workload", "spin", ms, (char *)NULL);
+                _exit(127);
+            }
+            if (child > 0) printf("child=%d\n", (int)child);
+            while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        }
+        while (wait(NULL) > 0) {}
+        printf("elapsed_ns=%lld\n", now_ns() - start);
+        fflush(stdout);
+        raise(SIGUSR1);
     } else if (!strcmp(mode, "fork")) {
         pid_t child = fork();
         if (child == 0) {

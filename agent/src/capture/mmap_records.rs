@@ -12,6 +12,8 @@
 //! and a pid. Out: the pid's exec time and the [`MapEntry`]s mapped after it.
 #![forbid(unsafe_code)]
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::procmaps::MapEntry;
 use super::records::{self, PERF_RECORD_COMM, PERF_RECORD_MISC_COMM_EXEC, PERF_RECORD_MMAP2};
 
@@ -34,8 +36,20 @@ pub fn recorded_maps<'a>(
     sample_type: u64,
     streams: impl IntoIterator<Item = &'a [u8]>,
 ) -> RecordedMaps {
-    let mut recorded: Vec<(u64, MapEntry)> = Vec::new();
-    let mut exec: Option<(u64, String)> = None;
+    recorded_maps_of(&BTreeSet::from([pid]), sample_type, streams)
+        .remove(&pid)
+        .unwrap_or_default()
+}
+
+/// [`recorded_maps`] of every process in `pids`, in one pass over `streams` (a snapshot
+/// of a rule's peers: hundreds of processes gone before the freeze).
+pub fn recorded_maps_of<'a>(
+    pids: &BTreeSet<u32>,
+    sample_type: u64,
+    streams: impl IntoIterator<Item = &'a [u8]>,
+) -> BTreeMap<u32, RecordedMaps> {
+    let mut recorded: BTreeMap<u32, Vec<(u64, MapEntry)>> = BTreeMap::new();
+    let mut execs: BTreeMap<u32, (u64, String)> = BTreeMap::new();
     for stream in streams {
         for record in records::records(stream) {
             let time = records::id_trailer(sample_type, record.body).and_then(|(_, t)| t);
@@ -44,33 +58,49 @@ pub fn recorded_maps<'a>(
                     let Some((p, _, name)) = records::comm_record(record.body) else {
                         continue;
                     };
-                    if let (true, Some(t)) = (p == pid, time)
-                        && exec.as_ref().is_none_or(|(old, _)| t > *old)
+                    if let (true, Some(t)) = (pids.contains(&p), time)
+                        && execs.get(&p).is_none_or(|(old, _)| t > *old)
                     {
-                        exec = Some((t, name));
+                        execs.insert(p, (t, name));
                     }
                 }
                 PERF_RECORD_MMAP2 => {
                     if let Some((p, entry)) = mmap2(record.body, record.misc)
-                        && p == pid
+                        && pids.contains(&p)
                     {
-                        recorded.push((time.unwrap_or(0), entry));
+                        recorded
+                            .entry(p)
+                            .or_default()
+                            .push((time.unwrap_or(0), entry));
                     }
                 }
                 _ => {}
             }
         }
     }
-    let since = exec.as_ref().map_or(0, |(t, _)| *t);
-    let mut maps: Vec<MapEntry> = recorded
-        .into_iter()
-        .filter(|(t, _)| *t >= since)
-        .map(|(_, e)| e)
+    let found: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|p| recorded.contains_key(p) || execs.contains_key(p))
         .collect();
-    maps.sort_by_key(|m| m.start);
-    // A later mapping over the same start replaces an earlier one.
-    maps.dedup_by(|later, earlier| later.start == earlier.start);
-    RecordedMaps { exec, maps }
+    found
+        .into_iter()
+        .map(|pid| {
+            let exec = execs.remove(&pid);
+            let since = exec.as_ref().map_or(0, |(t, _)| *t);
+            let mut maps: Vec<MapEntry> = recorded
+                .remove(&pid)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(t, _)| *t >= since)
+                .map(|(_, e)| e)
+                .collect();
+            maps.sort_by_key(|m| m.start);
+            // A later mapping over the same start replaces an earlier one.
+            maps.dedup_by(|later, earlier| later.start == earlier.start);
+            (pid, RecordedMaps { exec, maps })
+        })
+        .collect()
 }
 
 /// `PERF_RECORD_MMAP2`: pid, tid, addr, len, pgoff, (maj, min, ino, `ino_generation`) or a
@@ -164,6 +194,34 @@ mod tests {
         b.extend(name.as_bytes());
         b.resize(16, 0);
         b
+    }
+
+    #[test]
+    fn one_pass_rebuilds_the_maps_of_several_processes() {
+        let mut stream = Vec::new();
+        for (pid, name, start) in [(9, "a", 0x5000), (4, "b", 0x9000), (7, "c", 0x3000)] {
+            stream.extend(record(
+                PERF_RECORD_COMM,
+                PERF_RECORD_MISC_COMM_EXEC,
+                &comm_body(pid, name),
+                pid,
+                10,
+            ));
+            stream.extend(record(
+                PERF_RECORD_MMAP2,
+                0,
+                &mmap2_body(pid, start, "/usr/bin/x"),
+                pid,
+                20,
+            ));
+        }
+        let all = recorded_maps_of(&BTreeSet::from([4, 9, 11]), ST, [stream.as_slice()]);
+        // 7 was not asked for, 11 has no records.
+        assert_eq!(all.keys().copied().collect::<Vec<_>>(), vec![4, 9]);
+        for (pid, start) in [(4, 0x9000), (9, 0x5000)] {
+            assert_eq!(all[&pid], recorded_maps(pid, ST, [stream.as_slice()]));
+            assert_eq!(all[&pid].maps[0].start, start);
+        }
     }
 
     #[test]

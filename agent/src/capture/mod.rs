@@ -286,8 +286,8 @@ pub trait Recorder: Send {
     fn freeze(&mut self) -> Result<CapturedData, CaptureError>;
     /// [`freeze`](Self::freeze) for a snapshot of process `pid`: a recorder of its own
     /// (and its children's) gives everything; the per-CPU recorder shared by all targets
-    /// only `pid`'s records and maps.
-    fn freeze_for(&mut self, _pid: u32) -> Result<CapturedData, CaptureError> {
+    /// only `pid`'s records and maps, or with `peers` those of every target in its rings.
+    fn freeze_for(&mut self, _pid: u32, _peers: bool) -> Result<CapturedData, CaptureError> {
         self.freeze()
     }
     /// Process `pid` is no longer a target (exited, or its rules went): a shared recorder

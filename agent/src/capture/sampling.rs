@@ -258,12 +258,7 @@ impl SamplingRecorder {
         recorder.set_filter(filter)?;
         let pages = recorder.data_pages;
         let (switch, cpus) = (&recorder.switch, &recorder.cpus);
-        let mut make_ring = |fd: OwnedFd, cpu: u32| {
-            let ring = PerfRing::map(fd, pages, true)?;
-            let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
-            switch.add_ring(slot, ring.fd())?;
-            Ok(ring)
-        };
+        let mut make_ring = |fd, cpu| map_ring(pages, switch, cpus, fd, cpu);
         recorder
             .events
             .add_cpu_wide(&recorder.spec, &mut make_ring)?;
@@ -288,10 +283,12 @@ impl SamplingRecorder {
 
     /// The maps of a process gone before the freeze: those its records in `rings` show
     /// when it exec'd after the last maps read of it ([`mmap_records`]), else those.
-    fn gone_maps(&self, pid: u32, rings: &[RingData]) -> Option<procmaps::ProcessMaps> {
+    fn gone_maps(
+        &self,
+        pid: u32,
+        recorded: mmap_records::RecordedMaps,
+    ) -> Option<procmaps::ProcessMaps> {
         let old = self.known_maps.get(&pid);
-        let streams = rings.iter().map(|r| r.data.as_slice());
-        let recorded = mmap_records::recorded_maps(pid, self.params.sample_type, streams);
         match recorded.exec {
             Some((exec, comm))
                 if old.is_none_or(|o| o.read_at_ns < exec) && !recorded.maps.is_empty() =>
@@ -348,16 +345,52 @@ impl SamplingRecorder {
     ) -> Vec<procmaps::ProcessMaps> {
         let now = super::monotonic_ns();
         let mut out = Vec::new();
+        let mut gone = BTreeSet::new();
         for &pid in pids {
             if let Ok(maps) = procmaps::read_process(pid, now) {
                 self.known_maps.insert(pid, maps.clone());
                 out.push(maps);
-            } else if let Some(maps) = self.gone_maps(pid, rings) {
-                out.push(maps);
+            } else {
+                gone.insert(pid);
             }
+        }
+        if gone.is_empty() {
+            return out;
+        }
+        // One pass over the rings for all of them (a snapshot of peers may have hundreds).
+        let streams = rings.iter().map(|r| r.data.as_slice());
+        let mut recorded = mmap_records::recorded_maps_of(&gone, self.params.sample_type, streams);
+        for pid in gone {
+            let rec = recorded.remove(&pid).unwrap_or_default();
+            out.extend(self.gone_maps(pid, rec));
         }
         out
     }
+}
+
+/// Maps the overwrite ring of `pages` data pages of the first event opened on `cpu` and
+/// registers it with the freeze `switch` (its slot: the CPU's place in `cpus`).
+fn map_ring(
+    pages: usize,
+    switch: &FreezeSwitch,
+    cpus: &[u32],
+    fd: OwnedFd,
+    cpu: u32,
+) -> Result<PerfRing, CaptureError> {
+    let ring = PerfRing::map(fd, pages, true)?;
+    let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
+    switch.add_ring(slot, ring.fd())?;
+    Ok(ring)
+}
+
+/// Which records of the shared rings a snapshot keeps.
+#[derive(Debug, Clone, Copy)]
+enum Keep {
+    /// The triggering process's.
+    Process(u32),
+    /// Those of every target with samples in the rings, and the triggering process's
+    /// (`capture.peers`).
+    Targets(u32),
 }
 
 /// How many gone processes' maps a recorder keeps (the most recently gone): a ring of a
@@ -435,12 +468,7 @@ impl Recorder for SamplingRecorder {
         }
         let pages = self.data_pages;
         let (switch, cpus) = (&self.switch, &self.cpus);
-        let mut make_ring = |fd: OwnedFd, cpu: u32| {
-            let ring = PerfRing::map(fd, pages, true)?;
-            let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
-            switch.add_ring(slot, ring.fd())?;
-            Ok(ring)
-        };
+        let mut make_ring = |fd, cpu| map_ring(pages, switch, cpus, fd, cpu);
         self.events.add_process(pid, &self.spec, &mut make_ring)?;
         self.note_switch_ids()?;
         if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
@@ -461,8 +489,13 @@ impl Recorder for SamplingRecorder {
         self.freeze_keeping(None)
     }
 
-    fn freeze_for(&mut self, pid: u32) -> Result<CapturedData, CaptureError> {
-        self.freeze_keeping(self.cpu_wide.then_some(pid))
+    fn freeze_for(&mut self, pid: u32, peers: bool) -> Result<CapturedData, CaptureError> {
+        let keep = match (self.cpu_wide, peers) {
+            (false, _) => None,
+            (true, false) => Some(Keep::Process(pid)),
+            (true, true) => Some(Keep::Targets(pid)),
+        };
+        self.freeze_keeping(keep)
     }
 
     fn resume(&mut self) -> Result<(), CaptureError> {
@@ -483,9 +516,9 @@ impl Recorder for SamplingRecorder {
 }
 
 impl SamplingRecorder {
-    /// Pauses and copies the rings; `only`: keep only that process's records (the per-CPU
-    /// recorder), else everything, with the maps of every process seen.
-    fn freeze_keeping(&mut self, only: Option<u32>) -> Result<CapturedData, CaptureError> {
+    /// Copies the rings: paused, everything, with the maps of every process seen (`None`);
+    /// running, cut down to `keep`'s processes (the per-CPU recorder).
+    fn freeze_keeping(&mut self, only: Option<Keep>) -> Result<CapturedData, CaptureError> {
         let before = super::monotonic_ns();
         let (freeze_time_ns, pause_duration_ns) = if only.is_some() {
             // Shared rings are copied running: the others go on recording, the triggering
@@ -505,7 +538,7 @@ impl SamplingRecorder {
         let mut copies = Vec::new();
         for (cpu, ring) in self.events.rings() {
             let copy = match only {
-                Some(pid) => {
+                Some(Keep::Process(pid)) => {
                     let mut copy = ring.copy_backward_live(&mut self.scratch);
                     let (kept, count) =
                         records::retain_processes(self.params.sample_type, &copy.data, |p| {
@@ -515,9 +548,30 @@ impl SamplingRecorder {
                     copy.records = usize::try_from(count).unwrap_or(usize::MAX);
                     copy
                 }
+                Some(Keep::Targets(_)) => ring.copy_backward_live(&mut self.scratch),
                 None => ring.copy_backward(),
             };
             copies.push((cpu, ring.clock(), copy));
+        }
+        if let Some(Keep::Targets(pid)) = only {
+            // The targets are the processes with samples (the filter kept only theirs):
+            // their other records stay, those of the rest of the machine go.
+            let mut sampled = BTreeSet::from([pid]);
+            for (_, _, copy) in &copies {
+                sampled.extend(
+                    records::records(&copy.data)
+                        .filter(|r| r.kind == records::PERF_RECORD_SAMPLE)
+                        .filter_map(|r| records::record_pid(self.params.sample_type, &r)),
+                );
+            }
+            for (_, _, copy) in &mut copies {
+                let (kept, count) =
+                    records::retain_processes(self.params.sample_type, &copy.data, |p| {
+                        sampled.contains(&p)
+                    });
+                copy.data = kept;
+                copy.records = usize::try_from(count).unwrap_or(usize::MAX);
+            }
         }
         for (cpu, page_clock, copy) in copies {
             summary.add(self.params.sample_type, &copy.data);
@@ -544,7 +598,8 @@ impl SamplingRecorder {
             kallsyms.symbols_for(rings.iter().flat_map(|r| kernel_addresses(layout, &r.data)))
         });
         let pids: BTreeSet<u32> = match only {
-            Some(pid) => BTreeSet::from([pid]),
+            Some(Keep::Process(pid)) => BTreeSet::from([pid]),
+            Some(Keep::Targets(pid)) => summary.pids.iter().copied().chain([pid]).collect(),
             None => self.pids.iter().chain(&summary.pids).copied().collect(),
         };
         let processes = self.collect_maps(&pids, &rings);

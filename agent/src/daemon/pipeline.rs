@@ -165,6 +165,7 @@ impl Pipeline {
             return;
         };
         let policy = active.rule.output.clone();
+        let peers = active.rule.capture.peers;
         let debug_dirs = active.rule.trigger.debug_dirs().to_vec();
         let root = self
             .output_dir
@@ -182,7 +183,7 @@ impl Pipeline {
             return;
         };
         let backend = recorder.backend().as_str();
-        let frozen = recorder.freeze_for(event.pid);
+        let frozen = recorder.freeze_for(event.pid, peers);
         if let Err(e) = recorder.resume() {
             log::warn!("resuming the recorder: {}", ErrorChain(&e));
         }

@@ -763,15 +763,14 @@ impl Tracer {
             let Some(traced) = self.processes.get_mut(&pid) else {
                 return;
             };
-            match added {
-                Some(Ok(())) => {
-                    traced.shared = Some(index);
-                    traced.filtered = true;
-                    traced.recorder_error = None;
-                }
-                Some(Err(e)) => log::debug!("process {pid}: {}", ErrorChain(&e)),
-                None => {}
+            // Recorded by the kernel's target set whether or not its maps could be read
+            // (it may be gone already: they then come from the rings' MMAP2 records).
+            if let Some(Err(e)) = added {
+                log::debug!("process {pid}: {}", ErrorChain(&e));
             }
+            traced.shared = Some(index);
+            traced.filtered = true;
+            traced.recorder_error = None;
             return;
         }
         let filter = self.frozen.as_ref().and(self.engine.sample_filter().ok());

@@ -103,15 +103,27 @@ pub type Unwind<'u> = dyn FnMut(u32, UserRegs, &[u8]) -> Vec<u64> + 'u;
 
 /// The user stack of `sample` (whose record body is `body`), outermost first, return
 /// addresses moved into their call: unwound from the stack copy when it has one.
+///
+/// A sample taken in the kernel has as user IP where the thread entered it, which for a
+/// trap is the address *after* the trapping instruction: after `syscall`, or after the
+/// `int3` of a uprobe, which on a function's final `ret` (where the exit probes of a
+/// latency rule sit) is past the function's end, and named `[unknown]` there (found by
+/// the off-CPU test under load: the slow call's slice split at its own exit probe). That
+/// leaf is moved back into its instruction too, like a return address.
 fn user_stack(sample: &records::Sample, body: &[u8], unwind: &mut Unwind<'_>) -> Vec<u64> {
-    if let (Some(regs), Some(pid), Some(stack)) = (
+    let trapped = sample.ip.is_some_and(is_kernel_address);
+    let mut stack = match (
         sample.user_regs,
         sample.pid,
         sample.user_stack.clone().and_then(|r| body.get(r)),
     ) {
-        return outermost_first(unwind(pid, regs, stack));
+        (Some(regs), Some(pid), Some(stack)) => outermost_first(unwind(pid, regs, stack)),
+        _ => callchain_stack(sample),
+    };
+    if trapped && let Some(leaf) = stack.last_mut() {
+        *leaf = leaf.saturating_sub(1);
     }
-    callchain_stack(sample)
+    stack
 }
 
 /// The kernel frames of `sample`, outermost first, to go above its user stack: its
@@ -359,6 +371,38 @@ mod tests {
             ..Sample::default()
         };
         assert_eq!(callchain_stack(&s), [0x3004, 0x2004, 0x1010]);
+    }
+
+    #[test]
+    fn the_user_leaf_of_a_sample_in_the_kernel_is_moved_back_into_its_instruction() {
+        // In a uprobe's int3 on a function's last byte (its `ret` at 0x1339): the user IP
+        // is 0x133a, past the function; a sample in user space keeps its IP.
+        let regs = UserRegs {
+            ip: 0x133a,
+            sp: 0x7000,
+            bp: 0,
+        };
+        let trapped = Sample {
+            ip: Some(0xffff_ffff_8100_0000),
+            pid: Some(9),
+            user_regs: Some(regs),
+            user_stack: Some(0..0),
+            ..Sample::default()
+        };
+        let mut unwind = |_, regs: UserRegs, _: &[u8]| vec![regs.ip, 0x2005];
+        assert_eq!(user_stack(&trapped, &[], &mut unwind), [0x2004, 0x1339]);
+        let in_user = Sample {
+            ip: Some(0x133a),
+            ..trapped.clone()
+        };
+        assert_eq!(user_stack(&in_user, &[], &mut unwind), [0x2004, 0x133a]);
+        // The same from a frame-pointer callchain.
+        let chain = Sample {
+            ip: Some(0xffff_ffff_8100_0000),
+            callchain: vec![PERF_CONTEXT_USER, 0x133a, 0x2005],
+            ..Sample::default()
+        };
+        assert_eq!(user_stack(&chain, &[], &mut unwind), [0x2004, 0x1339]);
     }
 
     #[test]

@@ -296,6 +296,9 @@ pub struct Capture {
     /// busy neighbour cannot shorten their window. `run`/`attach` always record their
     /// processes in rings of their own.
     pub isolate: bool,
+    /// The agent, per-CPU rings: a snapshot keeps the records of every target in the
+    /// rings, not only the triggering process's (a whole service's last moments).
+    pub peers: bool,
 }
 
 impl Default for Capture {
@@ -308,6 +311,7 @@ impl Default for Capture {
             include_kernel: false,
             trace_binaries: Vec::new(),
             isolate: false,
+            peers: false,
         }
     }
 }

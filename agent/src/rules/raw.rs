@@ -127,7 +127,7 @@ pub(super) struct RawSignal {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of backend, buffer_size, sample_frequency, stack_size, include_kernel, trace_binaries, isolate"
+    expecting = "a mapping of backend, buffer_size, sample_frequency, stack_size, include_kernel, trace_binaries, isolate, peers"
 )]
 pub(super) struct RawCapture {
     pub backend: Option<Backend>,
@@ -137,6 +137,7 @@ pub(super) struct RawCapture {
     pub include_kernel: Option<bool>,
     pub trace_binaries: Option<List<AbsolutePath>>,
     pub isolate: Option<bool>,
+    pub peers: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -224,6 +224,7 @@ fn merge_capture(rule: Option<&RawCapture>, defaults: Option<&RawCapture>) -> Ca
         })
         .unwrap_or(base.trace_binaries),
         isolate: pick(rule, defaults, |c| c.isolate).unwrap_or(base.isolate),
+        peers: pick(rule, defaults, |c| c.peers).unwrap_or(base.peers),
     }
 }
 
