@@ -2,17 +2,52 @@
 //! functions are left by C++ exceptions, Rust panics and longjmp, and whose goroutine
 //! stacks move (`tests/tests/safe_triggers.rs` has the same programs under `run`): every
 //! target exits 0 with the result it computes without lookback, and the agent counts
-//! exactly the calls each program measured above the threshold. Needs root.
+//! every call that spun and none the program did not measure above the threshold. Needs
+//! root.
 #![allow(
     clippy::float_cmp,
     reason = "metric values are integer counts, exactly representable"
 )]
-use std::fmt::Write as _;
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
 
 use lookback_tests::{
     agent::Agent,
     toolchains::{c_exits, cxx_throw, go_program, measured, run_plain, rust_panic},
 };
+
+/// `lookback_triggers_total{rule}` once it reached `at_least` and stopped moving (the
+/// metrics are refreshed from the kernel every 250 ms).
+fn settled_triggers(agent: &mut Agent, rule: &str, at_least: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let want = at_least as f64;
+    loop {
+        let got = agent.metric("lookback_triggers_total", &[("rule", rule)]);
+        if got >= want {
+            std::thread::sleep(Duration::from_millis(600));
+            let later = agent.metric("lookback_triggers_total", &[("rule", rule)]);
+            if later == got {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "a small non-negative count"
+                )]
+                return got as u64;
+            }
+            continue;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{rule}: {got} triggers, at least {at_least} expected\n{}",
+            agent.log()
+        );
+        agent.assert_running();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 #[test]
 fn targets_survive_and_every_slow_call_is_counted() {
@@ -53,10 +88,20 @@ fn targets_survive_and_every_slow_call_is_counted() {
             reference,
             "{name} computed otherwise"
         );
+        // Every call that spun fires, and nothing fires that the program did not measure
+        // as slow: its clock spans the time around the call too, which under load (a
+        // goroutine preempted before its call, found by CI: 13 triggers, 15 measured)
+        // can pass the threshold for a call the kernel, timing entry to return, rightly
+        // does not count.
+        let spun = measured(&out, "slow_calls");
         let slow = measured(&out, "measured_slow");
-        assert!(slow > 0, "{name}: {out}");
-        #[expect(clippy::cast_precision_loss, reason = "small counts")]
-        agent.expect_metric("lookback_triggers_total", &[("rule", name)], slow as f64);
+        assert!(spun > 0, "{name}: {out}");
+        let fired = settled_triggers(&mut agent, name, spun);
+        assert!(
+            spun <= fired && fired <= slow,
+            "{name}: {fired} triggers for {spun} spun calls, {slow} measured slow:\n{out}\n{}",
+            agent.log()
+        );
     }
     // The abandoned frames are counted, not lost silently.
     for name in ["cxx-throw", "rust-panic", "c-longjmp"] {
