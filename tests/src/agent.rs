@@ -45,22 +45,31 @@ impl Agent {
         agent
     }
 
-    /// Waits until `/readyz` answers `status`; returns its body.
-    pub fn wait_readyz(&mut self, status: u16, timeout: Duration) -> String {
+    /// Calls `step` every 100 ms until it gives `Ok` (returned), for at most `timeout`;
+    /// then fails with the last `Err` (what was seen instead) and the agent's log. Fails
+    /// at once when the agent exited.
+    pub fn poll<T>(
+        &mut self,
+        timeout: Duration,
+        mut step: impl FnMut(&mut Self) -> Result<T, String>,
+    ) -> T {
         let deadline = Instant::now() + timeout;
         loop {
-            let (got, body) = self.get("/readyz");
-            if got == status {
-                return body;
+            match step(self) {
+                Ok(done) => return done,
+                Err(seen) => assert!(Instant::now() < deadline, "{seen}\n{}", self.log()),
             }
-            assert!(
-                Instant::now() < deadline,
-                "/readyz {got} {body}, expected {status}:\n{}",
-                self.log()
-            );
             self.assert_running();
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Waits until `/readyz` answers `status`; returns its body.
+    pub fn wait_readyz(&mut self, status: u16, timeout: Duration) -> String {
+        self.poll(timeout, |agent| match agent.get("/readyz") {
+            (got, body) if got == status => Ok(body),
+            (got, body) => Err(format!("/readyz {got} {body}, expected {status}:")),
+        })
     }
 
     /// Starts the agent and waits for its metrics address, not for readiness.
@@ -211,24 +220,36 @@ impl Agent {
             .map(|(_, v)| *v)
     }
 
+    /// Waits until `name{labels}` is at least `at_least` and stopped moving (two reads
+    /// 600 ms apart agree); returns it.
+    pub fn settled_metric(&mut self, name: &str, labels: &[(&str, &str)], at_least: f64) -> f64 {
+        self.poll(Duration::from_secs(20), |agent| {
+            let got = agent.metric(name, labels);
+            if got >= at_least {
+                std::thread::sleep(Duration::from_millis(600));
+                if agent.metric(name, labels) == got {
+                    return Ok(got);
+                }
+            }
+            Err(format!(
+                "{name}{labels:?} = {got}, expected at least {at_least}"
+            ))
+        })
+    }
+
     /// Waits until `name{labels}` equals `value` (metrics are refreshed from the kernel
     /// every 250 ms), then checks it stays there for a moment.
     pub fn expect_metric(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let got = self.metric(name, labels);
+        self.poll(Duration::from_secs(20), |agent| {
+            let got = agent.metric(name, labels);
             if got == value {
-                break;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "{name}{labels:?} = {got}, expected {value}\n--- metrics\n{}\n--- log\n{}",
-                self.get("/metrics").1,
-                self.log()
-            );
-            self.assert_running();
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            Err(format!(
+                "{name}{labels:?} = {got}, expected {value}\n--- metrics\n{}\n--- log",
+                agent.get("/metrics").1
+            ))
+        });
         std::thread::sleep(Duration::from_millis(600));
         let later = self.metric(name, labels);
         assert_eq!(

@@ -566,21 +566,14 @@ rules:
         "{usr1}  - name: missing\n    target: {{ comm: workload }}\n    trigger: {{ function: {{ symbol: lb_spinn, binary: @WORKLOAD@ }} }}\n"
     );
     let mut agent = Agent::launch(&rules, &[], &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let body = loop {
+    let body = agent.poll(Duration::from_secs(30), |agent| {
         let (status, body) = agent.get("/readyz");
         if body.contains("rule missing") {
             assert_eq!(status, 503, "{body}");
-            break body;
+            return Ok(body);
         }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz never names the rule: {status} {body}\n{}",
-            agent.log()
-        );
-        agent.assert_running();
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        Err(format!("/readyz never names the rule: {status} {body}"))
+    });
     // The error teaches: the nearest name.
     assert!(
         body.contains("no probe attached")

@@ -8,46 +8,12 @@
     clippy::float_cmp,
     reason = "metric values are integer counts, exactly representable"
 )]
-use std::{
-    fmt::Write as _,
-    time::{Duration, Instant},
-};
+use std::fmt::Write as _;
 
 use lookback_tests::{
     agent::Agent,
     toolchains::{c_exits, cxx_throw, go_program, measured, run_plain, rust_panic},
 };
-
-/// `lookback_triggers_total{rule}` once it reached `at_least` and stopped moving (the
-/// metrics are refreshed from the kernel every 250 ms).
-fn settled_triggers(agent: &mut Agent, rule: &str, at_least: u64) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    #[expect(clippy::cast_precision_loss, reason = "small counts")]
-    let want = at_least as f64;
-    loop {
-        let got = agent.metric("lookback_triggers_total", &[("rule", rule)]);
-        if got >= want {
-            std::thread::sleep(Duration::from_millis(600));
-            let later = agent.metric("lookback_triggers_total", &[("rule", rule)]);
-            if later == got {
-                #[expect(
-                    clippy::cast_possible_truncation,
-                    clippy::cast_sign_loss,
-                    reason = "a small non-negative count"
-                )]
-                return got as u64;
-            }
-            continue;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{rule}: {got} triggers, at least {at_least} expected\n{}",
-            agent.log()
-        );
-        agent.assert_running();
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn targets_survive_and_every_slow_call_is_counted() {
@@ -96,7 +62,14 @@ fn targets_survive_and_every_slow_call_is_counted() {
         let spun = measured(&out, "slow_calls");
         let slow = measured(&out, "measured_slow");
         assert!(spun > 0, "{name}: {out}");
-        let fired = settled_triggers(&mut agent, name, spun);
+        #[expect(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "small non-negative counts"
+        )]
+        let fired =
+            agent.settled_metric("lookback_triggers_total", &[("rule", name)], spun as f64) as u64;
         assert!(
             spun <= fired && fired <= slow,
             "{name}: {fired} triggers for {spun} spun calls, {slow} measured slow:\n{out}\n{}",

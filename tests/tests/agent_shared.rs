@@ -57,6 +57,18 @@ rules:
     )
 }
 
+/// The rule's snapshots once `n` were written.
+fn usr1_snapshots(agent: &mut Agent, n: usize) -> Vec<lookback::snapshot::Snapshot> {
+    agent.expect_metric(
+        "lookback_snapshots_total",
+        &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
+        f64::from(u32::try_from(n).expect("small")),
+    );
+    let snaps = read_snapshots(&agent.out().join("usr1"));
+    assert_eq!(snaps.len(), n);
+    snaps
+}
+
 /// Starts `n` workloads that spin until released, and waits until the agent traces them.
 fn traced_spinners(agent: &mut Agent, n: usize) -> Vec<Child> {
     let children: Vec<Child> = (0..n)
@@ -137,7 +149,7 @@ fn one_ring_per_cpu_records_every_target() {
         }
         // One after the other: each target's 20 ms then fill the rings alone (at the
         // default 8 KiB of stack per sample a 1 MiB ring holds ~13 ms of one CPU; targets
-        // that run at once share that window: the trade-off docs/design.md states).
+        // that run at once share that window: the trade-off the README states).
         let pids: BTreeSet<u32> = children.iter().map(Child::id).collect();
         for (done, child) in children.iter_mut().enumerate() {
             let _ = std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), b"go\n");
@@ -148,16 +160,9 @@ fn one_ring_per_cpu_records_every_target() {
                 f64::from(u32::try_from(done + 1).expect("small")),
             );
         }
-        let want = f64::from(u32::try_from(targets).expect("small"));
-        agent.expect_metric(
-            "lookback_snapshots_total",
-            &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
-            want,
-        );
         // Each snapshot is its own process's part of the shared rings: its samples (20 ms
         // of spinning), none of the other targets'.
-        let snaps = read_snapshots(&agent.out().join("usr1"));
-        assert_eq!(snaps.len(), targets);
+        let snaps = usr1_snapshots(&mut agent, targets);
         for snap in &snaps {
             let trigger = snap.meta.trigger.as_ref().expect("trigger").pid;
             assert!(pids.contains(&trigger));
@@ -204,13 +209,7 @@ fn processes_exec_d_in_a_burst_are_recorded_from_their_start() {
         assert!(child.wait().expect("wait").success());
     }
     eprintln!("40 processes ran in {:?}", started.elapsed());
-    agent.expect_metric(
-        "lookback_snapshots_total",
-        &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
-        40.0,
-    );
-    let snaps = read_snapshots(&agent.out().join("usr1"));
-    assert_eq!(snaps.len(), 40);
+    let snaps = usr1_snapshots(&mut agent, 40);
     let mut from_start = 0;
     for snap in &snaps {
         let trigger = snap.meta.trigger.as_ref().expect("trigger").pid;
@@ -297,13 +296,7 @@ rules:
             .find(|l| l.starts_with("elapsed_ns="))
             .unwrap_or("")
     );
-    agent.expect_metric(
-        "lookback_snapshots_total",
-        &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
-        1.0,
-    );
-    let snaps = read_snapshots(&agent.out().join("usr1"));
-    assert_eq!(snaps.len(), 1);
+    let snaps = usr1_snapshots(&mut agent, 1);
     let snap = &snaps[0];
     let sampled: BTreeSet<u32> = ring_samples(&snap.rings, snap.meta.recorder.sample_layout())
         .iter()

@@ -70,6 +70,13 @@ pub struct Traced {
     pub warned_ignored: u64,
 }
 
+impl Traced {
+    /// Whether something records it: a recorder of its own or a per-CPU one.
+    fn has_recorder(&self) -> bool {
+        self.recorder.is_some() || self.shared.is_some()
+    }
+}
+
 /// A failed recorder open.
 #[derive(Debug, Clone, Copy)]
 pub struct RecorderFailure {
@@ -293,11 +300,7 @@ impl Tracer {
     /// Whether `rule`'s targets are recorded by a per-CPU recorder: the sampling backend,
     /// not `capture.isolate`, and per-CPU recorders work here.
     fn records_shared(&self, rule: &Rule) -> bool {
-        let backend = match capture_options(&rule.capture).backend {
-            BackendRequest::Auto => self.auto,
-            other => other,
-        };
-        backend == BackendRequest::Sampling
+        self.backend_of(rule) == BackendRequest::Sampling
             && !rule.capture.isolate
             && self.shared_unavailable.is_none()
     }
@@ -479,13 +482,17 @@ impl Tracer {
     /// `run`) and records with the sampling backend (the only one `sample_filter` works
     /// on), and the agent can remove the marks again.
     fn freezes_in_kernel(&self, rule: &Rule) -> bool {
-        let backend = match capture_options(&rule.capture).backend {
-            BackendRequest::Auto => self.auto,
-            other => other,
-        };
         self.frozen.is_some()
             && rule.snapshot.post_trigger.is_zero()
-            && backend == BackendRequest::Sampling
+            && self.backend_of(rule) == BackendRequest::Sampling
+    }
+
+    /// The backend `rule` records with here (`auto` resolved).
+    fn backend_of(&self, rule: &Rule) -> BackendRequest {
+        match capture_options(&rule.capture).backend {
+            BackendRequest::Auto => self.auto,
+            other => other,
+        }
     }
 
     /// After the rings for `pid`'s trigger (at `trigger_ns`) were copied from the recorder
@@ -745,7 +752,7 @@ impl Tracer {
         let Some(mask) = self
             .processes
             .get(&pid)
-            .filter(|p| p.recorder.is_none() && p.shared.is_none())
+            .filter(|p| !p.has_recorder())
             .map(|p| p.mask)
         else {
             return;
@@ -875,8 +882,7 @@ impl Tracer {
             .processes
             .iter()
             .filter(|(_, p)| {
-                p.recorder.is_none()
-                    && p.shared.is_none()
+                !p.has_recorder()
                     && p.recorder_error
                         .as_ref()
                         .is_some_and(|f| f.errno.is_some() && f.at.elapsed() >= RECORDER_RETRY)
@@ -891,11 +897,7 @@ impl Tracer {
     /// Traced processes without a flight recorder because of a resource limit, by errno.
     pub fn recorders_missing(&self) -> BTreeMap<&'static str, usize> {
         let mut missing = BTreeMap::new();
-        for p in self
-            .processes
-            .values()
-            .filter(|p| p.recorder.is_none() && p.shared.is_none())
-        {
+        for p in self.processes.values().filter(|p| !p.has_recorder()) {
             if let Some(errno) = p.recorder_error.as_ref().and_then(|f| f.errno) {
                 *missing.entry(errno).or_default() += 1;
             }
