@@ -101,29 +101,40 @@ fn loss(kind: u32, body: &[u8], sample_type: u64, id_all: bool) -> Option<Loss> 
 /// stack's addresses leaf first (the IP, then return addresses).
 pub type Unwind<'u> = dyn FnMut(u32, UserRegs, &[u8]) -> Vec<u64> + 'u;
 
+/// Whether address `addr` of process `pid` is inside a named function.
+pub type Named<'n> = dyn FnMut(u32, u64) -> bool + 'n;
+
 /// The user stack of `sample` (whose record body is `body`), outermost first, return
 /// addresses moved into their call: unwound from the stack copy when it has one.
-///
-/// A sample taken in the kernel has as user IP where the thread entered it, which for a
-/// trap is the address *after* the trapping instruction: after `syscall`, or after the
-/// `int3` of a uprobe, which on a function's final `ret` (where the exit probes of a
-/// latency rule sit) is past the function's end, and named `[unknown]` there (found by
-/// the off-CPU test under load: the slow call's slice split at its own exit probe). That
-/// leaf is moved back into its instruction too, like a return address.
 fn user_stack(sample: &records::Sample, body: &[u8], unwind: &mut Unwind<'_>) -> Vec<u64> {
-    let trapped = sample.ip.is_some_and(is_kernel_address);
-    let mut stack = match (
+    if let (Some(regs), Some(pid), Some(stack)) = (
         sample.user_regs,
         sample.pid,
         sample.user_stack.clone().and_then(|r| body.get(r)),
     ) {
-        (Some(regs), Some(pid), Some(stack)) => outermost_first(unwind(pid, regs, stack)),
-        _ => callchain_stack(sample),
-    };
-    if trapped && let Some(leaf) = stack.last_mut() {
-        *leaf = leaf.saturating_sub(1);
+        return outermost_first(unwind(pid, regs, stack));
     }
-    stack
+    callchain_stack(sample)
+}
+
+/// Moves the user leaf of a sample taken in the kernel back by one byte when only that
+/// lands in a function. The user IP of such a sample is where the thread entered the
+/// kernel; after a trap that is the byte *after* the trapping instruction, and a uprobe's
+/// `int3` on a function's final `ret` (where the exit probes of a latency rule sit) puts
+/// it past the function's end: named `[unknown]`, it split the slow call's slice at its
+/// own exit probe (found by the off-CPU test under load). A fault at a function's first
+/// byte (the IP is the faulting instruction, inside it) is left alone.
+fn trap_leaf(sample: &records::Sample, stack: &mut [u64], named: &mut Named<'_>) {
+    let (Some(pid), Some(leaf)) = (sample.pid, stack.last_mut()) else {
+        return;
+    };
+    if sample.ip.is_some_and(is_kernel_address)
+        && *leaf > 0
+        && !named(pid, *leaf)
+        && named(pid, *leaf - 1)
+    {
+        *leaf -= 1;
+    }
 }
 
 /// The kernel frames of `sample`, outermost first, to go above its user stack: its
@@ -164,6 +175,12 @@ fn outermost_first(mut leaf_first: Vec<u64>) -> Vec<u64> {
 
 /// Reads every sample of `snap`'s perf-record rings, stack copies unwound by `unwind`.
 pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
+    read_named(snap, unwind, &mut |_, _| true)
+}
+
+/// [`read_with`], with `named` telling which addresses are in a named function (a trapped
+/// user leaf past a function's end is moved back into it: [`trap_leaf`]).
+pub fn read_named(snap: &Snapshot, unwind: &mut Unwind<'_>, named: &mut Named<'_>) -> Sampled {
     let layout = snap.meta.recorder.sample_layout();
     let sample_type = layout.sample_type;
     let switch_ids = &snap.meta.recorder.switch_ids;
@@ -192,6 +209,7 @@ pub fn read_with(snap: &Snapshot, unwind: &mut Unwind<'_>) -> Sampled {
                     };
                     let switch_out = s.id.is_some_and(|id| switch_ids.contains(&id));
                     let mut addrs = user_stack(&s, record.body, unwind);
+                    trap_leaf(&s, &mut addrs, named);
                     if !switch_out {
                         // At a switch the kernel frames are the scheduler's: the
                         // `[off-cpu]` slice says that.
@@ -334,7 +352,7 @@ fn close_off_cpu(thread: &mut ThreadSamples, end: u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Loss, callchain_stack, kernel_stack, loss, user_stack};
+    use super::{Loss, callchain_stack, kernel_stack, loss, trap_leaf, user_stack};
     use crate::capture::records::{
         PERF_CONTEXT_KERNEL, PERF_CONTEXT_USER, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES,
         SAMPLE_TID, SAMPLE_TIME, Sample, UserRegs, comm_record,
@@ -374,35 +392,30 @@ mod tests {
     }
 
     #[test]
-    fn the_user_leaf_of_a_sample_in_the_kernel_is_moved_back_into_its_instruction() {
-        // In a uprobe's int3 on a function's last byte (its `ret` at 0x1339): the user IP
-        // is 0x133a, past the function; a sample in user space keeps its IP.
-        let regs = UserRegs {
-            ip: 0x133a,
-            sp: 0x7000,
-            bp: 0,
-        };
+    fn the_user_leaf_of_a_sample_in_the_kernel_is_moved_back_into_its_function() {
+        // A function at 0x1300..0x133a (its `ret` at 0x1339), another from 0x1340.
+        let mut named = |_: u32, addr: u64| (0x1300..0x133a).contains(&addr) || addr >= 0x1340;
         let trapped = Sample {
             ip: Some(0xffff_ffff_8100_0000),
             pid: Some(9),
-            user_regs: Some(regs),
-            user_stack: Some(0..0),
             ..Sample::default()
         };
-        let mut unwind = |_, regs: UserRegs, _: &[u8]| vec![regs.ip, 0x2005];
-        assert_eq!(user_stack(&trapped, &[], &mut unwind), [0x2004, 0x1339]);
+        // In a uprobe's int3 on the `ret`: the user IP is 0x133a, past the function.
+        let mut stack = [0x2004, 0x133a];
+        trap_leaf(&trapped, &mut stack, &mut named);
+        assert_eq!(stack, [0x2004, 0x1339]);
+        // A fault at a function's first byte: the IP is in it, and stays.
+        let mut stack = [0x2004, 0x1340];
+        trap_leaf(&trapped, &mut stack, &mut named);
+        assert_eq!(stack, [0x2004, 0x1340]);
+        // A sample in user space keeps its IP.
         let in_user = Sample {
             ip: Some(0x133a),
             ..trapped.clone()
         };
-        assert_eq!(user_stack(&in_user, &[], &mut unwind), [0x2004, 0x133a]);
-        // The same from a frame-pointer callchain.
-        let chain = Sample {
-            ip: Some(0xffff_ffff_8100_0000),
-            callchain: vec![PERF_CONTEXT_USER, 0x133a, 0x2005],
-            ..Sample::default()
-        };
-        assert_eq!(user_stack(&chain, &[], &mut unwind), [0x2004, 0x1339]);
+        let mut stack = [0x2004, 0x133a];
+        trap_leaf(&in_user, &mut stack, &mut named);
+        assert_eq!(stack, [0x2004, 0x133a]);
     }
 
     #[test]

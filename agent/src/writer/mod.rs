@@ -348,12 +348,14 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
 
 fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
     let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code);
-    let sampled = samples::read_with(snap, &mut |pid, regs, stack| {
-        unwinder.unwind(pid, regs, stack)
-    });
-    let threads: Vec<&ThreadSamples> = sampled.threads.values().collect();
     let mut symbols = Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs)
         .with_kernel_symbols(&snap.meta.kernel_symbols);
+    let sampled = samples::read_named(
+        snap,
+        &mut |pid, regs, stack| unwinder.unwind(pid, regs, stack),
+        &mut |pid, addr| symbols.frame(pid, addr).unknown.is_none(),
+    );
+    let threads: Vec<&ThreadSamples> = sampled.threads.values().collect();
     let mut summary = TraceSummary {
         threads: threads.len(),
         malformed_samples: sampled.malformed,
