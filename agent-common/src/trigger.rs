@@ -100,8 +100,8 @@ pub struct TriggerStackCopy {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
-    /// Bytes of `bytes` copied from SP upwards (the largest of 8, 4, 2, 1 KiB, 512 and 256
-    /// bytes that lay within the stack's mapping); 0: none.
+    /// Bytes of `bytes` copied from SP upwards (8 KiB, else up to the end of the stack's
+    /// mapping: the end of SP's page or of the next one); 0: none.
     pub len: u64,
     pub bytes: [u8; TRIGGER_STACK_COPY],
 }

@@ -221,9 +221,9 @@ unsafe fn take_stacks(ctx: *mut c_void, stacks: *mut TriggerStacks, own: bool) {
 }
 
 /// Fills `copy` with the current thread's user registers and the largest copy of its
-/// user stack from SP upwards that lies within the stack's mapping (a read crossing its
-/// end fails as a whole, so smaller sizes are tried); `len` 0 when the registers cannot
-/// be read.
+/// user stack from SP upwards (up to 8 KiB) that lies within the stack's mapping (a read
+/// crossing its end fails as a whole, so the sizes that end at a page boundary are
+/// tried); `len` 0 when the registers or SP's page cannot be read.
 ///
 /// # Safety
 /// `copy` points at writable memory for one `TriggerStackCopy`.
@@ -247,18 +247,19 @@ unsafe fn copy_stack(copy: *mut TriggerStackCopy) {
         addr_of_mut!((*copy).bp).write(bp);
         let dst: *mut c_void = addr_of_mut!((*copy).bytes).cast();
         let from = sp as *const c_void;
+        // The stack's mapping ends at a page boundary above SP: within the copy's 8 KiB
+        // that is at the end of SP's page or of the next one. Fixed halvings missed up to
+        // 4 KiB of stack (a 4 KiB copy where 7 KiB were there, and main's frame above a
+        // 4 KiB local buffer left out); the sizes are masked so that the verifier sees
+        // them bounded by the buffer.
+        let in_page = 4096 - (sp & 4095); // 1..=4096
+        let two_pages = (in_page + 4096) & 8191; // 0 when it would be 8192, tried first
         let len: u64 = if bpf_probe_read_user(dst, 8192, from) == 0 {
             8192
-        } else if bpf_probe_read_user(dst, 4096, from) == 0 {
-            4096
-        } else if bpf_probe_read_user(dst, 2048, from) == 0 {
-            2048
-        } else if bpf_probe_read_user(dst, 1024, from) == 0 {
-            1024
-        } else if bpf_probe_read_user(dst, 512, from) == 0 {
-            512
-        } else if bpf_probe_read_user(dst, 256, from) == 0 {
-            256
+        } else if two_pages != 0 && bpf_probe_read_user(dst, two_pages as u32, from) == 0 {
+            two_pages
+        } else if bpf_probe_read_user(dst, (in_page & 8191) as u32, from) == 0 {
+            in_page
         } else {
             0
         };

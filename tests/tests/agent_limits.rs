@@ -38,6 +38,19 @@ fn open_files_limit(pid: u32) -> (String, String) {
     (fields[3].to_owned(), fields[4].to_owned())
 }
 
+/// The open-files limit under which process `pid` has exactly `free` fd numbers left (the
+/// kernel hands out the lowest free number, so holes below the highest open fd count).
+fn limit_leaving_free(pid: u32, free: usize) -> u64 {
+    let open: std::collections::BTreeSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    (0..)
+        .filter(|n| !open.contains(n))
+        .nth(free)
+        .expect("a free fd number")
+}
+
 /// Sets the soft open-files limit of `pid` (raising a hard limit needs `CAP_SYS_RESOURCE`,
 /// which a container's root may lack).
 fn set_open_files_limit(pid: u32, soft: &str) {
@@ -105,10 +118,15 @@ fn per_cpu_rings_that_cannot_open_make_the_agent_not_ready_until_they_do() {
         1
     );
     let (_, hard) = open_files_limit(pid);
-    let used = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("fds")
-        .count();
-    set_open_files_limit(pid, &(used + 2).to_string());
+    agent.wait_readyz(200, Duration::from_secs(20));
+    // Not one fd to spare: the endpoint must still answer, from the fd it keeps in
+    // reserve, or nobody learns why nothing is recorded.
+    set_open_files_limit(pid, &limit_leaving_free(pid, 0).to_string());
+    agent.wait_readyz(200, Duration::from_secs(20));
+    agent.wait_log("answering from a reserved fd", Duration::from_secs(5));
+    // Three to spare: enough to read the rules file while the discovery scan holds two,
+    // not for the rings (three fds per CPU).
+    set_open_files_limit(pid, &limit_leaving_free(pid, 3).to_string());
     // A reload adds a rule with other capture options: its own per-CPU rings, which the
     // limit leaves no fds for.
     let more = format!(

@@ -300,10 +300,34 @@ fn a_syscall_trigger_shows_its_callers_at_the_trigger() {
 fn a_sigsegv_trace_shows_the_faulting_function_and_its_caller() {
     // The process dies at once: its maps come from the rings' mmap records, its stack
     // from the trigger's copy of the faulting thread's registers and stack.
+    sigsegv_trace_keeps_main(None);
+}
+
+#[test]
+fn a_sigsegv_with_the_stack_ending_5_kib_above_the_fault_keeps_main() {
+    // Without address randomization and with an empty environment the stack's mapping
+    // ends 5,080 bytes above the faulting SP: an 8 KiB copy does not fit, and main's frame
+    // (above its 4 KiB buffer) lies beyond a 4 KiB one. The copy must reach the mapping's
+    // end (before: 4 KiB, and the trace went from `__libc_start_call_main` to `lb_fault` in
+    // about 4 runs of 10 with randomization, as the stack's end fell).
+    sigsegv_trace_keeps_main(Some(&["setarch", "x86_64", "-R"]));
+}
+
+/// Runs `workload segv` under `lookback run` (behind `wrapper`, with an empty environment
+/// when there is one) and asserts that `main` and `lb_fault` are open at the SIGSEGV.
+fn sigsegv_trace_keeps_main(wrapper: Option<&[&str]>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let trace = dir.path().join("trace.json");
     let rule = "signal:SIGSEGV";
-    let out = Command::new(lookback_bin())
+    let mut cmd = match wrapper {
+        Some(w) => {
+            let mut c = Command::new(w[0]);
+            c.args(&w[1..]).arg(lookback_bin()).env_clear();
+            c
+        }
+        None => Command::new(lookback_bin()),
+    };
+    let out = cmd
         .args(["run", "--backend", "sampling", "--trigger", rule, "-o"])
         .arg(&trace)
         .arg("--")

@@ -8,8 +8,15 @@
 //! program made, after the `PERF_RECORD_COMM` of its exec, into the same rings; those
 //! are its maps, as perf reconstructs them.
 //!
+//! The same records complete maps read from `/proc` while the dynamic loader was still
+//! mapping the libraries (the recorder's poll between exec and `main`): what was mapped
+//! after that read is laid over it ([`overlay`]); without that, a process that faults
+//! in `main` a millisecond later had no libc in its maps, and its trigger stack was cut
+//! and misnamed.
+//!
 //! In: the copied record streams, their `sample_type` (for the `sample_id_all` trailer)
-//! and a pid. Out: the pid's exec time and the [`MapEntry`]s mapped after it.
+//! and a pid. Out: the pid's exec time and the [`MapEntry`]s mapped after it, each with
+//! its time.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,8 +32,36 @@ const MMAP_BUILD_ID: u16 = 1 << 14;
 pub struct RecordedMaps {
     /// When it last exec'd, with the name it got (`None`: no exec in the records).
     pub exec: Option<(u64, String)>,
-    /// Executable mappings made since (all of them without an exec), in record order.
-    pub maps: Vec<MapEntry>,
+    /// Executable mappings made since (all of them without an exec), by address.
+    pub maps: Vec<Mapped>,
+}
+
+/// One mapping of a `PERF_RECORD_MMAP2`, and when it was made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapped {
+    /// The record's time (the recorder's clock, as [`super::procmaps::ProcessMaps::read_at_ns`]).
+    pub at_ns: u64,
+    pub entry: MapEntry,
+}
+
+impl RecordedMaps {
+    /// The mappings made at or after `ns`.
+    pub fn since(&self, ns: u64) -> impl Iterator<Item = &MapEntry> {
+        self.maps
+            .iter()
+            .filter(move |m| m.at_ns >= ns)
+            .map(|m| &m.entry)
+    }
+}
+
+/// `maps` (sorted by address) with `later` mappings laid over them, as the kernel does: a
+/// mapping replaces whatever it overlaps.
+pub fn overlay<'a>(maps: &mut Vec<MapEntry>, later: impl IntoIterator<Item = &'a MapEntry>) {
+    for entry in later {
+        maps.retain(|m| m.end <= entry.start || m.start >= entry.end);
+        let at = maps.partition_point(|m| m.start < entry.start);
+        maps.insert(at, entry.clone());
+    }
 }
 
 /// The exec and mappings of `pid` in `streams` (records with a `sample_id_all` trailer
@@ -88,16 +123,23 @@ pub fn recorded_maps_of<'a>(
         .map(|pid| {
             let exec = execs.remove(&pid);
             let since = exec.as_ref().map_or(0, |(t, _)| *t);
-            let mut maps: Vec<MapEntry> = recorded
+            let mut maps: Vec<Mapped> = recorded
                 .remove(&pid)
                 .unwrap_or_default()
                 .into_iter()
                 .filter(|(t, _)| *t >= since)
-                .map(|(_, e)| e)
+                .map(|(at_ns, entry)| Mapped { at_ns, entry })
                 .collect();
-            maps.sort_by_key(|m| m.start);
-            // A later mapping over the same start replaces an earlier one.
-            maps.dedup_by(|later, earlier| later.start == earlier.start);
+            // Of mappings at the same start, the latest stays (the streams are per CPU, so
+            // record order is not time order).
+            maps.sort_by_key(|m| (m.entry.start, m.at_ns));
+            maps.dedup_by(|later, earlier| {
+                let same = later.entry.start == earlier.entry.start;
+                if same {
+                    std::mem::swap(later, earlier);
+                }
+                same
+            });
             (pid, RecordedMaps { exec, maps })
         })
         .collect()
@@ -220,7 +262,7 @@ mod tests {
         assert_eq!(all.keys().copied().collect::<Vec<_>>(), vec![4, 9]);
         for (pid, start) in [(4, 0x9000), (9, 0x5000)] {
             assert_eq!(all[&pid], recorded_maps(pid, ST, [stream.as_slice()]));
-            assert_eq!(all[&pid].maps[0].start, start);
+            assert_eq!(all[&pid].maps[0].entry.start, start);
         }
     }
 
@@ -257,7 +299,8 @@ mod tests {
         let got = recorded_maps(9, ST, [stream.as_slice()]);
         assert_eq!(got.exec, Some((20, "new".to_owned())));
         assert_eq!(got.maps.len(), 1, "{got:?}");
-        let m = &got.maps[0];
+        let m = &got.maps[0].entry;
+        assert_eq!(got.maps[0].at_ns, 30);
         assert_eq!((m.start, m.end, m.offset), (0x5000, 0x7000, 0x1000));
         assert_eq!(
             (m.perms.as_str(), m.dev.as_str(), m.inode),
@@ -269,5 +312,57 @@ mod tests {
         for cut in 0..stream.len() {
             let _ = recorded_maps(9, ST, [&stream[..cut]]);
         }
+    }
+
+    fn entry(start: u64, end: u64, path: &str) -> MapEntry {
+        MapEntry {
+            start,
+            end,
+            perms: "r-xp".to_owned(),
+            offset: 0,
+            dev: "08:01".to_owned(),
+            inode: 1,
+            path: path.to_owned(),
+            build_id: None,
+        }
+    }
+
+    #[test]
+    fn later_mappings_are_laid_over_maps_read_earlier() {
+        // Read while ld.so was at work: the program and ld.so, not libc yet.
+        let mut maps = vec![
+            entry(0x1000, 0x2000, "/bin/w"),
+            entry(0x7000, 0x9000, "/lib/ld.so"),
+        ];
+        let libc = entry(0x4000, 0x6000, "/lib/libc.so.6");
+        // A later mapping over part of the program replaces what it overlaps.
+        let over = entry(0x1800, 0x3000, "/lib/x.so");
+        overlay(&mut maps, [&libc, &over]);
+        let paths: Vec<&str> = maps.iter().map(|m| m.path.as_str()).collect();
+        assert_eq!(paths, ["/lib/x.so", "/lib/libc.so.6", "/lib/ld.so"]);
+        assert!(maps.is_sorted_by_key(|m| m.start));
+    }
+
+    #[test]
+    fn since_gives_the_mappings_after_a_read_and_the_latest_at_one_address_wins() {
+        let mut stream = Vec::new();
+        for (time, start, path) in [
+            (30, 0x5000, "/lib/b.so"),
+            (10, 0x5000, "/lib/a.so"),
+            (20, 0x9000, "/lib/c.so"),
+        ] {
+            stream.extend(record(
+                PERF_RECORD_MMAP2,
+                0,
+                &mmap2_body(9, start, path),
+                9,
+                time,
+            ));
+        }
+        let got = recorded_maps(9, ST, [stream.as_slice()]);
+        let paths: Vec<&str> = got.since(0).map(|m| m.path.as_str()).collect();
+        assert_eq!(paths, ["/lib/b.so", "/lib/c.so"], "{got:?}");
+        let later: Vec<&str> = got.since(25).map(|m| m.path.as_str()).collect();
+        assert_eq!(later, ["/lib/b.so"]);
     }
 }

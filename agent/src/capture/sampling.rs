@@ -304,12 +304,24 @@ impl SamplingRecorder {
                     exe: None,
                     read_at_ns: exec,
                     at_freeze: false,
-                    maps: recorded.maps,
+                    maps: recorded.maps.into_iter().map(|m| m.entry).collect(),
                 })
             }
-            _ => old.map(|o| procmaps::ProcessMaps {
-                at_freeze: false,
-                ..o.clone()
+            _ => old.map(|o| {
+                // Read while the loader was still at work, or before a dlopen: what was
+                // mapped since is in the records.
+                let mut maps = o.clone();
+                maps.at_freeze = false;
+                let since: Vec<_> = recorded.since(o.read_at_ns).collect();
+                if !since.is_empty() {
+                    log::debug!(
+                        "pid {pid}: gone before the freeze; its maps read earlier completed \
+                         by {} mmap records made since",
+                        since.len()
+                    );
+                    mmap_records::overlay(&mut maps.maps, since);
+                }
+                maps
             }),
         }
     }

@@ -171,6 +171,7 @@ pub async fn serve_with(
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut reserve = FdReserve::open();
     loop {
         let permit = tokio::select! {
             () = &mut shutdown => break,
@@ -182,11 +183,24 @@ pub async fn serve_with(
         let stream = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    reserve.refill();
+                    stream
+                }
                 Err(e) => {
-                    // EMFILE and the like: back off rather than spin.
-                    log::warn!("metrics endpoint: accept: {e}");
+                    if reserve.is_fd_limit(&e) {
+                        // The agent is out of fds, which is when /readyz must still say so:
+                        // the reserved fd is given up for this connection.
+                        if reserve.release() {
+                            continue;
+                        }
+                    } else {
+                        log::warn!("metrics endpoint: accept: {e}");
+                    }
+                    // Back off rather than spin; a connection closed meanwhile frees an fd
+                    // for the reserve.
                     tokio::time::sleep(Duration::from_millis(100)).await;
+                    reserve.refill();
                     continue;
                 }
             },
@@ -196,6 +210,56 @@ pub async fn serve_with(
             handle(stream, &state, limits).await;
             drop(permit);
         });
+    }
+}
+
+/// One fd held in reserve (`/dev/null`) for the endpoint: when the agent reaches its
+/// open-files limit (a node with more targets than `RLIMIT_NOFILE` allows for), `accept`
+/// fails with `EMFILE` and the connection would wait in the backlog, unanswered, exactly
+/// when `/readyz` has to report it. The reserve is closed to accept that connection and
+/// taken again once an fd is free (nginx and libuv do the same).
+struct FdReserve {
+    file: Option<std::fs::File>,
+    /// Out of fds since the last accept that did not need the reserve (logged once).
+    starved: bool,
+}
+
+impl FdReserve {
+    fn open() -> Self {
+        let mut reserve = Self {
+            file: None,
+            starved: false,
+        };
+        reserve.refill();
+        reserve
+    }
+
+    /// Takes the reserve again if it was given up and an fd is free.
+    fn refill(&mut self) {
+        if self.file.is_none() {
+            self.file = std::fs::File::open("/dev/null").ok();
+        } else if self.starved {
+            self.starved = false;
+            log::info!("metrics endpoint: file descriptors are available again");
+        }
+    }
+
+    /// Whether `err` is the open-files limit; the first of an episode is logged.
+    fn is_fd_limit(&mut self, err: &io::Error) -> bool {
+        let limit = matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+        if limit && !self.starved {
+            self.starved = true;
+            log::warn!(
+                "metrics endpoint: accept: {err}: answering from a reserved fd until fds are free"
+            );
+        }
+        limit
+    }
+
+    /// Closes the reserve so that the next `accept` can have its fd; `false` when it was
+    /// already given up.
+    fn release(&mut self) -> bool {
+        self.file.take().is_some()
     }
 }
 
