@@ -391,21 +391,14 @@ impl Recorder for PtRecorder {
         let after = super::monotonic_ns();
         // The pump may have stopped the rings at the trigger already: that moment counts.
         let (freeze_time_ns, pause_duration_ns) = self.switch.settle(before, after);
-        let tsc_at_freeze = crate::sys::read_tsc();
+        let pair = super::ClockPair::now();
         let (mut rings, mut sideband, mut clock) = (Vec::new(), Vec::new(), None);
         for (cpu, r) in self.events.rings_mut() {
             let head = r.ring.aux_head();
             let copy = r.aux.copy(head);
             r.drain();
             let page = r.ring.clock();
-            clock.get_or_insert(ClockConversion {
-                time_zero: page.time_zero,
-                time_mult: page.time_mult,
-                time_shift: page.time_shift,
-                valid: page.valid,
-                tsc_at_freeze,
-                monotonic_ns_at_freeze: freeze_time_ns,
-            });
+            clock.get_or_insert(ClockConversion::anchored(page, pair));
             rings.push(RingData {
                 kind: RingKind::Aux,
                 cpu: Some(cpu),

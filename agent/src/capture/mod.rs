@@ -220,6 +220,23 @@ pub struct ClockConversion {
 }
 
 impl ClockConversion {
+    /// The conversion of a ring's mmap page `page`, anchored at `pair` (read with
+    /// [`ClockPair::now`]). The anchor is its own moment, not the freeze time: the pump
+    /// may have stopped the rings at the trigger, 50–300 µs before the recorder copies
+    /// them, and a TSC read now beside that earlier time shifted every PT timestamp early
+    /// by the gap (the trace ended before its own trigger).
+    #[must_use]
+    pub fn anchored(page: ring::PageClock, pair: ClockPair) -> Self {
+        Self {
+            time_zero: page.time_zero,
+            time_mult: page.time_mult,
+            time_shift: page.time_shift,
+            valid: page.valid,
+            tsc_at_freeze: pair.tsc,
+            monotonic_ns_at_freeze: pair.monotonic_ns,
+        }
+    }
+
     /// The perf-clock conversion, when the mmap page published one.
     pub fn tsc_conversion(&self) -> Option<TscConversion> {
         (self.valid && self.time_mult != 0).then_some(TscConversion {
@@ -237,6 +254,56 @@ impl ClockConversion {
         let then = conv.tsc_to_ns(tsc);
         let delta = i128::from(then) - i128::from(at_freeze);
         u64::try_from(i128::from(self.monotonic_ns_at_freeze) + delta).ok()
+    }
+}
+
+/// A TSC value and `CLOCK_MONOTONIC` read at one moment: of three tries, the one whose
+/// two TSC reads around the clock read are closest, with the TSC at their middle (a
+/// preemption between the reads, which this VM's hypervisor does dozens of times a
+/// second for 100 µs, would otherwise offset every converted time by its length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockPair {
+    /// `None` off x86-64.
+    pub tsc: Option<u64>,
+    pub monotonic_ns: u64,
+}
+
+impl ClockPair {
+    /// The pair now.
+    #[must_use]
+    pub fn now() -> Self {
+        Self::read_with(crate::sys::read_tsc, monotonic_ns)
+    }
+
+    /// The tightest of three `tsc`, `monotonic`, `tsc` brackets.
+    fn read_with(mut tsc: impl FnMut() -> Option<u64>, mut monotonic: impl FnMut() -> u64) -> Self {
+        let mut best: Option<(u64, Self)> = None;
+        for _ in 0..3 {
+            let t0 = tsc();
+            let ns = monotonic();
+            let t1 = tsc();
+            let (Some(t0), Some(t1)) = (t0, t1) else {
+                return Self {
+                    tsc: None,
+                    monotonic_ns: ns,
+                };
+            };
+            let width = t1.saturating_sub(t0);
+            if best.is_none_or(|(w, _)| width < w) {
+                let pair = Self {
+                    tsc: Some(t0 + width / 2),
+                    monotonic_ns: ns,
+                };
+                best = Some((width, pair));
+            }
+        }
+        best.map_or(
+            Self {
+                tsc: None,
+                monotonic_ns: monotonic(),
+            },
+            |(_, pair)| pair,
+        )
     }
 }
 
@@ -478,6 +545,33 @@ mod tests {
             ..clock
         };
         assert_eq!(no_pair.tsc_to_monotonic_ns(1), None);
+    }
+
+    #[test]
+    fn the_clock_pair_is_the_tightest_bracket_and_anchors_the_conversion() {
+        // Three tries: 200 ticks wide (a preemption), 10, 100.
+        let mut tscs = [100, 300, 500, 510, 600, 700].into_iter();
+        let mut clocks = [1_000, 2_000, 3_000].into_iter();
+        let pair = ClockPair::read_with(|| tscs.next(), || clocks.next().unwrap_or(0));
+        assert_eq!(
+            pair,
+            ClockPair {
+                tsc: Some(505),
+                monotonic_ns: 2_000
+            }
+        );
+        let none = ClockPair::read_with(|| None, || 7);
+        assert_eq!(none.tsc, None);
+        // The anchor is the pair's own moment, whatever the freeze time was.
+        let page = ring::PageClock {
+            time_zero: 0,
+            time_mult: 1 << 10,
+            time_shift: 10, // 1 ns per tick
+            valid: true,
+        };
+        let clock = ClockConversion::anchored(page, pair);
+        assert_eq!(clock.tsc_to_monotonic_ns(505), Some(2_000));
+        assert_eq!(clock.tsc_to_monotonic_ns(1_505), Some(3_000));
     }
 
     #[test]

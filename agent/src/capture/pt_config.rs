@@ -208,7 +208,7 @@ pub fn pack(pmu: &PmuInfo, opts: &PtOptions) -> Result<PtConfig, PtConfigError> 
             "cyc_thresh",
             "psb_cyc",
             caps.cyc,
-            caps.cyc_thresholds.as_ref(),
+            caps.cycle_thresholds.as_ref(),
         ),
         (
             opts.psb_period,

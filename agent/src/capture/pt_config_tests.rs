@@ -27,9 +27,9 @@ const CAPS: &[(&str, &str)] = &[
     ("ip_filtering", "1"),
     ("ptwrite", "0"),
     ("power_event_trace", "0"),
-    ("mtc_periods", "249"),     // 0, 3, 6, 9
-    ("cyc_thresholds", "3fff"), // 0..=13
-    ("psb_periods", "3f"),      // 0..=5
+    ("mtc_periods", "249"),       // 0, 3, 6, 9
+    ("cycle_thresholds", "3fff"), // 0..=13
+    ("psb_periods", "3f"),        // 0..=5
 ];
 
 fn fixture(root: &Path, format: &[(&str, &str)], caps: &[(&str, &str)]) -> PmuInfo {

@@ -543,7 +543,7 @@ impl SamplingRecorder {
             // counts.
             self.switch.settle(before, after)
         };
-        let tsc_at_freeze = crate::sys::read_tsc();
+        let pair = super::ClockPair::now();
         let mut rings = Vec::new();
         let mut summary = StreamSummary::default();
         let mut clock = None;
@@ -587,14 +587,7 @@ impl SamplingRecorder {
         }
         for (cpu, page_clock, copy) in copies {
             summary.add(self.params.sample_type, &copy.data);
-            clock.get_or_insert(ClockConversion {
-                time_zero: page_clock.time_zero,
-                time_mult: page_clock.time_mult,
-                time_shift: page_clock.time_shift,
-                valid: page_clock.valid,
-                tsc_at_freeze,
-                monotonic_ns_at_freeze: freeze_time_ns,
-            });
+            clock.get_or_insert(ClockConversion::anchored(page_clock, pair));
             rings.push(RingData {
                 kind: RingKind::PerfRecords,
                 cpu: Some(cpu),

@@ -214,8 +214,9 @@ pub struct IntelPtCaps {
     pub nr_addr_filters: Option<u32>,
     /// Allowed `mtc_period` values (bitmap `caps/mtc_periods`).
     pub mtc_periods: Option<Vec<u32>>,
-    /// Allowed `cyc_thresh` values (bitmap `caps/cyc_thresholds`).
-    pub cyc_thresholds: Option<Vec<u32>>,
+    /// Allowed `cyc_thresh` values (bitmap `caps/cycle_thresholds`, after the kernel's
+    /// `PT_CAP_cycle_thresholds`; not `cyc_thresholds`).
+    pub cycle_thresholds: Option<Vec<u32>>,
     /// Allowed `psb_period` values (bitmap `caps/psb_periods`).
     pub psb_periods: Option<Vec<u32>>,
     pub raw: BTreeMap<String, String>,
@@ -259,7 +260,7 @@ impl IntelPtCaps {
                 .and_then(|v| v.parse().ok()),
             nr_addr_filters: pmu.nr_addr_filters,
             mtc_periods: bitmap("mtc_periods"),
-            cyc_thresholds: bitmap("cyc_thresholds"),
+            cycle_thresholds: bitmap("cycle_thresholds"),
             psb_periods: bitmap("psb_periods"),
             raw: pmu.caps.clone(),
         }
@@ -536,7 +537,7 @@ mod tests {
             ("payloads_lip", "0"),
             ("num_address_ranges", "2"),
             ("mtc_periods", "249"),
-            ("cyc_thresholds", "3fff"),
+            ("cycle_thresholds", "3fff"),
             ("psb_periods", "3f"),
         ] {
             std::fs::write(dir.join("caps").join(name), format!("{value}\n")).expect("write");
@@ -629,7 +630,7 @@ mod tests {
         assert_eq!(caps.num_address_ranges, Some(2));
         assert_eq!(caps.nr_addr_filters, Some(2));
         assert_eq!(caps.mtc_periods, Some(vec![0, 3, 6, 9]));
-        assert_eq!(caps.cyc_thresholds, Some((0..14).collect()));
+        assert_eq!(caps.cycle_thresholds, Some((0..14).collect()));
         assert_eq!(caps.psb_periods, Some((0..6).collect()));
         assert_eq!(caps.raw.len(), 18);
     }

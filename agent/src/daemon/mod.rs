@@ -263,6 +263,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
         tracer.process_count()
     );
 
+    let hangups = crate::sys::signals::Counter::register(libc::SIGHUP)?;
     let mut sighup = signal(SignalKind::hangup())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -338,7 +339,13 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                 tracer.rescan();
             }
             _ = sighup.recv() => {
-                log::info!("SIGHUP: reloading {}", config.path().display());
+                match hangups.take() {
+                    n @ 2.. => log::info!(
+                        "SIGHUP ({n} since the last reload, folded into one): reloading {}",
+                        config.path().display()
+                    ),
+                    _ => log::info!("SIGHUP: reloading {}", config.path().display()),
+                }
                 if let Some(f) = reload(&mut config, &mut tracer, &metrics, &state) {
                     failed = f;
                 }

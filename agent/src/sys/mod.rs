@@ -10,6 +10,7 @@ pub mod mmap;
 pub mod perf;
 pub mod process;
 pub mod rlimit;
+pub mod signals;
 pub mod thread;
 
 /// A failed system call: which call, and the OS error it returned.
