@@ -223,8 +223,7 @@ impl Agent {
     /// Waits until `name{labels}` is at least `at_least` and stopped moving (two reads
     /// 600 ms apart agree); returns it.
     pub fn settled_metric(&mut self, name: &str, labels: &[(&str, &str)], at_least: f64) -> f64 {
-        self.poll(Duration::from_secs(20), |agent| {
-            let got = agent.metric(name, labels);
+        self.poll_moving(name, labels, |agent, got| {
             if got >= at_least {
                 std::thread::sleep(Duration::from_millis(600));
                 if agent.metric(name, labels) == got {
@@ -237,11 +236,37 @@ impl Agent {
         })
     }
 
+    /// Polls `name{labels}` until `step` accepts it, for as long as it keeps moving: the
+    /// agent's snapshots are decoded one after the other, and a machine busy elsewhere
+    /// writes 40 of them in a minute, not in 20 s (CI). Fails after 20 s without a change.
+    fn poll_moving<T>(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        mut step: impl FnMut(&mut Self, f64) -> Result<T, String>,
+    ) -> T {
+        let idle = Duration::from_secs(20);
+        let mut last = f64::NAN;
+        let mut moved = Instant::now();
+        loop {
+            let got = self.metric(name, labels);
+            if got.to_bits() != last.to_bits() {
+                (last, moved) = (got, Instant::now());
+            }
+            match step(self, got) {
+                Ok(done) => return done,
+                Err(seen) => assert!(moved.elapsed() < idle, "{seen}\n{}", self.log()),
+            }
+            self.assert_running();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Waits until `name{labels}` equals `value` (metrics are refreshed from the kernel
-    /// every 250 ms), then checks it stays there for a moment.
+    /// every 250 ms; fails after 20 s without a change), then checks it stays there for a
+    /// moment.
     pub fn expect_metric(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        self.poll(Duration::from_secs(20), |agent| {
-            let got = agent.metric(name, labels);
+        self.poll_moving(name, labels, |agent, got| {
             if got == value {
                 return Ok(());
             }
