@@ -277,33 +277,39 @@ impl ClockPair {
 
     /// The tightest of three `tsc`, `monotonic`, `tsc` brackets.
     fn read_with(mut tsc: impl FnMut() -> Option<u64>, mut monotonic: impl FnMut() -> u64) -> Self {
-        let mut best: Option<(u64, Self)> = None;
-        for _ in 0..3 {
-            let t0 = tsc();
-            let ns = monotonic();
-            let t1 = tsc();
-            let (Some(t0), Some(t1)) = (t0, t1) else {
-                return Self {
+        // A bracket's width and pair, or the clock alone without a TSC.
+        let mut bracket = || {
+            let (t0, ns, t1) = (tsc(), monotonic(), tsc());
+            match t0.zip(t1) {
+                Some((t0, t1)) => {
+                    let width = t1.saturating_sub(t0);
+                    let tsc = Some(t0 + width / 2);
+                    Ok((
+                        width,
+                        Self {
+                            tsc,
+                            monotonic_ns: ns,
+                        },
+                    ))
+                }
+                None => Err(Self {
                     tsc: None,
                     monotonic_ns: ns,
-                };
-            };
-            let width = t1.saturating_sub(t0);
-            if best.is_none_or(|(w, _)| width < w) {
-                let pair = Self {
-                    tsc: Some(t0 + width / 2),
-                    monotonic_ns: ns,
-                };
-                best = Some((width, pair));
+                }),
+            }
+        };
+        let mut best = match bracket() {
+            Ok(first) => first,
+            Err(no_tsc) => return no_tsc,
+        };
+        for _ in 1..3 {
+            if let Ok(next) = bracket()
+                && next.0 < best.0
+            {
+                best = next;
             }
         }
-        best.map_or(
-            Self {
-                tsc: None,
-                monotonic_ns: monotonic(),
-            },
-            |(_, pair)| pair,
-        )
+        best.1
     }
 }
 
