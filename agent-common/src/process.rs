@@ -16,7 +16,16 @@ pub struct ProcessRecord {
     pub kind: u32,
     /// The process (thread group id).
     pub tgid: u32,
+    /// `PROC_EXEC`: the rules (bitmask) whose comm pre-selected the process into the
+    /// kernel's target set at this exec, 0 when none; so the agent can account for every
+    /// process the kernel selected (`lookback_exec_selected_outcomes_total`).
+    pub selected: u64,
 }
+
+/// `EXEC_SELECTED` index: processes the kernel's target set took at exec by their comm.
+pub const EXEC_SELECTED_ALL: u32 = 0;
+/// `EXEC_SELECTED` index: of those, the ones whose exec record the full ring dropped.
+pub const EXEC_SELECTED_LOST: u32 = 1;
 
 /// Size of a [`ProcessRecord`] on the ring.
 pub const PROCESS_RECORD_SIZE: usize = size_of::<ProcessRecord>();

@@ -109,6 +109,12 @@ pub static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 #[map]
 pub static PROC_EVENTS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Per CPU: processes `EXEC_COMMS` selected at exec (`EXEC_SELECTED_ALL`) and those whose
+/// exec record was dropped (`EXEC_SELECTED_LOST`), so that "selected in the kernel =
+/// handled by the agent + lost" can be checked as a count.
+#[map]
+pub static EXEC_SELECTED: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+
 /// The rule bitmask that applies to the current task, or 0. One hash lookup for processes
 /// outside the target set (two when cgroup targets exist).
 #[inline(always)]

@@ -11,11 +11,16 @@ use aya_ebpf::{
     helpers::bpf_get_current_comm, macros::raw_tracepoint, programs::RawTracePointContext,
 };
 use aya_log_ebpf::debug;
-use lookback_common::process::{PROC_EXEC, PROC_EXIT, ProcessRecord};
+use lookback_common::process::{
+    EXEC_SELECTED_ALL, EXEC_SELECTED_LOST, PROC_EXEC, PROC_EXIT, ProcessRecord,
+};
 
 use crate::{
     emit::now_ns,
-    maps::{EXEC_COMMS, FROZEN, PROC_EVENTS, PROC_EVENTS_LOST, TARGET_TGIDS, config, task_u32},
+    maps::{
+        EXEC_COMMS, EXEC_SELECTED, FROZEN, PROC_EVENTS, PROC_EVENTS_LOST, TARGET_TGIDS, config,
+        task_u32,
+    },
 };
 
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
@@ -60,15 +65,21 @@ fn try_process_exec(ctx: &RawTracePointContext) -> Option<()> {
     }
     let task: *const u8 = ctx.arg(0);
     let tgid = task_u32(task, config.task_tgid_offset)?;
+    let mut selected = 0;
     if let Ok(comm) = bpf_get_current_comm() {
         // SAFETY: plain u64 value.
         if let Some(&mask) = unsafe { EXEC_COMMS.get(comm) } {
             // SAFETY: as above.
             let had = unsafe { TARGET_TGIDS.get(tgid) }.copied().unwrap_or(0);
-            let _ = TARGET_TGIDS.insert(tgid, mask | had, 0);
+            if TARGET_TGIDS.insert(tgid, mask | had, 0).is_ok() {
+                selected = mask;
+                count_selected(EXEC_SELECTED_ALL);
+            }
         }
     }
-    send(PROC_EXEC, tgid);
+    if !send(PROC_EXEC, tgid, selected) && selected != 0 {
+        count_selected(EXEC_SELECTED_LOST);
+    }
     Some(())
 }
 
@@ -94,23 +105,37 @@ fn try_process_exit(ctx: &RawTracePointContext) -> Option<()> {
     // SAFETY: plain u64 value, only tested for presence.
     unsafe { TARGET_TGIDS.get(tgid) }?;
     let _ = TARGET_TGIDS.remove(tgid);
-    send(PROC_EXIT, tgid);
+    send(PROC_EXIT, tgid, 0);
     Some(())
 }
 
 /// Sends one process record; a full ring drops it, counted (the agent's periodic rescan
-/// catches up).
+/// catches up). Returns whether the record went into the ring.
 #[inline(always)]
-fn send(kind: u32, tgid: u32) {
+fn send(kind: u32, tgid: u32, selected: u64) -> bool {
     if let Some(mut entry) = PROC_EVENTS.reserve::<ProcessRecord>(0) {
         entry.write(ProcessRecord {
             timestamp_ns: now_ns(),
             kind,
             tgid,
+            selected,
         });
         entry.submit(0);
-    } else if let Some(lost) = PROC_EVENTS_LOST.get_ptr_mut(0) {
+        true
+    } else {
+        if let Some(lost) = PROC_EVENTS_LOST.get_ptr_mut(0) {
+            // SAFETY: this CPU's slot (programs do not migrate while running).
+            unsafe { *lost += 1 };
+        }
+        false
+    }
+}
+
+/// Adds one to this CPU's `EXEC_SELECTED` slot `index`.
+#[inline(always)]
+fn count_selected(index: u32) {
+    if let Some(slot) = EXEC_SELECTED.get_ptr_mut(index) {
         // SAFETY: this CPU's slot (programs do not migrate while running).
-        unsafe { *lost += 1 };
+        unsafe { *slot += 1 };
     }
 }

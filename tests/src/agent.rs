@@ -285,6 +285,32 @@ impl Agent {
         );
     }
 
+    /// Waits until every process the kernel selected at exec (at least `at_least`) is
+    /// accounted for: `lookback_exec_selected_total` equals the sum of
+    /// `lookback_exec_selected_outcomes_total` over its outcomes. Returns the selected
+    /// count and each outcome's.
+    pub fn exec_selection_reconciled(&mut self, at_least: f64) -> (f64, Vec<(&'static str, f64)>) {
+        const OUTCOMES: [&str; 5] = ["traced", "gone", "not_matching", "failed", "lost"];
+        let selected = self.settled_metric("lookback_exec_selected_total", &[], at_least);
+        self.poll_moving("lookback_exec_selected_total", &[], |agent, now| {
+            let outcomes: Vec<(&'static str, f64)> = OUTCOMES
+                .iter()
+                .map(|&o| {
+                    let v =
+                        agent.metric("lookback_exec_selected_outcomes_total", &[("outcome", o)]);
+                    (o, v)
+                })
+                .collect();
+            let sum: f64 = outcomes.iter().map(|(_, v)| v).sum();
+            if sum == now && now == selected {
+                return Ok((selected, outcomes));
+            }
+            Err(format!(
+                "{now} selected at exec ({selected} when settled), outcomes {outcomes:?}"
+            ))
+        })
+    }
+
     /// SIGTERM, and the agent must exit 0.
     pub fn stop_ok(&mut self) {
         let (status, log) = self.stop();

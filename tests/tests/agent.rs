@@ -642,6 +642,58 @@ fn a_bad_rules_file_at_start_exits_2_with_its_position() {
     assert!(!dir.path().join("out").exists(), "it wrote output");
 }
 
+/// A function rule that names its binary is probed when it loads, so the binary's first
+/// process is met from its first call even when it is gone before the agent hears of it;
+/// one that does not name it is probed when the agent reads the first process's exec
+/// event: that process ran unprobed for a while, which is counted and logged.
+#[test]
+fn a_rule_that_names_its_binary_meets_the_first_process_from_its_first_call() {
+    let rules = r"
+version: 1
+defaults:
+  capture: { backend: sampling, buffer_size: 256KiB }
+  snapshot: { cooldown: 0s, max_per_hour: 1000 }
+rules:
+  - name: named
+    target: { comm: workload }
+    trigger: { function: { symbol: lb_work, binary: @WORKLOAD@ } }
+  - name: unnamed
+    target: { comm: workload }
+    trigger: { function: { symbol: lb_work } }
+";
+    let mut agent = Agent::start(rules, &[]);
+    // The first process calls lb_work as soon as its main starts, waiting for nobody.
+    let out = Command::new(workload())
+        .arg("started")
+        .output()
+        .expect("workload");
+    assert!(out.status.success());
+    agent.expect_metric("lookback_triggers_total", &[("rule", "named")], 1.0);
+    // The second waits until the agent traces it: by then both rules' probes are there.
+    agent.run_workload(&["started"]);
+    agent.expect_metric("lookback_triggers_total", &[("rule", "named")], 2.0);
+    let unnamed = agent.settled_metric("lookback_triggers_total", &[("rule", "unnamed")], 1.0);
+    assert!(unnamed <= 2.0, "{unnamed}");
+    // Exactly one process ran before the unnamed rule's probe: the first the agent saw of
+    // the binary (the first, or, when it was gone before its exec event was read, the
+    // second); never one of the named rule.
+    agent.expect_metric(
+        "lookback_function_probes_late_total",
+        &[("rule", "unnamed")],
+        1.0,
+    );
+    assert_eq!(
+        agent.metric_opt("lookback_function_probes_late_total", &[("rule", "named")]),
+        None
+    );
+    let line = agent.wait_log(
+        "before the rule's probe was placed in it",
+        Duration::from_secs(5),
+    );
+    assert!(line.contains("rule unnamed:"), "{line}");
+    agent.stop_ok();
+}
+
 #[test]
 fn a_signal_rule_warns_when_its_target_ignores_the_signal() {
     // A shell's `trap '' USR1` is inherited across exec, as `nohup` does for SIGHUP: a

@@ -283,7 +283,12 @@ fn on_a_full_disk_the_oldest_snapshots_make_room_for_the_newest() {
 
 #[test]
 fn exec_events_the_kernel_dropped_are_counted_and_the_kernel_target_set_exported() {
-    let mut agent = Agent::start(RULES, &[]);
+    // A second rule selects `/bin/true` at exec (by comm): each of its 5,000 processes
+    // below must be accounted for, traced, gone or lost.
+    let rules = format!(
+        "{RULES}  - name: trues\n    target: {{ comm: \"true\" }}\n    trigger: {{ signal: {{ signals: [SIGUSR2] }} }}\n"
+    );
+    let mut agent = Agent::start(&rules, &[]);
     // A traced process: the kernel's target set holds it.
     let mut held = waiting_workload(&["nanosleep", "1", "1"], Stdio::null());
     agent.wait_log(
@@ -337,5 +342,21 @@ fn exec_events_the_kernel_dropped_are_counted_and_the_kernel_target_set_exported
         "exec/exit event(s) dropped from a full ring",
         Duration::from_secs(5),
     );
+    // Every process the kernel selected is accounted for, exactly: selected in the kernel
+    // = what the agent made of the records it read + the records dropped.
+    // The held workload and the 5,000 `true`s.
+    let (selected, outcomes) = agent.exec_selection_reconciled(5001.0);
+    assert_eq!(selected, 5001.0, "{outcomes:?}\n{}", agent.log());
+    let outcome = |o: &str| {
+        outcomes
+            .iter()
+            .find(|(k, _)| *k == o)
+            .map_or(0.0, |(_, v)| *v)
+    };
+    // Most were dropped (the ring holds 2,048 records, an exec and an exit for each of
+    // these processes); those the agent read were of processes long gone.
+    let lost = outcome("lost");
+    assert!((1000.0..5000.0).contains(&lost), "{outcomes:?}");
+    assert!(outcome("gone") >= 500.0, "{outcomes:?}");
     agent.stop_ok();
 }

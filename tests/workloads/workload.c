@@ -30,6 +30,10 @@
  *                              thread calls lb_spin(MS) COUNT times (on-CPU work after a
  *                              trigger: in-kernel freeze tests); with FILE, then waits until
  *                              FILE exists (at most 60 s) and calls lb_spin(MS) once more
+ *     execstorm N RATE MS [call]
+ *                              fork+exec N children, RATE a second; each spins MS ms, or with
+ *                              `call` makes one lb_work() call of MS ms; prints child=PID
+ *                              for each, then elapsed_ns=, then raises SIGUSR1
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -257,13 +261,19 @@ int main(int argc, char **argv) {
         raise(SIGUSR1);
     } else if (!strcmp(mode, "execstorm")) {
         /* N children, RATE a second, each exec'ing this program to spin MS ms (by its own
-           clock); their pids on stdout (`child=PID`); then a SIGUSR1 to itself. */
+           clock), or with `call` to make one lb_work() call of MS ms; their pids on stdout
+           (`child=PID`); then a SIGUSR1 to itself. */
         long n = ARG(0), rate = ARG(1) > 0 ? ARG(1) : 1000;
-        char self[4096], ms[32];
+        int call = a + 3 < argc && !strcmp(argv[a + 3], "call");
+        char self[4096], ms[32], us[32];
         ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
         if (len <= 0) return 6;
         self[len] = 0;
         snprintf(ms, sizeof ms, "%ld", ARG(2));
+        snprintf(us, sizeof us, "%ld", ARG(2) * 1000);
+        /* One write per line: the children write to the same pipe (`call_ns=`), and a
+           line split across two block writes would be cut by theirs. */
+        setvbuf(stdout, NULL, _IOLBF, 0);
         signal(SIGUSR1, usr1);
         long long start = now_ns();
         for (long i = 0; i < n; i++) {
@@ -271,7 +281,8 @@ int main(int argc, char **argv) {
             while (now_ns() < due) sleep_us(100);
             pid_t child = fork();
             if (child == 0) {
-                execl(self, "workload", "spin", ms, (char *)NULL);
+                if (call) execl(self, "workload", "calls", "1", "1", us, us, (char *)NULL);
+                else execl(self, "workload", "spin", ms, (char *)NULL);
                 _exit(127);
             }
             if (child > 0) printf("child=%d\n", (int)child);

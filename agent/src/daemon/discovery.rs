@@ -53,6 +53,29 @@ impl ProcessInfo {
     }
 }
 
+/// Whether process `pid` has exited or is exiting (a zombie, dead, gone from `/proc`, or
+/// `PF_EXITING`, past the release of its memory and exe): its `/proc/PID/exe` is
+/// unreadable then, like a kernel thread's, but it is no target that a selector turned
+/// down.
+pub fn has_exited(proc_root: &Path, pid: u32) -> bool {
+    /// `PF_EXITING` in the flags of `/proc/PID/stat` (include/linux/sched.h).
+    const PF_EXITING: u64 = 0x4;
+    let Ok(stat) = fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) else {
+        return true;
+    };
+    // `PID (COMM) STATE PPID PGRP SESSION TTY TPGID FLAGS ...`; COMM may hold spaces and
+    // parentheses.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return true;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let exiting = fields
+        .get(6)
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_EXITING != 0);
+    exiting || matches!(fields.first(), Some(&("Z" | "X")) | None)
+}
+
 /// The signals process `pid` ignores (`SigIgn` of `/proc/PID/status`: bit `n - 1` for
 /// signal `n`); `None` when it is gone. A signal sent to a process that ignores it is
 /// dropped before delivery, so a signal rule for it never fires (a fault's SIGSEGV is
@@ -172,6 +195,28 @@ mod tests {
             exe: exe.map(PathBuf::from),
             cgroup: cgroup.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn a_zombie_or_a_missing_process_has_exited_a_kernel_thread_has_not() {
+        let dir = tempfile::tempdir().unwrap();
+        for (pid, stat) in [
+            (10, "10 (a) b) Z 1 10 10 0 -1 4194316 0"),
+            (11, "11 (dead) X 1 11 11 0 -1 4194316 0"),
+            (12, "12 (kworker/0:1) I 2 0 0 0 -1 69238880 0"),
+            (13, "13 (work load) S 1 13 13 0 -1 4194560 0"),
+            (15, "15 (exiting) R 1 15 15 0 -1 4194564 0"),
+        ] {
+            let p = dir.path().join(pid.to_string());
+            fs::create_dir_all(&p).unwrap();
+            fs::write(p.join("stat"), stat).unwrap();
+        }
+        assert!(has_exited(dir.path(), 10));
+        assert!(has_exited(dir.path(), 11));
+        assert!(!has_exited(dir.path(), 12));
+        assert!(!has_exited(dir.path(), 13));
+        assert!(has_exited(dir.path(), 14));
+        assert!(has_exited(dir.path(), 15));
     }
 
     #[test]

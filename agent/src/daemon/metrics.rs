@@ -12,9 +12,11 @@
 //! which costs two clock reads, about 20 ns, per program run. Also extensions:
 //! `lookback_function_calls_unmeasured_total{rule,reason}`,
 //! `lookback_rule_probe_errors{rule,reason}`, `lookback_errors_total{op,errno}`
-//! (recorders and probes that could not be set up; see [`super::limits`]) and
+//! (recorders and probes that could not be set up; see [`super::limits`]),
 //! `lookback_kernel_targets` (processes the kernel's target set holds: selected at exec
-//! or fork in the kernel, beside `lookback_targets{rule}`, those the agent traces).
+//! or fork in the kernel, beside `lookback_targets{rule}`, those the agent traces), and
+//! the accounting of processes selected at exec and of late probes
+//! ([`super::exec_accounting`]).
 //!
 //! Kernel counters are absolute values that restart from zero when a rule is removed and
 //! re-added (the engine clears its slot) or a program is reloaded. They are exported as
@@ -38,8 +40,14 @@ use prometheus::{
     TextEncoder, core::Collector,
 };
 
-use super::limits::ErrorTally;
-use crate::triggers::{RuleCounters, TriggerEngine, engine::ProgramStats};
+use super::{
+    exec_accounting::{ExecAccounting, Outcome},
+    limits::ErrorTally,
+};
+use crate::triggers::{
+    RuleCounters, TriggerEngine,
+    engine::{ExecSelected, ProgramStats},
+};
 
 /// Buckets of `lookback_trigger_to_freeze_seconds`: 10 µs to 1 s. Freezing a recorder is a
 /// few ioctls; anything past a millisecond means the agent was descheduled.
@@ -121,6 +129,8 @@ struct Seen {
     programs: HashMap<String, (u64, u64)>,
     /// Exec/exit records dropped in the kernel, as last read.
     process_events_lost: u64,
+    /// Processes selected at exec (and their lost records), as last read.
+    exec_selected: ExecSelected,
 }
 
 /// The operations of `lookback_errors_total`, whose series exist from the start.
@@ -129,7 +139,7 @@ const ERROR_OPS: [&str; 2] = ["recorder", "probe"];
 const ERROR_ERRNOS: [&str; 6] = ["EMFILE", "ENFILE", "ENOMEM", "EPERM", "ENOSPC", "other"];
 
 /// The increment from `last` to `now` of a kernel counter that may have been reset.
-fn delta(last: u64, now: u64) -> u64 {
+pub(super) fn delta(last: u64, now: u64) -> u64 {
     if now >= last { now - last } else { now }
 }
 
@@ -156,6 +166,7 @@ pub struct Metrics {
     /// Recorder and probe failures by operation and errno.
     errors: IntCounterVec,
     bpf: BpfMetrics,
+    exec: ExecAccounting,
     seen: Mutex<Seen>,
 }
 
@@ -170,7 +181,11 @@ fn int_gauge(
     register(registry, name, gauge)
 }
 
-fn register<T>(registry: &Registry, name: &'static str, metric: T) -> Result<T, MetricsError>
+pub(super) fn register<T>(
+    registry: &Registry,
+    name: &'static str,
+    metric: T,
+) -> Result<T, MetricsError>
 where
     T: Collector + Clone + 'static,
 {
@@ -180,7 +195,7 @@ where
     Ok(metric)
 }
 
-fn counter_vec(
+pub(super) fn counter_vec(
     registry: &Registry,
     name: &'static str,
     help: &str,
@@ -392,6 +407,7 @@ impl Metrics {
             errors: errors_counter(&r)?,
             unmeasured: unmeasured_counter(&r)?,
             bpf: BpfMetrics::new(&r)?,
+            exec: ExecAccounting::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
         };
@@ -449,6 +465,22 @@ impl Metrics {
                 .inc_by(d);
         }
         d
+    }
+
+    /// Takes in the kernel's counts of processes selected at exec (absolute).
+    pub fn observe_exec_selected(&self, now: ExecSelected) {
+        let last = std::mem::replace(&mut self.seen().exec_selected, now);
+        self.exec.observe_kernel(last, now);
+    }
+
+    /// Counts what the agent made of one process the kernel selected at exec.
+    pub fn count_exec_outcome(&self, outcome: Outcome) {
+        self.exec.count(outcome);
+    }
+
+    /// Counts one process of `rule` that ran its binary before the rule's probe was there.
+    pub fn count_late_probe(&self, rule: &str) {
+        self.exec.count_late_probe(rule);
     }
 
     pub fn set_targets(&self, rule: &str, n: usize) {

@@ -118,6 +118,13 @@ fn exercised() -> Metrics {
         run_count: 100,
         run_time_ns: 2_500,
     }]);
+    let selected = |selected, lost| ExecSelected { selected, lost };
+    m.observe_exec_selected(selected(5, 1));
+    m.observe_exec_selected(selected(9, 2));
+    for outcome in [Outcome::Traced, Outcome::Gone, Outcome::Gone] {
+        m.count_exec_outcome(outcome);
+    }
+    m.count_late_probe("slow-query");
     m
 }
 
@@ -165,6 +172,13 @@ fn names_types_and_labels_follow_the_contract() {
         ("lookback_rule_probe_errors", "gauge", &["reason", "rule"]),
         ("lookback_errors_total", "counter", &["errno", "op"]),
         ("lookback_kernel_targets", "gauge", &[]),
+        ("lookback_exec_selected_total", "counter", &[]),
+        (
+            "lookback_exec_selected_outcomes_total",
+            "counter",
+            &["outcome"],
+        ),
+        ("lookback_function_probes_late_total", "counter", &["rule"]),
         (
             "lookback_bpf_program_run_seconds_total",
             "counter",
@@ -238,6 +252,31 @@ fn values_land_in_the_right_series() {
         v(
             "lookback_rule_probe_errors",
             &[("rule", "slow-query"), ("reason", "ambiguous_symbol")]
+        ),
+        1.0
+    );
+    // Absolute kernel counts turned into increments; the kernel's drops are an outcome.
+    assert_eq!(v("lookback_exec_selected_total", &[]), 9.0);
+    for (outcome, n) in [
+        ("traced", 1.0),
+        ("gone", 2.0),
+        ("not_matching", 0.0),
+        ("failed", 0.0),
+        ("lost", 2.0),
+    ] {
+        assert_eq!(
+            v(
+                "lookback_exec_selected_outcomes_total",
+                &[("outcome", outcome)]
+            ),
+            n,
+            "{outcome}"
+        );
+    }
+    assert_eq!(
+        v(
+            "lookback_function_probes_late_total",
+            &[("rule", "slow-query")]
         ),
         1.0
     );

@@ -16,6 +16,7 @@
 pub mod config;
 pub mod discovery;
 pub mod early_freeze;
+pub mod exec_accounting;
 pub mod http;
 pub mod kubernetes;
 pub mod limits;
@@ -283,8 +284,14 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             batch = processes.next_batch() => match batch {
                 Ok(events) => for event in events {
                     match event {
-                        ProcessEvent::Exec { tgid } => {
-                            tracer.consider(tgid);
+                        ProcessEvent::Exec { tgid, at_ns, selected } => {
+                            let outcome = tracer.consider_exec(tgid, at_ns);
+                            if selected != 0 {
+                                metrics.count_exec_outcome(outcome);
+                            }
+                            for rule in tracer.take_late_probes() {
+                                metrics.count_late_probe(&rule);
+                            }
                             // The first process of a selected container: its cgroup goes
                             // into the kernel's target set for the ones after it.
                             if let Some(p) = pods.as_mut()
@@ -521,6 +528,10 @@ fn refresh_metrics(tracer: &Tracer, metrics: &Metrics) {
     }
     metrics.observe_program_stats(&tracer.engine().program_stats());
     metrics.observe_errors(tracer.errors());
+    match tracer.engine().exec_selected() {
+        Ok(now) => metrics.observe_exec_selected(now),
+        Err(e) => log::debug!("processes selected at exec: {}", ErrorChain(&e)),
+    }
     match tracer.engine().process_events_lost() {
         Ok(total) => {
             let lost = metrics.observe_process_events_lost(total);

@@ -20,6 +20,7 @@ use lookback_common::MAX_RULES;
 
 use super::discovery::{self, ProcessInfo};
 use super::early_freeze::EarlyFreeze;
+use super::exec_accounting::Outcome;
 use super::limits::ErrorTally;
 use crate::{
     capture::{self, BackendRequest, CaptureOptions, Recorder, aux_pause},
@@ -130,6 +131,9 @@ pub struct Tracer {
     frozen: Option<FrozenProcesses>,
     /// Recorder and probe failures, for `lookback_errors_total`.
     errors: ErrorTally,
+    /// Rules whose probe was placed after a process of its binary started (one entry per
+    /// such process), for `lookback_function_probes_late_total`; taken by the daemon.
+    late_probes: Vec<String>,
     /// The pid [`Self::poll_recorders`] polled last: it goes on after it next time.
     poll_cursor: u32,
     /// The per-CPU recorders shared by all targets, one per recorder configuration.
@@ -182,6 +186,7 @@ impl Tracer {
             processes: HashMap::new(),
             pods: None,
             errors: ErrorTally::default(),
+            late_probes: Vec::new(),
             poll_cursor: 0,
             shared: Vec::new(),
             shared_unavailable: None,
@@ -465,7 +470,7 @@ impl Tracer {
             && let Some(binary) = f.binary.clone().or_else(|| rule.target.exe.clone())
             && Path::new(&binary).exists()
         {
-            place_probe(
+            let _ = place_probe(
                 &mut self.engine,
                 &mut self.errors,
                 &mut active,
@@ -584,14 +589,29 @@ impl Tracer {
     }
 
     /// Matches process `pid` against every rule and makes the kernel, the probes and the
-    /// recorders agree with the result.
-    pub fn consider(&mut self, pid: u32) {
+    /// recorders agree with the result (a rescan; see [`Self::consider_exec`]).
+    pub fn consider(&mut self, pid: u32) -> Outcome {
+        self.consider_with(pid, None)
+    }
+
+    /// [`Self::consider`] for the exec event of `pid` at `exec_ns` (`CLOCK_MONOTONIC`): a
+    /// function probe placed now for its binary came after the process started.
+    pub fn consider_exec(&mut self, pid: u32, exec_ns: u64) -> Outcome {
+        self.consider_with(pid, Some(exec_ns))
+    }
+
+    /// The rules whose probes were placed late since the last call (one per process).
+    pub fn take_late_probes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.late_probes)
+    }
+
+    fn consider_with(&mut self, pid: u32, exec_ns: Option<u64>) -> Outcome {
         if pid == self.own_pid {
-            return;
+            return Outcome::NotMatching;
         }
         let Some(info) = ProcessInfo::read(&self.proc_root, pid) else {
             self.forget(pid, false);
-            return;
+            return Outcome::Gone;
         };
         let mut mask = 0u64;
         for active in self.rules.values() {
@@ -603,6 +623,11 @@ impl Tracer {
             }
         }
         let old = self.processes.get(&pid).map_or(0, |p| p.mask);
+        if mask == 0 && info.exe.is_none() && discovery::has_exited(&self.proc_root, pid) {
+            // A zombie: gone, not turned down (its exe link is unreadable).
+            self.forget(pid, false);
+            return Outcome::Gone;
+        }
         if mask == 0 {
             if old != 0 {
                 self.forget(pid, false);
@@ -611,9 +636,9 @@ impl Tracer {
             {
                 log::debug!("process {pid}: {}", ErrorChain(&e));
             }
-            return;
+            return Outcome::NotMatching;
         }
-        self.probe_binaries(&info, mask);
+        self.probe_binaries(&info, mask, exec_ns);
         if mask != old {
             if old & !mask != 0
                 && let Err(e) = self.engine.remove_target(pid)
@@ -622,7 +647,7 @@ impl Tracer {
             }
             if let Err(e) = self.engine.add_target(pid, mask) {
                 log::warn!("process {pid}: {}", ErrorChain(&e));
-                return;
+                return Outcome::Failed;
             }
             for active in self.rules.values_mut() {
                 if mask & 1 << active.id != 0 {
@@ -664,6 +689,7 @@ impl Tracer {
                 self.rule_names(mask).join(", ")
             );
         }
+        Outcome::Traced
     }
 
     /// Stops tracing `pid`. `kernel_gone`: the kernel already removed its target entry
@@ -975,8 +1001,9 @@ impl Tracer {
         )
     }
 
-    /// Places the uprobes function rules in `mask` need for this process's binary.
-    fn probe_binaries(&mut self, info: &ProcessInfo, mask: u64) {
+    /// Places the uprobes function rules in `mask` need for this process's binary. `exec_ns`:
+    /// the process's exec, when known; a probe placed for it now came late.
+    fn probe_binaries(&mut self, info: &ProcessInfo, mask: u64, exec_ns: Option<u64>) {
         let pid = info.pid;
         for active in self.rules.values_mut() {
             if mask & 1 << active.id == 0 {
@@ -990,13 +1017,26 @@ impl Tracer {
             };
             let host = resolve::in_process_root(pid, &binary);
             let trigger = f.clone();
-            place_probe(&mut self.engine, &mut self.errors, active, &host, || {
+            let placed = place_probe(&mut self.engine, &mut self.errors, active, &host, || {
                 resolve::resolve_for_process(
                     pid,
                     trigger.binary.as_deref(),
                     &resolve::Lookup::of(&trigger),
                 )
             });
+            if placed && let Some(at) = exec_ns {
+                let late_ms = crate::sys::monotonic_ns().saturating_sub(at) / 1_000_000;
+                log::info!(
+                    "rule {}: process {pid} ({}) ran {} for {late_ms} ms before the rule's \
+                     probe was placed in it: its calls until then are not seen (name the \
+                     binary in the rule, trigger.function.binary or target.exe, to have \
+                     it probed when the rule loads)",
+                    active.rule.name,
+                    info.comm,
+                    host.display()
+                );
+                self.late_probes.push(active.rule.name.clone());
+            }
         }
     }
 }
@@ -1021,20 +1061,20 @@ fn open_recorder(
 }
 
 /// Resolves and attaches the rule's probe for `binary` once per inode; an attach that
-/// fails is counted in `errors`.
+/// fails is counted in `errors`. Returns whether probes were placed by this call.
 fn place_probe(
     engine: &mut TriggerEngine,
     errors: &mut ErrorTally,
     active: &mut ActiveRule,
     binary: &Path,
     resolve: impl FnOnce() -> Result<Vec<resolve::ProbePoint>, ResolveError>,
-) {
+) -> bool {
     let Ok(meta) = std::fs::metadata(binary) else {
-        return;
+        return false;
     };
     let key = (meta.dev(), meta.ino());
     if active.binaries.contains_key(&key) {
-        return;
+        return false;
     }
     let placed = match resolve() {
         Ok(points) => match engine.attach_probes(active.id, &points) {
@@ -1070,6 +1110,7 @@ fn place_probe(
         }
     };
     active.binaries.insert(key, placed);
+    placed
 }
 
 /// The triggers of `rules` (those of one process) that can pause a PT recording in the

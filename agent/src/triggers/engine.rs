@@ -780,6 +780,25 @@ impl TriggerEngine {
         Ok(map.get(&0, 0).map_err(map_err(name))?.iter().sum())
     }
 
+    /// Processes the kernel selected at exec by their comm, and how many of those had
+    /// their exec record dropped (summed over CPUs; `EXEC_SELECTED`).
+    pub fn exec_selected(&self) -> Result<ExecSelected, TriggerError> {
+        use lookback_common::process::{EXEC_SELECTED_ALL, EXEC_SELECTED_LOST};
+        let name = "EXEC_SELECTED";
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or(TriggerError::MissingMap { name })?;
+        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err(name))?;
+        let sum = |i: u32| -> Result<u64, TriggerError> {
+            Ok(map.get(&i, 0).map_err(map_err(name))?.iter().sum())
+        };
+        Ok(ExecSelected {
+            selected: sum(EXEC_SELECTED_ALL)?,
+            lost: sum(EXEC_SELECTED_LOST)?,
+        })
+    }
+
     /// The counters of rule `id`.
     pub fn counters(&self, id: u32) -> Result<RuleCounters, TriggerError> {
         let map = self
@@ -1020,6 +1039,15 @@ fn same_probes(a: &Trigger, b: &Trigger) -> bool {
         (Trigger::Function(_), _) | (_, Trigger::Function(_)) => false,
         _ => true,
     }
+}
+
+/// [`TriggerEngine::exec_selected`]: absolute kernel counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExecSelected {
+    /// Processes `EXEC_COMMS` put into the target set at exec.
+    pub selected: u64,
+    /// Of those, the ones whose exec record did not fit into the ring.
+    pub lost: u64,
 }
 
 fn attached_probe(point: &ProbePoint, file_offset: u64, site: &'static str) -> AttachedProbe {

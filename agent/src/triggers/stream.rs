@@ -72,8 +72,14 @@ pub async fn forward_logs(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
 /// What the kernel said about a process (agent target discovery).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProcessEvent {
-    /// Process `tgid` called execve: match it against the rules again.
-    Exec { tgid: u32 },
+    /// Process `tgid` called execve at `at_ns` (`CLOCK_MONOTONIC`): match it against the
+    /// rules again. `selected`: the rules whose comm put it into the kernel's target set
+    /// at this exec (0: none).
+    Exec {
+        tgid: u32,
+        at_ns: u64,
+        selected: u64,
+    },
     /// Traced process `tgid` exited; the kernel already dropped its target entry.
     Exit { tgid: u32 },
 }
@@ -89,7 +95,11 @@ impl ProcessEvent {
         // bit pattern; read_unaligned makes no alignment assumption on ring memory.
         let r: ProcessRecord = unsafe { bytes.as_ptr().cast::<ProcessRecord>().read_unaligned() };
         match r.kind {
-            PROC_EXEC => Some(Self::Exec { tgid: r.tgid }),
+            PROC_EXEC => Some(Self::Exec {
+                tgid: r.tgid,
+                at_ns: r.timestamp_ns,
+                selected: r.selected,
+            }),
             PROC_EXIT => Some(Self::Exit { tgid: r.tgid }),
             _ => None,
         }
@@ -136,6 +146,7 @@ mod tests {
         let mut out = r.timestamp_ns.to_ne_bytes().to_vec();
         out.extend(r.kind.to_ne_bytes());
         out.extend(r.tgid.to_ne_bytes());
+        out.extend(r.selected.to_ne_bytes());
         out
     }
 
@@ -145,10 +156,15 @@ mod tests {
             timestamp_ns: 5,
             kind: PROC_EXEC,
             tgid: 42,
+            selected: 0b100,
         };
         assert_eq!(
             ProcessEvent::from_bytes(&bytes(exec)),
-            Some(ProcessEvent::Exec { tgid: 42 })
+            Some(ProcessEvent::Exec {
+                tgid: 42,
+                at_ns: 5,
+                selected: 0b100
+            })
         );
         let exit = ProcessRecord {
             kind: PROC_EXIT,
@@ -160,6 +176,6 @@ mod tests {
         );
         let unknown = ProcessRecord { kind: 9, ..exec };
         assert_eq!(ProcessEvent::from_bytes(&bytes(unknown)), None);
-        assert_eq!(ProcessEvent::from_bytes(&[0; 8]), None);
+        assert_eq!(ProcessEvent::from_bytes(&[0; 16]), None);
     }
 }
