@@ -309,6 +309,58 @@ pub fn tracing_dirs(event_sources: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
+/// Whether `attr` is a resume member ([`resume_attr`]).
+pub fn is_resume(attr: &perf_event_attr) -> bool {
+    // SAFETY: both union members are a plain u32 (the word and its bitfield view).
+    let bits = unsafe { attr.__bindgen_anon_5.aux_action };
+    bits & AUX_RESUME != 0
+}
+
+/// The members a kernel takes, and those it refused with why.
+#[derive(Debug)]
+pub struct Accepted<T, E> {
+    /// The pause members the kernel took, then the resume member; empty when no pause
+    /// member was taken (a resume alone has nothing to do) or the resume member was not
+    /// (a pause that nothing resumes would leave its thread untraced for good).
+    pub kept: Vec<T>,
+    /// The members refused, each with the kernel's answer.
+    pub refused: Vec<(T, E)>,
+}
+
+/// Tries each pause member on its own, with the resume member, through `takes` (which
+/// opens the given members in a PT group and closes them again), so that one member the
+/// kernel refuses (a uprobe member needs `CAP_SYS_ADMIN`; a tracepoint one does not)
+/// costs only its own trigger the in-kernel pause, not every other trigger's. `is_resume`
+/// picks the resume member out of `members` (at most one; [`members`] puts it last).
+pub fn accepted<T, E>(
+    members: Vec<T>,
+    is_resume: impl Fn(&T) -> bool,
+    mut takes: impl FnMut(&[&T]) -> Result<(), E>,
+) -> Accepted<T, E> {
+    let (mut resume, pauses): (Vec<T>, Vec<T>) = members.into_iter().partition(|m| is_resume(m));
+    let mut out = Accepted {
+        kept: Vec::new(),
+        refused: Vec::new(),
+    };
+    let Some(resume) = resume.pop() else {
+        return out;
+    };
+    if let Err(e) = takes(&[&resume]) {
+        out.refused.push((resume, e));
+        return out;
+    }
+    for pause in pauses {
+        match takes(&[&pause, &resume]) {
+            Ok(()) => out.kept.push(pause),
+            Err(e) => out.refused.push((pause, e)),
+        }
+    }
+    if !out.kept.is_empty() {
+        out.kept.push(resume);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::{mem::offset_of, time::Duration};
@@ -327,6 +379,8 @@ mod tests {
         assert_eq!(at, 116);
         assert_eq!(offset_of!(perf_event_attr, aux_sample_size), 112);
         assert!(at >= PERF_ATTR_SIZE_VER5 as usize && at + 4 <= PERF_ATTR_SIZE_VER6 as usize);
+        assert!(is_resume(&resume_attr()));
+        assert!(!is_resume(&tracepoint_pause_attr(321)));
         let attr = tracepoint_pause_attr(321);
         // SAFETY: both union members are a plain u32 (the word and its bitfield view).
         let (bits, view) = unsafe {
@@ -592,5 +646,59 @@ mod tests {
             ..entry
         });
         assert_eq!(pause_source(&slow_fn), Err(NotMappable::FunctionDuration));
+    }
+
+    #[test]
+    fn a_refused_member_costs_only_its_own_pause() {
+        let resume = |m: &&str| m.starts_with("resume");
+        // The kernel refuses the uprobe member (no CAP_SYS_ADMIN), takes the others: before,
+        // one group of all members was tried and every pause was dropped.
+        let mut tried = Vec::new();
+        let got = accepted(
+            vec!["signal", "uprobe", "syscall", "resume"],
+            resume,
+            |group: &[&&str]| {
+                tried.push(group.iter().map(|m| **m).collect::<Vec<_>>());
+                if group.contains(&&"uprobe") {
+                    Err("EACCES")
+                } else {
+                    Ok(())
+                }
+            },
+        );
+        assert_eq!(got.kept, ["signal", "syscall", "resume"]);
+        assert_eq!(got.refused, [("uprobe", "EACCES")]);
+        assert_eq!(
+            tried,
+            [
+                vec!["resume"],
+                vec!["signal", "resume"],
+                vec!["uprobe", "resume"],
+                vec!["syscall", "resume"],
+            ]
+        );
+        // No resume taken: no pause either (it would stay paused for good).
+        let got = accepted(vec!["signal", "resume"], resume, |group: &[&&str]| {
+            if group.contains(&&"resume") {
+                Err("EINVAL")
+            } else {
+                Ok(())
+            }
+        });
+        assert!(got.kept.is_empty());
+        assert_eq!(got.refused, [("resume", "EINVAL")]);
+        // Every pause refused: the resume alone is not kept.
+        let got = accepted(vec!["uprobe", "resume"], resume, |group: &[&&str]| {
+            if group.len() > 1 {
+                Err("EACCES")
+            } else {
+                Ok(())
+            }
+        });
+        assert!(got.kept.is_empty());
+        assert_eq!(got.refused, [("uprobe", "EACCES")]);
+        // No members, or no resume member: nothing to try.
+        let got = accepted(Vec::<&str>::new(), resume, |_: &[&&str]| Ok::<(), ()>(()));
+        assert!(got.kept.is_empty() && got.refused.is_empty());
     }
 }

@@ -34,7 +34,7 @@ use super::{
     aux_pause,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
     freeze::{FreezeSwitch, StopMethod},
-    pages_for, procmaps,
+    lock_budget, pages_for, procmaps,
     pt_config::{self, PtConfig},
     pt_filter,
     records::{self, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_TID, SAMPLE_TIME},
@@ -132,12 +132,44 @@ fn pause_specs(opts: &CaptureOptions) -> Vec<EventSpec> {
         .collect()
 }
 
+/// The AUX and data pages per CPU to map: those asked for, or smaller ones that fit what
+/// this process may lock (an unprivileged user: [`lock_budget`]), said loudly.
+fn fit_lock_budget(
+    aux_pages: usize,
+    data_pages: usize,
+    cpus: usize,
+    page: usize,
+) -> Result<(usize, usize), CaptureError> {
+    let budget = lock_budget::LockBudget::of_this_process(cpus);
+    let Some(f) = lock_budget::fit(aux_pages, data_pages, cpus, page, budget) else {
+        return Err(CaptureError::LockBudget {
+            min_bytes: 5 * page,
+            budget: budget.0.unwrap_or(0),
+        });
+    };
+    if (f.aux_pages, f.data_pages) != (aux_pages, data_pages) {
+        log::warn!(
+            "intel_pt: {} KiB of AUX + {} KiB of sideband per CPU on {cpus} CPUs exceed the \
+             {} KiB this process may lock (perf_event_mlock_kb × CPUs + RLIMIT_MEMLOCK, \
+             without CAP_IPC_LOCK): recording into {} KiB + {} KiB per CPU, a shorter \
+             history; grant CAP_IPC_LOCK (or raise the limits) for the size asked",
+            (aux_pages * page) >> 10,
+            (data_pages * page) >> 10,
+            budget.0.unwrap_or(0) >> 10,
+            (f.aux_pages * page) >> 10,
+            (f.data_pages * page) >> 10,
+        );
+    }
+    Ok((f.aux_pages, f.data_pages))
+}
+
 /// Whether the kernel takes `members` in a group led by `pt` (tried on the calling thread
 /// and `cpu`, closed right away): a kernel before 6.13 rejects `aux_action` (`EINVAL`), a
-/// PT PMU that cannot pause rejects the members (`EOPNOTSUPP`/`EINVAL`).
+/// PT PMU that cannot pause rejects the members (`EOPNOTSUPP`/`EINVAL`), a uprobe member
+/// without `CAP_SYS_ADMIN` is refused (`EACCES`/`EPERM`).
 fn kernel_takes_members(
     pt: &perf_event_attr,
-    members: &[EventSpec],
+    members: &[&EventSpec],
     cpu: u32,
 ) -> Result<(), SyscallError> {
     let mut leader_attr = *pt;
@@ -234,18 +266,31 @@ impl PtRecorder {
             log::info!("intel_pt: {note}");
         }
         let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
-        let aux_pages = pages_for(opts.buffer_size)?;
         let cpus = online_cpus()?;
+        let (aux_pages, data_pages) = fit_lock_budget(
+            pages_for(opts.buffer_size)?,
+            pages_for(SIDEBAND_RING_BYTES)?,
+            cpus.len(),
+            page,
+        )?;
         let pt = pt_attr(&cfg, opts.include_kernel);
         let mut pause = pause_specs(opts);
-        if let (false, Some(&cpu)) = (pause.is_empty(), cpus.first())
-            && let Err(err) = kernel_takes_members(&pt, &pause, cpu)
-        {
-            log::warn!(
-                "intel_pt: the kernel refused the aux_pause group members ({err}): needs \
-                 Linux 6.13+ and a PT PMU that can pause; snapshots freeze from userspace"
+        if let (false, Some(&cpu)) = (pause.is_empty(), cpus.first()) {
+            // Each member on its own: one the kernel refuses costs only its trigger.
+            let taken = aux_pause::accepted(
+                pause,
+                |m| aux_pause::is_resume(&m.attr),
+                |group| kernel_takes_members(&pt, group, cpu),
             );
-            pause.clear();
+            for (member, err) in &taken.refused {
+                log::warn!(
+                    "intel_pt: the kernel refused the {} group member ({err}): needs Linux \
+                     6.13+ and a PT PMU that can pause (a uprobe member: CAP_SYS_ADMIN); \
+                     its trigger freezes from userspace",
+                    member.name
+                );
+            }
+            pause = taken.kept;
         }
         if !pause.is_empty() {
             log::info!(
@@ -296,7 +341,7 @@ impl PtRecorder {
             .into_iter()
             .chain(pause)
             .collect(),
-            data_pages: pages_for(SIDEBAND_RING_BYTES)?,
+            data_pages,
             aux_size: aux_pages * page,
             params,
             embed_code: opts.embed_code,

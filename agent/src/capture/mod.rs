@@ -25,6 +25,7 @@ mod events;
 pub mod freeze;
 pub mod intel_pt;
 pub mod kallsyms;
+pub mod lock_budget;
 pub mod mmap_records;
 pub mod procmaps;
 pub mod pt_config;
@@ -420,6 +421,12 @@ pub enum CaptureError {
     BadBufferSize { bytes: usize },
     #[error("cannot determine the page size")]
     PageSize,
+    #[error(
+        "Intel PT rings: not even {min_bytes} bytes per CPU fit the {budget} bytes this process may lock \
+         (perf_event_mlock_kb × CPUs + RLIMIT_MEMLOCK): grant CAP_IPC_LOCK, raise \
+         RLIMIT_MEMLOCK or kernel.perf_event_mlock_kb"
+    )]
+    LockBudget { min_bytes: usize, budget: u64 },
 }
 
 /// Opens the recorder `opts` asks for and starts it on `pids`.
@@ -496,6 +503,11 @@ pub fn open_cpu_wide_recorder(
         event,
         target_filter,
     )?))
+}
+
+/// The number of online CPUs (`/sys/devices/system/cpu/online`); `None` when unreadable.
+pub fn online_cpu_count() -> Option<usize> {
+    events::online_cpus().ok().map(|cpus| cpus.len())
 }
 
 /// `CLOCK_MONOTONIC` in ns (the clock of BPF trigger timestamps and of sampling records).

@@ -355,6 +355,18 @@ pub(super) fn intel_pt_report(
             report.status = Probe::pass(format!(
                 "intel_pt PMU type {pmu_type}: a user-space trace event for this thread opened"
             ));
+            // Opening is not mapping: an unprivileged user's locked-memory limit decides
+            // how large the rings can be.
+            let cpus = crate::capture::online_cpu_count();
+            if let (Some(page), Some(cpus)) = (crate::sys::page_size(), cpus)
+                && let Some(note) = crate::capture::lock_budget::default_rings_note(
+                    crate::capture::lock_budget::LockBudget::of_this_process(cpus),
+                    cpus,
+                    page,
+                )
+            {
+                report.status = report.status.with_detail(note);
+            }
             report.aux_start_paused = Some(open(pmu_type, true).is_ok());
         }
         Err(err) => {

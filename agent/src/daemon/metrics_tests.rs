@@ -255,31 +255,6 @@ fn values_land_in_the_right_series() {
         ),
         1.0
     );
-    // Absolute kernel counts turned into increments; the kernel's drops are an outcome.
-    assert_eq!(v("lookback_exec_selected_total", &[]), 9.0);
-    for (outcome, n) in [
-        ("traced", 1.0),
-        ("gone", 2.0),
-        ("not_matching", 0.0),
-        ("failed", 0.0),
-        ("lost", 2.0),
-    ] {
-        assert_eq!(
-            v(
-                "lookback_exec_selected_outcomes_total",
-                &[("outcome", outcome)]
-            ),
-            n,
-            "{outcome}"
-        );
-    }
-    assert_eq!(
-        v(
-            "lookback_function_probes_late_total",
-            &[("rule", "slow-query")]
-        ),
-        1.0
-    );
     // A rule whose probe was placed after all has no series left.
     assert!(!text.contains("rule=\"fixed\""), "{text}");
     for (source, n) in [("ringbuf", 1.0), ("aux", 2.0), ("perf", 5.0)] {
@@ -468,4 +443,35 @@ fn an_observed_rule_exposes_every_suppression_reason_from_zero() {
             format!("lookback_triggers_suppressed_total{{reason=\"{reason}\",rule=\"quiet\"}} 0");
         assert!(text.contains(&line), "{line} missing:\n{text}");
     }
+}
+
+#[test]
+fn processes_selected_at_exec_and_late_probes_are_counted() {
+    let f = parse(&exercised().encode().expect("encode"));
+    let v = |name, labels: &[(&str, &str)]| value(&f, name, labels);
+    // Absolute kernel counts turned into increments; the kernel's drops are an outcome.
+    assert_eq!(v("lookback_exec_selected_total", &[]), 9.0);
+    for (outcome, n) in [
+        ("traced", 1.0),
+        ("gone", 2.0),
+        ("not_matching", 0.0),
+        ("failed", 0.0),
+        ("lost", 2.0),
+    ] {
+        assert_eq!(
+            v(
+                "lookback_exec_selected_outcomes_total",
+                &[("outcome", outcome)]
+            ),
+            n,
+            "{outcome}"
+        );
+    }
+    assert_eq!(
+        v(
+            "lookback_function_probes_late_total",
+            &[("rule", "slow-query")]
+        ),
+        1.0
+    );
 }
