@@ -30,6 +30,8 @@ pub mod mmap_records;
 pub mod procmaps;
 pub mod pt_config;
 pub mod pt_filter;
+#[cfg(test)]
+mod pt_filter_model;
 pub mod records;
 pub mod ring;
 pub mod sampling;
@@ -144,8 +146,8 @@ pub struct RecorderParams {
     pub cpus: Vec<u32>,
     /// PT: the kernel can pause the trace from another event (`aux_pause`, Linux 6.13).
     pub aux_pause: bool,
-    /// PT: the address filter set on every PT event (`filter 0/SIZE@PATH,...`), when the
-    /// trace was limited to some binaries.
+    /// PT: the address filter set on every PT event (`filter OFFSET/SIZE@PATH,...`, one
+    /// per code segment), when the trace was limited to some binaries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_filter: Option<String>,
 }
