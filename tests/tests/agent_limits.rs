@@ -128,11 +128,14 @@ fn per_cpu_rings_that_cannot_open_make_the_agent_not_ready_until_they_do() {
     // not for the rings (three fds per CPU).
     set_open_files_limit(pid, &limit_leaving_free(pid, 3).to_string());
     // A reload adds a rule with other capture options: its own per-CPU rings, which the
-    // limit leaves no fds for.
+    // limit leaves no fds for. Its trigger is of the kind already attached (syscalls), so
+    // that no program attach takes one of the three fds first (CI: a signal rule's
+    // `signal_generate` attach failed with EMFILE instead, the rule was not installed and
+    // nothing asked for rings).
     let more = format!(
         "{RULES}  - name: other-rings\n    target: {{ comm: lbnothing }}\n    \
          capture: {{ buffer_size: 512KiB }}\n    \
-         trigger: {{ signal: {{ signals: [SIGUSR2] }} }}\n"
+         trigger: {{ syscall: {{ names: [nanosleep], min_duration: 1s }} }}\n"
     );
     lookback_tests::agent::write_rules(&agent.config(), &more);
     // SAFETY: signalling our own child.

@@ -36,7 +36,7 @@ use super::{
     freeze::{FreezeSwitch, StopMethod},
     lock_budget, pages_for, procmaps,
     pt_config::{self, PtConfig},
-    pt_filter,
+    pt_filter, pt_timing,
     records::{self, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_TID, SAMPLE_TIME},
     ring::PerfRing,
 };
@@ -163,6 +163,40 @@ fn fit_lock_budget(
     Ok((f.aux_pages, f.data_pages))
 }
 
+/// The `aux_pause` members for `opts` that the kernel takes in a group led by `pt` on
+/// `cpu`, each tried on its own ([`aux_pause::accepted`]); the refused ones are logged.
+fn taken_pause_specs(
+    opts: &CaptureOptions,
+    pt: &perf_event_attr,
+    cpu: Option<u32>,
+) -> Vec<EventSpec> {
+    let mut pause = pause_specs(opts);
+    if let (false, Some(cpu)) = (pause.is_empty(), cpu) {
+        // Each member on its own: one the kernel refuses costs only its trigger.
+        let taken = aux_pause::accepted(
+            pause,
+            |m| aux_pause::is_resume(&m.attr),
+            |group| kernel_takes_members(pt, group, cpu),
+        );
+        for (member, err) in &taken.refused {
+            log::warn!(
+                "intel_pt: the kernel refused the {} group member ({err}): needs Linux \
+                 6.13+ and a PT PMU that can pause (a uprobe member: CAP_SYS_ADMIN); \
+                 its trigger freezes from userspace",
+                member.name
+            );
+        }
+        pause = taken.kept;
+    }
+    if !pause.is_empty() {
+        log::info!(
+            "intel_pt: {} trigger(s) pause the trace in the kernel (aux_pause)",
+            pause.len() - 1
+        );
+    }
+    pause
+}
+
 /// Whether the kernel takes `members` in a group led by `pt` (tried on the calling thread
 /// and `cpu`, closed right away): a kernel before 6.13 rejects `aux_action` (`EINVAL`), a
 /// PT PMU that cannot pause rejects the members (`EOPNOTSUPP`/`EINVAL`), a uprobe member
@@ -274,30 +308,7 @@ impl PtRecorder {
             page,
         )?;
         let pt = pt_attr(&cfg, opts.include_kernel);
-        let mut pause = pause_specs(opts);
-        if let (false, Some(&cpu)) = (pause.is_empty(), cpus.first()) {
-            // Each member on its own: one the kernel refuses costs only its trigger.
-            let taken = aux_pause::accepted(
-                pause,
-                |m| aux_pause::is_resume(&m.attr),
-                |group| kernel_takes_members(&pt, group, cpu),
-            );
-            for (member, err) in &taken.refused {
-                log::warn!(
-                    "intel_pt: the kernel refused the {} group member ({err}): needs Linux \
-                     6.13+ and a PT PMU that can pause (a uprobe member: CAP_SYS_ADMIN); \
-                     its trigger freezes from userspace",
-                    member.name
-                );
-            }
-            pause = taken.kept;
-        }
-        if !pause.is_empty() {
-            log::info!(
-                "intel_pt: {} trigger(s) pause the trace in the kernel (aux_pause)",
-                pause.len() - 1
-            );
-        }
+        let pause = taken_pause_specs(opts, &pt, cpus.first().copied());
         let params = RecorderParams {
             event: "intel_pt".to_owned(),
             perf_type: cfg.pmu_type,
@@ -315,6 +326,10 @@ impl PtRecorder {
             cpus: cpus.clone(),
             aux_pause: !pause.is_empty(),
             address_filter: filter.as_ref().map(|f| f.to_string_lossy().into_owned()),
+            pt_timing: Some(pt_timing::PtTiming::read(
+                &pmu.dir,
+                &std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default(),
+            )),
         };
         Ok(Self {
             switch: Arc::new(FreezeSwitch::new(StopMethod::Disable, cpus.len())),

@@ -32,6 +32,7 @@ pub mod pt_config;
 pub mod pt_filter;
 #[cfg(test)]
 mod pt_filter_model;
+pub mod pt_timing;
 pub mod records;
 pub mod ring;
 pub mod sampling;
@@ -150,6 +151,9 @@ pub struct RecorderParams {
     /// per code segment), when the trace was limited to some binaries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_filter: Option<String>,
+    /// PT: the timing parameters of the recording CPU (MTC/CYC to time; errata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pt_timing: Option<pt_timing::PtTiming>,
 }
 
 #[expect(

@@ -320,6 +320,7 @@ pub(super) mod tests {
                 cpus: vec![0],
                 aux_pause: false,
                 address_filter: None,
+                pt_timing: None,
             },
             freeze_time_ns: 2_000,
             pause_duration_ns: 0,

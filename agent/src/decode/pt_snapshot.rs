@@ -364,11 +364,30 @@ impl Clock {
     }
 }
 
-/// The flow configuration a snapshot's recorder implies (MTC period).
+/// The flow configuration a snapshot's recorder implies: the MTC period it set, and the
+/// recording CPU's timing parameters and errata
+/// ([`crate::capture::pt_timing::PtTiming`]) where the snapshot kept
+/// them (older snapshots did not: their MTCs cannot be timed).
 fn flow_config(snap: &Snapshot) -> FlowConfig {
     let mut config = FlowConfig::default();
+    let timing = &mut config.events.timing;
     if let Some(&period) = snap.meta.recorder.config_fields.get("mtc_period") {
-        config.events.timing.mtc_freq = u8::try_from(period).unwrap_or(0);
+        timing.mtc_freq = u8::try_from(period).unwrap_or(0);
+    }
+    if let Some(t) = &snap.meta.recorder.pt_timing {
+        if let Some((num, den)) = t.tsc_art_ratio {
+            timing.cpuid_0x15_ebx = num;
+            timing.cpuid_0x15_eax = den;
+        }
+        timing.nom_freq = t.max_nonturbo_ratio.unwrap_or(0);
+        if let Some(errata) = t
+            .cpu
+            .as_deref()
+            .and_then(|c| c.parse::<super::pt::Cpu>().ok())
+            .and_then(|c| super::pt::Errata::for_cpu(c).ok())
+        {
+            timing.errata = errata;
+        }
     }
     config
 }

@@ -221,3 +221,98 @@ fn branch_lists_grow_in_chunks_and_sort_by_time() {
     assert!(list.iter().is_sorted_by_key(|b| b.time_ns));
     assert_eq!(list.into_iter().count(), n);
 }
+
+/// Issue 18 item 2: the recording CPU's timing parameters go through the `.lbsnap` and
+/// into the decoder's configuration, and with them the libipt corpus's MTC/CYC cases
+/// decode to the times libipt expects. The cases' ptdump options stand for what the
+/// recorder read (`--mtc-freq` = the `mtc_period` config field, `--cpuid-0x15.*` = the
+/// PMU's `tsc_art_ratio`, `--nom-freq` = `max_nonturbo_ratio`); without them (a snapshot
+/// of before) the same cases come out different: MTCs cannot be timed.
+#[test]
+fn timing_parameters_round_trip_through_the_snapshot_and_time_the_corpus_mtc_cyc_cases() {
+    use crate::capture::pt_timing::PtTiming;
+    use crate::decode::pt::{ptdump::ptdump, ptdump_opts::PtdumpOptions};
+    let Some(dir) = crate::test_support::shared_corpus("libipt", "core/MANIFEST.tsv") else {
+        println!("skipped: libipt corpus not found (set LOOKBACK_SHARED_DIR)");
+        return;
+    };
+    let manifest = std::fs::read_to_string(dir.join("core/MANIFEST.tsv")).unwrap();
+    let (mut checked, mut differ) = (0, 0);
+    for line in manifest.lines().skip(1) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let (name, opts) = (cols[0], cols.get(3).copied().unwrap_or(""));
+        if !opts.contains("--cpuid-0x15.eax") || !opts.contains("--time") {
+            continue;
+        }
+        let args: Vec<&str> = opts.split_whitespace().collect();
+        let (mut want, _) = PtdumpOptions::from_args(&args).unwrap();
+        let t = want.timing;
+        // What the recorder would have stored, through the file format.
+        let (mut snap, _) = synth_snapshot(Vec::new(), None);
+        let recorder = &mut snap.meta.recorder;
+        recorder
+            .config_fields
+            .insert("mtc_period".to_owned(), u64::from(t.mtc_freq));
+        recorder.pt_timing = Some(PtTiming {
+            tsc_art_ratio: Some((t.cpuid_0x15_ebx, t.cpuid_0x15_eax)),
+            max_nonturbo_ratio: (t.nom_freq > 0).then_some(t.nom_freq),
+            cpu: None,
+        });
+        let back = crate::snapshot::parse(&crate::snapshot::to_bytes(&snap)).expect("round trip");
+        assert_eq!(back.meta.recorder.pt_timing, snap.meta.recorder.pt_timing);
+        let got = flow_config(&back).events.timing;
+        assert_eq!(got, t, "{name}: the decoder's timing from the snapshot");
+        let trace = std::fs::read(dir.join(format!("core/{name}.pt"))).unwrap();
+        // Cases checked by ptxed only have no ptdump expectation.
+        let Ok(expected) = std::fs::read_to_string(dir.join(format!("core/{name}-ptdump.exp")))
+        else {
+            continue;
+        };
+        let normalize = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| !l.starts_with('#') && !l.starts_with(';'))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect()
+        };
+        want.timing = got;
+        let mut out = String::new();
+        ptdump(&trace, &want, &mut out).unwrap();
+        assert_eq!(normalize(&out), normalize(&expected), "{name}");
+        // A snapshot without the parameters: the MTCs are not timed as libipt expects
+        // (cases whose only timing packets are TSC and CYC come out the same).
+        let mut old = back.clone();
+        old.meta.recorder.pt_timing = None;
+        want.timing = flow_config(&old).events.timing;
+        let mut out = String::new();
+        ptdump(&trace, &want, &mut out).unwrap();
+        if normalize(&out) != normalize(&expected) {
+            differ += 1;
+        }
+        checked += 1;
+    }
+    println!(
+        "{checked} MTC/CYC corpus cases timed from snapshot parameters, {differ} of them \
+         wrong without"
+    );
+    assert!(checked >= 5, "{checked} MTC/CYC cases");
+    assert!(
+        differ >= checked / 2,
+        "{differ} of {checked} depend on the parameters"
+    );
+}
+
+#[test]
+fn the_recording_cpu_selects_the_decoders_errata() {
+    use crate::capture::pt_timing::PtTiming;
+    let (mut snap, _) = synth_snapshot(Vec::new(), None);
+    snap.meta.recorder.pt_timing = Some(PtTiming {
+        cpu: Some("6/85/4".to_owned()),
+        ..PtTiming::default()
+    });
+    let errata = flow_config(&snap).events.timing.errata;
+    assert_eq!(
+        errata,
+        crate::decode::pt::Errata::for_cpu("6/85".parse().unwrap()).unwrap()
+    );
+    assert_ne!(errata, crate::decode::pt::Errata::default());
+}

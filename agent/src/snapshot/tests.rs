@@ -27,6 +27,7 @@ fn sample_snapshot() -> Snapshot {
             cpus: vec![0, 1],
             aux_pause: false,
             address_filter: None,
+            pt_timing: None,
         },
         freeze_time_ns: 5_000_000,
         pause_duration_ns: 1_200,

@@ -105,6 +105,7 @@ fn snapshot() -> Snapshot {
             cpus: vec![0],
             aux_pause: false,
             address_filter: None,
+            pt_timing: None,
         },
         freeze_time_ns: 2_000_000,
         pause_duration_ns: 0,
