@@ -16,6 +16,7 @@ mod bench_decode;
 mod bench_sampling;
 mod bench_startup;
 mod demo;
+mod pt_smoke;
 mod setup;
 mod soak;
 mod test;
@@ -77,6 +78,16 @@ enum Command {
     /// The sampling recorder's cost to the traced program (1 kHz, 10 kHz; stack copies
     /// and frame pointers) and its decode cost per sample, beside perf record (fp, dwarf).
     BenchSampling,
+    /// On a machine with Intel PT: `lookback check`, then PT captures of the test workload
+    /// through run and attach (function, syscall, signal triggers; with and without an
+    /// address filter), each compared with the workload's own calls; exits 1 on a mismatch.
+    /// Without PT it says so and exits 0. Needs no network: uses `LOOKBACK_BIN` if set.
+    PtSmoke {
+        /// `sampling` runs the same captures with the sampling recorder (to try the script
+        /// where PT is missing; calls are not counted then).
+        #[arg(long, default_value = "intel-pt")]
+        backend: String,
+    },
     /// The agent under continuous triggers; RSS, CPU and fds sampled every 10 s (needs root).
     Soak {
         /// How long.
@@ -111,6 +122,9 @@ fn main() -> std::process::ExitCode {
         }
         Command::BenchSampling => {
             setup::setup().and_then(|env| bench_sampling::bench_sampling(&env))
+        }
+        Command::PtSmoke { backend } => {
+            util::workspace_root().and_then(|root| pt_smoke::pt_smoke(&root, &backend))
         }
         Command::Soak { minutes } => setup::setup().and_then(|env| soak::soak(&env, minutes)),
     };

@@ -224,6 +224,10 @@ fn kernel_takes_members(
     Ok(())
 }
 
+/// The PT event's attr. Opened disabled and enabled once its AUX area is mapped
+/// ([`PtRecorder::add_process`]): an event enabled at open is scheduled in before the
+/// mmap, `pt_event_start` finds no AUX buffer and leaves it stopped until the task's next
+/// context switch, so a busy target that keeps its CPU was not traced at all.
 fn pt_attr(cfg: &PtConfig, include_kernel: bool) -> perf_event_attr {
     let mut attr = perf_event_attr {
         type_: cfg.pmu_type,
@@ -231,6 +235,7 @@ fn pt_attr(cfg: &PtConfig, include_kernel: bool) -> perf_event_attr {
         sample_type: SIDEBAND_SAMPLE_TYPE,
         ..perf_event_attr::default()
     };
+    attr.set_disabled(1);
     attr.set_inherit(1);
     attr.set_sample_id_all(1);
     attr.set_exclude_kernel(u64::from(!include_kernel));
@@ -430,6 +435,10 @@ impl Recorder for PtRecorder {
             self.switch.add_event(fd)?;
             self.switch_followers += 1;
         }
+        // Opened disabled (`pt_attr`): on now that the AUX areas exist, unless frozen.
+        if !self.disabled && self.switch.frozen_at().is_none() {
+            self.set_enabled(true)?;
+        }
         if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
             self.known_maps.insert(pid, maps);
         }
@@ -588,6 +597,21 @@ mod tests {
             ]
         );
         assert_eq!(specs[0].filter.as_deref(), Some(c"sig == 11"));
+    }
+
+    #[test]
+    fn the_pt_event_opens_disabled_and_inherited() {
+        let cfg = PtConfig {
+            pmu_type: 8,
+            config: 1,
+            fields: BTreeMap::new(),
+            notes: Vec::new(),
+        };
+        let attr = pt_attr(&cfg, false);
+        assert_eq!(
+            (attr.disabled(), attr.inherit(), attr.exclude_kernel()),
+            (1, 1, 1)
+        );
     }
 
     #[test]

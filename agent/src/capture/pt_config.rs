@@ -182,8 +182,19 @@ pub fn pack(pmu: &PmuInfo, opts: &PtOptions) -> Result<PtConfig, PtConfigError> 
     if pmu.format.contains_key("pt") {
         p.set("pt", 1)?;
     }
+    // `branch` likewise: a kernel without the `pt` and `branch` format fields always sets
+    // BranchEn itself (pt.c's config, "BRANCH_EN on by default"), so there is nothing to
+    // ask for; asking failed the recorder on such kernels.
+    let branch = opts.branch && pmu.format.contains_key("branch");
+    if opts.branch && !branch {
+        p.out.notes.push(
+            "branch left out: not in this kernel's intel_pt format (its driver always \
+             traces branches)"
+                .to_owned(),
+        );
+    }
     for (on, name) in [
-        (opts.branch, "branch"),
+        (branch, "branch"),
         (opts.tsc, "tsc"),
         (opts.noretcomp, "noretcomp"),
         (opts.ptw, "ptw"),

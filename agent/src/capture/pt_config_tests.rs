@@ -155,8 +155,16 @@ fn an_old_kernel_without_fields_or_with_garbage() {
         &[("tsc", "config:10"), ("noretcomp", "config:11")],
         &[],
     );
-    let err = pack(&pmu, &PtOptions::default()).unwrap_err();
-    assert_eq!(err, PtConfigError::MissingField { field: "branch" });
+    // The defaults: branch left out (that driver always traces branches), not an error
+    // (issue 18: it was `MissingField { field: "branch" }`, no recorder on such kernels).
+    let cfg = pack(&pmu, &PtOptions::default()).unwrap();
+    assert_eq!(cfg.config, 1 << 10);
+    assert_eq!(
+        cfg.notes.len(),
+        3,
+        "branch, mtc and cyc left out: {:?}",
+        cfg.notes
+    );
     let opts = PtOptions {
         branch: false,
         ..PtOptions::default()
@@ -201,5 +209,24 @@ fn values_too_wide_for_their_field() {
             field: "psb_period",
             value: 16
         })
+    );
+}
+
+#[test]
+fn a_kernel_without_the_pt_and_branch_fields_gets_neither() {
+    let root = tempfile::tempdir().unwrap();
+    let old: Vec<(&str, &str)> = FORMAT
+        .iter()
+        .copied()
+        .filter(|(name, _)| !matches!(*name, "pt" | "branch"))
+        .collect();
+    let pmu = fixture(root.path(), &old, CAPS);
+    let cfg = pack(&pmu, &PtOptions::default()).unwrap();
+    assert_eq!(cfg.config & (1 << 0 | 1 << 13), 0, "{:#x}", cfg.config);
+    assert!(!cfg.fields.contains_key("branch"));
+    assert!(
+        cfg.notes.iter().any(|n| n.starts_with("branch left out")),
+        "{:?}",
+        cfg.notes
     );
 }
