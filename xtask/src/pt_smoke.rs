@@ -10,7 +10,8 @@
 //! function cases know their answer: `workload calls 10 5 3000 100 1` makes its 5th call
 //! of `lb_work` the first slow one, so the trace up to the trigger holds exactly 5
 //! `lb_work` slices. Every case also reports the time from the trace's last event to its
-//! trigger marker (the trace must reach the trigger) and the decode errors in it.
+//! trigger marker (`trigger−end`: negative when the trace goes on past the trigger; more
+//! than 1 ms positive fails: the trace must reach its trigger) and its decode errors.
 //!
 //! Out: a table on stdout and `target/pt-smoke/report.txt` (with `check.json` and the
 //! traces beside it); exit status 1 on any mismatch. On a machine without PT it says so
@@ -173,14 +174,14 @@ pub fn pt_smoke(root: &Path, backend: &str) -> Result<()> {
     std::fs::write(out.join("check.json"), &check.stdout)?;
     let _ = writeln!(
         report,
-        "lookback check --json: exit {} ({} bytes in check.json)",
+        "lookback check --json: {} ({} bytes in check.json)",
         check.status,
         check.stdout.len()
     );
     let _ = writeln!(
         report,
         "{:<44} {:>9} {:>8} {:>12} {:>7}  result",
-        "case", "lb_work", "events", "end→trigger", "errors"
+        "case", "lb_work", "events", "trigger−end", "errors"
     );
     let mut failed = 0;
     for (i, case) in CASES.iter().enumerate() {

@@ -769,33 +769,28 @@ impl TriggerEngine {
             .collect()
     }
 
-    /// Exec/exit records the kernel dropped because their ring was full (summed over CPUs).
-    pub fn process_events_lost(&self) -> Result<u64, TriggerError> {
-        let name = "PROC_EVENTS_LOST";
+    /// Slot `index` of the per-CPU counter array `name`, summed over CPUs.
+    fn per_cpu_sum(&self, name: &'static str, index: u32) -> Result<u64, TriggerError> {
         let map = self
             .ebpf
             .map(name)
             .ok_or(TriggerError::MissingMap { name })?;
         let map: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err(name))?;
-        Ok(map.get(&0, 0).map_err(map_err(name))?.iter().sum())
+        Ok(map.get(&index, 0).map_err(map_err(name))?.iter().sum())
+    }
+
+    /// Exec/exit records the kernel dropped because their ring was full (summed over CPUs).
+    pub fn process_events_lost(&self) -> Result<u64, TriggerError> {
+        self.per_cpu_sum("PROC_EVENTS_LOST", 0)
     }
 
     /// Processes the kernel selected at exec by their comm, and how many of those had
     /// their exec record dropped (summed over CPUs; `EXEC_SELECTED`).
     pub fn exec_selected(&self) -> Result<ExecSelected, TriggerError> {
         use lookback_common::process::{EXEC_SELECTED_ALL, EXEC_SELECTED_LOST};
-        let name = "EXEC_SELECTED";
-        let map = self
-            .ebpf
-            .map(name)
-            .ok_or(TriggerError::MissingMap { name })?;
-        let map: PerCpuArray<_, u64> = PerCpuArray::try_from(map).map_err(map_err(name))?;
-        let sum = |i: u32| -> Result<u64, TriggerError> {
-            Ok(map.get(&i, 0).map_err(map_err(name))?.iter().sum())
-        };
         Ok(ExecSelected {
-            selected: sum(EXEC_SELECTED_ALL)?,
-            lost: sum(EXEC_SELECTED_LOST)?,
+            selected: self.per_cpu_sum("EXEC_SELECTED", EXEC_SELECTED_ALL)?,
+            lost: self.per_cpu_sum("EXEC_SELECTED", EXEC_SELECTED_LOST)?,
         })
     }
 
