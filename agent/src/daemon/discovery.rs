@@ -76,6 +76,39 @@ pub fn has_exited(proc_root: &Path, pid: u32) -> bool {
     exiting || matches!(fields.first(), Some(&("Z" | "X")) | None)
 }
 
+/// When process `pid` started, in clock ticks since boot (`starttime`, field 22 of
+/// `/proc/PID/stat`); `None` when it is gone or the line is malformed.
+pub fn start_ticks(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // Fields from 3 (state) on: starttime is the 20th of them.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The clock ticks per second of [`start_ticks`] (`_SC_CLK_TCK`).
+pub fn ticks_per_second() -> Option<u64> {
+    // SAFETY: sysconf has no memory preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(hz).ok().filter(|&h| h > 0)
+}
+
+/// Now, in the clock ticks of [`start_ticks`] (`CLOCK_BOOTTIME` at `_SC_CLK_TCK`).
+pub fn now_ticks() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid pointer it is given.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) };
+    let hz = ticks_per_second()?;
+    if rc != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u64::try_from(ts.tv_nsec).ok()?;
+    Some(secs * hz + nanos * hz / 1_000_000_000)
+}
+
 /// The signals process `pid` ignores (`SigIgn` of `/proc/PID/status`: bit `n - 1` for
 /// signal `n`); `None` when it is gone. A signal sent to a process that ignores it is
 /// dropped before delivery, so a signal rule for it never fires (a fault's SIGSEGV is
@@ -217,6 +250,17 @@ mod tests {
         assert!(!has_exited(dir.path(), 13));
         assert!(has_exited(dir.path(), 14));
         assert!(has_exited(dir.path(), 15));
+        // starttime, field 22 (`(a) b)`: the comm's parentheses do not count).
+        fs::write(
+            dir.path().join("10/stat"),
+            "10 (a) b) S 1 10 10 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 10",
+        )
+        .unwrap();
+        assert_eq!(start_ticks(dir.path(), 10), Some(123_456));
+        assert_eq!(start_ticks(dir.path(), 14), None);
+        // Our own process started before now.
+        let own = start_ticks(Path::new("/proc"), std::process::id()).unwrap();
+        assert!(own <= now_ticks().unwrap());
     }
 
     #[test]

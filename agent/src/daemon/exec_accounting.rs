@@ -10,10 +10,10 @@
 //!   two reconcile as a count (`selected = traced + gone + not_matching + failed + lost`
 //!   once the ring is drained), where before a full ring or a short-lived process made
 //!   them disappear without a trace;
-//! - `lookback_function_probes_late_total{rule}`: processes of a binary the rule does not
-//!   name that ran before the rule's probe was in their binary (the first process of a
-//!   new binary: its calls until then are not seen; naming the binary places the probe
-//!   when the rule loads).
+//! - `lookback_function_probes_late_total{rule}`: processes started after the rule was
+//!   installed that ran before the rule's probe was in their binary (the first process
+//!   of a binary the rule does not name: its calls until then are not seen; naming the
+//!   binary places the probe when the rule loads).
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
 use super::metrics::{MetricsError, counter_vec, delta, register};

@@ -49,6 +49,9 @@ pub struct ActiveRule {
     pub probe_error: Option<String>,
     /// Its short reason (`lookback_rule_probe_errors`).
     pub probe_error_reason: Option<&'static str>,
+    /// When the rule was installed ([`discovery::now_ticks`]): a process started later
+    /// that gets the rule's probe only now ran unprobed for a while.
+    installed_ticks: Option<u64>,
 }
 
 /// A traced process.
@@ -460,6 +463,7 @@ impl Tracer {
             binaries: BTreeMap::new(),
             probe_error: None,
             probe_error_reason: None,
+            installed_ticks: discovery::now_ticks(),
         };
         // A function rule that names its binary (or an exe target) is probed right away,
         // so that processes started later are covered from their first instruction. Not
@@ -1024,8 +1028,22 @@ impl Tracer {
                     &resolve::Lookup::of(&trigger),
                 )
             });
-            if placed && let Some(at) = exec_ns {
-                let late_ms = crate::sys::monotonic_ns().saturating_sub(at) / 1_000_000;
+            // Late: the process started after the rule was installed (found by its exec
+            // event, a trigger or a rescan alike), so it ran before its probe.
+            let started = discovery::start_ticks(&self.proc_root, pid);
+            let late = matches!(
+                (started, active.installed_ticks),
+                (Some(s), Some(i)) if s > i
+            );
+            if placed && late {
+                let late_ms = exec_ns.map_or_else(
+                    || {
+                        let hz = discovery::ticks_per_second().unwrap_or(100);
+                        let now = discovery::now_ticks().unwrap_or(0);
+                        now.saturating_sub(started.unwrap_or(now)) * 1000 / hz
+                    },
+                    |at| crate::sys::monotonic_ns().saturating_sub(at) / 1_000_000,
+                );
                 log::info!(
                     "rule {}: process {pid} ({}) ran {} for {late_ms} ms before the rule's \
                      probe was placed in it: its calls until then are not seen (name the \
