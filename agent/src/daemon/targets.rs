@@ -1028,14 +1028,14 @@ impl Tracer {
                     &resolve::Lookup::of(&trigger),
                 )
             });
+            if !placed {
+                continue;
+            }
             // Late: the process started after the rule was installed (found by its exec
-            // event, a trigger or a rescan alike), so it ran before its probe.
+            // event, a trigger or a rescan alike), so it ran before its probe. Read only
+            // when a probe was just placed, not for every process looked at.
             let started = discovery::start_ticks(&self.proc_root, pid);
-            let late = matches!(
-                (started, active.installed_ticks),
-                (Some(s), Some(i)) if s > i
-            );
-            if placed && late {
+            if matches!((started, active.installed_ticks), (Some(s), Some(i)) if s > i) {
                 let late_ms = exec_ns.map_or_else(
                     || {
                         let hz = discovery::ticks_per_second().unwrap_or(100);
