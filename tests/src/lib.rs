@@ -372,3 +372,33 @@ pub fn open_at_instant(events: &[serde_json::Value], instant: &str) -> Vec<Strin
     }
     open
 }
+
+/// `python3 tests/scripts/check_fxt.py TRACE` → its JSON, or `None` (skip) without python3.
+///
+/// # Panics
+/// When the script fails or prints no JSON, or python3 is missing on CI.
+pub fn read_fxt(trace: &Path) -> Option<serde_json::Value> {
+    if Command::new("python3").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 is missing on CI: the FXT trace cannot be checked"
+        );
+        #[expect(clippy::print_stderr, reason = "a skipped test says why")]
+        {
+            eprintln!("skipped: python3 is missing, the FXT trace cannot be checked");
+        }
+        return None;
+    }
+    let script = workspace_root().join("tests/scripts/check_fxt.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(trace)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "check_fxt.py failed (exit 3: run `cargo xtask setup` to install the fxt package): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).expect("check_fxt.py prints JSON"))
+}

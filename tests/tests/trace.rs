@@ -7,7 +7,7 @@ use std::{
     process::{Command, Output},
 };
 
-use lookback_tests::{chrome_events, lookback_bin, open_at_instant, workload, workspace_root};
+use lookback_tests::{chrome_events, lookback_bin, open_at_instant, read_fxt, workload};
 use serde_json::Value;
 
 const RULE: &str = "func:lb_spin>20ms";
@@ -45,33 +45,6 @@ fn snapshot_line(out: &Output) -> Value {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v.get("trace").is_some())
         .expect("a JSON line for the snapshot")
-}
-
-/// `python3 tests/scripts/check_fxt.py TRACE` → its JSON, or `None` (skip) without python3.
-fn read_fxt(trace: &Path) -> Option<Value> {
-    if Command::new("python3").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "python3 is missing on CI: the FXT trace cannot be checked"
-        );
-        #[expect(clippy::print_stderr, reason = "a skipped test says why")]
-        {
-            eprintln!("skipped: python3 is missing, the FXT trace cannot be checked");
-        }
-        return None;
-    }
-    let script = workspace_root().join("tests/scripts/check_fxt.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(trace)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "check_fxt.py failed (exit 3: run `cargo xtask setup` to install the fxt package): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(serde_json::from_slice(&out.stdout).expect("check_fxt.py prints JSON"))
 }
 
 fn is_spin(name: &str) -> bool {

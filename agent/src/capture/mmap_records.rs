@@ -147,7 +147,7 @@ pub fn recorded_maps_of<'a>(
 
 /// `PERF_RECORD_MMAP2`: pid, tid, addr, len, pgoff, (maj, min, ino, `ino_generation`) or a
 /// build-id, prot, flags, filename.
-fn mmap2(body: &[u8], misc: u16) -> Option<(u32, MapEntry)> {
+pub fn mmap2(body: &[u8], misc: u16) -> Option<(u32, MapEntry)> {
     let u32_at = |at: usize| {
         body.get(at..at + 4)
             .and_then(|b| b.try_into().ok())

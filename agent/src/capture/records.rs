@@ -292,18 +292,28 @@ fn user_regs(mask: u64, values: &[u64]) -> Option<UserRegs> {
 /// The (pid, tid) and time of a `sample_id_all` trailer, each when present.
 pub type IdTrailer = (Option<(u32, u32)>, Option<u64>);
 
+/// The fields a `sample_id_all` trailer can have, in their order, 8 bytes each.
+pub const TRAILER_FIELDS: [u64; 6] = [
+    SAMPLE_TID,
+    SAMPLE_TIME,
+    SAMPLE_ID,
+    SAMPLE_STREAM_ID,
+    SAMPLE_CPU,
+    SAMPLE_IDENTIFIER,
+];
+
+/// Bytes of the `sample_id_all` trailer of `sample_type`.
+pub fn trailer_len(sample_type: u64) -> usize {
+    TRAILER_FIELDS
+        .iter()
+        .filter(|&&f| sample_type & f != 0)
+        .count()
+        * 8
+}
+
 /// The `sample_id_all` trailer of a non-sample record.
 pub fn id_trailer(sample_type: u64, body: &[u8]) -> Option<IdTrailer> {
-    let fields = [
-        SAMPLE_TID,
-        SAMPLE_TIME,
-        SAMPLE_ID,
-        SAMPLE_STREAM_ID,
-        SAMPLE_CPU,
-        SAMPLE_IDENTIFIER,
-    ];
-    let n = fields.iter().filter(|&&f| sample_type & f != 0).count();
-    let start = body.len().checked_sub(n * 8)?;
+    let start = body.len().checked_sub(trailer_len(sample_type))?;
     let mut c = Cursor {
         bytes: body,
         at: start,

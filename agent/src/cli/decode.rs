@@ -2,8 +2,11 @@
 //!
 //! `lookback decode SNAPSHOT.lbsnap [-o OUT]` writes the trace of a sampling or Intel PT
 //! snapshot (FXT by default, `OUT` = the input's stem + `.fxt.gz`; `.json`/`.json.gz` →
-//! Chrome JSON). Raw Intel PT is decoded with `--pt FILE` and the code
-//! given by `--raw FILE[:OFFSET[-END]]:ADDR`. Its debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
+//! Chrome JSON); `lookback decode perf.data [-o OUT]` does the same for a `perf record -e
+//! intel_pt//` recording (its binaries found under `--symfs`, in the build-id cache or
+//! at their paths, with the recorded build-ids). Raw Intel PT is decoded with `--pt FILE`
+//! and the code given by `--elf FILE[:BASE]` or `--raw FILE[:OFFSET[-END]]:ADDR`; with
+//! `-o OUT` it becomes a trace file the same way. Its debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
 //! `--ptxed` (instructions and events, like Intel's `ptxed --no-inst`) and `--stats`
 //! (counts and throughput, like `ptxed --stat --stat:insn`). Without a mode, the branch
 //! events are listed. Options of Intel's tools go after `--`, perf sideband among them
@@ -22,6 +25,7 @@ use clap::Args;
 
 use super::pt_files::{FileLoader, kernel_image, read_pevent};
 use super::{CliError, CliResult};
+use crate::decode::import::raw::{ElfSpec, raw_segment};
 use crate::decode::pt::branches::{BranchKind, Branches, DecodeCounts};
 use crate::decode::pt::decoder::PacketDecoder;
 use crate::decode::pt::image::{Image, RawSpec};
@@ -37,16 +41,20 @@ use crate::decode::pt::{Cpu, Errata};
 #[command(after_help = "Examples:\n  \
 lookback decode trace.lbsnap                      # → trace.fxt.gz\n  \
 lookback decode trace.lbsnap -o trace.json.gz\n  \
+lookback decode perf.data --symfs /mnt/host -o perf.fxt.gz\n  \
+lookback decode --pt trace.pt --elf ./server:0x555555554000 -o trace.fxt.gz\n  \
 lookback decode --pt trace.pt --raw code.bin:0x400000 --stats\n  \
 lookback decode --pt trace.pt --raw code.bin:0x400000 --ptxed -- --event:ip --block:show-blocks\n  \
 lookback decode --pt trace.pt --ptdump -- --lastip --time")]
 pub struct DecodeArgs {
-    /// A snapshot (.lbsnap) to turn into a trace file.
-    #[arg(conflicts_with_all = ["pt", "raw", "ptdump", "ptxed"])]
+    /// A snapshot (.lbsnap) or a `perf record -e intel_pt//` file (perf.data) to turn
+    /// into a trace file.
+    #[arg(conflicts_with_all = ["pt", "raw", "elf", "ptdump", "ptxed"])]
     pub input: Option<PathBuf>,
-    /// The trace file for INPUT: `.fxt`/`.fxt.gz` (FXT) or `.json`/`.json.gz` (Chrome
-    /// JSON), gzipped when it ends in `.gz`. Default: INPUT's stem + `.fxt.gz`.
-    #[arg(short, long, value_name = "OUT", requires = "input")]
+    /// The trace file for INPUT or `--pt`: `.fxt`/`.fxt.gz` (FXT) or `.json`/`.json.gz`
+    /// (Chrome JSON), gzipped when it ends in `.gz`. Default for INPUT: its stem +
+    /// `.fxt.gz`; without it, `--pt` lists the branch events.
+    #[arg(short, long, value_name = "OUT", conflicts_with_all = ["ptdump", "ptxed"])]
     pub output: Option<PathBuf>,
     /// A raw Intel PT trace (the AUX data, oldest byte first).
     #[arg(long, value_name = "FILE")]
@@ -55,6 +63,18 @@ pub struct DecodeArgs {
     /// ADDR. May be given more than once; later files shadow earlier ones.
     #[arg(long, value_name = "FILE:ADDR")]
     pub raw: Vec<String>,
+    /// An ELF file the trace ran: FILE[:BASE] maps its loadable, executable segments
+    /// (with BASE, the lowest loadable one at BASE, as ptxed does; without, at the
+    /// addresses the file gives). Its functions name the calls. Repeatable.
+    #[arg(long, value_name = "FILE[:BASE]", requires = "pt")]
+    pub elf: Vec<String>,
+    /// perf.data: look for the recording's binaries under DIR (as `perf report --symfs`),
+    /// not at their paths.
+    #[arg(long, value_name = "DIR", requires = "input")]
+    pub symfs: Option<PathBuf>,
+    /// perf.data: the build-id cache (default `~/.debug`, as perf's).
+    #[arg(long, value_name = "DIR", requires = "input")]
+    pub buildid_dir: Option<PathBuf>,
     /// The CPU that recorded the trace, for its errata: FAMILY/MODEL[/STEPPING].
     #[arg(long, value_name = "F/M[/S]")]
     pub cpu: Option<String>,
@@ -150,25 +170,135 @@ fn peak_rss() -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn run_snapshot(
-    input: &Path,
-    output: Option<&Path>,
-    stats: bool,
-    debug_dirs: &[PathBuf],
-) -> CliResult {
+/// Whether `path` starts with perf.data's magic.
+fn is_perf_data(path: &Path) -> bool {
+    use std::io::Read as _;
+    let mut magic = [0u8; 8];
+    fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| &magic == b"PERFILE2" || &magic == b"2ELIFREP")
+}
+
+fn run_snapshot(args: &DecodeArgs, input: &Path) -> CliResult {
     let started = Instant::now();
-    let mut snap = crate::snapshot::read(input)
-        .with_context(|| format!("reading {}", input.display()))
-        .map_err(CliError::runtime)?;
+    let (mut snap, about) = if is_perf_data(input) {
+        read_perf_data(input, args)?
+    } else {
+        let snap = crate::snapshot::read(input)
+            .with_context(|| format!("reading {}", input.display()))
+            .map_err(CliError::runtime)?;
+        (snap, None)
+    };
     // The directories given first: they are where the user knows the files are.
-    let mut dirs = debug_dirs.to_vec();
+    let mut dirs = args.debug_dir.clone();
     dirs.extend(std::mem::take(&mut snap.meta.debug_dirs));
     snap.meta.debug_dirs = dirs;
-    let read_time = started.elapsed();
-    let out = output.map_or_else(|| default_output(input), Path::to_owned);
-    let started = Instant::now();
-    let summary = crate::writer::write_trace(&snap, &out)
+    let out = args.output.clone().unwrap_or_else(|| default_output(input));
+    write_snapshot(&snap, &out, args.stats, started.elapsed(), about)
+}
+
+/// What a perf.data file held, for `--stats`: its AUX rings and records by type.
+fn perf_data_about(file: &crate::decode::perf_file::PerfFile) -> String {
+    let mut rings: std::collections::BTreeMap<(u32, u32), usize> =
+        std::collections::BTreeMap::new();
+    for chunk in &file.aux {
+        *rings.entry((chunk.idx, chunk.cpu)).or_default() += chunk.data.len();
+    }
+    let rings: Vec<String> = rings
+        .iter()
+        .map(|((idx, cpu), bytes)| match *cpu {
+            u32::MAX => format!("mmap {idx} {bytes}"),
+            cpu => format!("cpu {cpu} {bytes}"),
+        })
+        .collect();
+    let mut kinds: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    for record in &file.records {
+        *kinds.entry(record.kind).or_default() += 1;
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+    format!(
+        "perf.data: {} mode, {} events, AUX bytes: {}; kernel records by type: {}",
+        if file.pipe { "pipe" } else { "file" },
+        file.attrs.len(),
+        rings.join(", "),
+        kinds.join(" ")
+    )
+}
+
+/// A perf.data recording of Intel PT as a snapshot, its binaries found here.
+fn read_perf_data(
+    input: &Path,
+    args: &DecodeArgs,
+) -> Result<(crate::snapshot::Snapshot, Option<String>), CliError> {
+    let bytes = read(input)?;
+    let file = crate::decode::perf_file::PerfFile::parse(&bytes)
+        .with_context(|| format!("reading {}", input.display()))
+        .map_err(CliError::runtime)?;
+    if let Some((offset, why)) = &file.stopped {
+        log::warn!(
+            "{}: the records stop at byte {offset}: {why}; decoding what came before",
+            input.display()
+        );
+    }
+    let mut snap = crate::decode::import::perf::snapshot(&file)
         .with_context(|| format!("decoding {}", input.display()))
+        .map_err(CliError::runtime)?;
+    let places = super::local_binaries::Places {
+        symfs: args.symfs.clone(),
+        buildid_dir: args.buildid_dir.clone(),
+    };
+    let resolved = super::local_binaries::resolve(&mut snap, &places);
+    log::info!(
+        "{}: {} AUX rings ({} bytes), {} processes, {} of {} binaries found here",
+        input.display(),
+        snap.rings.len(),
+        snap.rings.iter().map(|r| r.data.len()).sum::<usize>(),
+        snap.maps.len(),
+        resolved.found.len(),
+        resolved.found.len() + resolved.missing.len()
+    );
+    for (path, why) in &resolved.missing {
+        log::warn!("{path}: {why}: its code is not decoded and its frames are [unknown]");
+    }
+    Ok((snap, Some(perf_data_about(&file))))
+}
+
+/// Raw Intel PT and the code it ran as a snapshot (`--pt FILE ... -o OUT`).
+fn raw_snapshot(
+    pt: &Path,
+    trace: Vec<u8>,
+    code: Vec<(crate::capture::MapEntry, Vec<u8>)>,
+    args: &DecodeArgs,
+) -> crate::snapshot::Snapshot {
+    let name = pt
+        .file_name()
+        .map_or_else(|| "trace".to_owned(), |n| n.to_string_lossy().into_owned());
+    let mut snap = crate::decode::import::raw::snapshot(trace, code, &name);
+    if let Some(cpu) = &args.cpu {
+        snap.meta.recorder.pt_timing = Some(crate::capture::pt_timing::PtTiming {
+            cpu: Some(cpu.clone()),
+            ..Default::default()
+        });
+    }
+    let resolved =
+        super::local_binaries::resolve(&mut snap, &super::local_binaries::Places::default());
+    for (path, why) in &resolved.missing {
+        log::warn!("{path}: {why}");
+    }
+    snap
+}
+
+/// Writes the trace of `snap` (read from `input` in `read_time`) to `out`.
+fn write_snapshot(
+    snap: &crate::snapshot::Snapshot,
+    out: &Path,
+    stats: bool,
+    read_time: std::time::Duration,
+    about: Option<String>,
+) -> CliResult {
+    let started = Instant::now();
+    let summary = crate::writer::write_trace(snap, out)
+        .with_context(|| format!("writing {}", out.display()))
         .map_err(CliError::runtime)?;
     log::info!(
         "{}: {} threads, {} samples, {} branches ({} decode errors), {} slices, {} unknown frames, {:.1?}",
@@ -192,6 +322,9 @@ fn run_snapshot(
     {
         println!("{}", out.display());
         if stats {
+            if let Some(about) = about {
+                println!("{about}");
+            }
             println!(
                 "snapshot: {} ({} bytes of raw data), read in {:.3} s",
                 snap.meta.backend.as_str(),
@@ -219,7 +352,7 @@ fn run_snapshot(
 
 pub fn run(args: &DecodeArgs) -> CliResult {
     if let Some(input) = &args.input {
-        return run_snapshot(input, args.output.as_deref(), args.stats, &args.debug_dir);
+        return run_snapshot(args, input);
     }
     let Some(pt) = &args.pt else {
         return Err(CliError::usage(anyhow::anyhow!(
@@ -244,10 +377,28 @@ pub fn run(args: &DecodeArgs) -> CliResult {
         specs.push(RawSpec::parse(raw).map_err(CliError::usage)?);
     }
     specs.append(&mut opts.raw);
+    let mut code = Vec::new();
+    for spec in &args.elf {
+        let mut spec = ElfSpec::parse(spec);
+        let bytes = read(Path::new(&spec.path))?;
+        if let Ok(abs) = fs::canonicalize(&spec.path) {
+            spec.path = abs.to_string_lossy().into_owned();
+        }
+        code.extend(spec.segments(&bytes).map_err(CliError::usage)?);
+    }
     let mut image = Image::new();
+    for (entry, bytes) in &code {
+        image.add(&entry.path, bytes.clone(), entry.start);
+    }
     for spec in &specs {
         let bytes = read(Path::new(&spec.path))?;
         image.add(&spec.path, spec.slice(&bytes).to_vec(), spec.addr);
+        code.push(raw_segment(spec, &bytes));
+    }
+    if let Some(out) = &args.output {
+        let started = Instant::now();
+        let snap = raw_snapshot(pt, trace, code, args);
+        return write_snapshot(&snap, out, args.stats, started.elapsed(), None);
     }
     if args.ptxed {
         return run_ptxed(&trace, &image, &opts);

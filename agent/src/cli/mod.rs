@@ -11,6 +11,7 @@ pub mod check;
 pub mod decode;
 mod json_out;
 mod live;
+mod local_binaries;
 mod output_path;
 pub mod pt_files;
 mod record;

@@ -6,6 +6,8 @@
 //! `samples` the sampled stacks; decoding never opens files or asks the live system
 //! anything (code that is not in the snapshot comes through a caller's `CodeSource`).
 
+pub mod import;
+pub mod perf_file;
 pub mod pt;
 pub mod pt_snapshot;
 pub mod samples;

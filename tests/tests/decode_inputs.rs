@@ -1,0 +1,445 @@
+//! Recordings lookback did not make, turned into timelines by `lookback decode`: a raw
+//! Intel PT capture with its ELF file, and `perf record` files (perf.data).
+//!
+//! The raw captures are Intel libipt's conformance traces (`../shared/corpus`, made by
+//! Intel's tools), their code linked into ELF files here by gcc with named functions.
+//! perf.data files come from Debian's `perf` (this machine has no Intel PT: its files
+//! hold none, which must be refused with the reason) and, where present, from public
+//! recordings of real Intel PT hardware given in `LOOKBACK_REAL_TRACES` (default
+//! `../real-traces` beside the repository; e.g. `perf.data.intel_pt-4.14` and
+//! `perf.data.piped.intel_pt-4.14` of `google/perf_data_converter`'s quipper test data,
+//! never committed). Each parse is compared with an independent reader in the same run:
+//! `perf report -D` for file mode, quipper's recorded parse (`….pr.out.pb_text`) for pipe
+//! mode. The traces are read by the independent `fxt` parser.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use lookback_tests::{lookback_bin, read_fxt, workspace_root};
+use object::{Object as _, ObjectSegment as _};
+use serde_json::Value;
+
+fn corpus() -> PathBuf {
+    workspace_root().join("../shared/corpus/libipt/core")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Per thread name: the (name, depth) of its slices.
+fn slices(doc: &Value) -> BTreeMap<String, Vec<(String, u64)>> {
+    doc["threads"]
+        .as_array()
+        .expect("threads")
+        .iter()
+        .map(|t| {
+            let slices = t["slices"]
+                .as_array()
+                .expect("slices")
+                .iter()
+                .map(|s| {
+                    (
+                        s["name"].as_str().unwrap_or_default().to_owned(),
+                        s["depth"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect();
+            (t["name"].as_str().unwrap_or_default().to_owned(), slices)
+        })
+        .collect()
+}
+
+/// An ELF file with the code of a libipt case, its bytes `[0, 8)` function `outer` and
+/// `[8, 10)` function `callee`, its text linked at `text_at`.
+fn call_elf(dir: &Path, text_at: u64) -> PathBuf {
+    let bin = corpus().join("call_direct-ret_compressed.bin");
+    let source = dir.join("call.s");
+    std::fs::write(
+        &source,
+        format!(
+            ".text\n.globl outer\n.type outer,@function\nouter:\n.incbin \"{bin}\", 0, 8\n.size outer, 8\n\
+             .globl callee\n.type callee,@function\ncallee:\n.incbin \"{bin}\", 8, 2\n.size callee, 2\n",
+            bin = bin.display()
+        ),
+    )
+    .expect("write call.s");
+    let elf = dir.join(format!("call-{text_at:x}.elf"));
+    let out = Command::new("gcc")
+        .args([
+            "-nostdlib",
+            "-static",
+            "-no-pie",
+            "-Wl,--build-id",
+            "-Wl,-e,outer",
+        ])
+        .arg(format!("-Wl,-Ttext={text_at:#x}"))
+        .arg("-o")
+        .arg(&elf)
+        .arg(&source)
+        .output()
+        .expect("gcc");
+    assert!(out.status.success(), "gcc: {}", text(&out));
+    elf
+}
+
+/// The lowest address of `elf`'s loadable segments (where ptxed's BASE puts it).
+fn lowest_segment(elf: &Path) -> u64 {
+    let bytes = std::fs::read(elf).expect("read elf");
+    let file = object::File::parse(&*bytes).expect("parse elf");
+    file.segments()
+        .map(|s| s.address())
+        .min()
+        .expect("segments")
+}
+
+#[test]
+fn a_raw_capture_and_its_elf_become_a_trace_with_its_calls_named() {
+    let pt = corpus().join("call_direct-ret_compressed.pt");
+    assert!(
+        pt.is_file(),
+        "the libipt corpus is missing: {}",
+        pt.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The trace ran the code at 0x100000: an ELF linked there, and one linked elsewhere
+    // and relocated with BASE (its lowest segment's new address, as ptxed takes it).
+    let at_place = call_elf(dir.path(), 0x10_0000);
+    let elsewhere = call_elf(dir.path(), 0x30_0000);
+    let base = lowest_segment(&elsewhere) - 0x20_0000;
+    let relocated = format!("{}:{base:#x}", elsewhere.display());
+    for elf in [at_place.display().to_string(), relocated] {
+        let trace = dir.path().join("t.fxt");
+        let out = Command::new(lookback_bin())
+            .args(["decode", "--pt"])
+            .arg(&pt)
+            .args(["--elf", &elf, "-o"])
+            .arg(&trace)
+            .output()
+            .expect("lookback decode");
+        assert!(out.status.success(), "{elf}: {}", text(&out));
+        let Some(doc) = read_fxt(&trace) else { return };
+        let threads = slices(&doc);
+        let [(_, only)] = threads.iter().collect::<Vec<_>>()[..] else {
+            panic!("{elf}: one track expected: {threads:?}");
+        };
+        let named: Vec<(&str, u64)> = only
+            .iter()
+            .filter(|(n, _)| !n.starts_with('['))
+            .map(|(n, d)| (n.as_str(), *d))
+            .collect();
+        assert_eq!(named, [("outer", 0), ("callee", 1)], "{elf}: {only:?}");
+        assert!(
+            only.iter().all(|(n, _)| !n.starts_with("[decode error")),
+            "{elf}: {only:?}"
+        );
+    }
+}
+
+#[test]
+fn code_at_the_wrong_address_is_a_marked_error_not_invented_calls() {
+    let pt = corpus().join("call_direct-ret_compressed.pt");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elf = call_elf(dir.path(), 0x30_0000);
+    let trace = dir.path().join("t.fxt");
+    let out = Command::new(lookback_bin())
+        .args(["decode", "--pt"])
+        .arg(&pt)
+        .arg("--elf")
+        .arg(&elf)
+        .arg("-o")
+        .arg(&trace)
+        .output()
+        .expect("lookback decode");
+    assert!(out.status.success(), "{}", text(&out));
+    let Some(doc) = read_fxt(&trace) else { return };
+    let threads = slices(&doc);
+    let all: Vec<&(String, u64)> = threads.values().flatten().collect();
+    assert!(
+        all.iter().any(|(n, _)| n.starts_with("[decode error")),
+        "{all:?}"
+    );
+    assert!(
+        all.iter().all(|(n, _)| n != "outer" && n != "callee"),
+        "{all:?}"
+    );
+}
+
+/// Whether `perf` runs here; on CI it must (`cargo xtask setup` installs linux-perf).
+fn have_perf() -> bool {
+    let ok = Command::new("perf")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok || std::env::var_os("CI").is_none(),
+        "perf is missing on CI"
+    );
+    ok
+}
+
+#[test]
+fn a_perf_data_without_intel_pt_is_refused_with_the_reason_also_when_cut() {
+    if !have_perf() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("perf.data");
+    let record = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "--switch-events", "-o"])
+        .arg(&data)
+        .args(["--", "/bin/true"])
+        .output()
+        .expect("perf record");
+    assert!(record.status.success(), "perf record: {}", text(&record));
+    let bytes = std::fs::read(&data).expect("perf.data");
+    let cut = dir.path().join("cut.data");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).expect("write cut");
+    for file in [&data, &cut] {
+        let out = Command::new(lookback_bin())
+            .arg("decode")
+            .arg(file)
+            .arg("-o")
+            .arg(dir.path().join("t.fxt"))
+            .output()
+            .expect("lookback decode");
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{}: {said}", file.display());
+        assert!(
+            said.contains("no Intel PT in this perf.data"),
+            "{}: {said}",
+            file.display()
+        );
+        assert!(!said.contains("panicked"), "{said}");
+    }
+}
+
+/// A skipped test says why.
+fn skipped(why: &str) {
+    #[expect(clippy::print_stderr, reason = "a skipped test says why")]
+    {
+        eprintln!("skipped: {why}");
+    }
+}
+
+/// The directory of public real Intel PT recordings, when there is one.
+fn real_traces() -> Option<PathBuf> {
+    let dir = std::env::var_os("LOOKBACK_REAL_TRACES")
+        .map_or_else(|| workspace_root().join("../real-traces"), PathBuf::from);
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    skipped(&format!(
+        "no real Intel PT recordings in {} (LOOKBACK_REAL_TRACES)",
+        dir.display()
+    ));
+    None
+}
+
+/// `perf report -D`'s AUX bytes by CPU and kernel records by type name.
+fn perf_dump(data: &Path) -> (BTreeMap<u32, u64>, BTreeMap<String, u64>) {
+    let out = Command::new("perf")
+        .args(["report", "-D", "-i"])
+        .arg(data)
+        .output()
+        .expect("perf report -D");
+    let mut aux = BTreeMap::new();
+    let mut kinds = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(at) = line.find("PERF_RECORD_") else {
+            continue;
+        };
+        if !line.contains(": PERF_RECORD_") {
+            continue;
+        }
+        let kind: String = line[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        if kind == "PERF_RECORD_AUXTRACE" {
+            let field = |name: &str| {
+                let rest = &line[line.find(name)? + name.len()..];
+                let word = rest.split_whitespace().next()?;
+                u64::from_str_radix(word.trim_start_matches("0x"), 16)
+                    .ok()
+                    .or_else(|| word.parse().ok())
+            };
+            let size = field("size: ").expect("AUXTRACE size");
+            let cpu = line[line.find("cpu: ").expect("cpu") + 5..]
+                .trim()
+                .parse::<u32>()
+                .expect("cpu number");
+            *aux.entry(cpu).or_default() += size;
+        }
+        *kinds.entry(kind).or_default() += 1;
+    }
+    (aux, kinds)
+}
+
+/// `lookback decode FILE --stats`'s `perf.data:` line: AUX bytes by CPU, records by type.
+fn our_counts(stats: &str) -> (BTreeMap<u32, u64>, BTreeMap<u32, u64>) {
+    let line = stats
+        .lines()
+        .find(|l| l.starts_with("perf.data:"))
+        .expect("a perf.data line");
+    let aux_part = &line[line.find("AUX bytes: ").expect("aux") + 11..line.find(';').expect(";")];
+    let aux = aux_part
+        .split(", ")
+        .map(|p| {
+            let words: Vec<&str> = p.split_whitespace().collect();
+            (
+                words[1].parse().expect("cpu"),
+                words[2].parse().expect("bytes"),
+            )
+        })
+        .collect();
+    let kinds = line[line.find("by type: ").expect("types") + 9..]
+        .split_whitespace()
+        .map(|p| {
+            let (k, n) = p.split_once(':').expect("k:n");
+            (k.parse().expect("kind"), n.parse().expect("count"))
+        })
+        .collect();
+    (aux, kinds)
+}
+
+/// Record type numbers of the names `perf report -D` prints.
+const KINDS: [(&str, u32); 10] = [
+    ("PERF_RECORD_MMAP", 1),
+    ("PERF_RECORD_COMM", 3),
+    ("PERF_RECORD_EXIT", 4),
+    ("PERF_RECORD_FORK", 7),
+    ("PERF_RECORD_SAMPLE", 9),
+    ("PERF_RECORD_MMAP2", 10),
+    ("PERF_RECORD_AUX", 11),
+    ("PERF_RECORD_ITRACE_START", 12),
+    ("PERF_RECORD_SWITCH", 14),
+    ("PERF_RECORD_SWITCH_CPU_WIDE", 15),
+];
+
+/// Decodes a real recording; checks the trace the `fxt` parser reads: threads with the
+/// recording's names, decode errors marked where the binaries are absent.
+fn decode_real(data: &Path, dir: &Path) -> String {
+    let trace = dir.join("real.fxt.gz");
+    let out = Command::new(lookback_bin())
+        .arg("decode")
+        .arg(data)
+        .arg("--stats")
+        .arg("-o")
+        .arg(&trace)
+        .output()
+        .expect("lookback decode");
+    let said = text(&out);
+    assert!(out.status.success(), "{}: {said}", data.display());
+    assert!(
+        said.contains("[unknown]"),
+        "the missing binaries are named: {said}"
+    );
+    if let Some(doc) = read_fxt(&trace) {
+        let threads = slices(&doc);
+        assert!(
+            threads.keys().any(|n| n.starts_with("echo")),
+            "{:?}",
+            threads.keys()
+        );
+        let errors = threads
+            .values()
+            .flatten()
+            .filter(|(n, _)| n.starts_with("[decode error"))
+            .count();
+        assert!(errors > 0, "no decode error marked without the binaries");
+    }
+    said
+}
+
+#[test]
+fn a_public_perf_data_of_real_intel_pt_parses_as_perf_reads_it_and_becomes_a_trace() {
+    let Some(dir) = real_traces() else { return };
+    let data = dir.join("perf.data.intel_pt-4.14");
+    if !data.is_file() || !have_perf() {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let said = decode_real(&data, tmp.path());
+    let (aux, kinds) = our_counts(&said);
+    let (perf_aux, perf_kinds) = perf_dump(&data);
+    assert_eq!(aux, perf_aux, "AUX bytes by CPU");
+    for (name, kind) in KINDS {
+        assert_eq!(
+            kinds.get(&kind).copied().unwrap_or(0),
+            perf_kinds.get(name).copied().unwrap_or(0),
+            "{name}"
+        );
+    }
+    // Cut in the middle of an AUX chunk: what came before is decoded, with a warning.
+    let bytes = std::fs::read(&data).expect("read");
+    let cut = tmp.path().join("cut.data");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    let out = Command::new(lookback_bin())
+        .arg("decode")
+        .arg(&cut)
+        .arg("-o")
+        .arg(tmp.path().join("cut.fxt.gz"))
+        .output()
+        .expect("lookback decode");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("the records stop at byte"), "{said}");
+}
+
+/// quipper's recorded parse of a file: AUX bytes by CPU and events by kind.
+fn quipper_counts(pb_text: &str) -> (BTreeMap<u32, u64>, BTreeMap<String, u64>) {
+    let mut aux = BTreeMap::new();
+    let mut kinds = BTreeMap::new();
+    let mut in_aux = None::<u64>;
+    for line in pb_text.lines() {
+        let trimmed = line.trim();
+        if line.starts_with("  ") && !line.starts_with("   ") && trimmed.ends_with("_event {") {
+            *kinds
+                .entry(trimmed.trim_end_matches(" {").to_owned())
+                .or_default() += 1;
+            in_aux = (trimmed == "auxtrace_event {").then_some(0);
+        }
+        if let Some(size) = in_aux {
+            if let Some(v) = trimmed.strip_prefix("size: ") {
+                in_aux = v.parse().ok();
+            } else if let Some(cpu) = trimmed.strip_prefix("cpu: ") {
+                aux.insert(cpu.parse().expect("cpu"), size);
+                in_aux = None;
+            }
+        }
+    }
+    (aux, kinds)
+}
+
+#[test]
+fn a_public_piped_perf_data_of_real_intel_pt_parses_as_quipper_reads_it() {
+    let Some(dir) = real_traces() else { return };
+    let data = dir.join("perf.data.piped.intel_pt-4.14");
+    let reference = dir.join("perf.data.piped.intel_pt-4.14.pr.out.pb_text");
+    if !data.is_file() || !reference.is_file() {
+        skipped(&format!(
+            "{} or its quipper parse is missing",
+            data.display()
+        ));
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let said = decode_real(&data, tmp.path());
+    let (aux, kinds) = our_counts(&said);
+    let (q_aux, q_kinds) = quipper_counts(&std::fs::read_to_string(&reference).expect("read"));
+    assert_eq!(aux, q_aux, "AUX bytes by CPU");
+    let ours = |k: u32| kinds.get(&k).copied().unwrap_or(0);
+    let theirs = |k: &str| q_kinds.get(k).copied().unwrap_or(0);
+    assert_eq!(ours(1) + ours(10), theirs("mmap_event"), "MMAP and MMAP2");
+    assert_eq!(ours(3), theirs("comm_event"));
+    assert_eq!(ours(4), theirs("exit_event"));
+    assert_eq!(ours(9), theirs("sample_event"));
+    assert_eq!(ours(11), theirs("aux_event"));
+    assert_eq!(ours(12), theirs("itrace_start_event"));
+    assert_eq!(ours(14) + ours(15), theirs("context_switch_event"));
+}
