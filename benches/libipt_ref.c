@@ -1,6 +1,9 @@
 /* Reference for `cargo xtask bench-decode`: Intel's libipt on the same trace and code.
  *
- *   libipt_ref TRACE CODE ADDR
+ *   libipt_ref TRACE FILE:OFFSET:SIZE:ADDR...
+ *
+ * Each section maps SIZE bytes of FILE from OFFSET at ADDR (SIZE 0: to the end of the
+ * file); later sections over earlier ones, as ptxed's `--raw`.
  *
  * Times (1) a packet walk with libipt's packet decoder (what ptdump does, the lower
  * bound of any decoder) and (2) a full decode with its block decoder (what
@@ -12,6 +15,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void) {
@@ -86,18 +90,38 @@ static void blocks(struct pt_config *config, struct pt_image *image) {
 }
 
 int main(int argc, char **argv) {
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s TRACE CODE ADDR\n", argv[0]);
+	if (argc < 3) {
+		fprintf(stderr, "usage: %s TRACE FILE:OFFSET:SIZE:ADDR...\n", argv[0]);
 		return 2;
 	}
 	size_t size;
 	uint8_t *trace = read_file(argv[1], &size);
 	if (!trace) { perror(argv[1]); return 1; }
-	uint64_t addr = strtoull(argv[3], NULL, 0);
 	struct pt_image *image = pt_image_alloc("code");
-	if (pt_image_add_file(image, argv[2], 0, UINT64_MAX, NULL, addr) < 0) {
-		fprintf(stderr, "%s: cannot add to the image\n", argv[2]);
-		return 1;
+	/* As ptxed: sections through an image section cache, which keeps them mapped (an
+	 * image of plain file sections maps and unmaps one at every lookup). */
+	struct pt_image_section_cache *iscache = pt_iscache_alloc("iscache");
+	pt_iscache_set_limit(iscache, UINT64_MAX);
+	for (int i = 2; i < argc; i++) {
+		/* FILE may hold ':'; the last three fields are numbers. */
+		char *spec = argv[i];
+		char *c3 = strrchr(spec, ':');
+		if (!c3) { fprintf(stderr, "%s: expected FILE:OFFSET:SIZE:ADDR\n", spec); return 2; }
+		*c3 = 0;
+		char *c2 = strrchr(spec, ':');
+		if (!c2) { fprintf(stderr, "%s: expected FILE:OFFSET:SIZE:ADDR\n", spec); return 2; }
+		*c2 = 0;
+		char *c1 = strrchr(spec, ':');
+		if (!c1) { fprintf(stderr, "%s: expected FILE:OFFSET:SIZE:ADDR\n", spec); return 2; }
+		*c1 = 0;
+		uint64_t offset = strtoull(c1 + 1, NULL, 0);
+		uint64_t len = strtoull(c2 + 1, NULL, 0);
+		uint64_t addr = strtoull(c3 + 1, NULL, 0);
+		int isid = pt_iscache_add_file(iscache, spec, offset, len ? len : UINT64_MAX, addr);
+		if (isid < 0 || pt_image_add_cached(image, iscache, isid, NULL) < 0) {
+			fprintf(stderr, "%s: cannot add to the image\n", spec);
+			return 1;
+		}
 	}
 	struct pt_config config;
 	pt_config_init(&config);
@@ -106,6 +130,7 @@ int main(int argc, char **argv) {
 	packets(&config);
 	blocks(&config, image);
 	pt_image_free(image);
+	pt_iscache_free(iscache);
 	free(trace);
 	return 0;
 }

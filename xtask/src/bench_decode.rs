@@ -80,7 +80,7 @@ fn throughput(env: &BuildEnv, synth: &Path) -> Result<()> {
         );
     }
     let blocks_secs = blocks_only(env, &pt, &raw)?;
-    let reference = libipt(env, &pt, &code)?;
+    let reference = libipt(env, &pt, &[format!("{}:0:0:0x400000", code.display())])?;
     print_table(&stats, blocks_secs, reference.as_ref());
     print_spread(&stats, &all_secs);
     Ok(())
@@ -199,7 +199,7 @@ fn blocks_only(env: &BuildEnv, pt: &Path, raw: &str) -> Result<f64> {
     Ok(best)
 }
 
-fn output(cmd: &mut Command) -> Result<String> {
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!(
@@ -213,18 +213,18 @@ fn output(cmd: &mut Command) -> Result<String> {
 
 /// What `lookback decode --stats` printed.
 #[derive(Debug, Default)]
-struct Stats {
-    bytes: f64,
-    packets: f64,
-    packet_secs: f64,
-    insns: f64,
-    branches: f64,
-    errors: u64,
-    decode_secs: f64,
+pub(crate) struct Stats {
+    pub(crate) bytes: f64,
+    pub(crate) packets: f64,
+    pub(crate) packet_secs: f64,
+    pub(crate) insns: f64,
+    pub(crate) branches: f64,
+    pub(crate) errors: u64,
+    pub(crate) decode_secs: f64,
 }
 
 impl Stats {
-    fn parse(text: &str) -> Result<Self> {
+    pub(crate) fn parse(text: &str) -> Result<Self> {
         let mut s = Self::default();
         let mut in_branches = false;
         for line in text.lines() {
@@ -260,16 +260,26 @@ impl Stats {
 
 /// libipt's numbers: (packets, packet secs, insns, blocks, block secs).
 #[derive(Debug, Default)]
-struct Reference {
-    packets: f64,
-    packet_secs: f64,
-    insns: f64,
-    blocks: f64,
-    block_secs: f64,
-    errors: f64,
+pub(crate) struct Reference {
+    pub(crate) packets: f64,
+    pub(crate) packet_secs: f64,
+    pub(crate) insns: f64,
+    pub(crate) blocks: f64,
+    pub(crate) block_secs: f64,
+    pub(crate) errors: f64,
 }
 
-fn libipt(env: &BuildEnv, pt: &Path, code: &Path) -> Result<Option<Reference>> {
+/// libipt's best of [`REPS`] runs over `pt` with code `sections` (`FILE:OFFSET:SIZE:ADDR`).
+pub(crate) fn libipt(env: &BuildEnv, pt: &Path, sections: &[String]) -> Result<Option<Reference>> {
+    if !Path::new("/usr/include/intel-pt.h").exists() && env.is_root {
+        println!("xtask bench-decode: installing libipt-dev (Intel's decoder, the reference)");
+        let installed = run(Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", "libipt-dev"])
+            .env("DEBIAN_FRONTEND", "noninteractive"));
+        if let Err(e) = installed {
+            eprintln!("xtask bench-decode: apt-get install libipt-dev: {e:#}");
+        }
+    }
     if !Path::new("/usr/include/intel-pt.h").exists() {
         eprintln!(
             "xtask bench-decode: intel-pt.h not found (apt-get install libipt-dev): no libipt column"
@@ -284,7 +294,7 @@ fn libipt(env: &BuildEnv, pt: &Path, code: &Path) -> Result<Option<Reference>> {
         .arg("-lipt"))?;
     let mut best: Option<Reference> = None;
     for _ in 0..REPS {
-        let text = output(Command::new(&bin).arg(pt).arg(code).arg("0x400000"))?;
+        let text = output(Command::new(&bin).arg(pt).args(sections))?;
         let mut r = Reference::default();
         for line in text.lines() {
             let get = |key: &str| -> f64 {

@@ -13,6 +13,7 @@
 mod bench;
 mod bench_agent_scale;
 mod bench_decode;
+mod bench_decode_real;
 mod bench_sampling;
 mod bench_startup;
 mod demo;
@@ -74,6 +75,13 @@ enum Command {
         /// Only the snapshot-to-trace part.
         #[arg(long)]
         snapshot_only: bool,
+        /// Instead: real captures in DIR (nyx-fuzz/libxdc_experiments' `test_data`),
+        /// beside libipt's block decoder.
+        #[arg(long, value_name = "DIR")]
+        real_traces: Option<std::path::PathBuf>,
+        /// With --real-traces: libxdc's source (nyx-fuzz/libxdc), built and run beside.
+        #[arg(long, value_name = "DIR", requires = "real_traces")]
+        libxdc: Option<std::path::PathBuf>,
     },
     /// The sampling recorder's cost to the traced program (1 kHz, 10 kHz; stack copies
     /// and frame pointers) and its decode cost per sample, beside perf record (fp, dwarf).
@@ -117,9 +125,14 @@ fn main() -> std::process::ExitCode {
             };
             bench::bench(&env, only, triggers)
         }),
-        Command::BenchDecode { snapshot_only } => {
-            setup::setup().and_then(|env| bench_decode::bench_decode(&env, snapshot_only))
-        }
+        Command::BenchDecode {
+            snapshot_only,
+            real_traces,
+            libxdc,
+        } => setup::setup().and_then(|env| match real_traces {
+            Some(dir) => bench_decode_real::bench_real(&env, &dir, libxdc.as_deref()),
+            None => bench_decode::bench_decode(&env, snapshot_only),
+        }),
         Command::BenchSampling => {
             setup::setup().and_then(|env| bench_sampling::bench_sampling(&env))
         }

@@ -564,7 +564,7 @@ fn write_stats(
     writeln!(out, "trace: {bytes} bytes")?;
     writeln!(
         out,
-        "packets: {} ({packet_errors} errors), {:.3} s, {:.1} MB/s",
+        "packets: {} ({packet_errors} errors), {:.6} s, {:.1} MB/s",
         packets.iter().map(|(_, n)| n).sum::<u64>(),
         packet_time.as_secs_f64(),
         rate(packet_time.as_secs_f64())
@@ -597,7 +597,7 @@ fn write_stats(
     let packet_count = packets.iter().map(|(_, n)| n).sum::<u64>();
     writeln!(
         out,
-        "decode: {secs:.3} s, {:.1} MB/s, {:.2} M packets/s, {:.1} M insn/s, {:.2} M branches/s",
+        "decode: {secs:.6} s, {:.1} MB/s, {:.2} M packets/s, {:.1} M insn/s, {:.2} M branches/s",
         rate(secs),
         per_sec(packet_count),
         per_sec(counts.instructions),

@@ -49,9 +49,27 @@ pub struct ActiveRule {
     pub probe_error: Option<String>,
     /// Its short reason (`lookback_rule_probe_errors`).
     pub probe_error_reason: Option<&'static str>,
-    /// When the rule was installed ([`discovery::now_ticks`]): a process started later
-    /// that gets the rule's probe only now ran unprobed for a while.
+    /// When the rule was installed ([`discovery::now_ticks`], and `CLOCK_MONOTONIC` ns):
+    /// a process started later that gets the rule's probe only now ran unprobed for a
+    /// while.
     installed_ticks: Option<u64>,
+    installed_ns: u64,
+}
+
+/// Whether a process that got a rule's probe only now started after the rule was
+/// installed: by its start time (`/proc/PID/stat`, clock ticks: 10 ms apart, so a start
+/// in the tick of the install counts, since it may have followed it), else, when the
+/// process is already gone, by its exec event's time.
+fn started_after(
+    started_ticks: Option<u64>,
+    exec_ns: Option<u64>,
+    installed_ticks: Option<u64>,
+    installed_ns: u64,
+) -> bool {
+    match (started_ticks, installed_ticks) {
+        (Some(started), Some(installed)) => started >= installed,
+        _ => exec_ns.is_some_and(|at| at >= installed_ns),
+    }
 }
 
 /// A traced process.
@@ -464,6 +482,7 @@ impl Tracer {
             probe_error: None,
             probe_error_reason: None,
             installed_ticks: discovery::now_ticks(),
+            installed_ns: crate::sys::monotonic_ns(),
         };
         // A function rule that names its binary (or an exe target) is probed right away,
         // so that processes started later are covered from their first instruction. Not
@@ -1035,7 +1054,12 @@ impl Tracer {
             // event, a trigger or a rescan alike), so it ran before its probe. Read only
             // when a probe was just placed, not for every process looked at.
             let started = discovery::start_ticks(&self.proc_root, pid);
-            if matches!((started, active.installed_ticks), (Some(s), Some(i)) if s > i) {
+            if started_after(
+                started,
+                exec_ns,
+                active.installed_ticks,
+                active.installed_ns,
+            ) {
                 let late_ms = exec_ns.map_or_else(
                     || {
                         let hz = discovery::ticks_per_second().unwrap_or(100);
@@ -1196,7 +1220,19 @@ impl std::fmt::Display for ErrorChain<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::pause_sources;
+    use super::{pause_sources, started_after};
+
+    #[test]
+    fn a_process_started_in_the_install_tick_or_later_or_exec_d_after_it_came_late() {
+        // Ticks are 10 ms: the install tick's processes may have started after it.
+        assert!(started_after(Some(500), None, Some(500), 0));
+        assert!(started_after(Some(501), None, Some(500), 0));
+        assert!(!started_after(Some(499), Some(u64::MAX), Some(500), 0));
+        // Gone before its start time was read: its exec event's time decides.
+        assert!(started_after(None, Some(2_000), Some(500), 1_000));
+        assert!(!started_after(None, Some(999), Some(500), 1_000));
+        assert!(!started_after(None, None, Some(500), 1_000));
+    }
     use crate::capture::aux_pause::PauseSource;
     use crate::rules::RuleSet;
 
