@@ -1,9 +1,10 @@
 //! Writes a synthetic Intel PT trace and the code it runs over, for `cargo xtask
 //! bench-decode`: `pt_synth OUT_DIR MEGABYTES [SEED]` writes `OUT_DIR/synth.pt` and
-//! `OUT_DIR/synth.bin` (mapped at 0x400000), see `lookback::decode::pt::encode`; and the
-//! same run as a PT snapshot bundle, `OUT_DIR/synth.lbsnap`, whose one process maps the
-//! code from `OUT_DIR/synth.elf` (an executable with a symbol `fn_N` per function), so
-//! `lookback decode synth.lbsnap` decodes, symbolizes and writes a trace of it.
+//! `OUT_DIR/synth.bin` (mapped at 0x400000), see `lookback::decode::pt::tools::encode`;
+//! and the same run as a PT snapshot bundle, `OUT_DIR/synth.lbsnap`, whose one process
+//! maps the code from `OUT_DIR/synth.elf` (an executable with a symbol `fn_N` per
+//! function), so `lookback decode synth.lbsnap` decodes, symbolizes and writes a trace of
+//! it.
 #![expect(
     clippy::print_stdout,
     reason = "a command-line tool reports what it wrote"
@@ -18,7 +19,7 @@ use lookback::capture::{
     Backend, CapturedData, ClockConversion, MapEntry, ProcessMaps, RecorderParams, RingData,
     RingKind, SidebandData,
 };
-use lookback::decode::pt::encode::{CODE_BASE, SynthProgram, encode};
+use lookback::decode::pt::tools::encode::{CODE_BASE, SynthProgram, encode};
 use lookback::snapshot::{Snapshot, TriggerMeta};
 
 /// Where the code starts in `synth.elf` (one page of headers before it).

@@ -1,6 +1,6 @@
 //! `cargo xtask bench-decode`: Intel PT decode throughput, in MB of trace per second to
 //! branch events, on a synthetic trace of a synthetic program (written by
-//! `lookback::decode::pt::encode` through the `pt_synth` example), side by side with
+//! `lookback::decode::pt::tools::encode` through the `pt_synth` example), side by side with
 //! Intel's libipt on the same files where `libipt-dev` is installed. Informative only:
 //! nothing here asserts a time.
 //!

@@ -17,7 +17,7 @@ use crate::util::{BuildEnv, run};
 /// passed, ...`, `magic-trace fixtures: N matched, ...`, `libipt corpus → PT snapshot →
 /// trace: N cases matched ...`), so they run with `--nocapture`.
 const CORPUS_TESTS: [&str; 3] = [
-    "decode::pt::conformance",
+    "decode::pt::tools::conformance",
     "stacks::branches::tests::magic_trace_fixtures",
     "writer::pt_tests::libipt_corpus_flows",
 ];

@@ -36,6 +36,7 @@ pub mod pt_timing;
 pub mod records;
 pub mod ring;
 pub mod sampling;
+pub mod tsc;
 
 use std::{collections::BTreeMap, os::fd::BorrowedFd, path::PathBuf, sync::Arc};
 
@@ -44,12 +45,12 @@ use serde::{Deserialize, Serialize};
 pub use crate::check::{Backend, SamplingEvent};
 use crate::{
     check::{self, Paths},
-    decode::pt::TscConversion,
     sys::SyscallError,
 };
 pub use procmaps::{CodeRegion, MapEntry, ProcessMaps};
 pub use pt_config::{PtConfigError, PtOptions};
 pub use ring::WalkStop;
+use tsc::TscConversion;
 
 /// `--backend`: which recorder to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -1,12 +1,12 @@
 //! Sideband records from real inputs: the perf sideband (`.sb`) files of Intel libipt's
 //! corpus (`shared/corpus/libipt/pevent/`), read with the capture stage's record walker
-//! and its `sample_id_all` trailer parser, checked against `decode::pt::pevent` (which
-//! the ptdump conformance test checks against libipt's expected output).
+//! and its `sample_id_all` trailer parser, checked against `decode::pt::sideband::pevent`
+//! (which the ptdump conformance test checks against libipt's expected output).
 
 use std::path::PathBuf;
 
 use super::records::{self, id_trailer};
-use crate::decode::pt::pevent::{PeventConfig, PeventError, read_record};
+use crate::decode::pt::sideband::pevent::{PeventConfig, PeventError, read_record};
 
 fn pevent_dir() -> Option<PathBuf> {
     crate::test_support::shared_corpus("libipt/pevent", "MANIFEST.tsv")

@@ -26,15 +26,15 @@ use clap::Args;
 use super::pt_files::{FileLoader, kernel_image, read_pevent};
 use super::{CliError, CliResult};
 use crate::decode::import::raw::{ElfSpec, raw_segment};
-use crate::decode::pt::branches::{BranchKind, Branches, DecodeCounts};
-use crate::decode::pt::decoder::PacketDecoder;
-use crate::decode::pt::image::{Image, RawSpec};
-use crate::decode::pt::packet::PacketKind;
-use crate::decode::pt::pevent::SidebandStream;
-use crate::decode::pt::ptdump::ptdump_with_sideband;
-use crate::decode::pt::ptdump_opts::{PeventFile, PtdumpOptions};
-use crate::decode::pt::ptxed::{Sideband, ptxed_with_sideband};
-use crate::decode::pt::ptxed_opts::PtxedOptions;
+use crate::decode::pt::flow::branches::{BranchKind, Branches, DecodeCounts};
+use crate::decode::pt::flow::image::{Image, RawSpec};
+use crate::decode::pt::packets::decoder::PacketDecoder;
+use crate::decode::pt::packets::packet::PacketKind;
+use crate::decode::pt::sideband::pevent::SidebandStream;
+use crate::decode::pt::tools::ptdump::ptdump_with_sideband;
+use crate::decode::pt::tools::ptdump_opts::{PeventFile, PtdumpOptions};
+use crate::decode::pt::tools::ptxed::{Sideband, ptxed_with_sideband};
+use crate::decode::pt::tools::ptxed_opts::PtxedOptions;
 use crate::decode::pt::{Cpu, Errata};
 
 #[derive(Debug, Args)]
@@ -649,7 +649,7 @@ mod tests {
 
     #[test]
     fn decodes_a_corpus_trace_in_every_mode() {
-        let Some(dir) = crate::decode::pt::conformance_dir() else {
+        let Some(dir) = crate::decode::pt::tools::conformance_dir() else {
             return;
         };
         let pt = dir.join("core/call_direct-ret_compressed.pt");

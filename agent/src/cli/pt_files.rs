@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use object::{Object as _, ObjectSegment as _};
 
-use crate::decode::pt::image::Image;
-use crate::decode::pt::ptdump_opts::PeventFile;
-use crate::decode::pt::sb_context::{LoadError, SectionLoader};
+use crate::decode::pt::flow::image::Image;
+use crate::decode::pt::sideband::sb_context::{LoadError, SectionLoader};
+use crate::decode::pt::tools::ptdump_opts::PeventFile;
 
 /// The bytes of a sideband file named on the command line, or of its byte range.
 pub fn read_pevent(root: &Path, file: &PeventFile) -> io::Result<Vec<u8>> {
@@ -93,7 +93,7 @@ mod tests {
         let file = PeventFile {
             path: "code.bin".to_owned(),
             range: (1, Some(3)),
-            config: crate::decode::pt::pevent::PeventConfig::default(),
+            config: crate::decode::pt::sideband::pevent::PeventConfig::default(),
             primary: true,
         };
         assert_eq!(read_pevent(&dir, &file).unwrap(), vec![2, 3]);

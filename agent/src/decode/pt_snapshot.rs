@@ -27,8 +27,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::pt::branches::{BranchEvent, BranchKind, Branches};
-use super::pt::pevent::{PeventConfig, read_record};
+use super::pt::flow::branches::{BranchEvent, BranchKind, Branches};
+use super::pt::sideband::pevent::{PeventConfig, read_record};
 use super::pt::{FlowConfig, Image};
 use crate::capture::{MapEntry, RingKind, SidebandData};
 use crate::snapshot::Snapshot;
@@ -352,7 +352,7 @@ impl<C: CodeSource> Images<'_, C> {
 /// How branch times become nanoseconds.
 struct Clock {
     monotonic: Option<crate::capture::ClockConversion>,
-    perf: Option<super::pt::TscConversion>,
+    perf: Option<crate::capture::tsc::TscConversion>,
 }
 
 impl Clock {

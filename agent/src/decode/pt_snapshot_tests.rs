@@ -6,7 +6,7 @@ use crate::capture::intel_pt::SIDEBAND_SAMPLE_TYPE;
 use crate::capture::{
     Backend, CapturedData, ClockConversion, CodeRegion, ProcessMaps, RecorderParams, RingData,
 };
-use crate::decode::pt::encode::{CODE_BASE, SynthProgram, encode};
+use crate::decode::pt::tools::encode::{CODE_BASE, SynthProgram, encode};
 use crate::test_support::{sideband_record, thread_start_records};
 
 /// perf time = TSC (`time_mult` 1, shift 0).
@@ -231,7 +231,7 @@ fn branch_lists_grow_in_chunks_and_sort_by_time() {
 #[test]
 fn timing_parameters_round_trip_through_the_snapshot_and_time_the_corpus_mtc_cyc_cases() {
     use crate::capture::pt_timing::PtTiming;
-    use crate::decode::pt::{ptdump::ptdump, ptdump_opts::PtdumpOptions};
+    use crate::decode::pt::tools::{ptdump::ptdump, ptdump_opts::PtdumpOptions};
     let Some(dir) = crate::test_support::shared_corpus("libipt", "core/MANIFEST.tsv") else {
         println!("skipped: libipt corpus not found (set LOOKBACK_SHARED_DIR)");
         return;

@@ -34,8 +34,8 @@ use std::hash::BuildHasherDefault;
 use std::rc::Rc;
 
 use super::StackEvent;
-use crate::decode::pt::branches::{BranchEvent, BranchKind};
-use crate::decode::pt::flow::IpHasher;
+use crate::decode::pt::flow::branches::{BranchEvent, BranchKind};
+use crate::decode::pt::flow::cache::IpHasher;
 
 /// One branch of a thread, in time order.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{Branch, Frame, Symbol, reconstruct, reconstruct_window, spread_ties};
-use crate::decode::pt::branches::BranchKind;
+use crate::decode::pt::flow::branches::BranchKind;
 use crate::stacks::StackEvent;
 
 // ---- hand-made streams -------------------------------------------------------------

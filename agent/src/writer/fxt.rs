@@ -14,7 +14,7 @@ use std::io::{self, Write};
 use std::rc::Rc;
 
 use super::{Arg, ArgValue, TraceSink};
-use crate::decode::pt::flow::IpHasher;
+use crate::decode::pt::flow::cache::IpHasher;
 
 /// The magic number record: `0x0016547846040010`.
 const MAGIC: u64 = 0x0016_5478_4604_0010;

@@ -25,7 +25,7 @@ use std::rc::Rc;
 use super::{Arg, ArgValue, TraceSink, TraceSummary, stack_line, trigger_instant};
 use crate::capture::MapEntry;
 use crate::capture::records::PtLosses;
-use crate::decode::pt::flow::IpHasher;
+use crate::decode::pt::flow::cache::IpHasher;
 use crate::decode::pt::{BranchEvent, BranchKind};
 use crate::decode::pt_snapshot::{self, BranchSink, CodeSource, Track};
 use crate::snapshot::{Snapshot, TriggerMeta};

@@ -18,8 +18,9 @@ use crate::capture::{
     CapturedData, CodeRegion, MapEntry, ProcessMaps, RecorderParams, RingData, RingKind,
     SidebandData,
 };
-use crate::decode::pt::packet::ExecMode;
-use crate::decode::pt::{Image, InsnClass, insn};
+use crate::decode::pt::flow::insn;
+use crate::decode::pt::packets::packet::ExecMode;
+use crate::decode::pt::{Image, InsnClass};
 use crate::test_support::{shared_corpus, sideband_record, thread_start_records};
 
 /// One corpus case: its code, its trace and the flow ptxed printed for it.

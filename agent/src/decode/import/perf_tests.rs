@@ -3,7 +3,7 @@
 //! CPU, maps inherited at FORK with build-ids, PT config and clock from `AUXTRACE_INFO`.
 use super::*;
 use crate::decode::perf_file::tests::{attr_bytes, auxtrace, auxtrace_info, file_mode, record};
-use crate::decode::pt::pevent::{PeventConfig, read_record};
+use crate::decode::pt::sideband::pevent::{PeventConfig, read_record};
 
 const PT_ST: u64 = SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_IDENTIFIER;
 const CYCLES_ST: u64 = SAMPLE_TID | SAMPLE_TIME | SAMPLE_IDENTIFIER;

@@ -15,7 +15,7 @@ use object::{Object as _, ObjectSegment as _, SegmentFlags};
 
 use crate::capture::procmaps::{CodeRegion, MapEntry, ProcessMaps};
 use crate::capture::{RecorderParams, RingData, RingKind};
-use crate::decode::pt::image::RawSpec;
+use crate::decode::pt::flow::image::RawSpec;
 use crate::snapshot::{Metadata, Snapshot};
 
 /// `PF_X`.
@@ -42,7 +42,7 @@ impl ElfSpec {
     /// not a number is part of the name.
     pub fn parse(arg: &str) -> Self {
         if let Some((path, base)) = arg.rsplit_once(':')
-            && let Some(base) = crate::decode::pt::cpu::parse_c_uint(base)
+            && let Some(base) = crate::decode::pt::packets::cpu::parse_c_uint(base)
             && !path.is_empty()
         {
             return Self {

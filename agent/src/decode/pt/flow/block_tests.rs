@@ -1,0 +1,81 @@
+//! Tests of the flow layer on hand-made traces over hand-made code, checked through
+//! the `ptxed` text (instruction addresses and events).
+
+use crate::decode::pt::flow::image::Image;
+use crate::decode::pt::tools::ptxed::ptxed;
+use crate::decode::pt::tools::ptxed_opts::PtxedOptions;
+
+const PSB: [u8; 16] = [
+    2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82, 2, 0x82,
+];
+/// MODE.Exec 64-bit, FUP 0x1000, PSBEND.
+const HEADER: [u8; 11] = [0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23];
+
+fn run(code: &[u8], packets: &[u8], args: &[&str]) -> Vec<String> {
+    let mut image = Image::new();
+    image.add("code", code.to_vec(), 0x1000);
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&HEADER);
+    trace.extend_from_slice(packets);
+    let opts = PtxedOptions::from_args(args).unwrap();
+    let mut out = String::new();
+    ptxed(&trace, &image, &opts, &mut out).unwrap();
+    out.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn a_loop_follows_tnt_bits_and_decodes_the_same_from_the_block_cache() {
+    // 0x1000: nop; 0x1001: jne 0x1000; 0x1003: jmp rax.
+    let code = [0x90, 0x75, 0xfd, 0xff, 0xe0];
+    // TNT.8 taken, taken, not taken; TIP.PGD without IP.
+    let lines = run(&code, &[0x1c, 0x01], &["--block:show-blocks"]);
+    let insns: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with('['))
+        .collect();
+    let expected = ["1000", "1001", "1000", "1001", "1000", "1001", "1003"];
+    assert_eq!(insns.len(), expected.len(), "{lines:?}");
+    for (line, want) in insns.iter().zip(expected) {
+        assert!(line.ends_with(want), "{lines:?}");
+    }
+    assert_eq!(lines.last().map(String::as_str), Some("[disabled]"));
+    assert!(lines.iter().filter(|l| *l == "[block]").count() >= 3);
+}
+
+#[test]
+fn indirect_calls_and_uncompressed_returns_take_their_targets_from_tip() {
+    // 0x1000: call rax; 0x1002: jmp rbx; ...; 0x1010: ret.
+    let mut code = vec![0x90; 0x11];
+    code[..4].copy_from_slice(&[0xff, 0xd0, 0xff, 0xe3]);
+    code[0x10] = 0xc3;
+    // TIP 0x1010, TIP 0x1002 (16-bit updates), TIP.PGD without IP.
+    let lines = run(
+        &code,
+        &[0x2d, 0x10, 0x10, 0x2d, 0x02, 0x10, 0x01],
+        &["--event:ip"],
+    );
+    assert_eq!(
+        lines,
+        [
+            "0000000000001000",
+            "0000000000001010",
+            "0000000000001002",
+            "[disabled]",
+        ]
+    );
+}
+
+#[test]
+fn missing_code_is_reported_at_its_address_and_trace_offset() {
+    // The FUP points at 0x1000 but the code starts at 0x1000 + 0x100.
+    let mut image = Image::new();
+    image.add("code", vec![0x90; 4], 0x1100);
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&HEADER);
+    trace.extend_from_slice(&[0x06]);
+    let mut out = String::new();
+    ptxed(&trace, &image, &PtxedOptions::default(), &mut out).unwrap();
+    // As in libipt, the offset is that of the next packet to read (after the TNT).
+    assert_eq!(out, "[1c, 1000: error: no memory mapped at this address]\n");
+}

@@ -1,0 +1,862 @@
+//! The fast path of [`Branches`]: TNT and TIP packets straight to branch events.
+//!
+//! In: a [`Branches`] whose decoder is between blocks in the common state: tracing on,
+//! the current event a TNT or a TIP, nothing queued or postponed, no TSX, no ticks. Out:
+//! the branch events of the blocks that follow, up to [`BATCH`] at a time, exactly as the
+//! general path (`next_block`, its cache walk, the event layer) would report them: same
+//! events, times, offsets, counts and decoder state. Blocks come whole from
+//! [`FastBlocks`] (one lookup per block), TNT bits are used from a word, TNT and TIP
+//! packets are read straight from the trace ([`hot_packet`]), and timing packets between
+//! them (MTC, CYC, TSC, TMA) go to the clock as the event layer applies them. Anything
+//! else goes to the general path: a block the fast path cannot take (not cached yet, a
+//! far transfer, a TNT where a TIP is due ...) is left to it whole; when a block's last
+//! TNT bit or its TIP is used and the next event is not a TNT or TIP (PSB+, CBR, MODE,
+//! FUP, OVF, PTWRITE, a timing error ...), the general path fetches that event and ends
+//! the block itself.
+//!
+//! The loop is instruction-bound, so it is shaped for the register allocator: what
+//! changes per block or per trace event (the IP, the TNT word, the trace position, the
+//! counts, the batch position) lives in locals, the table is read through a [`fast_blocks::View`]
+//! (a `&mut` table was reloaded after every store), the common packets are read inline,
+//! and the clock and the rest of [`Fast`] are touched once per event; all of it is
+//! written back to the decoder when the loop stops.
+
+use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
+use crate::decode::pt::events::evdec::apply_timing;
+use crate::decode::pt::events::event::{Event, EventKind};
+use crate::decode::pt::flow::block::{Block, BlockDecoder, RetStack};
+use crate::decode::pt::flow::fast_blocks::{self, Exit, FastBlock, FastBlocks, View};
+use crate::decode::pt::flow::insn::InsnClass;
+use crate::decode::pt::packets::last_ip::LastIp;
+use crate::decode::pt::packets::packet::{ExecMode, IpCompression, Packet};
+use crate::decode::pt::packets::parse::{BlockContext, decode_packet};
+use crate::decode::pt::packets::parse_hot::{Hot, hot_packet, skip_pads};
+use crate::decode::pt::timing::time::{Time, TimeCal, TimingConfig};
+
+/// Branch events a fast run produces before handing them out.
+const BATCH: usize = 1024;
+
+/// The largest instruction count a fast run starts from: it adds at most
+/// [`MAX_STALLED_INSNS`] plus a block before the count starts over, so it cannot overflow.
+const MAX_ENTRY_ICNT: u32 = u32::MAX - (1 << 22);
+
+/// The time fields of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    tsc: u64,
+    has_tsc: bool,
+    lost_mtc: u32,
+    lost_cyc: u32,
+}
+
+impl Stamp {
+    fn of_time(time: &Time) -> Self {
+        Self {
+            tsc: time.relative_tsc(),
+            has_tsc: time.tsc().is_ok(),
+            lost_mtc: time.lost().0,
+            lost_cyc: time.lost().1,
+        }
+    }
+
+    fn of(event: &Event) -> Self {
+        Self {
+            tsc: event.tsc,
+            has_tsc: event.has_tsc,
+            lost_mtc: event.lost_mtc,
+            lost_cyc: event.lost_cyc,
+        }
+    }
+}
+
+/// The decoder state the fast path works on.
+#[derive(Debug, Clone, Copy)]
+struct Fast {
+    ip: u64,
+    mode: ExecMode,
+    /// The current event: a TNT with `left` outcomes still to use in `bits` (the next
+    /// is bit `left - 1`), or, with `tip`, a TIP to `bits`, `tip_size` bytes at `pos`.
+    /// (A used-up TNT has `left` 0 only until the next event replaces it.)
+    bits: u64,
+    left: u8,
+    tip: bool,
+    tip_size: usize,
+    /// Where the event layer reads on: the packet after the current TNT (PADs
+    /// skipped), or the current TIP itself (the event layer moves past a TIP on the
+    /// next event).
+    pos: usize,
+    /// The time of the last event used up: what branch events carry.
+    seen: Stamp,
+    /// The time of the current event.
+    cur_time: Stamp,
+    /// The time fields of `time`: what the next event will carry unless a timing
+    /// packet comes first.
+    now: Stamp,
+    /// Events taken since the clock last moved (counting to 2; see `took_event`).
+    settled: u8,
+    /// The event layer's clock (timing packets between TNTs and TIPs are applied here
+    /// as it applies them), and its configuration.
+    time: Time,
+    tcal: TimeCal,
+    timing: TimingConfig,
+    /// The instruction count for TRIG (`BlockDecoder::icnt`): `icnt_base` plus the
+    /// instructions after the first `icnt_mark` of the run, when on.
+    icnt_on: bool,
+    icnt_base: u32,
+    icnt_mark: u64,
+    last_ip: LastIp,
+}
+
+impl Fast {
+    /// The decoder's state, if the fast path can take it from here.
+    fn enter(dec: &BlockDecoder<'_>) -> Option<Self> {
+        let ev = &dec.evdec;
+        if dec.status.is_err()
+            || !dec.enabled
+            || dec.postponed.is_some()
+            || dec.config.tick_events
+            || dec.speculative
+            || dec.mode == ExecMode::Unknown
+            || dec.icnt.is_some_and(|n| n > MAX_ENTRY_ICNT)
+            || ev.status.is_err()
+            || !ev.enabled
+            || ev.event.is_some()
+            || !ev.evq.is_empty()
+            || dec.event.ip_suppressed
+            || dec.event.status_update
+        {
+            return None;
+        }
+        let (pos, packet, read) = ev.packet?;
+        let (bits, left, tip) = match (dec.event.kind, packet) {
+            (EventKind::Tnt { bits, size }, _) if size > 0 && !ev.bound => (bits, size, false),
+            (EventKind::Tip { ip }, Packet::Tip(_)) if ev.bound => (ip, 0, true),
+            _ => return None,
+        };
+        Some(Self {
+            ip: dec.ip,
+            mode: dec.mode,
+            bits,
+            left,
+            tip,
+            tip_size: read,
+            pos,
+            seen: Stamp {
+                tsc: dec.tsc,
+                has_tsc: dec.has_tsc,
+                lost_mtc: dec.lost_mtc,
+                lost_cyc: dec.lost_cyc,
+            },
+            cur_time: Stamp::of(&dec.event),
+            now: Stamp::of_time(&ev.time),
+            settled: 0,
+            time: ev.time,
+            tcal: ev.tcal,
+            timing: ev.config.timing,
+            icnt_on: dec.icnt.is_some(),
+            icnt_base: dec.icnt.unwrap_or(0),
+            icnt_mark: 0,
+            last_ip: ev.ip,
+        })
+    }
+
+    /// Moves on to the next event if it is a TNT or a TIP with an IP, after any timing
+    /// packets (MTC, CYC, TSC, TMA) before it; false (and no change) otherwise.
+    /// `insns` is the run's instruction count so far.
+    #[inline(never)]
+    fn next_event(&mut self, trace: &[u8], insns: u64) -> bool {
+        let mut at = if self.tip {
+            skip_pads(trace, self.pos + self.tip_size)
+        } else {
+            self.pos
+        };
+        let mut clock = None;
+        // Each round moves on by a packet, so this ends with the trace.
+        loop {
+            match hot_packet(trace, at) {
+                Hot::Tnt { bits, count, size } => {
+                    self.pos = skip_pads(trace, at + size);
+                    self.bits = bits;
+                    self.left = count;
+                    self.tip = false;
+                    break;
+                }
+                Hot::Tip { payload, size } => {
+                    if payload.compression == IpCompression::Suppressed {
+                        return false;
+                    }
+                    let mut last_ip = self.last_ip;
+                    last_ip.update(payload);
+                    let Ok(ip) = last_ip.ip() else {
+                        return false;
+                    };
+                    self.last_ip = last_ip;
+                    self.pos = at;
+                    self.bits = ip;
+                    self.left = 0;
+                    self.tip = true;
+                    self.tip_size = size;
+                    break;
+                }
+                Hot::Other => {
+                    let Some((next, time, tcal)) = self.timing_packet(trace, at, clock) else {
+                        return false;
+                    };
+                    clock = Some((time, tcal));
+                    at = next;
+                }
+            }
+        }
+        // As `BlockDecoder::fetch_event`: the used-up event's time counts as seen, and
+        // a TNT or TIP anchors the instruction count.
+        if let Some((time, tcal)) = clock {
+            self.time = time;
+            self.tcal = tcal;
+            self.now = Stamp::of_time(&time);
+            self.settled = 0;
+        }
+        self.took_event(insns);
+        true
+    }
+
+    /// What `BlockDecoder::fetch_event` does once the next TNT or TIP is in place:
+    /// the used-up event's time counts as seen, the new one carries the clock's, and it
+    /// anchors the instruction count.
+    #[expect(
+        clippy::inline_always,
+        reason = "the fast loop's registers hold up only if this is inlined"
+    )]
+    #[inline(always)]
+    fn took_event(&mut self, insns: u64) {
+        self.icnt_mark = insns;
+        // Two events after the clock last moved, `seen`, `cur_time` and `now` are equal
+        // and the instruction count is on from 0: nothing else to do.
+        if self.settled < 2 {
+            self.seen = self.cur_time;
+            self.cur_time = self.now;
+            self.icnt_on = true;
+            self.icnt_base = 0;
+            self.settled += 1;
+        }
+    }
+
+    /// Applies the timing packet at `at` to `clock` (or, if `None`, to the current clock),
+    /// as the event layer does between events: the clock after it and where the next
+    /// packet starts; `None` for any other packet, or where the event layer fails.
+    #[cold]
+    fn timing_packet(
+        &self,
+        trace: &[u8],
+        at: usize,
+        clock: Option<(Time, TimeCal)>,
+    ) -> Option<(usize, Time, TimeCal)> {
+        let decoded = decode_packet(trace, at, self.timing.errata, BlockContext::None).ok()?;
+        if !matches!(
+            decoded.packet,
+            Packet::Mtc { .. } | Packet::Cyc { .. } | Packet::Tsc { .. } | Packet::Tma { .. }
+        ) {
+            return None;
+        }
+        let (mut time, mut tcal) = clock.unwrap_or((self.time, self.tcal));
+        apply_timing(&mut time, &mut tcal, &self.timing, &decoded.packet, false).ok()?;
+        Some((skip_pads(trace, at + decoded.size), time, tcal))
+    }
+
+    /// Writes the state back, as the general path would have left it (`insns`: the
+    /// run's instruction count).
+    fn store(&self, dec: &mut BlockDecoder<'_>, insns: u64) {
+        dec.ip = self.ip;
+        // Wrapping: a run adds at most MAX_STALLED_INSNS and a block to a count it took
+        // at most MAX_ENTRY_ICNT, or to 0, so this is exact.
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the difference is below 2^22, see above"
+        )]
+        let added = insns.wrapping_sub(self.icnt_mark) as u32;
+        dec.icnt = self.icnt_on.then_some(self.icnt_base.wrapping_add(added));
+        let seen = self.seen;
+        dec.tsc = seen.tsc;
+        dec.has_tsc = seen.has_tsc;
+        dec.lost_mtc = seen.lost_mtc;
+        dec.lost_cyc = seen.lost_cyc;
+        let kind = if self.tip {
+            EventKind::Tip { ip: self.bits }
+        } else {
+            EventKind::Tnt {
+                bits: self.bits,
+                size: self.left,
+            }
+        };
+        let cur = self.cur_time;
+        dec.event = Event {
+            kind,
+            ip_suppressed: false,
+            status_update: false,
+            has_tsc: cur.has_tsc,
+            tsc: cur.tsc,
+            lost_mtc: cur.lost_mtc,
+            lost_cyc: cur.lost_cyc,
+        };
+        dec.evdec.ip = self.last_ip;
+        dec.evdec.time = self.time;
+        dec.evdec.tcal = self.tcal;
+        dec.evdec.pkt.seek(self.pos);
+        dec.evdec.fetch_packet();
+        dec.evdec.bound = self.tip;
+    }
+}
+
+/// What the fast path counts as it goes, written to `Branches` when it stops.
+#[derive(Debug, Clone, Copy)]
+struct Tally {
+    blocks: u64,
+    insns: u64,
+    /// Calls, returns and jumps.
+    branches: [u64; 3],
+    last_ip: u64,
+    stalled: (usize, u64),
+    /// Events in the batch.
+    queued: usize,
+}
+
+impl Tally {
+    fn store(self, branches: &mut Branches<'_>) {
+        let counts = &mut branches.counts;
+        counts.blocks += self.blocks;
+        counts.instructions += self.insns;
+        for (kind, n) in [BranchKind::Call, BranchKind::Return, BranchKind::Jump]
+            .into_iter()
+            .zip(self.branches)
+        {
+            counts.branches[kind.index()] += n;
+        }
+        branches.fast_blocks += self.blocks;
+        branches.last_ip = self.last_ip;
+        branches.stalled = self.stalled;
+        branches.held = None;
+        branches.queue.len = self.queued;
+    }
+}
+
+/// Why a fast run stopped.
+enum Stop {
+    /// The batch is full, or the next block is for the general path.
+    Pause,
+    /// The branch ending `block` used up its trace event and the next event is not one
+    /// the fast path reads: the general path fetches it and ends the block.
+    HandOver { offset: usize, block: FastBlock },
+}
+
+/// A slot filler for the event buffer.
+const NO_EVENT: BranchEvent = BranchEvent {
+    kind: BranchKind::Error,
+    from: 0,
+    to: 0,
+    tsc: 0,
+    has_tsc: false,
+    offset: 0,
+    error: None,
+};
+
+impl Branches<'_> {
+    /// Decodes blocks on the fast path while it can; false if it could not take even
+    /// one (then nothing changed).
+    pub(super) fn run_fast(&mut self) -> bool {
+        let Some(mut fast) = self
+            .fast
+            .is_some()
+            .then(|| Fast::enter(&self.dec))
+            .flatten()
+        else {
+            return false;
+        };
+        if self.queue.buf.len() < BATCH {
+            self.queue.buf.resize(BATCH, NO_EVENT);
+        }
+        let mut tally = Tally {
+            blocks: 0,
+            insns: 0,
+            branches: [0; 3],
+            last_ip: self.last_ip,
+            stalled: self.stalled,
+            queued: self.queue.len,
+        };
+        let mut retstack = std::mem::take(&mut self.dec.retstack);
+        let stop = match (
+            self.fast.as_mut(),
+            self.queue
+                .buf
+                .get_mut(..BATCH)
+                .and_then(|b| b.try_into().ok()),
+        ) {
+            (Some(table), Some(buf)) => {
+                run(&mut fast, &mut tally, &mut retstack, table, buf, &self.dec)
+            }
+            _ => Stop::Pause,
+        };
+        self.dec.retstack = retstack;
+        let progressed = tally.blocks > 0;
+        tally.store(self);
+        match stop {
+            Stop::HandOver { offset, block } => {
+                // The block's instructions count for TRIG before the next event.
+                fast.store(&mut self.dec, tally.insns + u64::from(block.ninsn));
+                self.hand_over(&fast, offset, &block);
+                true
+            }
+            Stop::Pause if progressed => {
+                fast.store(&mut self.dec, tally.insns);
+                true
+            }
+            Stop::Pause => false,
+        }
+    }
+
+    /// Ends `block` on the general path after its trace event was used up.
+    fn hand_over(&mut self, fast: &Fast, offset: usize, block: &FastBlock) {
+        let block = general_block(block);
+        let result = if fast.tip {
+            self.dec
+                .fetch_event()
+                .and_then(|()| self.dec.proceed_trailing_event(Some(&block)))
+        } else {
+            // A used-up TNT is left behind by the trailing-event check itself.
+            self.dec.proceed_trailing_event(Some(&block))
+        };
+        self.finish_block(offset, &block, result);
+    }
+}
+
+/// The fast loop: blocks to branch events in `buf` until the batch is full or the
+/// general path is needed. What changes per block or per trace event is in locals
+/// (registers, mostly); the clock and the rest of [`Fast`] are touched per event only.
+#[inline(never)]
+fn run(
+    fast: &mut Fast,
+    tally: &mut Tally,
+    retstack: &mut RetStack,
+    table: &mut FastBlocks,
+    buf: &mut [BranchEvent; BATCH],
+    dec: &BlockDecoder<'_>,
+) -> Stop {
+    let mode = fast.mode;
+    let mut st = Locals {
+        ip: fast.ip,
+        ev: Current {
+            bits: fast.bits,
+            left: fast.left,
+            tip: fast.tip,
+            tip_size: fast.tip_size,
+            pos: fast.pos,
+        },
+        queued: tally.queued,
+        insns: tally.insns,
+        blocks: tally.blocks,
+        last_ip: tally.last_ip,
+        // The stall count as `Branches::check_stall` keeps it for the current offset.
+        mark: (tally.insns + tally.blocks).wrapping_sub(tally.stalled.1),
+        fresh: tally.stalled.0 != fast.pos,
+    };
+    let mut resolved = None;
+    let mut loops = Loops {
+        trace: dec.evdec.pkt.trace(),
+        fast,
+        tally,
+        // A copy in the loop's own frame: through the `&mut`, its top and length were
+        // written back after every push and pop.
+        retstack: retstack.clone(),
+        buf,
+    };
+    let stop = loop {
+        // No block count at one offset can reach the stall limit in this round: the
+        // loop need not count per block.
+        let unchecked = table.stall_free(st.stalled(), PER_OFFSET, MAX_STALLED_INSNS);
+        let view = table.view(mode);
+        let ended = if unchecked {
+            blocks::<false>(&mut st, &mut loops, view)
+        } else {
+            blocks::<true>(&mut st, &mut loops, view)
+        };
+        match ended {
+            Step::Stop(stop) => break stop,
+            // Resolve the block (then it is there on the next round); a block that does
+            // not resolve (or, which cannot happen, is not found after) is the general
+            // path's.
+            Step::Miss if resolved == Some(st.ip) => break Stop::Pause,
+            Step::Miss => match fast_blocks::resolve(dec, st.ip, mode) {
+                Some(block) => {
+                    table.insert(block);
+                    resolved = Some(st.ip);
+                }
+                None => break Stop::Pause,
+            },
+        }
+    };
+    let Loops {
+        fast,
+        tally,
+        retstack: returns,
+        ..
+    } = loops;
+    *retstack = returns;
+    fast.ip = st.ip;
+    fast.bits = st.ev.bits;
+    fast.left = st.ev.left;
+    fast.tip = st.ev.tip;
+    fast.tip_size = st.ev.tip_size;
+    fast.pos = st.ev.pos;
+    tally.queued = st.queued;
+    tally.insns = st.insns;
+    tally.blocks = st.blocks;
+    tally.last_ip = st.last_ip;
+    // (At a hand-over, as the count was before the block: the general path counts it.)
+    tally.stalled = if st.fresh {
+        // No offset matches: the next block starts the count.
+        (usize::MAX, 0)
+    } else {
+        (st.ev.pos, st.stalled())
+    };
+    stop
+}
+
+/// What the fast loop changes per block or per event, in registers while it runs.
+struct Locals {
+    ip: u64,
+    ev: Current,
+    queued: usize,
+    insns: u64,
+    blocks: u64,
+    last_ip: u64,
+    /// `insns + blocks` where the stall count at the current offset was 0 (wrapping).
+    mark: u64,
+    /// No block at the current offset yet: the next one starts the stall count at 0
+    /// (as `Branches::check_stall` does), whatever its size.
+    fresh: bool,
+}
+
+impl Locals {
+    /// The stall count at the current offset (0 before its first block).
+    fn stalled(&self) -> u64 {
+        if self.fresh {
+            0
+        } else {
+            (self.insns + self.blocks).wrapping_sub(self.mark)
+        }
+    }
+
+    /// Counts a block that went on at the same offset (`used`: and a new event at a
+    /// new offset came after it).
+    #[expect(
+        clippy::inline_always,
+        reason = "the fast loop's registers hold up only if this is inlined"
+    )]
+    #[inline(always)]
+    fn count(&mut self, block: &FastBlock, new_offset: bool) {
+        self.insns += u64::from(block.ninsn);
+        self.blocks += 1;
+        self.last_ip = block.end_ip;
+        if new_offset {
+            self.fresh = true;
+        } else if self.fresh {
+            self.fresh = false;
+            self.mark = self.insns + self.blocks;
+        }
+    }
+}
+
+/// What the fast loop works on besides its locals.
+struct Loops<'r, 't> {
+    trace: &'t [u8],
+    fast: &'r mut Fast,
+    tally: &'r mut Tally,
+    retstack: RetStack,
+    buf: &'r mut [BranchEvent; BATCH],
+}
+
+/// The most blocks at one trace offset in one round of [`blocks`]: the bits of a TNT
+/// and a TIP (at most 48), and a direct call or jump per batch slot (each has an event).
+const PER_OFFSET: usize = 64 + BATCH;
+
+/// Blocks to branch events until the batch is full, the block at the IP is not in the
+/// table, or the general path is needed. With `CHECKED`, each block is checked against
+/// the stall limit; without, the caller has made sure no count can reach it
+/// ([`FastBlocks::stall_free`] over [`PER_OFFSET`] blocks).
+#[expect(
+    clippy::inline_always,
+    reason = "two copies of the hot loop in `run`, its values in registers"
+)]
+#[inline(always)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one loop whose values stay in registers; split up, they were spilled"
+)]
+fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: View<'_>) -> Step {
+    let trace = lp.trace;
+    // The slot of `st.ip`: from the previous block where it knew it (its successors'
+    // slots), hashed only after a return or an indirect branch.
+    let mut slot = view.slot_of(st.ip);
+    loop {
+        if st.queued >= BATCH {
+            return Step::Stop(Stop::Pause);
+        }
+        let Some(block) = view.at(slot, st.ip) else {
+            return Step::Miss;
+        };
+        if CHECKED && st.stalled() + u64::from(block.ninsn) + 1 > MAX_STALLED_INSNS {
+            return Step::Stop(Stop::Pause);
+        }
+        // Where the branch goes, its event, and whether it used up the trace event.
+        // `left` is 0 for a TIP and at least 1 for a TNT; a branch that does not fit the
+        // event is left to the general path, which reports the error. Conditional
+        // branches first: they are most blocks.
+        let (to, kind, keep, used) = if block.exit == Exit::Cond {
+            let Some(left) = st.ev.left.checked_sub(1) else {
+                return Step::Stop(Stop::Pause);
+            };
+            st.ev.left = left;
+            let taken = st.ev.bits >> left & 1 == 1;
+            if left > 0 {
+                // The common case, in short: a bit that is not the TNT's last.
+                // Without branches on the bit, which the CPU cannot predict where the
+                // trace's outcomes are irregular: the event is written either way and
+                // counted only for a taken jump.
+                st.count(block, false);
+                #[expect(clippy::needless_bitwise_bool, reason = "no branch on the outcome bit")]
+                let jump = taken & (block.target != block.fall);
+                (st.ip, slot) = if taken {
+                    (block.target, usize::from(block.target_slot))
+                } else {
+                    (block.fall, usize::from(block.fall_slot))
+                };
+                lp.tally.branches[BranchKind::Jump.index()] += u64::from(jump);
+                emit_if(
+                    jump,
+                    lp.buf,
+                    &mut st.queued,
+                    &lp.fast.seen,
+                    st.ev.pos,
+                    BranchKind::Jump,
+                    block.end_ip,
+                    block.target,
+                );
+                continue;
+            }
+            let to = if taken { block.target } else { block.fall };
+            (to, BranchKind::Jump, to != block.fall, true)
+        } else if block.exit.is_direct() {
+            // No trace needed.
+            let kind = if block.exit == Exit::DirectCall {
+                if block.push_ret {
+                    lp.retstack.push(block.fall);
+                }
+                BranchKind::Call
+            } else {
+                BranchKind::Jump
+            };
+            st.count(block, false);
+            st.ip = block.target;
+            slot = usize::from(block.target_slot);
+            lp.tally.branches[kind.index()] += 1;
+            emit_if(
+                true,
+                lp.buf,
+                &mut st.queued,
+                &lp.fast.seen,
+                st.ev.pos,
+                kind,
+                block.end_ip,
+                block.target,
+            );
+            continue;
+        } else if block.exit == Exit::Return {
+            if st.ev.left > 0 {
+                let left = st.ev.left - 1;
+                if st.ev.bits >> left & 1 == 0 {
+                    return Step::Stop(Stop::Pause);
+                }
+                let Ok(to) = lp.retstack.pop() else {
+                    return Step::Stop(Stop::Pause);
+                };
+                st.ev.left = left;
+                (to, BranchKind::Return, true, left == 0)
+            } else {
+                (st.ev.bits, BranchKind::Return, true, true)
+            }
+        } else if st.ev.left > 0 {
+            // An indirect call or jump needs a TIP.
+            return Step::Stop(Stop::Pause);
+        } else if block.exit == Exit::IndirectCall {
+            lp.retstack.push(block.fall);
+            (st.ev.bits, BranchKind::Call, true, true)
+        } else {
+            (st.ev.bits, BranchKind::Jump, true, true)
+        };
+        let offset = st.ev.pos;
+        if used
+            && !fetch(
+                trace,
+                lp.fast,
+                &mut st.ev,
+                st.insns + u64::from(block.ninsn),
+            )
+        {
+            // The general path fetches the next event, ends the block and counts it.
+            st.ip = to;
+            return Step::Stop(Stop::HandOver {
+                offset,
+                block: *block,
+            });
+        }
+        st.ip = to;
+        slot = view.slot_of(to);
+        st.count(block, st.ev.pos != offset);
+        // (Without a branch on `keep`: a TNT's last bit decides it.)
+        lp.tally.branches[kind.index()] += u64::from(keep);
+        emit_if(
+            keep,
+            lp.buf,
+            &mut st.queued,
+            &lp.fast.seen,
+            st.ev.pos,
+            kind,
+            block.end_ip,
+            to,
+        );
+    }
+}
+
+/// How the inner loop of [`run`] ended.
+enum Step {
+    Stop(Stop),
+    /// The block at the IP is not in the table.
+    Miss,
+}
+
+/// The trace event the fast loop is on (see [`Fast`]).
+#[derive(Debug, Clone, Copy)]
+struct Current {
+    bits: u64,
+    left: u8,
+    tip: bool,
+    tip_size: usize,
+    pos: usize,
+}
+
+/// Moves `ev` on to the next event if it is a TNT or a TIP with an IP (after timing
+/// packets, through [`Fast::next_event`]); false (and `ev` unchanged) otherwise. The
+/// common packets are read here, inline.
+#[expect(
+    clippy::inline_always,
+    reason = "the fast loop's registers hold up only if this is inlined"
+)]
+#[inline(always)]
+fn fetch(trace: &[u8], fast: &mut Fast, ev: &mut Current, insns: u64) -> bool {
+    let at = if ev.tip {
+        skip_pads(trace, ev.pos + ev.tip_size)
+    } else {
+        ev.pos
+    };
+    match hot_packet(trace, at) {
+        Hot::Tnt { bits, count, size } => {
+            *ev = Current {
+                bits,
+                left: count,
+                tip: false,
+                tip_size: ev.tip_size,
+                pos: skip_pads(trace, at + size),
+            };
+        }
+        Hot::Tip { payload, size } if payload.compression != IpCompression::Suppressed => {
+            let mut last_ip = fast.last_ip;
+            last_ip.update(payload);
+            let Ok(ip) = last_ip.ip() else {
+                return false;
+            };
+            fast.last_ip = last_ip;
+            *ev = Current {
+                bits: ip,
+                left: 0,
+                tip: true,
+                tip_size: size,
+                pos: at,
+            };
+        }
+        Hot::Tip { .. } => return false,
+        Hot::Other => {
+            fast.bits = ev.bits;
+            fast.left = ev.left;
+            fast.tip = ev.tip;
+            fast.tip_size = ev.tip_size;
+            fast.pos = ev.pos;
+            if !fast.next_event(trace, insns) {
+                return false;
+            }
+            *ev = Current {
+                bits: fast.bits,
+                left: fast.left,
+                tip: fast.tip,
+                tip_size: fast.tip_size,
+                pos: fast.pos,
+            };
+            return true;
+        }
+    }
+    fast.took_event(insns);
+    true
+}
+
+/// Writes a branch event at time `seen` and trace offset `pos` to the next free slot of
+/// the batch, and keeps it only if `keep` (written either way, so that a caller needs no
+/// branch on it).
+#[expect(
+    clippy::inline_always,
+    reason = "the fast loop's registers hold up only if this is inlined"
+)]
+#[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the event's fields, from the fast loop's registers"
+)]
+fn emit_if(
+    keep: bool,
+    buf: &mut [BranchEvent; BATCH],
+    queued: &mut usize,
+    seen: &Stamp,
+    pos: usize,
+    kind: BranchKind,
+    from: u64,
+    to: u64,
+) {
+    if let Some(slot) = buf.get_mut(*queued) {
+        *slot = BranchEvent {
+            kind,
+            from,
+            to,
+            tsc: seen.tsc,
+            has_tsc: seen.has_tsc,
+            offset: pos,
+            error: None,
+        };
+        *queued += usize::from(keep);
+    }
+}
+
+/// The general path's block for `block` (for the hand-over).
+fn general_block(block: &FastBlock) -> Block {
+    Block {
+        ip: block.ip,
+        end_ip: block.end_ip,
+        mode: block.mode,
+        isid: block.isid,
+        ninsn: block.ninsn,
+        class: match block.exit {
+            Exit::Cond => InsnClass::CondJump,
+            Exit::DirectCall | Exit::IndirectCall => InsnClass::Call,
+            Exit::DirectJump => InsnClass::Jump,
+            Exit::Return => InsnClass::Return,
+            Exit::IndirectJump => InsnClass::Indirect,
+        },
+        size: block.size,
+        ..Block::default()
+    }
+}

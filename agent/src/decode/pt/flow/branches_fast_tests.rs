@@ -1,0 +1,278 @@
+//! The fast path against the general one: identical branch events (times and offsets
+//! included) and counts, on the encoder's traces (plain, and with timing packets and
+//! PADs between packets), on random traces, and on the libipt corpus.
+#![expect(
+    clippy::cast_possible_truncation,
+    reason = "random bytes are taken from the low bits of random words"
+)]
+
+use std::fs;
+
+use super::tests::{PSB, Rng, random_code, random_packet};
+use super::*;
+use crate::decode::pt::flow::image::Image;
+use crate::decode::pt::packets::cpu::Errata;
+use crate::decode::pt::packets::decoder::PacketDecoder;
+use crate::decode::pt::tools::encode::{CODE_BASE, SynthProgram, encode};
+use crate::decode::pt::tools::ptxed_opts::PtxedOptions;
+
+/// Decodes `trace` both ways; returns how many blocks took the fast path.
+fn same(trace: &[u8], image: &dyn ImageProvider, config: FlowConfig, what: &str) -> u64 {
+    let mut fast = Branches::new(trace, image, config);
+    let fast_events: Vec<BranchEvent> = fast.by_ref().collect();
+    let mut general = Branches::new(trace, image, config).general_only();
+    let general_events: Vec<BranchEvent> = general.by_ref().collect();
+    if let Some(at) = fast_events
+        .iter()
+        .zip(&general_events)
+        .position(|(a, b)| a != b)
+    {
+        panic!(
+            "{what}: event {at} differs:\n fast    {:x?}\n general {:x?}",
+            &fast_events[at.saturating_sub(2)..(at + 3).min(fast_events.len())],
+            &general_events[at.saturating_sub(2)..(at + 3).min(general_events.len())]
+        );
+    }
+    assert_eq!(fast_events.len(), general_events.len(), "{what}");
+    assert_eq!(fast.counts, general.counts, "{what}");
+    fast.fast_blocks
+}
+
+fn synth(seed: u64, functions: usize, size: usize) -> (Vec<u8>, Image) {
+    let program = SynthProgram::generate(seed, functions);
+    let encoded = encode(&program, seed, size, true);
+    let mut image = Image::new();
+    image.add("synth", program.code.clone(), CODE_BASE);
+    (encoded.trace, image)
+}
+
+#[test]
+fn the_fast_path_matches_the_general_one_on_encoded_traces() {
+    for seed in 1..12 {
+        let (trace, image) = synth(seed, 2 + usize::try_from(seed).unwrap_or(0) * 4, 32 * 1024);
+        let fast = same(
+            &trace,
+            &image,
+            FlowConfig::default(),
+            &format!("seed {seed}"),
+        );
+        assert!(fast > 1000, "seed {seed}: only {fast} fast blocks");
+    }
+}
+
+/// `trace` with other packets inserted at random packet boundaries after the first PSB+:
+/// timing packets and PADs (which the fast path reads too), MODE.Exec and CBR (which it
+/// leaves to the general path), and junk.
+fn with_interruptions(trace: &[u8], rng: &mut Rng, every: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(trace.len() * 2);
+    let mut last = 0;
+    let mut mtc = 0u8;
+    let mut tsc = 0x1000u64;
+    for (offset, _) in PacketDecoder::new(trace, Errata::default()).flatten() {
+        out.extend_from_slice(&trace[last..offset]);
+        last = offset;
+        if offset < 0x40 || !rng.next().is_multiple_of(every) {
+            continue;
+        }
+        match rng.next() % 16 {
+            0..=5 => {
+                mtc = mtc.wrapping_add(1);
+                out.extend_from_slice(&[0x59, mtc]);
+            }
+            6..=8 => out.push(0x03 | ((rng.next() as u8) << 3 & 0x78)),
+            9 | 10 => {
+                let len = 1 + (rng.next() % 3) as usize;
+                out.extend(std::iter::repeat_n(0, len));
+            }
+            11 => {
+                tsc += rng.next() % 0x1000;
+                out.push(0x19);
+                out.extend_from_slice(&tsc.to_le_bytes()[..7]);
+            }
+            12 | 13 => out.extend_from_slice(&[0x99, 0x01]),
+            14 => out.extend_from_slice(&[0x02, 0x03, 0x20, 0x00]),
+            _ => {
+                let len = 1 + (rng.next() % 3) as usize;
+                out.extend(rng.bytes(len));
+            }
+        }
+    }
+    out.extend_from_slice(&trace[last..]);
+    out
+}
+
+#[test]
+fn the_fast_path_matches_the_general_one_around_other_packets() {
+    let mut rng = Rng(0x853c_49e6_748f_ea9b);
+    for seed in 1..8 {
+        let (trace, image) = synth(seed, 3 + usize::try_from(seed).unwrap_or(0) * 3, 32 * 1024);
+        for every in [3, 17, 200] {
+            let trace = with_interruptions(&trace, &mut rng, every);
+            let what = format!("seed {seed}, one in {every}");
+            let fast = same(&trace, &image, FlowConfig::default(), &what);
+            assert!(fast > 100, "{what}: only {fast} fast blocks");
+            // Time moves (the inserted TSCs), so the times compared above differ.
+            let times: std::collections::HashSet<u64> =
+                Branches::new(&trace, &image, FlowConfig::default())
+                    .map(|e| e.tsc)
+                    .collect();
+            assert!(times.len() > 5, "{what}: {} times", times.len());
+        }
+    }
+}
+
+#[test]
+fn the_fast_path_matches_the_general_one_on_random_traces() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut fast = 0;
+    for round in 0..300 {
+        let mut image = Image::new();
+        image.add("random", random_code(&mut rng), 0x1000);
+        let mut trace = PSB.to_vec();
+        trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+        // Mostly TNT and TIP into the code, so that blocks come round again.
+        for _ in 0..300 {
+            match rng.next() % 10 {
+                0..=5 => trace.push(((rng.next() as u8) | 0x80) & 0xfe),
+                6 => trace.extend_from_slice(&[0x02, 0xa3, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]),
+                7 => trace.extend_from_slice(&[0x2d, (rng.next() % 0x200) as u8, 0x10]),
+                _ => trace.extend(random_packet(&mut rng)),
+            }
+        }
+        let config = FlowConfig {
+            end_on_call: round % 5 == 0,
+            ..FlowConfig::default()
+        };
+        fast += same(&trace, &image, config, &format!("round {round}"));
+    }
+    assert!(fast > 1000, "only {fast} fast blocks");
+}
+
+#[test]
+fn the_fast_path_matches_the_general_one_on_the_libipt_corpus() {
+    let Some(corpus) = crate::decode::pt::tools::conformance_dir() else {
+        println!("libipt corpus not found: skipped");
+        return;
+    };
+    let suite = corpus.join("core");
+    let manifest = fs::read_to_string(suite.join("MANIFEST.tsv")).unwrap();
+    let mut cases = 0;
+    for line in manifest.lines().skip(1) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let (Some(name), Some(org)) = (cols.first(), cols.get(1)) else {
+            continue;
+        };
+        let (Ok(trace), Ok(code)) = (
+            fs::read(suite.join(format!("{name}.pt"))),
+            fs::read(suite.join(format!("{name}.bin"))),
+        ) else {
+            continue;
+        };
+        let Ok(org) = u64::from_str_radix(org.trim_start_matches("0x"), 16) else {
+            continue;
+        };
+        let mut image = Image::new();
+        image.add(name, code, org);
+        let opts: Vec<&str> = cols
+            .get(4)
+            .map_or(vec![], |o| o.split_whitespace().collect());
+        let cpus = cols
+            .get(2)
+            .map_or(vec![], |c| c.split_whitespace().collect());
+        for cpu in std::iter::once(None).chain(cpus.into_iter().map(Some)) {
+            let mut args: Vec<&str> = cpu.map_or(vec![], |cpu| vec!["--cpu", cpu]);
+            args.extend(&opts);
+            let Ok(parsed) = PtxedOptions::from_args(&args) else {
+                continue;
+            };
+            same(&trace, &image, parsed.flow, &format!("{name} {args:?}"));
+            cases += 1;
+        }
+    }
+    assert!(cases > 100, "only {cases} corpus cases");
+}
+
+#[test]
+fn batches_hand_out_the_iterators_events() {
+    let (trace, image) = synth(3, 12, 64 * 1024);
+    let one_by_one: Vec<BranchEvent> =
+        Branches::new(&trace, &image, FlowConfig::default()).collect();
+    let mut branches = Branches::new(&trace, &image, FlowConfig::default());
+    let mut batched = Vec::new();
+    loop {
+        let batch = branches.next_batch();
+        if batch.is_empty() {
+            break;
+        }
+        batched.extend_from_slice(batch);
+    }
+    assert_eq!(batched, one_by_one);
+    assert!(branches.next().is_none());
+}
+
+/// Code that never needs the trace again (direct jumps and calls in a loop) stalls the
+/// decoder: both paths give up at the same instruction, after the same events, whether
+/// the loop starts with TNT bits left, right after a TNT or a TIP, or some blocks into
+/// one.
+#[test]
+fn the_fast_path_stalls_where_the_general_one_does() {
+    // PSB+ with MODE.Exec (64-bit) and a FUP to 0x1000.
+    let start = |tail: &[u8]| {
+        let mut trace = PSB.to_vec();
+        trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+        trace.extend_from_slice(tail);
+        trace.extend_from_slice(&PSB);
+        trace
+    };
+    let cases: [(&str, Vec<u8>, Vec<u8>); 7] = [
+        // jmp . (2 instructions a round with the block)
+        ("jmp .", vec![0xeb, 0xfe], start(&[0x06])),
+        // jne +2; jmp . / jmp 0x1000: not taken, then stuck with bits left
+        (
+            "jne; jmp .",
+            vec![0x75, 0x02, 0xeb, 0xfe, 0xeb, 0xfa],
+            start(&[0x02, 0xa3, 0xfa, 0xff, 0xff, 0xff, 0xff, 0x7f]),
+        ),
+        // jne +0 (to the next instruction) many times, then the loop
+        (
+            "jne +0; jmp .",
+            vec![0x75, 0x00, 0x75, 0x00, 0xeb, 0xfe],
+            start(&[0x0c, 0x06]),
+        ),
+        // jmp rax to a TIP, then jmp . there
+        (
+            "jmp rax; jmp .",
+            vec![0xff, 0xe0, 0x90, 0x90, 0xeb, 0xfe],
+            start(&[0x2d, 0x04, 0x10, 0x06]),
+        ),
+        // call . (calls need no trace)
+        ("call .", vec![0xe8, 0xfb, 0xff, 0xff, 0xff], start(&[0x06])),
+        // jne . while taken, then jmp . right after the TNT that ended the loop
+        (
+            "jne .; jmp .",
+            vec![0x75, 0xfe, 0xeb, 0xfe],
+            start(&[0x0e, 0x0e, 0x0e, 0x0e, 0x0e, 0x0e, 0x0c, 0x0e]),
+        ),
+        // 1,500 nops and a jmp back: blocks too large for the unchecked loop
+        (
+            "nops; jmp",
+            {
+                let mut code = vec![0x90; 1500];
+                code.extend_from_slice(&[0xe9]);
+                code.extend_from_slice(&(-1505i32).to_le_bytes());
+                code
+            },
+            start(&[0x06]),
+        ),
+    ];
+    for (what, code, trace) in cases {
+        let mut image = Image::new();
+        image.add("stall", code, 0x1000);
+        let fast = same(&trace, &image, FlowConfig::default(), what);
+        assert!(fast > 500, "{what}: only {fast} fast blocks");
+        let errors: Vec<BranchEvent> = Branches::new(&trace, &image, FlowConfig::default())
+            .filter(|e| e.kind == BranchKind::Error)
+            .collect();
+        assert!(!errors.is_empty(), "{what}: no stall reported");
+    }
+}

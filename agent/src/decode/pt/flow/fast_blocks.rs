@@ -1,0 +1,396 @@
+//! Whole blocks for the decode fast path, one table lookup each.
+//!
+//! In: the block cache of a [`BlockDecoder`] (runs of instructions to the next decision
+//! point, filled by the general walk in [`super::flow_walk`]). Out: [`FastBlock`]s: from
+//! a start address to the branch that ends the block, with what that branch needs (a TNT
+//! bit, a TIP, nothing) and where it can go, in a direct-mapped table ([`FastBlocks`]).
+//! A block is resolved only where the general walk would take the cached route all the
+//! way and end the block at the same branch (every run cached, inside one mapped piece,
+//! at most `u16::MAX` instructions, a near branch whose size and displacement the cache
+//! kept); anything else is left to the general walk, which fills the cache as it goes.
+
+use super::block::BlockDecoder;
+use super::cache::{CacheEntry, Qualifier};
+use super::insn::{self, InsnClass};
+use crate::decode::pt::packets::packet::ExecMode;
+
+/// How a block ends, and what the trace must say there.
+///
+/// One bit each, so that the fast loop's tests of a block's exit stay a few compares
+/// and tests instead of becoming a jump table (one indirect jump per block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Exit {
+    /// A conditional branch: a TNT bit picks `target` or `fall`.
+    Cond = 1,
+    /// A near direct call to `target` (no trace).
+    DirectCall = 2,
+    /// A near direct jump to `target` (no trace).
+    DirectJump = 4,
+    /// A near return: a taken TNT bit (compressed) or a TIP.
+    Return = 8,
+    /// A near indirect call: a TIP; returns to `fall`.
+    IndirectCall = 16,
+    /// A near indirect jump: a TIP.
+    IndirectJump = 32,
+}
+
+impl Exit {
+    /// A direct call or jump: no trace needed.
+    #[inline]
+    pub fn is_direct(self) -> bool {
+        self as u8 & (Self::DirectCall as u8 | Self::DirectJump as u8) != 0
+    }
+}
+
+/// A block from `ip` to the branch at `end_ip`, as the general walk would build it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FastBlock {
+    pub ip: u64,
+    pub mode: ExecMode,
+    pub end_ip: u64,
+    /// The instruction after the branch.
+    pub fall: u64,
+    /// The branch target, for conditional and direct branches.
+    pub target: u64,
+    /// The mapped section the block is in.
+    pub isid: u32,
+    /// The table slots of `target` and `fall` (set by [`FastBlocks::insert`]): the next
+    /// lookup reads its slot from here instead of hashing the address, which takes the
+    /// hash off the chain from one block to the next (the loop waits on that chain).
+    pub target_slot: u16,
+    pub fall_slot: u16,
+    pub ninsn: u16,
+    /// What the general walk leaves in `Block::size` (the branch's size where it knew).
+    pub size: u8,
+    pub exit: Exit,
+    /// A direct call that pushes its return address (not a call to the next instruction).
+    pub push_ret: bool,
+}
+
+impl FastBlock {
+    /// An unused slot. Its address is looked up in another slot, which holds no such
+    /// empty block ([`FastBlocks::with_slots`]), so that it matches no lookup.
+    const EMPTY: Self = Self {
+        ip: u64::MAX,
+        mode: ExecMode::Unknown,
+        end_ip: 0,
+        fall: 0,
+        target: 0,
+        isid: 0,
+        target_slot: 0,
+        fall_slot: 0,
+        ninsn: 0,
+        size: 0,
+        exit: Exit::Cond,
+        push_ret: false,
+    };
+}
+
+/// Cache runs one block may chain before it is left to the general walk.
+const MAX_CHAIN: usize = 256;
+
+/// The block starting at `ip` in `mode`, if the cache holds all of it.
+pub(crate) fn resolve(dec: &BlockDecoder<'_>, ip: u64, mode: ExecMode) -> Option<FastBlock> {
+    let mapping = dec.image.mapping(ip).ok()?;
+    let mut at = ip;
+    let mut ninsn = 0u16;
+    for _ in 0..MAX_CHAIN {
+        let entry: CacheEntry = *dec.cache.get(&(at, mode))?;
+        let point = at.wrapping_add_signed(i64::from(entry.displacement));
+        if !mapping.contains(point) {
+            return None;
+        }
+        ninsn = ninsn.checked_add(u16::from(entry.ninsn))?;
+        let fall = point.wrapping_add(u64::from(entry.isize));
+        let mut block = FastBlock {
+            ip,
+            mode,
+            end_ip: point,
+            fall,
+            target: fall.wrapping_add_signed(i64::from(entry.disp.unwrap_or(0))),
+            isid: mapping.isid,
+            target_slot: 0,
+            fall_slot: 0,
+            ninsn,
+            size: 0,
+            exit: Exit::Return,
+            push_ret: false,
+        };
+        let sized = entry.isize != 0;
+        match entry.qualifier {
+            Qualifier::Again => {
+                at = point;
+                continue;
+            }
+            Qualifier::Cond if sized && entry.disp.is_some() => {
+                block.exit = Exit::Cond;
+                block.size = entry.isize;
+            }
+            Qualifier::DirectCall | Qualifier::DirectJump if sized && entry.disp.is_some() => {
+                let call = entry.qualifier == Qualifier::DirectCall;
+                block.exit = if call {
+                    Exit::DirectCall
+                } else {
+                    Exit::DirectJump
+                };
+                block.size = entry.isize;
+                block.push_ret = call && entry.disp != Some(0);
+            }
+            Qualifier::Return => block.exit = Exit::Return,
+            Qualifier::IndirectCall if sized => block.exit = Exit::IndirectCall,
+            // Indirect jumps only; far transfers are for the general path.
+            Qualifier::Indirect
+                if insn::decode(dec.image, point, mode)
+                    .is_ok_and(|i| i.class == InsnClass::Jump) =>
+            {
+                block.exit = Exit::IndirectJump;
+            }
+            _ => return None,
+        }
+        return Some(block);
+    }
+    None
+}
+
+/// The slot of `ip` in a table of `2^(64 - shift)` slots.
+#[inline]
+fn slot_index(ip: u64, shift: u32) -> usize {
+    // Fibonacci hashing; the top bits index the table, which has at most 2^16 slots.
+    usize::try_from(ip.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift).unwrap_or(0)
+}
+
+/// Lookups in a [`FastBlocks`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View<'a> {
+    slots: &'a [FastBlock],
+    shift: u32,
+}
+
+impl<'a> View<'a> {
+    /// The block at `ip` (in the view's mode), if it was resolved before.
+    #[cfg(test)]
+    pub fn get(self, ip: u64) -> Option<&'a FastBlock> {
+        self.at(self.slot_of(ip), ip)
+    }
+
+    /// The slot where the block at `ip` would be.
+    #[inline]
+    pub fn slot_of(self, ip: u64) -> usize {
+        slot_index(ip, self.shift)
+    }
+
+    /// The block at `ip`, looked up in its slot `slot` ([`Self::slot_of`], or a block's
+    /// `target_slot`/`fall_slot`): empty slots match no address only in the slot where
+    /// their address is looked up.
+    #[inline]
+    pub fn at(self, slot: usize, ip: u64) -> Option<&'a FastBlock> {
+        debug_assert_eq!(slot, self.slot_of(ip), "the slot of {ip:#x}");
+        self.slots.get(slot).filter(|b| b.ip == ip)
+    }
+}
+
+/// Slots of a new table; it doubles (up to [`MAX_SLOTS`]) when blocks keep evicting
+/// each other.
+const MIN_SLOTS: usize = 1 << 10;
+const MAX_SLOTS: usize = 1 << 16;
+
+/// A direct-mapped table of resolved blocks, keyed by start address and mode.
+#[derive(Debug, Clone)]
+pub(crate) struct FastBlocks {
+    slots: Vec<FastBlock>,
+    /// The mode of every block in the table: one mode at a time, so that a lookup
+    /// compares the address only (modes change at most at PSBs and far transfers).
+    mode: ExecMode,
+    /// 64 minus log2 of the slot count.
+    shift: u32,
+    /// Valid blocks replaced since the table last grew.
+    evictions: usize,
+    /// The most instructions of any block in the table: bounds how far a run of
+    /// blocks can stall without a look at each one ([`Self::stall_free`]).
+    max_ninsn: u16,
+}
+
+impl Default for FastBlocks {
+    fn default() -> Self {
+        Self::with_slots(MIN_SLOTS)
+    }
+}
+
+impl FastBlocks {
+    fn with_slots(slots: usize) -> Self {
+        let mut table = Self {
+            slots: vec![FastBlock::EMPTY; slots],
+            mode: ExecMode::Unknown,
+            shift: 64 - slots.trailing_zeros(),
+            evictions: 0,
+            max_ninsn: 0,
+        };
+        // Lookups compare addresses only: the slot where EMPTY's own address is looked
+        // up gets another address for its empty block, one that is looked up elsewhere.
+        let home = table.index(FastBlock::EMPTY.ip);
+        let other = (1..=u64::from(u16::MAX))
+            .map(|d| FastBlock::EMPTY.ip - d)
+            .find(|&ip| table.index(ip) != home);
+        if let (Some(slot), Some(ip)) = (table.slots.get_mut(home), other) {
+            slot.ip = ip;
+        }
+        table
+    }
+
+    fn index(&self, ip: u64) -> usize {
+        slot_index(ip, self.shift)
+    }
+
+    /// [`Self::index`] as stored in a block: the table has at most 2^16 slots.
+    fn slot(&self, ip: u64) -> u16 {
+        u16::try_from(self.index(ip)).unwrap_or(u16::MAX)
+    }
+
+    /// The table for lookups of blocks in `mode` (emptied if it held another mode's):
+    /// a loop that holds the view keeps the slots and the shift in registers (through
+    /// `&mut self` they are reloaded after every store).
+    #[inline]
+    pub fn view(&mut self, mode: ExecMode) -> View<'_> {
+        if self.mode != mode {
+            self.empty_for(mode);
+        }
+        View {
+            slots: &self.slots,
+            shift: self.shift,
+        }
+    }
+
+    /// Whether `blocks` blocks from this table, each adding its instructions plus one
+    /// to a stall count of `stalled`, stay within `limit`.
+    pub fn stall_free(&self, stalled: u64, blocks: usize, limit: u64) -> bool {
+        let per_block = u64::from(self.max_ninsn) + 1;
+        u64::try_from(blocks)
+            .ok()
+            .and_then(|n| n.checked_mul(per_block))
+            .and_then(|n| n.checked_add(stalled))
+            .is_some_and(|n| n <= limit)
+    }
+
+    fn empty_for(&mut self, mode: ExecMode) {
+        *self = Self::with_slots(self.slots.len());
+        self.mode = mode;
+    }
+
+    /// Adds a block (emptying the table first if it held another mode's); it can be
+    /// found right after (`view`).
+    pub fn insert(&mut self, block: FastBlock) {
+        if block.mode != self.mode {
+            self.empty_for(block.mode);
+        }
+        let block = FastBlock {
+            target_slot: self.slot(block.target),
+            fall_slot: self.slot(block.fall),
+            ..block
+        };
+        let index = self.index(block.ip);
+        let Some(slot) = self.slots.get_mut(index) else {
+            return;
+        };
+        if slot.ninsn != 0 {
+            self.evictions += 1;
+        }
+        *slot = block;
+        self.max_ninsn = self.max_ninsn.max(block.ninsn);
+        if self.evictions > 2 * self.slots.len() && self.slots.len() < MAX_SLOTS {
+            // The working set outgrew the table: start over, twice as large (with this
+            // block, which callers look up next).
+            let mode = self.mode;
+            *self = Self::with_slots(self.slots.len() * 2);
+            self.mode = mode;
+            self.insert(block);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(ip: u64, mode: ExecMode) -> FastBlock {
+        FastBlock {
+            ip,
+            mode,
+            end_ip: ip.wrapping_add(2),
+            fall: ip.wrapping_add(4),
+            ..FastBlock::EMPTY
+        }
+    }
+
+    #[test]
+    fn a_table_holds_one_mode_at_a_time() {
+        let mut table = FastBlocks::default();
+        table.insert(block(0x1000, ExecMode::Bits64));
+        table.insert(block(0x2000, ExecMode::Bits64));
+        assert_eq!(
+            table.view(ExecMode::Bits64).get(0x1000).map(|b| b.fall),
+            Some(0x1004)
+        );
+        assert!(table.view(ExecMode::Bits64).get(0x1004).is_none());
+        // Another mode's lookups find nothing (and empty the table) ...
+        assert!(table.view(ExecMode::Bits32).get(0x1000).is_none());
+        assert!(table.view(ExecMode::Bits64).get(0x2000).is_none());
+        // ... and so does inserting another mode's block.
+        table.insert(block(0x2000, ExecMode::Bits64));
+        table.insert(block(0x3000, ExecMode::Bits32));
+        assert!(table.view(ExecMode::Bits32).get(0x3000).is_some());
+        assert!(table.view(ExecMode::Bits32).get(0x2000).is_none());
+    }
+
+    #[test]
+    fn empty_slots_match_no_address() {
+        let mut table = FastBlocks::default();
+        for ip in [0, 1, u64::MAX, u64::MAX - 1] {
+            assert!(table.view(ExecMode::Bits64).get(ip).is_none(), "{ip:#x}");
+        }
+        // Blocks at the empty slots' addresses are found.
+        for ip in [u64::MAX, u64::MAX - 1, 0] {
+            table.insert(FastBlock {
+                ninsn: 1,
+                ..block(ip, ExecMode::Bits64)
+            });
+            assert_eq!(
+                table.view(ExecMode::Bits64).get(ip).map(|b| b.ip),
+                Some(ip),
+                "{ip:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_table_grows_when_blocks_keep_evicting_each_other_and_slots_follow() {
+        let mut table = FastBlocks::default();
+        let ips: Vec<u64> = (0..4 * MIN_SLOTS as u64)
+            .map(|i| 0x40_0000 + 16 * i)
+            .collect();
+        for _ in 0..4 {
+            for &ip in &ips {
+                table.insert(FastBlock {
+                    ninsn: 1,
+                    target: ip + 0x1000,
+                    ..block(ip, ExecMode::Bits64)
+                });
+                assert!(table.view(ExecMode::Bits64).get(ip).is_some());
+            }
+        }
+        assert!(table.slots.len() > MIN_SLOTS);
+        let view = table.view(ExecMode::Bits64);
+        let found: Vec<&FastBlock> = ips.iter().filter_map(|&ip| view.get(ip)).collect();
+        assert!(
+            found.len() > ips.len() / 2,
+            "{} of {}",
+            found.len(),
+            ips.len()
+        );
+        // Through growth, every block's successor slots are those of the table it is in.
+        for b in found {
+            assert_eq!(usize::from(b.target_slot), view.slot_of(b.target));
+            assert_eq!(usize::from(b.fall_slot), view.slot_of(b.fall));
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The packets of the decode fast path, read straight from the trace bytes.
+//!
+//! In: a trace and an offset at a packet boundary outside a BBP block. Out: TNT and TIP
+//! packets ([`Hot`]), the only ones that carry control flow between two PSBs in a typical
+//! trace, decoded exactly as [`super::parse::decode_packet`] would, without its error
+//! reporting or the `Packet` enum; [`Hot::Other`] for anything else (the caller then
+//! leaves the packet to the general decoder). [`skip_pads`] steps over PAD bytes.
+
+use super::packet::{IpCompression, IpPayload};
+
+/// A packet the fast path handles itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hot {
+    /// A short or long TNT: `count` outcomes in the low bits of `bits`, oldest highest.
+    Tnt { bits: u64, count: u8, size: usize },
+    /// A TIP (possibly with a suppressed IP).
+    Tip { payload: IpPayload, size: usize },
+    /// Any other packet, a truncated one, or the end of the trace.
+    Other,
+}
+
+/// Reads the packet at `pos`, if it is a TNT or a TIP.
+#[expect(
+    clippy::inline_always,
+    reason = "called once per trace event in the decode fast loop, which keeps its \
+              registers only if this is inlined"
+)]
+#[inline(always)]
+pub(crate) fn hot_packet(trace: &[u8], pos: usize) -> Hot {
+    let Some(&opc) = trace.get(pos) else {
+        return Hot::Other;
+    };
+    if opc & 1 == 0 {
+        // 0x00 is PAD, 0x02 the extended opcode; any other even byte is a short TNT.
+        if opc > 2 {
+            return tnt(u64::from(opc >> 1), 1);
+        }
+        if opc == 2
+            && let Some(bytes) = trace.get(pos..pos.saturating_add(8))
+            && bytes[1] == 0xa3
+        {
+            let mut word = [0u8; 8];
+            word[..6].copy_from_slice(&bytes[2..8]);
+            return tnt(u64::from_le_bytes(word), 8);
+        }
+        return Hot::Other;
+    }
+    if opc & 0x1f != 0x0d {
+        return Hot::Other;
+    }
+    let Some(compression) = IpCompression::from_bits(opc >> 5) else {
+        return Hot::Other;
+    };
+    let len = compression.payload_len();
+    let Some(bytes) = trace.get(pos + 1..pos.saturating_add(1 + len)) else {
+        return Hot::Other;
+    };
+    // One 8-byte load where the trace goes on that far (a copy of `len` bytes was a
+    // memcpy call per TIP).
+    let ip = match trace
+        .get(pos + 1..pos.saturating_add(9))
+        .map(<[u8; 8]>::try_from)
+    {
+        Some(Ok(word)) => {
+            let bits = u32::try_from(8 * len).unwrap_or(64);
+            u64::from_le_bytes(word) & u64::MAX.checked_shr(64 - bits).unwrap_or(0)
+        }
+        _ => bytes.iter().rev().fold(0, |ip, &b| ip << 8 | u64::from(b)),
+    };
+    Hot::Tip {
+        payload: IpPayload { compression, ip },
+        size: 1 + len,
+    }
+}
+
+/// A TNT payload ends with a stop bit; the bits below it are the outcomes.
+#[inline]
+fn tnt(payload: u64, size: usize) -> Hot {
+    if payload < 2 {
+        return Hot::Other;
+    }
+    let count = payload.ilog2();
+    Hot::Tnt {
+        bits: payload & !(1 << count),
+        count: u8::try_from(count).unwrap_or(u8::MAX),
+        size,
+    }
+}
+
+/// The offset of the first byte at or after `pos` that is not a PAD.
+#[inline]
+pub(crate) fn skip_pads(trace: &[u8], mut pos: usize) -> usize {
+    while trace.get(pos) == Some(&0) {
+        pos += 1;
+    }
+    pos
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::pt::packets::cpu::Errata;
+    use crate::decode::pt::packets::packet::Packet;
+    use crate::decode::pt::packets::parse::{BlockContext, decode_packet};
+
+    /// What the general decoder makes of the bytes, in the fast path's terms.
+    fn general(trace: &[u8]) -> Hot {
+        match decode_packet(trace, 0, Errata::default(), BlockContext::None) {
+            Ok(d) => match d.packet {
+                Packet::Tnt8(t) | Packet::Tnt64(t) => Hot::Tnt {
+                    bits: t.bits,
+                    count: t.count,
+                    size: d.size,
+                },
+                Packet::Tip(payload) => Hot::Tip {
+                    payload,
+                    size: d.size,
+                },
+                _ => Hot::Other,
+            },
+            Err(_) => Hot::Other,
+        }
+    }
+
+    #[test]
+    fn hot_packets_decode_as_the_general_decoder_does() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for first in 0..=255u8 {
+            for len in 0..10 {
+                let mut bytes = vec![first];
+                bytes.extend((1..len).map(|_| next().to_le_bytes()[0]));
+                cases.push(bytes.clone());
+                // Long TNTs, with payloads of every length.
+                bytes[0] = 2;
+                if let Some(b) = bytes.get_mut(1) {
+                    *b = 0xa3;
+                }
+                for zero in 2..bytes.len() {
+                    let mut short = bytes.clone();
+                    short[zero..].fill(0);
+                    cases.push(short);
+                }
+                cases.push(bytes);
+            }
+        }
+        for bytes in &cases {
+            assert_eq!(hot_packet(bytes, 0), general(bytes), "{bytes:02x?}");
+        }
+    }
+
+    #[test]
+    fn pads_are_skipped_up_to_the_next_packet_or_the_end() {
+        assert_eq!(skip_pads(&[0, 0, 4], 0), 2);
+        assert_eq!(skip_pads(&[4, 0], 1), 2);
+        assert_eq!(skip_pads(&[], 0), 0);
+    }
+}
