@@ -13,7 +13,11 @@
 //! `.lbsnap` (4 MiB of PT, code in an ELF with a symbol per function), and `lookback
 //! decode --stats SNAPSHOT -o OUT` decodes, reconstructs stacks, symbolizes and writes
 //! it, reporting its own time and peak memory (`VmHWM`).
-use std::{path::Path, process::Command, time::Instant};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -80,7 +84,14 @@ fn throughput(env: &BuildEnv, synth: &Path) -> Result<()> {
         );
     }
     let blocks_secs = blocks_only(env, &pt, &raw)?;
-    let reference = libipt(env, &pt, &[format!("{}:0:0:0x400000", code.display())])?;
+    let reference = match libipt_ref(env, None)? {
+        Some(bin) => Some(libipt(
+            &bin,
+            &pt,
+            &[format!("{}:0:0:0x400000", code.display())],
+        )?),
+        None => None,
+    };
     print_table(&stats, blocks_secs, reference.as_ref());
     print_spread(&stats, &all_secs);
     Ok(())
@@ -269,8 +280,41 @@ pub(crate) struct Reference {
     pub(crate) errors: f64,
 }
 
-/// libipt's best of [`REPS`] runs over `pt` with code `sections` (`FILE:OFFSET:SIZE:ADDR`).
-pub(crate) fn libipt(env: &BuildEnv, pt: &Path, sections: &[String]) -> Result<Option<Reference>> {
+/// `benches/libipt_ref.c` built against libipt: the one built from the source at `src`
+/// (current libipt, what the conformance corpus is from; cmake from Debian), else
+/// Debian's libipt-dev (2.0.5, installed when missing); `None` without either.
+pub(crate) fn libipt_ref(env: &BuildEnv, src: Option<&Path>) -> Result<Option<PathBuf>> {
+    let bin = env.root.join("target/bench/libipt_ref");
+    std::fs::create_dir_all(env.root.join("target/bench"))?;
+    if let Some(src) = src {
+        if !command_exists("cmake") && env.is_root {
+            run(Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends", "cmake"])
+                .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        }
+        let build = env.root.join("target/bench/libipt-build");
+        std::fs::create_dir_all(&build)?;
+        run(Command::new("cmake")
+            .arg("-S")
+            .arg(src)
+            .arg("-B")
+            .arg(&build)
+            .arg("-DCMAKE_BUILD_TYPE=Release"))?;
+        run(Command::new("make")
+            .arg("-C")
+            .arg(&build)
+            .args(["-j2", "libipt"]))?;
+        run(Command::new("cc")
+            .args(["-O2", "-o"])
+            .arg(&bin)
+            .arg(env.root.join("benches/libipt_ref.c"))
+            .arg(format!("-I{}", src.join("include").display()))
+            .arg(format!("-I{}", build.join("libipt/include").display()))
+            .arg(format!("-L{}", build.join("lib").display()))
+            .arg(format!("-Wl,-rpath,{}", build.join("lib").display()))
+            .arg("-lipt"))?;
+        return Ok(Some(bin));
+    }
     if !Path::new("/usr/include/intel-pt.h").exists() && env.is_root {
         println!("xtask bench-decode: installing libipt-dev (Intel's decoder, the reference)");
         let installed = run(Command::new("apt-get")
@@ -286,15 +330,27 @@ pub(crate) fn libipt(env: &BuildEnv, pt: &Path, sections: &[String]) -> Result<O
         );
         return Ok(None);
     }
-    let bin = env.root.join("target/bench/libipt_ref");
     run(Command::new("cc")
         .args(["-O2", "-o"])
         .arg(&bin)
         .arg(env.root.join("benches/libipt_ref.c"))
         .arg("-lipt"))?;
+    Ok(Some(bin))
+}
+
+fn command_exists(name: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", "command -v \"$1\" >/dev/null", "sh", name])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// libipt's best of [`REPS`] runs of `bin` ([`libipt_ref`]) over `pt` with code
+/// `sections` (`FILE:OFFSET:SIZE:ADDR`).
+pub(crate) fn libipt(bin: &Path, pt: &Path, sections: &[String]) -> Result<Reference> {
     let mut best: Option<Reference> = None;
     for _ in 0..REPS {
-        let text = output(Command::new(&bin).arg(pt).args(sections))?;
+        let text = output(Command::new(bin).arg(pt).args(sections))?;
         let mut r = Reference::default();
         for line in text.lines() {
             let get = |key: &str| -> f64 {
@@ -314,7 +370,7 @@ pub(crate) fn libipt(env: &BuildEnv, pt: &Path, sections: &[String]) -> Result<O
             _ => r,
         });
     }
-    Ok(best)
+    best.context("no libipt runs")
 }
 
 fn print_table(s: &Stats, blocks_secs: f64, r: Option<&Reference>) {

@@ -21,7 +21,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result};
 
-use crate::bench_decode::{Stats, libipt, output};
+use crate::bench_decode::{Stats, libipt, libipt_ref, output};
 use crate::util::{BuildEnv, run};
 
 /// Repetitions; the fastest run is reported.
@@ -117,12 +117,19 @@ struct Row {
     name: String,
     bytes: u64,
     ours: Stats,
+    /// Instructions of lookback's `--ptxed` mode (libipt's rules for errors).
+    ptxed_insns: u64,
     reference: Option<crate::bench_decode::Reference>,
     /// libxdc's best MB/s (edges only, repeated decodes of the same trace).
     xdc_mb: Option<f64>,
 }
 
-pub fn bench_real(env: &BuildEnv, dir: &Path, libxdc: Option<&Path>) -> Result<()> {
+pub fn bench_real(
+    env: &BuildEnv,
+    dir: &Path,
+    libxdc: Option<&Path>,
+    libipt_src: Option<&Path>,
+) -> Result<()> {
     run(env
         .cargo()
         .args(["build", "--release", "-p", "lookback", "--bin", "lookback"]))?;
@@ -134,6 +141,7 @@ pub fn bench_real(env: &BuildEnv, dir: &Path, libxdc: Option<&Path>) -> Result<(
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     let xdc = libxdc.map(|src| build_libxdc(env, src)).transpose()?;
+    let ipt = libipt_ref(env, libipt_src)?;
     for (name, trace, cache, start, end) in CASES {
         let trace = base.join(name).join(trace);
         let prefix = base.join(name).join(cache);
@@ -175,7 +183,11 @@ pub fn bench_real(env: &BuildEnv, dir: &Path, libxdc: Option<&Path>) -> Result<(
             }
         }
         let ours = best.context("no runs")?;
-        let reference = libipt(env, &trace, &sections)?;
+        let reference = match &ipt {
+            Some(bin) => Some(libipt(bin, &trace, &sections)?),
+            None => None,
+        };
+        let ptxed_insns = ptxed_mode_insns(env, &trace, &raw)?;
         let xdc_mb = match &xdc {
             Some(tester) => libxdc_rate(tester, [start, end], &prefix, &trace)?,
             None => None,
@@ -184,6 +196,7 @@ pub fn bench_real(env: &BuildEnv, dir: &Path, libxdc: Option<&Path>) -> Result<(
             name: name.to_owned(),
             bytes: std::fs::metadata(&trace)?.len(),
             ours,
+            ptxed_insns,
             reference,
             xdc_mb,
         });
@@ -196,6 +209,20 @@ pub fn bench_real(env: &BuildEnv, dir: &Path, libxdc: Option<&Path>) -> Result<(
         println!("libxdc: not run (give its source with --libxdc DIR: nyx-fuzz/libxdc)");
     }
     Ok(())
+}
+
+/// The instructions `lookback decode --ptxed -- --quiet --stat --stat:insn` counts.
+fn ptxed_mode_insns(env: &BuildEnv, trace: &Path, raw: &[String]) -> Result<u64> {
+    let text = output(
+        Command::new(env.release_bin())
+            .args(["decode", "--ptxed", "--pt"])
+            .arg(trace)
+            .args(raw)
+            .args(["--", "--quiet", "--stat", "--stat:insn"]),
+    )?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("insn: ")?.trim_end_matches('.').parse().ok())
+        .with_context(|| format!("no insn count from --ptxed:\n{text}"))
 }
 
 /// libxdc's `tester_static`, built from the source at `src` (copied under target/, with
@@ -261,7 +288,7 @@ fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| real trace | bytes | insns (lookback / libipt) | errors (lookback / libipt) | libipt block decoder s | MB/s | libxdc MB/s (edges only) | lookback 1 core s | MB/s | lookback ÷ libipt speed | lookback all cores |"
+        "| real trace | bytes | insns (lookback / lookback `--ptxed` / libipt) | errors (lookback / libipt) | libipt block decoder s | MB/s | libxdc MB/s (edges only) | lookback 1 core s | MB/s | lookback ÷ libipt speed | lookback all cores |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
@@ -269,14 +296,14 @@ fn table(rows: &[Row]) -> String {
         let ours = &row.ours;
         let (insns, errors, secs, rate, ratio) = match &row.reference {
             Some(r) => (
-                format!("{:.0} / {:.0}", ours.insns, r.insns),
+                format!("{:.0} / {} / {:.0}", ours.insns, row.ptxed_insns, r.insns),
                 format!("{} / {:.0}", ours.errors, r.errors),
                 format!("{:.4}", r.block_secs),
                 format!("{:.1}", mb / r.block_secs),
                 format!("{:.2}×", r.block_secs / ours.decode_secs),
             ),
             None => (
-                format!("{:.0} / -", ours.insns),
+                format!("{:.0} / {} / -", ours.insns, row.ptxed_insns),
                 format!("{} / -", ours.errors),
                 "-".to_owned(),
                 "-".to_owned(),

@@ -82,6 +82,10 @@ enum Command {
         /// With --real-traces: libxdc's source (nyx-fuzz/libxdc), built and run beside.
         #[arg(long, value_name = "DIR", requires = "real_traces")]
         libxdc: Option<std::path::PathBuf>,
+        /// With --real-traces: libipt's source (intel/libipt), built with cmake and used
+        /// as the reference instead of Debian's older libipt-dev.
+        #[arg(long, value_name = "DIR", requires = "real_traces")]
+        libipt: Option<std::path::PathBuf>,
     },
     /// The sampling recorder's cost to the traced program (1 kHz, 10 kHz; stack copies
     /// and frame pointers) and its decode cost per sample, beside perf record (fp, dwarf).
@@ -129,8 +133,11 @@ fn main() -> std::process::ExitCode {
             snapshot_only,
             real_traces,
             libxdc,
+            libipt,
         } => setup::setup().and_then(|env| match real_traces {
-            Some(dir) => bench_decode_real::bench_real(&env, &dir, libxdc.as_deref()),
+            Some(dir) => {
+                bench_decode_real::bench_real(&env, &dir, libxdc.as_deref(), libipt.as_deref())
+            }
             None => bench_decode::bench_decode(&env, snapshot_only),
         }),
         Command::BenchSampling => {

@@ -159,6 +159,8 @@ pub struct EventDecoder<'a> {
     pub(crate) enabled: bool,
     /// The current packet is bound to events already; don't also treat it on its own.
     pub(crate) bound: bool,
+    /// Counts [`EventDecoder::doubt_ip`] calls: an event's exact IP is of one epoch.
+    pub(crate) ip_epoch: u32,
 }
 
 impl<'a> EventDecoder<'a> {
@@ -176,6 +178,7 @@ impl<'a> EventDecoder<'a> {
             exec: ExecState::default(),
             enabled: false,
             bound: false,
+            ip_epoch: 0,
         }
     }
 
@@ -285,9 +288,22 @@ impl<'a> EventDecoder<'a> {
                 if let Some(field) = event.kind.ip_mut() {
                     *field = ip;
                 }
+                event.ip_exact_epoch = self.ip.is_exact().then_some(self.ip_epoch);
             }
             Err(_) => event.ip_suppressed = true,
         }
+    }
+
+    /// Distrusts the last IP's high bits (trace may have been lost before an error) and
+    /// starts a new IP epoch: events whose IP was taken before are not exact now.
+    pub fn doubt_ip(&mut self) {
+        self.ip.doubt();
+        self.ip_epoch = self.ip_epoch.wrapping_add(1);
+    }
+
+    /// The current IP epoch ([`EventDecoder::doubt_ip`]).
+    pub fn ip_epoch(&self) -> u32 {
+        self.ip_epoch
     }
 
     pub(crate) fn update_ip(&mut self, payload: IpPayload) {

@@ -307,6 +307,10 @@ pub struct Event {
     /// MTC and CYC packets lost since the last TSC (how rough `tsc` is).
     pub lost_mtc: u32,
     pub lost_cyc: u32,
+    /// The decoder's IP epoch ([`crate::decode::pt::EventDecoder::ip_epoch`]) when the
+    /// event's IP was taken from an exact last IP, else `None`: whether recovery after an
+    /// error may resume at it.
+    pub ip_exact_epoch: Option<u32>,
 }
 
 impl Event {
@@ -319,6 +323,7 @@ impl Event {
             tsc: 0,
             lost_mtc: 0,
             lost_cyc: 0,
+            ip_exact_epoch: None,
         }
     }
 

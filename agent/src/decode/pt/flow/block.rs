@@ -22,6 +22,10 @@ use crate::decode::pt::events::event::{Event, EventKind, FlowError};
 use crate::decode::pt::packets::packet::ExecMode;
 
 /// What the flow layer adds to the event layer's configuration.
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent switches, as ptxed's options and the product path set them"
+)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FlowConfig {
     pub events: EventConfig,
@@ -31,6 +35,12 @@ pub struct FlowConfig {
     pub end_on_jump: bool,
     /// Report tick events when time moves on at TIP/TNT (`--event:tick`).
     pub tick_events: bool,
+    /// After an error, resume only at a PSB+ or at an event whose IP came whole from
+    /// packets after the error (a full or sign-extended address, maybe updated in its low
+    /// bits since): never at one built on a last IP from before, which lost trace may
+    /// have made another place's. The product path ([`super::branches::Branches`]) sets
+    /// it; ptxed's resynchronization (libipt's) does not.
+    pub resync_exact_only: bool,
 }
 
 /// Instructions that executed in sequence.

@@ -204,6 +204,7 @@ impl<'a> Branches<'a> {
         let config = FlowConfig {
             end_on_call: true,
             end_on_jump: true,
+            resync_exact_only: true,
             ..config
         };
         Self {
@@ -251,6 +252,9 @@ impl<'a> Branches<'a> {
 
     fn error(&mut self, err: FlowError) {
         self.tracing = false;
+        // A branch held for the event after it: the event failed, so its target is not
+        // known to be right; reported after the resync, it was a call to nowhere.
+        self.held = None;
         let offset = self.dec.offset();
         self.counts.errors.push((offset, err));
         self.push(BranchKind::Error, 0, 0);
@@ -278,6 +282,7 @@ impl<'a> Branches<'a> {
 
     fn sync(&mut self) {
         self.tracing = false;
+        self.held = None;
         match self.dec.sync_forward() {
             Ok(status) => self.state = State::Running(status),
             Err(FlowError::Eos) => self.state = State::Done,

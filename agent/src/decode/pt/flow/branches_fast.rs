@@ -296,6 +296,8 @@ impl Fast {
             tsc: cur.tsc,
             lost_mtc: cur.lost_mtc,
             lost_cyc: cur.lost_cyc,
+            // Never a place to resume at after an error (the general path's are).
+            ip_exact_epoch: None,
         };
         dec.evdec.ip = self.last_ip;
         dec.evdec.time = self.time;

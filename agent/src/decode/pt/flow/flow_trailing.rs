@@ -379,6 +379,10 @@ impl BlockDecoder<'_> {
     /// Finds a place to go on after an error: an event with an IP, or the PSB before.
     pub fn resync(&mut self) -> Result<Status, FlowError> {
         self.clear_postponed();
+        let exact_only = self.config.resync_exact_only;
+        if exact_only {
+            self.evdec.doubt_ip();
+        }
         loop {
             self.status?;
             let ev = self.event;
@@ -387,6 +391,12 @@ impl BlockDecoder<'_> {
                 return self.sync_set(offset);
             }
             let ip = ev.kind.ip().filter(|_| !ev.ip_suppressed);
+            if exact_only && ip.is_some() && ev.ip_exact_epoch != Some(self.evdec.ip_epoch()) {
+                // Its address may be made of a lost place's high bits: not a place to
+                // resume at.
+                self.fetch_event()?;
+                continue;
+            }
             let pending = |this: &Self| this.status_flags(true);
             match ev.kind {
                 EventKind::Enabled { .. } => {

@@ -24,6 +24,9 @@ pub struct LastIp {
     ip: u64,
     have_ip: bool,
     suppressed: bool,
+    /// Every bit of `ip` came from packets since the last doubt: a full or sign-extended
+    /// address, then only updates of its low bits ([`LastIp::doubt`]).
+    exact: bool,
 }
 
 /// Sign-extends the low `bits` (1..=64) bits of `value`.
@@ -43,9 +46,13 @@ impl LastIp {
         Self::default()
     }
 
-    /// Forgets everything (at a PSB or after a decode error).
+    /// Forgets everything (at a PSB or after a decode error): the last IP is 0 by the
+    /// definition of a PSB, so an address compressed against it is exact.
     pub fn reset(&mut self) {
-        *self = Self::default();
+        *self = Self {
+            exact: true,
+            ..Self::default()
+        };
     }
 
     /// Applies one IP packet's payload.
@@ -67,8 +74,14 @@ impl LastIp {
             IpCompression::Update16 => keep_high(16),
             IpCompression::Update32 => keep_high(32),
             IpCompression::Update48 => keep_high(48),
-            IpCompression::Sext48 => sign_extend(payload.ip, 48),
-            IpCompression::Full => payload.ip,
+            IpCompression::Sext48 => {
+                self.exact = true;
+                sign_extend(payload.ip, 48)
+            }
+            IpCompression::Full => {
+                self.exact = true;
+                payload.ip
+            }
         };
         self.have_ip = true;
         self.suppressed = false;
@@ -86,6 +99,17 @@ impl LastIp {
         }
     }
 
+    /// Distrusts the high bits kept so far (trace was lost: they may be another place's),
+    /// until the next full or sign-extended address.
+    pub fn doubt(&mut self) {
+        self.exact = false;
+    }
+
+    /// Whether the IP is known from packets since the last [`LastIp::doubt`] alone.
+    pub fn is_exact(&self) -> bool {
+        self.exact && self.have_ip && !self.suppressed
+    }
+
     /// Applies `payload` and returns the IP it stands for.
     pub fn apply(&mut self, payload: IpPayload) -> Result<u64, LastIpError> {
         self.update(payload);
@@ -99,6 +123,28 @@ mod tests {
 
     fn ip(compression: IpCompression, ip: u64) -> IpPayload {
         IpPayload { compression, ip }
+    }
+
+    #[test]
+    fn an_ip_is_exact_from_a_full_address_on_until_doubted() {
+        let mut last = LastIp::new();
+        last.update(ip(IpCompression::Update16, 0x1234));
+        assert!(!last.is_exact(), "no PSB yet: the high bits are unknown");
+        last.reset();
+        last.update(ip(IpCompression::Update32, 0x40_1234));
+        assert!(last.is_exact(), "against the PSB's 0");
+        last.doubt();
+        last.update(ip(IpCompression::Sext48, 0x7fff_0000_1000));
+        assert!(last.is_exact());
+        last.update(ip(IpCompression::Update16, 0x2000));
+        assert!(last.is_exact(), "low bits on top of an exact address");
+        last.doubt();
+        last.update(ip(IpCompression::Update32, 0x3000));
+        assert!(!last.is_exact(), "the high bits are from before the doubt");
+        last.update(ip(IpCompression::Full, 0x4000));
+        assert!(last.is_exact());
+        last.update(ip(IpCompression::Suppressed, 0));
+        assert!(!last.is_exact());
     }
 
     #[test]
