@@ -443,3 +443,81 @@ fn a_public_piped_perf_data_of_real_intel_pt_parses_as_quipper_reads_it() {
     assert_eq!(ours(12), theirs("itrace_start_event"));
     assert_eq!(ours(14) + ours(15), theirs("context_switch_event"));
 }
+
+/// `--raw` arguments for a libxdc page cache (`PREFIX.addr`: one little-endian u64
+/// address per 4 KiB page of `PREFIX.dump`).
+fn page_cache_raw(prefix: &Path) -> Vec<String> {
+    let addrs = std::fs::read(prefix.with_extension("addr")).expect("read .addr");
+    let dump = prefix.with_extension("dump");
+    addrs
+        .chunks_exact(8)
+        .enumerate()
+        .flat_map(|(i, a)| {
+            let addr = u64::from_le_bytes(a.try_into().expect("8 bytes"));
+            let offset = i * 4096;
+            [
+                "--raw".to_owned(),
+                format!(
+                    "{}:{offset:#x}-{:#x}:{addr:#x}",
+                    dump.display(),
+                    offset + 4096
+                ),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn real_kvm_pt_captures_decode_on_several_threads_as_on_one() {
+    let Some(dir) = real_traces() else { return };
+    let mut cases = 0;
+    // nyx-fuzz/libxdc_experiments' test_data (real KVM-PT traces of programs under fuzzing).
+    for (name, trace, cache) in [("qemu", "trace1", "page_cache"), ("mruby", "trace", "data")] {
+        let case = dir.join("libxdc").join(name);
+        let trace = case.join(trace);
+        if !trace.is_file() || !case.join(format!("{cache}.dump")).is_file() {
+            skipped(&format!("{} is missing", trace.display()));
+            continue;
+        }
+        let raw = page_cache_raw(&case.join(cache));
+        let decode = |args: &[&str]| {
+            let out = Command::new(lookback_bin())
+                .arg("decode")
+                .args(args)
+                .arg("--pt")
+                .arg(&trace)
+                .args(&raw)
+                .output()
+                .expect("lookback decode");
+            assert!(out.status.success(), "{name}: {}", text(&out));
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let one = decode(&["--threads", "1"]);
+        let four = decode(&["--threads", "4"]);
+        assert!(
+            one.lines().count() > 100_000,
+            "{name}: {} events",
+            one.lines().count()
+        );
+        // Every event (kind, addresses, time, offset, error) in the same order.
+        if one != four {
+            let at = one
+                .lines()
+                .zip(four.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            panic!("{name}: the 4-thread decode differs from event {at} on");
+        }
+        // The trace is cut into 4 pieces and each worker's start met the decode before
+        // it: the parallel decode did not fall back to one thread.
+        let stats = decode(&["--stats", "--threads", "4"]);
+        assert!(
+            stats.contains("threads: 4, 4 pieces: 4 taken from their thread, 0 decoded again"),
+            "{name}: {stats}"
+        );
+        cases += 1;
+    }
+    if cases == 0 {
+        skipped("no libxdc_experiments traces under LOOKBACK_REAL_TRACES/libxdc");
+    }
+}

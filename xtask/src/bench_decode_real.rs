@@ -13,8 +13,10 @@
 //!
 //! Rows: bytes, instructions (lookback's and libipt's: they must agree), libipt's block
 //! decoder, lookback's branch-event pass on one core (`decode --stats`, the product
-//! path's own time, not its separate packet pass), MB/s and the ratio. All cores: not
-//! done (decode is sequential).
+//! path's own time, not its separate packet pass), MB/s and the ratio; and the same on
+//! every core (`--threads` left to its default: the parallel decode, which must count
+//! what one core counts; the bench fails if not), with how many of its pieces were
+//! taken from their thread.
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -117,6 +119,9 @@ struct Row {
     name: String,
     bytes: u64,
     ours: Stats,
+    /// The decode on every core, and its `threads:` line.
+    all: Stats,
+    all_threads: String,
     /// Instructions of lookback's `--ptxed` mode (libipt's rules for errors).
     ptxed_insns: u64,
     reference: Option<crate::bench_decode::Reference>,
@@ -166,23 +171,19 @@ pub fn bench_real(
                 dump.display()
             ));
         }
-        let mut best: Option<Stats> = None;
-        for _ in 0..REPS {
-            let text = output(
-                Command::new(env.release_bin())
-                    .args(["decode", "--stats", "--pt"])
-                    .arg(&trace)
-                    .args(&raw),
-            )?;
-            let run = Stats::parse(&text)?;
-            if best
-                .as_ref()
-                .is_none_or(|b| run.decode_secs < b.decode_secs)
-            {
-                best = Some(run);
-            }
+        let (ours, _) = best_run(env, &trace, &raw, Some("1"))?;
+        let (all, all_threads) = best_run(env, &trace, &raw, None)?;
+        if (all.insns, all.branches, all.errors) != (ours.insns, ours.branches, ours.errors) {
+            anyhow::bail!(
+                "{name}: the parallel decode counted {} insns, {} branches, {} errors; one core {}, {}, {}",
+                all.insns,
+                all.branches,
+                all.errors,
+                ours.insns,
+                ours.branches,
+                ours.errors
+            );
         }
-        let ours = best.context("no runs")?;
         let reference = match &ipt {
             Some(bin) => Some(libipt(bin, &trace, &sections)?),
             None => None,
@@ -196,6 +197,8 @@ pub fn bench_real(
             name: name.to_owned(),
             bytes: std::fs::metadata(&trace)?.len(),
             ours,
+            all,
+            all_threads,
             ptxed_insns,
             reference,
             xdc_mb,
@@ -209,6 +212,38 @@ pub fn bench_real(
         println!("libxdc: not run (give its source with --libxdc DIR: nyx-fuzz/libxdc)");
     }
     Ok(())
+}
+
+/// The fastest of [`REPS`] runs of `lookback decode --stats` on `threads` threads (the
+/// default without), and its `threads:` line.
+fn best_run(
+    env: &BuildEnv,
+    trace: &Path,
+    raw: &[String],
+    threads: Option<&str>,
+) -> Result<(Stats, String)> {
+    let mut best: Option<(Stats, String)> = None;
+    for _ in 0..REPS {
+        let mut cmd = Command::new(env.release_bin());
+        cmd.args(["decode", "--stats"]);
+        if let Some(n) = threads {
+            cmd.args(["--threads", n]);
+        }
+        let text = output(cmd.arg("--pt").arg(trace).args(raw))?;
+        let run = Stats::parse(&text)?;
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("threads: "))
+            .unwrap_or("?")
+            .to_owned();
+        if best
+            .as_ref()
+            .is_none_or(|(b, _)| run.decode_secs < b.decode_secs)
+        {
+            best = Some((run, line));
+        }
+    }
+    best.context("no runs")
 }
 
 /// The instructions `lookback decode --ptxed -- --quiet --stat --stat:insn` counts.
@@ -288,12 +323,19 @@ fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| real trace | bytes | insns (lookback / lookback `--ptxed` / libipt) | errors (lookback / libipt) | libipt block decoder s | MB/s | libxdc MB/s (edges only) | lookback 1 core s | MB/s | lookback ÷ libipt speed | lookback all cores |"
+        "| real trace | bytes | insns (lookback / lookback `--ptxed` / libipt) | errors (lookback / libipt) | libipt block decoder s | MB/s | libxdc MB/s (edges only) | lookback 1 core s | MB/s | lookback ÷ libipt speed | lookback all cores s | MB/s | ÷ libipt | threads, pieces |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        out,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for row in rows {
         let mb = row.bytes as f64 / 1e6;
         let ours = &row.ours;
+        let all_ratio = row.reference.as_ref().map_or_else(
+            || "-".to_owned(),
+            |r| format!("{:.2}×", r.block_secs / row.all.decode_secs),
+        );
         let (insns, errors, secs, rate, ratio) = match &row.reference {
             Some(r) => (
                 format!("{:.0} / {} / {:.0}", ours.insns, row.ptxed_insns, r.insns),
@@ -312,13 +354,16 @@ fn table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {insns} | {errors} | {secs} | {rate} | {} | {:.4} | {:.1} | {ratio} | not done |",
+            "| {} | {} | {insns} | {errors} | {secs} | {rate} | {} | {:.4} | {:.1} | {ratio} | {:.4} | {:.1} | {all_ratio} | {} |",
             row.name,
             row.bytes,
             row.xdc_mb
                 .map_or_else(|| "-".to_owned(), |r| format!("{r:.1}")),
             ours.decode_secs,
-            mb / ours.decode_secs
+            mb / ours.decode_secs,
+            row.all.decode_secs,
+            mb / row.all.decode_secs,
+            row.all_threads
         );
     }
     out

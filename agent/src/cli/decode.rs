@@ -26,7 +26,9 @@ use clap::Args;
 use super::pt_files::{FileLoader, kernel_image, read_pevent};
 use super::{CliError, CliResult};
 use crate::decode::import::raw::{ElfSpec, raw_segment};
-use crate::decode::pt::flow::branches::{BranchKind, Branches, DecodeCounts};
+use crate::decode::pt::flow::branches::{
+    BranchEvent, BranchKind, Branches, DecodeCounts, ParallelStats, Split, decode_parallel,
+};
 use crate::decode::pt::flow::image::{Image, RawSpec};
 use crate::decode::pt::packets::decoder::PacketDecoder;
 use crate::decode::pt::packets::packet::PacketKind;
@@ -88,6 +90,17 @@ pub struct DecodeArgs {
     /// INPUT: write the trace and report what went in, the time and the peak memory.
     #[arg(long, group = "mode")]
     pub stats: bool,
+    /// `--pt` without `--ptxed`/`--ptdump`: decode on N threads (default: every core the
+    /// process may run on). The trace is cut at PSBs and each piece's decode checked
+    /// against the one before it, so the result is the one-thread decode's.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "pt",
+        conflicts_with_all = ["ptdump", "ptxed", "output"],
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub threads: Option<u16>,
     /// With INPUT: also look for the separate debug files of its binaries in DIR (before
     /// those the snapshot names and /usr/lib/debug); repeatable.
     #[arg(long, value_name = "DIR", requires = "input")]
@@ -406,10 +419,14 @@ pub fn run(args: &DecodeArgs) -> CliResult {
     if let Some(cpu) = opts.cpu {
         opts.flow.events.timing.errata = Errata::for_cpu(cpu).map_err(CliError::usage)?;
     }
+    let threads = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        usize::from,
+    );
     if args.stats {
-        run_stats(&trace, &image, &opts)
+        run_stats(&trace, &image, &opts, threads)
     } else {
-        run_branches(&trace, &image, &opts)
+        run_branches(&trace, &image, &opts, threads)
     }
 }
 
@@ -468,10 +485,16 @@ fn run_ptdump(trace: &[u8], args: &DecodeArgs) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_branches(trace: &[u8], image: &Image, opts: &PtxedOptions) -> CliResult {
+fn run_branches(trace: &[u8], image: &Image, opts: &PtxedOptions, threads: usize) -> CliResult {
     let mut out = stdout();
     let mut result = Ok(());
-    for event in Branches::new(trace, image, opts.flow) {
+    let parallel = (threads > 1)
+        .then(|| decode_parallel(trace, image, opts.flow, Split::threads(threads), true));
+    let events: Box<dyn Iterator<Item = BranchEvent>> = match &parallel {
+        Some(parallel) => Box::new(parallel.iter().copied()),
+        None => Box::new(Branches::new(trace, image, opts.flow)),
+    };
+    for event in events {
         let time = if event.has_tsc {
             format!("{:016x}", event.tsc)
         } else {
@@ -523,27 +546,54 @@ fn count_packets(trace: &[u8], opts: &PtxedOptions) -> (Vec<(&'static str, u64)>
     (counts, errors)
 }
 
-fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions) -> CliResult {
+fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions, threads: usize) -> CliResult {
     let started = Instant::now();
     let (packets, packet_errors) = count_packets(trace, opts);
     let packet_time = started.elapsed();
     let started = Instant::now();
-    let mut branches = Branches::new(trace, image, opts.flow);
-    while !branches.next_batch().is_empty() {}
+    let (counts, parallel) = if threads > 1 {
+        let parallel = decode_parallel(trace, image, opts.flow, Split::threads(threads), false);
+        (parallel.counts, Some(parallel.stats))
+    } else {
+        let mut branches = Branches::new(trace, image, opts.flow);
+        while !branches.next_batch().is_empty() {}
+        (branches.counts().clone(), None)
+    };
     let decode_time = started.elapsed();
-    let counts: &DecodeCounts = branches.counts();
     let mut out = stdout();
-    let result = write_stats(
+    let mut result = write_stats(
         &mut out,
         trace.len(),
         &packets,
         packet_errors,
-        counts,
+        &counts,
         packet_time,
         decode_time,
     );
+    if result.is_ok() {
+        result = fmt::Write::write_fmt(
+            &mut out,
+            format_args!("{}\n", parallel_line(threads, parallel)),
+        );
+    }
     finish(out, result)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How the decode was spread over threads, for `--stats`.
+fn parallel_line(threads: usize, stats: Option<ParallelStats>) -> String {
+    match stats {
+        None => "threads: 1 (sequential)".to_owned(),
+        Some(s) => format!(
+            "threads: {threads}, {} pieces: {} taken from their thread, {} decoded again{}, {} not reached",
+            s.pieces,
+            s.taken,
+            s.redone,
+            s.first_difference
+                .map_or_else(String::new, |what| format!(" (first: {what} differed)")),
+            s.unreached
+        ),
+    }
 }
 
 #[expect(

@@ -161,6 +161,9 @@ pub struct EventDecoder<'a> {
     pub(crate) bound: bool,
     /// Counts [`EventDecoder::doubt_ip`] calls: an event's exact IP is of one epoch.
     pub(crate) ip_epoch: u32,
+    /// The time and calibration before the last PSB: what a recovery that synchronizes
+    /// at that PSB again keeps ([`EventDecoder::sync_set_timed`]).
+    pub(crate) psb_timing: (Time, TimeCal),
 }
 
 impl<'a> EventDecoder<'a> {
@@ -179,6 +182,7 @@ impl<'a> EventDecoder<'a> {
             enabled: false,
             bound: false,
             ip_epoch: 0,
+            psb_timing: (Time::new(), TimeCal::new()),
         }
     }
 
@@ -217,6 +221,49 @@ impl<'a> EventDecoder<'a> {
         self.pkt.last_sync().unwrap_or(0)
     }
 
+    /// What in `other`'s state differs from this decoder's, if anything (`None`: the
+    /// same packet at the same place, the same IP, time, calibration and waiting events,
+    /// so that both decode the rest of the trace alike). IP epochs are compared by what
+    /// they mean, not by number ([`Event::in_epoch`]). For the parallel decoder.
+    pub(crate) fn state_difference(&self, other: &Self) -> Option<&'static str> {
+        let (epoch, other_epoch) = (self.ip_epoch, other.ip_epoch);
+        [
+            (self.pkt.same_place(&other.pkt), "packet position"),
+            (self.config == other.config, "configuration"),
+            (self.packet == other.packet, "packet"),
+            // `status` is read only while there is no packet (it says why): an overflow
+            // leaves the one of its reset behind while packets are read again.
+            (
+                self.packet.is_some() || self.status == other.status,
+                "packet status",
+            ),
+            (self.ip == other.ip, "last IP"),
+            (self.time == other.time, "time"),
+            (self.tcal == other.tcal, "time calibration"),
+            (self.psb_timing == other.psb_timing, "time at the PSB"),
+            (
+                self.evq.same_as(epoch, &other.evq, other_epoch),
+                "waiting events",
+            ),
+            (
+                self.event.map(|e| e.in_epoch(epoch))
+                    == other.event.map(|e| e.in_epoch(other_epoch)),
+                "event",
+            ),
+            (
+                (self.exec, self.enabled, self.bound) == (other.exec, other.enabled, other.bound),
+                "packet state",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(same, what)| (!same).then_some(what))
+    }
+
+    /// The time and calibration before the last PSB decoded.
+    pub(crate) fn psb_timing(&self) -> (Time, TimeCal) {
+        self.psb_timing
+    }
+
     /// Moves to the next PSB and decodes its PSB+ header.
     pub fn sync_forward(&mut self) -> Result<(), FlowError> {
         self.reset_state();
@@ -226,7 +273,22 @@ impl<'a> EventDecoder<'a> {
 
     /// Decodes from a PSB at `offset`.
     pub fn sync_set(&mut self, offset: usize) -> Result<(), FlowError> {
+        self.sync_set_timed(offset, None)
+    }
+
+    /// Decodes from a PSB at `offset` with the time and calibration a decode from the
+    /// start of the trace would have there (`timing`; fresh ones when `None`): a
+    /// parallel decoder's worker starts so, to reach the state a sequential decode is in.
+    pub(crate) fn sync_set_timed(
+        &mut self,
+        offset: usize,
+        timing: Option<(Time, TimeCal)>,
+    ) -> Result<(), FlowError> {
         self.reset_state();
+        if let Some((time, tcal)) = timing {
+            self.time = time;
+            self.tcal = tcal;
+        }
         self.pkt.sync_set(offset).map_err(|e| packet_error(&e))?;
         self.start()
     }

@@ -95,6 +95,7 @@ impl<'a> EventDecoder<'a> {
         if self.evq.pending(binding::ALL) {
             return Err(FlowError::BadContext);
         }
+        self.psb_timing = (self.time, self.tcal);
         self.ip.reset();
         self.enabled = false;
         // The enabled/disabled status goes first; which one it is shows at PSBEND.

@@ -327,6 +327,16 @@ impl Event {
         }
     }
 
+    /// The event as the decoder's future sees it in IP epoch `epoch`: whether its IP is
+    /// exact in the current epoch, not the epoch's number (two decoders that started at
+    /// different places count epochs differently). For the parallel decoder's checkpoints.
+    pub(crate) fn in_epoch(&self, epoch: u32) -> Self {
+        Self {
+            ip_exact_epoch: (self.ip_exact_epoch == Some(epoch)).then_some(0),
+            ..*self
+        }
+    }
+
     /// The event's IP unless it is suppressed.
     pub fn ip(&self) -> Option<u64> {
         if self.ip_suppressed {
@@ -359,6 +369,17 @@ pub struct EventQueue {
 const QUEUE_MAX: usize = 14;
 
 impl EventQueue {
+    /// Whether both queues hold the same events for the same packets, each event seen in
+    /// its decoder's IP epoch ([`Event::in_epoch`]).
+    pub(crate) fn same_as(&self, epoch: u32, other: &Self, other_epoch: u32) -> bool {
+        self.entries.len() == other.entries.len()
+            && self
+                .entries
+                .iter()
+                .zip(&other.entries)
+                .all(|((b, e), (ob, oe))| b == ob && e.in_epoch(epoch) == oe.in_epoch(other_epoch))
+    }
+
     pub fn clear(&mut self) {
         self.entries.clear();
     }

@@ -20,6 +20,7 @@ use super::insn::{self, Insn, InsnClass, MAX_INSN_SIZE};
 use crate::decode::pt::events::evdec::{EventConfig, EventDecoder};
 use crate::decode::pt::events::event::{Event, EventKind, FlowError};
 use crate::decode::pt::packets::packet::ExecMode;
+use crate::decode::pt::timing::time::{Time, TimeCal};
 
 /// What the flow layer adds to the event layer's configuration.
 #[expect(
@@ -145,6 +146,16 @@ impl RetStack {
 
     pub fn clear(&mut self) {
         self.len = 0;
+    }
+
+    /// Whether both hold the same return addresses (slots below the live ones are not
+    /// state: a push overwrites them before a pop can see them).
+    fn same_as(&self, other: &Self) -> bool {
+        self.len == other.len
+            && (1..=self.len).all(|k| {
+                self.slots[self.top.wrapping_sub(k) % RETSTACK_SIZE]
+                    == other.slots[other.top.wrapping_sub(k) % RETSTACK_SIZE]
+            })
     }
 }
 
@@ -279,9 +290,83 @@ impl<'a> BlockDecoder<'a> {
 
     /// Synchronizes at the PSB at `offset`.
     pub fn sync_set(&mut self, offset: usize) -> Result<Status, FlowError> {
+        self.sync_set_timed(offset, None)
+    }
+
+    /// Synchronizes at the PSB at `offset` with the time and calibration a decode from
+    /// the start would have there ([`EventDecoder::sync_set_timed`]).
+    pub(crate) fn sync_set_timed(
+        &mut self,
+        offset: usize,
+        timing: Option<(Time, TimeCal)>,
+    ) -> Result<Status, FlowError> {
         self.reset();
-        self.evdec.sync_set(offset)?;
+        // The last core:bus ratio is the time's: a decode from the start has it too.
+        self.cbr = timing.and_then(|(time, _)| time.cbr());
+        self.evdec.sync_set_timed(offset, timing)?;
         self.start()
+    }
+
+    /// A copy of the decoder's state without its block cache (a pure function of the
+    /// image): a parallel decoder's checkpoint.
+    pub(crate) fn snapshot(&self) -> Self {
+        Self {
+            evdec: self.evdec.clone(),
+            image: self.image,
+            config: self.config,
+            event: self.event,
+            status: self.status,
+            retstack: self.retstack.clone(),
+            postponed: self.postponed,
+            bound: self.bound,
+            ip: self.ip,
+            tsc: self.tsc,
+            has_tsc: self.has_tsc,
+            lost_mtc: self.lost_mtc,
+            lost_cyc: self.lost_cyc,
+            cbr: self.cbr,
+            icnt: self.icnt,
+            mode: self.mode,
+            enabled: self.enabled,
+            speculative: self.speculative,
+            cache: HashMap::default(),
+        }
+    }
+
+    /// What in `other`'s state differs from this decoder's (`None`: both decode the rest
+    /// of the trace alike): every field but the block cache, IP epochs compared by what
+    /// they mean. For the parallel decoder's checkpoints; the name is for `--stats`.
+    pub(crate) fn state_difference(&self, other: &Self) -> Option<&'static str> {
+        if let Some(what) = self.evdec.state_difference(&other.evdec) {
+            return Some(what);
+        }
+        let (epoch, other_epoch) = (self.evdec.ip_epoch(), other.evdec.ip_epoch());
+        [
+            (self.config == other.config, "configuration"),
+            (
+                self.event.in_epoch(epoch) == other.event.in_epoch(other_epoch),
+                "next event",
+            ),
+            (self.status == other.status, "event status"),
+            (self.retstack.same_as(&other.retstack), "return stack"),
+            (self.postponed == other.postponed, "postponed instruction"),
+            (self.bound == other.bound, "bound events"),
+            (self.ip == other.ip, "IP"),
+            (
+                (self.tsc, self.has_tsc, self.lost_mtc, self.lost_cyc)
+                    == (other.tsc, other.has_tsc, other.lost_mtc, other.lost_cyc),
+                "event time",
+            ),
+            (self.cbr == other.cbr, "core:bus ratio"),
+            (self.icnt == other.icnt, "instruction count"),
+            (self.mode == other.mode, "execution mode"),
+            (
+                (self.enabled, self.speculative) == (other.enabled, other.speculative),
+                "tracing state",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(same, what)| (!same).then_some(what))
     }
 
     fn start(&mut self) -> Result<Status, FlowError> {

@@ -195,6 +195,14 @@ pub struct Branches<'a> {
     fast: Option<FastBlocks>,
     /// Blocks the fast path decoded.
     fast_blocks: u64,
+    /// The PSB of the last PSB+ status event handled: a parallel decode's checkpoints
+    /// come after the PSB+ of the PSB they are for (`branches_parallel.rs`).
+    status_psb: Option<usize>,
+    /// `last_ip` is the last block's: false for a parallel worker before its first block.
+    last_ip_known: bool,
+    /// A trace stop took `last_ip` while it was not known (a parallel worker's events
+    /// then differ from a sequential decode's).
+    tainted: bool,
 }
 
 impl<'a> Branches<'a> {
@@ -221,6 +229,9 @@ impl<'a> Branches<'a> {
             held: None,
             fast: Some(FastBlocks::default()),
             fast_blocks: 0,
+            status_psb: None,
+            last_ip_known: true,
+            tainted: false,
         }
     }
 
@@ -303,6 +314,14 @@ impl<'a> Branches<'a> {
             match self.dec.next_event() {
                 Ok((event, status)) => {
                     self.counts.events += 1;
+                    if event.status_update {
+                        // The return stack starts empty at each PSB, as Linux perf's
+                        // decoder has it: the processor compresses no return whose call
+                        // came before a PSB. So a decode started at a PSB is in the
+                        // state a decode from the start is in there (parallel decode).
+                        self.dec.retstack.clear();
+                        self.status_psb = Some(self.dec.sync_offset());
+                    }
                     if let Some((kind, from, to)) = self.held.take()
                         && !matches!(
                             event.kind,
@@ -374,6 +393,7 @@ impl<'a> Branches<'a> {
             }
             EventKind::Disabled { .. } if self.tracing => {
                 self.tracing = false;
+                self.tainted |= !self.last_ip_known;
                 self.push(BranchKind::TraceStop, self.last_ip, 0);
             }
             EventKind::AsyncDisabled { at, .. } => {
@@ -395,6 +415,7 @@ impl<'a> Branches<'a> {
             return None;
         }
         self.last_ip = block.end_ip;
+        self.last_ip_known = true;
         if !complete || !self.dec.enabled {
             return None;
         }
@@ -496,17 +517,25 @@ impl Branches<'_> {
                 return true;
             }
             self.queue.clear();
-            match self.state {
-                State::Done => return false,
-                State::Sync => self.sync(),
-                State::Running(status) => {
-                    if !status.event_pending && !status.eos && self.run_fast() {
-                        continue;
-                    }
+            if !self.advance() {
+                return false;
+            }
+        }
+    }
+
+    /// One step of decoding (a sync, a fast run or a block or event); false when the
+    /// decode is done. The queue is empty before.
+    fn advance(&mut self) -> bool {
+        match self.state {
+            State::Done => return false,
+            State::Sync => self.sync(),
+            State::Running(status) => {
+                if status.event_pending || status.eos || !self.run_fast() {
                     self.step(status);
                 }
             }
         }
+        true
     }
 }
 
@@ -572,6 +601,10 @@ impl Iterator for BlockInsns<'_> {
 #[path = "branches_fast.rs"]
 mod fast;
 
+#[path = "branches_parallel.rs"]
+mod parallel;
+pub use parallel::{Parallel, ParallelStats, Split, decode_parallel};
+
 #[cfg(test)]
 #[path = "branches_tests.rs"]
 mod tests;
@@ -579,3 +612,7 @@ mod tests;
 #[cfg(test)]
 #[path = "branches_fast_tests.rs"]
 mod fast_tests;
+
+#[cfg(test)]
+#[path = "branches_parallel_tests.rs"]
+mod parallel_tests;

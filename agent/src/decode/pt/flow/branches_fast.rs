@@ -334,6 +334,7 @@ impl Tally {
         }
         branches.fast_blocks += self.blocks;
         branches.last_ip = self.last_ip;
+        branches.last_ip_known |= self.blocks > 0;
         branches.stalled = self.stalled;
         branches.held = None;
         branches.queue.len = self.queued;

@@ -38,7 +38,7 @@ fn same(trace: &[u8], image: &dyn ImageProvider, config: FlowConfig, what: &str)
     fast.fast_blocks
 }
 
-fn synth(seed: u64, functions: usize, size: usize) -> (Vec<u8>, Image) {
+pub(super) fn synth(seed: u64, functions: usize, size: usize) -> (Vec<u8>, Image) {
     let program = SynthProgram::generate(seed, functions);
     let encoded = encode(&program, seed, size, true);
     let mut image = Image::new();
@@ -63,7 +63,7 @@ fn the_fast_path_matches_the_general_one_on_encoded_traces() {
 /// `trace` with other packets inserted at random packet boundaries after the first PSB+:
 /// timing packets and PADs (which the fast path reads too), MODE.Exec and CBR (which it
 /// leaves to the general path), and junk.
-fn with_interruptions(trace: &[u8], rng: &mut Rng, every: u64) -> Vec<u8> {
+pub(super) fn with_interruptions(trace: &[u8], rng: &mut Rng, every: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(trace.len() * 2);
     let mut last = 0;
     let mut mtc = 0u8;
@@ -153,11 +153,15 @@ fn the_fast_path_matches_the_general_one_on_random_traces() {
     assert!(fast > 1000, "only {fast} fast blocks");
 }
 
-#[test]
-fn the_fast_path_matches_the_general_one_on_the_libipt_corpus() {
+/// Calls `each(trace, image, config, what)` for every libipt corpus case, once without
+/// and once per CPU its manifest names (their errata); how many, or `None` without the
+/// corpus.
+pub(super) fn for_each_corpus_case(
+    mut each: impl FnMut(&[u8], &Image, FlowConfig, &str),
+) -> Option<usize> {
     let Some(corpus) = crate::decode::pt::tools::conformance_dir() else {
         println!("libipt corpus not found: skipped");
-        return;
+        return None;
     };
     let suite = corpus.join("core");
     let manifest = fs::read_to_string(suite.join("MANIFEST.tsv")).unwrap();
@@ -190,10 +194,20 @@ fn the_fast_path_matches_the_general_one_on_the_libipt_corpus() {
             let Ok(parsed) = PtxedOptions::from_args(&args) else {
                 continue;
             };
-            same(&trace, &image, parsed.flow, &format!("{name} {args:?}"));
+            each(&trace, &image, parsed.flow, &format!("{name} {args:?}"));
             cases += 1;
         }
     }
+    Some(cases)
+}
+
+#[test]
+fn the_fast_path_matches_the_general_one_on_the_libipt_corpus() {
+    let Some(cases) = for_each_corpus_case(|trace, image, config, what| {
+        same(trace, image, config, what);
+    }) else {
+        return;
+    };
     assert!(cases > 100, "only {cases} corpus cases");
 }
 

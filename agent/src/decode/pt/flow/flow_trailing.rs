@@ -388,6 +388,13 @@ impl BlockDecoder<'_> {
             let ev = self.event;
             if ev.status_update {
                 let offset = self.evdec.sync_offset();
+                // The product path keeps the time over the recovery: timing packets do
+                // not depend on the flow that failed, and a decode started at this PSB
+                // (a parallel worker) has it too. libipt's starts over.
+                if exact_only {
+                    let timing = self.evdec.psb_timing();
+                    return self.sync_set_timed(offset, Some(timing));
+                }
                 return self.sync_set(offset);
             }
             let ip = ev.kind.ip().filter(|_| !ev.ip_suppressed);

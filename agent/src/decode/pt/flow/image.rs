@@ -36,8 +36,9 @@ pub struct NoCode {
     pub addr: u64,
 }
 
-/// What the decoder asks for code bytes.
-pub trait ImageProvider {
+/// What the decoder asks for code bytes. `Sync`, so that the threads of a parallel
+/// decode (`branches_parallel.rs`) read one image.
+pub trait ImageProvider: Sync {
     /// Copies the bytes at `addr` into `buf`, stopping at the end of the mapped piece
     /// that contains `addr` (so fewer than `buf.len()` bytes may come back). Returns how
     /// many bytes were read (at least one) and where they came from.

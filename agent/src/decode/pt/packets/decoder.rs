@@ -102,6 +102,16 @@ impl<'a> PacketDecoder<'a> {
         Ok(())
     }
 
+    /// Whether `other` stands where this decoder stands (the parallel decoder's
+    /// checkpoint test, over the same trace and errata). The iterator's error history
+    /// (`last_error`) is left out: the event layer does not iterate.
+    pub(crate) fn same_place(&self, other: &Self) -> bool {
+        self.pos == other.pos
+            && self.sync == other.sync
+            && self.block == other.block
+            && self.walk == other.walk
+    }
+
     /// Goes on at `offset`, a packet boundary after TNT, TIP and PAD packets that the
     /// caller (the decode fast path) read itself.
     pub(crate) fn seek(&mut self, offset: usize) {

@@ -5,12 +5,11 @@
 //! [`ActiveImage`], the [`ImageProvider`] the block decoder holds for the whole decode
 //! while the session changes what it shows (the `--raw` image until the first context
 //! switch, then the current process's image). The decoder keeps its reference, so the
-//! changing parts sit behind `RefCell`s; everything is single-threaded and no borrow is
-//! held across calls.
+//! changing parts sit behind locks (not `RefCell`s: every [`ImageProvider`] is `Sync`, so
+//! that the parallel decoder shares one image between threads); a session runs on one
+//! thread, so no lock is ever contended or held across calls.
 
-use std::cell::{Cell, RefCell};
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 
 use crate::decode::pt::flow::image::{Image, ImageProvider, Mapping, NoCode};
 
@@ -68,17 +67,17 @@ impl Abi {
 pub struct Context {
     pid: u32,
     name: String,
-    image: RefCell<Image>,
-    abi: Cell<Abi>,
+    image: RwLock<Image>,
+    abi: Mutex<Abi>,
 }
 
 impl Context {
-    fn new(pid: u32, image: Image) -> Rc<Self> {
-        Rc::new(Self {
+    fn new(pid: u32, image: Image) -> Arc<Self> {
+        Arc::new(Self {
             pid,
             name: format!("pid-{pid:x}"),
-            image: RefCell::new(image),
-            abi: Cell::new(Abi::Unknown),
+            image: RwLock::new(image),
+            abi: Mutex::new(Abi::Unknown),
         })
     }
 
@@ -88,16 +87,18 @@ impl Context {
     }
 
     pub(super) fn abi(&self) -> Abi {
-        self.abi.get()
+        self.abi.lock().map_or(Abi::Unknown, |abi| *abi)
     }
 
     pub(super) fn set_abi(&self, abi: Abi) {
-        self.abi.set(abi);
+        if let Ok(mut current) = self.abi.lock() {
+            *current = abi;
+        }
     }
 
     /// Maps `bytes` at `vaddr`, over whatever was there.
     pub(super) fn map(&self, name: &str, bytes: Arc<[u8]>, vaddr: u64) {
-        if let Ok(mut image) = self.image.try_borrow_mut() {
+        if let Ok(mut image) = self.image.try_write() {
             image.add(name, bytes, vaddr);
         }
     }
@@ -106,7 +107,7 @@ impl Context {
 /// The session's processes. A new process starts with the kernel's image.
 #[derive(Debug, Default)]
 pub struct Contexts {
-    list: Vec<Rc<Context>>,
+    list: Vec<Arc<Context>>,
     kernel: Image,
 }
 
@@ -118,12 +119,12 @@ impl Contexts {
         }
     }
 
-    fn find(&self, pid: u32) -> Option<Rc<Context>> {
+    fn find(&self, pid: u32) -> Option<Arc<Context>> {
         self.list.iter().find(|c| c.pid == pid).cloned()
     }
 
     /// The context of `pid`, created (with the kernel's image) if there is none.
-    pub fn get(&mut self, pid: u32) -> Rc<Context> {
+    pub fn get(&mut self, pid: u32) -> Arc<Context> {
         if let Some(context) = self.find(pid) {
             return context;
         }
@@ -133,23 +134,23 @@ impl Contexts {
     /// A new context for `pid` (a fork or an exec) with the image of `parent`, or the
     /// kernel's where there is no parent or it is unknown. The old context lives on only
     /// while a stream still uses it: an exec does not change the image being decoded.
-    pub fn replace(&mut self, pid: u32, parent: Option<u32>) -> Rc<Context> {
+    pub fn replace(&mut self, pid: u32, parent: Option<u32>) -> Arc<Context> {
         let image = parent
             .and_then(|parent| self.image_of(parent))
             .unwrap_or_else(|| self.kernel.clone());
         self.add(pid, image)
     }
 
-    fn add(&mut self, pid: u32, image: Image) -> Rc<Context> {
+    fn add(&mut self, pid: u32, image: Image) -> Arc<Context> {
         self.list.retain(|c| c.pid != pid);
         let context = Context::new(pid, image);
-        self.list.push(Rc::clone(&context));
+        self.list.push(Arc::clone(&context));
         context
     }
 
     fn image_of(&self, pid: u32) -> Option<Image> {
         let context = self.find(pid)?;
-        let image = context.image.try_borrow().ok()?;
+        let image = context.image.try_read().ok()?;
         Some(image.clone())
     }
 }
@@ -158,19 +159,19 @@ impl Contexts {
 /// context's.
 pub struct ActiveImage<'i> {
     raw: &'i dyn ImageProvider,
-    context: RefCell<Option<Rc<Context>>>,
+    context: RwLock<Option<Arc<Context>>>,
 }
 
 impl<'i> ActiveImage<'i> {
     pub fn new(raw: &'i dyn ImageProvider) -> Self {
         Self {
             raw,
-            context: RefCell::new(None),
+            context: RwLock::new(None),
         }
     }
 
-    pub fn switch_to(&self, context: Rc<Context>) {
-        if let Ok(mut current) = self.context.try_borrow_mut() {
+    pub fn switch_to(&self, context: Arc<Context>) {
+        if let Ok(mut current) = self.context.try_write() {
             *current = Some(context);
         }
     }
@@ -178,24 +179,24 @@ impl<'i> ActiveImage<'i> {
 
 impl ImageProvider for ActiveImage<'_> {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(usize, Mapping), NoCode> {
-        let current = self.context.try_borrow().map_err(|_| NoCode { addr })?;
+        let current = self.context.try_read().map_err(|_| NoCode { addr })?;
         match current.as_ref() {
             None => self.raw.read(addr, buf),
             Some(context) => context
                 .image
-                .try_borrow()
+                .try_read()
                 .map_err(|_| NoCode { addr })?
                 .read(addr, buf),
         }
     }
 
     fn mapping(&self, addr: u64) -> Result<Mapping, NoCode> {
-        let current = self.context.try_borrow().map_err(|_| NoCode { addr })?;
+        let current = self.context.try_read().map_err(|_| NoCode { addr })?;
         match current.as_ref() {
             None => self.raw.mapping(addr),
             Some(context) => context
                 .image
-                .try_borrow()
+                .try_read()
                 .map_err(|_| NoCode { addr })?
                 .mapping(addr),
         }
@@ -215,7 +216,7 @@ mod tests {
         let mut contexts = Contexts::new(Image::new());
         let context = contexts.get(1);
         assert_eq!(context.name(), "pid-1");
-        active.switch_to(Rc::clone(&context));
+        active.switch_to(Arc::clone(&context));
         assert!(active.mapping(0x1000).is_err());
         context.map("a", Arc::from(vec![0xccu8, 0xc3]), 0x2000);
         let mut buf = [0u8; 4];
@@ -223,11 +224,11 @@ mod tests {
         assert_eq!(buf[0], 0xc3);
         // An exec replaces the context; the decoder keeps the old image until it switches.
         let child = contexts.replace(2, Some(1));
-        assert!(child.image.borrow().mapping(0x2000).is_ok());
+        assert!(child.image.read().unwrap().mapping(0x2000).is_ok());
         let fresh = contexts.replace(1, None);
-        assert!(!Rc::ptr_eq(&fresh, &context));
+        assert!(!Arc::ptr_eq(&fresh, &context));
         assert!(active.mapping(0x2000).is_ok());
-        assert!(fresh.image.borrow().mapping(0x2000).is_err());
+        assert!(fresh.image.read().unwrap().mapping(0x2000).is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! until the trace is (likely) in the kernel, where switches happen.
 
 use std::fmt;
-use std::rc::Rc;
+use std::sync::Arc;
 
 use super::pevent::{
     Fetched, SidebandCursor, SidebandFlags, SidebandStream, insert_position, write_diagnostic,
@@ -74,7 +74,7 @@ impl Warning {
 #[derive(Debug, Default)]
 pub struct Change {
     /// Decode from this context's image from now on.
-    pub switch_to: Option<Rc<Context>>,
+    pub switch_to: Option<Arc<Context>>,
     /// Some image got a new mapping (code the decoder cached may be gone).
     pub mapped: bool,
 }
@@ -85,8 +85,8 @@ struct Stream<'a> {
     /// The stream's records are all applied (libipt's retired decoders).
     exhausted: bool,
     /// The context this stream switched to last, and the one it waits to switch to.
-    context: Option<Rc<Context>>,
-    next_context: Option<Rc<Context>>,
+    context: Option<Arc<Context>>,
+    next_context: Option<Arc<Context>>,
     location: Location,
 }
 
@@ -339,11 +339,11 @@ impl Stream<'_> {
     }
 
     /// Makes `context` the one to switch to at the next suitable event.
-    fn prepare_switch(&mut self, context: Rc<Context>) {
+    fn prepare_switch(&mut self, context: Arc<Context>) {
         if self
             .next_context
             .as_ref()
-            .is_some_and(|next| Rc::ptr_eq(next, &context))
+            .is_some_and(|next| Arc::ptr_eq(next, &context))
         {
             return;
         }
@@ -353,7 +353,7 @@ impl Stream<'_> {
         if self
             .context
             .as_ref()
-            .is_some_and(|current| Rc::ptr_eq(current, &context))
+            .is_some_and(|current| Arc::ptr_eq(current, &context))
         {
             return;
         }
@@ -373,7 +373,7 @@ impl Stream<'_> {
         if shared.output.switches {
             writeln!(out, "[context: {}]", next.name())?;
         }
-        change.switch_to = Some(Rc::clone(&next));
+        change.switch_to = Some(Arc::clone(&next));
         self.context = Some(next);
         Ok(())
     }

@@ -47,10 +47,10 @@ fn event(kind: EventKind, tsc: u64, suppressed: bool) -> Event {
 }
 
 /// Whether `context`'s image maps `addr`.
-fn maps(context: &Rc<Context>, addr: u64) -> bool {
+fn maps(context: &Arc<Context>, addr: u64) -> bool {
     let raw = Image::new();
     let active = ActiveImage::new(&raw);
-    active.switch_to(Rc::clone(context));
+    active.switch_to(Arc::clone(context));
     active.mapping(addr).is_ok()
 }
 
