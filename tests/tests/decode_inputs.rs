@@ -389,6 +389,27 @@ fn a_public_perf_data_of_real_intel_pt_parses_as_perf_reads_it_and_becomes_a_tra
     let said = text(&out);
     assert!(out.status.success(), "{said}");
     assert!(said.contains("the records stop at byte"), "{said}");
+    // Its rings (MTC/CYC timing) decode to the same trace on 1 thread and 2: CPU 3's
+    // 137 KB ring is cut in 2, and its second piece's worker, started at a PSB with the
+    // time the seed scan gave, meets the first piece's decoder.
+    let on = |threads: &str| {
+        let path = tmp.path().join(format!("t{threads}.fxt"));
+        let out = Command::new(lookback_bin())
+            .args(["decode", "--stats", "--threads", threads])
+            .arg(&data)
+            .arg("-o")
+            .arg(&path)
+            .output()
+            .expect("lookback decode");
+        assert!(out.status.success(), "{}", text(&out));
+        (std::fs::read(&path).expect("read the trace"), text(&out))
+    };
+    let ((one, _), (two, said)) = (on("1"), on("2"));
+    assert!(one == two, "the 2-thread trace differs");
+    assert!(
+        said.contains("decode threads: 2, 3 pieces: 3 taken from their thread"),
+        "{said}"
+    );
 }
 
 /// quipper's recorded parse of a file: AUX bytes by CPU and events by kind.
@@ -515,6 +536,16 @@ fn real_kvm_pt_captures_decode_on_several_threads_as_on_one() {
             stats.contains("threads: 4, 4 pieces: 4 taken from their thread, 0 decoded again"),
             "{name}: {stats}"
         );
+        // The timeline too: the same FXT file, byte for byte.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let fxt = |threads: &str| {
+            let path = tmp.path().join(format!("{threads}.fxt"));
+            decode(&["--threads", threads, "-o", path.to_str().expect("utf-8")]);
+            std::fs::read(&path).expect("read the trace")
+        };
+        let (one, four) = (fxt("1"), fxt("4"));
+        assert!(one.len() > 1 << 20, "{name}: {} bytes of FXT", one.len());
+        assert!(one == four, "{name}: the 4-thread timeline differs");
         cases += 1;
     }
     if cases == 0 {

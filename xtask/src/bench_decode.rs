@@ -132,16 +132,23 @@ fn snapshot_to_trace(env: &BuildEnv, synth: &Path) -> Result<()> {
     let made = output(Command::new(synth).arg(&dir).arg(SNAPSHOT_MIB))?;
     println!("{}", made.trim());
     let snap = dir.join("synth.lbsnap");
-    println!("\n| output | whole process s | decode+stacks+symbols+write s | peak memory MiB |");
-    println!("|---|---|---|---|");
+    println!(
+        "\n| output | decode threads | whole process s | decode+stacks+symbols+write s | peak memory MiB |"
+    );
+    println!("|---|---|---|---|---|");
     let mut trace_line = String::new();
-    for name in ["trace.fxt", "trace.fxt.gz", "trace.json"] {
+    let all = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let threads: Vec<usize> = if all > 1 { vec![1, all] } else { vec![1] };
+    for (name, threads) in ["trace.fxt", "trace.fxt.gz", "trace.json"]
+        .into_iter()
+        .flat_map(|name| threads.iter().map(move |&t| (name, t)))
+    {
         let mut best: Option<SnapshotRun> = None;
         for _ in 0..REPS {
             let started = Instant::now();
             let text = output(
                 Command::new(env.release_bin())
-                    .args(["decode", "--stats"])
+                    .args(["decode", "--stats", "--threads", &threads.to_string()])
                     .arg(&snap)
                     .arg("-o")
                     .arg(dir.join(name)),
@@ -154,7 +161,7 @@ fn snapshot_to_trace(env: &BuildEnv, synth: &Path) -> Result<()> {
         }
         let best = best.context("no runs")?;
         println!(
-            "| `{name}` | {:.3} | {:.3} | {:.1} |",
+            "| `{name}` | {threads} | {:.3} | {:.3} | {:.1} |",
             best.process_secs,
             best.write_secs,
             best.peak_bytes / f64::from(1u32 << 20)

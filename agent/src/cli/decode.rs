@@ -28,6 +28,7 @@ use super::{CliError, CliResult};
 use crate::decode::import::raw::{ElfSpec, raw_segment};
 use crate::decode::pt::flow::branches::{
     BranchEvent, BranchKind, Branches, DecodeCounts, ParallelStats, Split, decode_parallel,
+    decode_parallel_with,
 };
 use crate::decode::pt::flow::image::{Image, RawSpec};
 use crate::decode::pt::packets::decoder::PacketDecoder;
@@ -90,14 +91,13 @@ pub struct DecodeArgs {
     /// INPUT: write the trace and report what went in, the time and the peak memory.
     #[arg(long, group = "mode")]
     pub stats: bool,
-    /// `--pt` without `--ptxed`/`--ptdump`: decode on N threads (default: every core the
-    /// process may run on). The trace is cut at PSBs and each piece's decode checked
-    /// against the one before it, so the result is the one-thread decode's.
+    /// Decode Intel PT on N threads (default: every core the process may run on): each
+    /// CPU's trace is cut at PSBs and each piece's decode checked against the one before
+    /// it, so the result is the one-thread decode's. Not for `--ptxed`/`--ptdump`.
     #[arg(
         long,
         value_name = "N",
-        requires = "pt",
-        conflicts_with_all = ["ptdump", "ptxed", "output"],
+        conflicts_with_all = ["ptdump", "ptxed"],
         value_parser = clap::value_parser!(u16).range(1..)
     )]
     pub threads: Option<u16>,
@@ -207,7 +207,7 @@ fn run_snapshot(args: &DecodeArgs, input: &Path) -> CliResult {
     dirs.extend(std::mem::take(&mut snap.meta.debug_dirs));
     snap.meta.debug_dirs = dirs;
     let out = args.output.clone().unwrap_or_else(|| default_output(input));
-    write_snapshot(&snap, &out, args.stats, started.elapsed(), about)
+    write_snapshot(&snap, &out, args, started.elapsed(), about)
 }
 
 /// What a perf.data file held, for `--stats`: its AUX rings and records by type.
@@ -305,12 +305,13 @@ fn raw_snapshot(
 fn write_snapshot(
     snap: &crate::snapshot::Snapshot,
     out: &Path,
-    stats: bool,
+    args: &DecodeArgs,
     read_time: std::time::Duration,
     about: Option<String>,
 ) -> CliResult {
+    let stats = args.stats;
     let started = Instant::now();
-    let summary = crate::writer::write_trace(snap, out)
+    let summary = crate::writer::write_trace_on(snap, out, decode_threads(args))
         .with_context(|| format!("writing {}", out.display()))
         .map_err(CliError::runtime)?;
     log::info!(
@@ -353,6 +354,13 @@ fn write_snapshot(
                 summary.slices,
                 summary.unknown_frames
             );
+            if summary.decode_threads > 1 {
+                println!(
+                    "decode threads: {}, {}",
+                    summary.decode_threads,
+                    summary.decode_pieces.describe()
+                );
+            }
             println!(
                 "write: {:.3} s (decode, stacks, symbols, writer), peak memory {} bytes",
                 write_time.as_secs_f64(),
@@ -411,7 +419,7 @@ pub fn run(args: &DecodeArgs) -> CliResult {
     if let Some(out) = &args.output {
         let started = Instant::now();
         let snap = raw_snapshot(pt, trace, code, args);
-        return write_snapshot(&snap, out, args.stats, started.elapsed(), None);
+        return write_snapshot(&snap, out, args, started.elapsed(), None);
     }
     if args.ptxed {
         return run_ptxed(&trace, &image, &opts);
@@ -419,15 +427,20 @@ pub fn run(args: &DecodeArgs) -> CliResult {
     if let Some(cpu) = opts.cpu {
         opts.flow.events.timing.errata = Errata::for_cpu(cpu).map_err(CliError::usage)?;
     }
-    let threads = args.threads.map_or_else(
-        || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
-        usize::from,
-    );
+    let threads = decode_threads(args);
     if args.stats {
         run_stats(&trace, &image, &opts, threads)
     } else {
         run_branches(&trace, &image, &opts, threads)
     }
+}
+
+/// `--threads`, else every core the process may run on.
+fn decode_threads(args: &DecodeArgs) -> usize {
+    args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        usize::from,
+    )
 }
 
 /// The sideband files of the command line, loaded (relative to the current directory).
@@ -488,39 +501,53 @@ fn run_ptdump(trace: &[u8], args: &DecodeArgs) -> CliResult {
 fn run_branches(trace: &[u8], image: &Image, opts: &PtxedOptions, threads: usize) -> CliResult {
     let mut out = stdout();
     let mut result = Ok(());
-    let parallel = (threads > 1)
-        .then(|| decode_parallel(trace, image, opts.flow, Split::threads(threads), true));
-    let events: Box<dyn Iterator<Item = BranchEvent>> = match &parallel {
-        Some(parallel) => Box::new(parallel.iter().copied()),
-        None => Box::new(Branches::new(trace, image, opts.flow)),
+    let mut print = |events: &[BranchEvent]| {
+        for event in events {
+            if result.is_err() {
+                return;
+            }
+            result = write_branch(&mut out, event);
+        }
     };
-    for event in events {
-        let time = if event.has_tsc {
-            format!("{:016x}", event.tsc)
-        } else {
-            format!("{:>16}", "-")
-        };
-        result = match event.error {
-            Some(err) => fmt::Write::write_fmt(
-                &mut out,
-                format_args!("{time}  error at offset {:#x}: {err}\n", event.offset),
-            ),
-            None => fmt::Write::write_fmt(
-                &mut out,
-                format_args!(
-                    "{time}  {:<11} {:#018x} -> {:#018x}\n",
-                    event.kind.name(),
-                    event.from,
-                    event.to
-                ),
-            ),
-        };
-        if result.is_err() {
-            break;
+    if threads > 1 {
+        decode_parallel_with(
+            trace,
+            image,
+            opts.flow,
+            Split::streaming(threads),
+            &mut print,
+        );
+    } else {
+        let mut branches = Branches::new(trace, image, opts.flow);
+        loop {
+            let batch = branches.next_batch();
+            if batch.is_empty() {
+                break;
+            }
+            print(batch);
         }
     }
     finish(out, result)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line of the branch-event listing.
+fn write_branch(out: &mut impl fmt::Write, event: &BranchEvent) -> fmt::Result {
+    let time = if event.has_tsc {
+        format!("{:016x}", event.tsc)
+    } else {
+        format!("{:>16}", "-")
+    };
+    match event.error {
+        Some(err) => writeln!(out, "{time}  error at offset {:#x}: {err}", event.offset),
+        None => writeln!(
+            out,
+            "{time}  {:<11} {:#018x} -> {:#018x}",
+            event.kind.name(),
+            event.from,
+            event.to
+        ),
+    }
 }
 
 /// Packets by type, and packet-level errors.
@@ -584,15 +611,7 @@ fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions, threads: usize) -
 fn parallel_line(threads: usize, stats: Option<ParallelStats>) -> String {
     match stats {
         None => "threads: 1 (sequential)".to_owned(),
-        Some(s) => format!(
-            "threads: {threads}, {} pieces: {} taken from their thread, {} decoded again{}, {} not reached",
-            s.pieces,
-            s.taken,
-            s.redone,
-            s.first_difference
-                .map_or_else(String::new, |what| format!(" (first: {what} differed)")),
-            s.unreached
-        ),
+        Some(s) => format!("threads: {threads}, {}", s.describe()),
     }
 }
 

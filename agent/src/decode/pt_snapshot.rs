@@ -27,7 +27,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::pt::flow::branches::{BranchEvent, BranchKind, Branches};
+use super::pt::flow::branches::{
+    BranchEvent, BranchKind, Branches, ParallelStats, Split, decode_parallel_with,
+};
 use super::pt::sideband::pevent::{PeventConfig, read_record};
 use super::pt::{FlowConfig, Image};
 use crate::capture::{MapEntry, RingKind, SidebandData};
@@ -417,6 +419,8 @@ pub struct DecodeSummary {
     pub aux_bytes: u64,
     /// Thread names from COMM records.
     pub comms: BTreeMap<Track, String>,
+    /// How the rings' pieces went (with more than one thread).
+    pub parallel: ParallelStats,
 }
 
 /// Collects every branch: [`decode_all`]'s sink.
@@ -429,10 +433,10 @@ impl BranchSink for Collect {
     }
 }
 
-/// [`decode`] into memory: every track's branches.
-pub fn decode_all(snap: &Snapshot, source: &impl CodeSource) -> PtThreads {
+/// [`decode`] into memory: every track's branches (each ring decoded on `threads`).
+pub fn decode_all(snap: &Snapshot, source: &impl CodeSource, threads: usize) -> PtThreads {
     let mut collect = Collect::default();
-    let summary = decode(snap, source, &mut collect);
+    let summary = decode(snap, source, &mut collect, threads);
     let tracks: BTreeMap<Track, TrackBranches> = collect
         .0
         .into_iter()
@@ -495,11 +499,13 @@ fn merged_tracks(rings: &[(u32, &crate::capture::RingData, Timeline)]) -> BTreeS
         .collect()
 }
 
-/// Decodes every AUX ring of `snap` into `sink`.
+/// Decodes every AUX ring of `snap` into `sink`, each on `threads` threads (the same
+/// branches in the same order: [`decode_parallel_with`]).
 pub fn decode(
     snap: &Snapshot,
     source: &impl CodeSource,
     sink: &mut impl BranchSink,
+    threads: usize,
 ) -> DecodeSummary {
     let clock = snap.meta.clock;
     let perf = clock.and_then(|c| c.tsc_conversion());
@@ -545,12 +551,7 @@ pub fn decode(
             span: (0, 0, None),
             seen_last: None,
         };
-        let mut branches = Branches::new(&ring.data, image.as_ref(), config);
-        loop {
-            let batch = branches.next_batch();
-            if batch.is_empty() {
-                break;
-            }
+        let mut take = |batch: &[BranchEvent]| {
             for event in batch {
                 summary.branches += 1;
                 if event.kind == BranchKind::Error {
@@ -560,6 +561,21 @@ pub fn decode(
                 if ring_out.sink.keep(track, event) {
                     ring_out.push(track, event);
                 }
+            }
+        };
+        if threads > 1 {
+            let split = Split::streaming(threads);
+            let (_, stats) =
+                decode_parallel_with(&ring.data, image.as_ref(), config, split, &mut take);
+            summary.parallel.add(&stats);
+        } else {
+            let mut branches = Branches::new(&ring.data, image.as_ref(), config);
+            loop {
+                let batch = branches.next_batch();
+                if batch.is_empty() {
+                    break;
+                }
+                take(batch);
             }
         }
         ring_out.finish();

@@ -92,8 +92,17 @@ fn synth_snapshot(
     sideband: Vec<u8>,
     clock: Option<ClockConversion>,
 ) -> (Snapshot, Vec<(BranchKind, u64, u64)>) {
+    synth_snapshot_of(sideband, clock, 16 << 10)
+}
+
+/// [`synth_snapshot`] with `size` bytes of trace.
+fn synth_snapshot_of(
+    sideband: Vec<u8>,
+    clock: Option<ClockConversion>,
+    size: usize,
+) -> (Snapshot, Vec<(BranchKind, u64, u64)>) {
     let program = SynthProgram::generate(3, 8);
-    let encoded = encode(&program, 3, 16 << 10, true);
+    let encoded = encode(&program, 3, size, true);
     let len = program.code.len() as u64;
     let maps = ProcessMaps {
         pid: 10,
@@ -155,7 +164,7 @@ fn synth_snapshot(
 fn a_synthetic_bundle_decodes_to_the_encoders_branches_on_its_thread() {
     let (snap, expected) =
         synth_snapshot(thread_start_records(10, 11, "synth", 1, 0), Some(IDENTITY));
-    let out = decode_all(&snap, &EmbeddedOnly);
+    let out = decode_all(&snap, &EmbeddedOnly, 1);
     assert_eq!(out.errors, 0);
     let track = Track::Thread { pid: 10, tid: 11 };
     assert_eq!(out.tracks.keys().copied().collect::<Vec<_>>(), [track]);
@@ -180,10 +189,53 @@ fn a_synthetic_bundle_decodes_to_the_encoders_branches_on_its_thread() {
 }
 
 #[test]
+fn a_ring_decoded_on_several_threads_gives_every_track_the_same_branches() {
+    // 384 KiB: cut into 3 pieces on 3 threads, 4 on 4 (pieces of at least 64 KiB).
+    let (snap, expected) = synth_snapshot_of(
+        thread_start_records(10, 11, "synth", 1, 0),
+        Some(IDENTITY),
+        384 << 10,
+    );
+    let listing = |out: &PtThreads| -> Vec<String> {
+        out.tracks
+            .iter()
+            .flat_map(|(track, t)| t.branches.iter().map(move |b| format!("{track:?} {b:?}")))
+            .collect()
+    };
+    let one = decode_all(&snap, &EmbeddedOnly, 1);
+    let calls = one
+        .tracks
+        .values()
+        .flat_map(|t| t.branches.iter())
+        .filter(|b| b.kind == BranchKind::Call)
+        .count();
+    assert_eq!(
+        calls,
+        expected.iter().filter(|b| b.0 == BranchKind::Call).count()
+    );
+    // The ring is cut as said, and every piece's worker is taken.
+    let program = SynthProgram::generate(3, 8);
+    let mut image = Image::new();
+    image.add("synth", program.code.clone(), CODE_BASE);
+    let trace = encode(&program, 3, 384 << 10, true).trace;
+    for threads in [3, 4] {
+        let split = Split::streaming(threads);
+        let (_, stats) =
+            decode_parallel_with(&trace, &image, FlowConfig::default(), split, &mut |_| {});
+        assert_eq!((stats.pieces, stats.taken), (threads, threads), "{stats:?}");
+    }
+    for threads in [3, 4] {
+        let many = decode_all(&snap, &EmbeddedOnly, threads);
+        assert_eq!((many.branches, many.errors), (one.branches, one.errors));
+        assert!(listing(&many) == listing(&one), "{threads} threads");
+    }
+}
+
+#[test]
 fn without_sideband_or_code_a_ring_is_a_cpu_track_with_decode_errors() {
     let (mut snap, _) = synth_snapshot(Vec::new(), None);
     snap.code.clear();
-    let out = decode_all(&snap, &EmbeddedOnly);
+    let out = decode_all(&snap, &EmbeddedOnly, 1);
     assert_eq!(
         out.tracks.keys().copied().collect::<Vec<_>>(),
         [Track::Cpu(0)]

@@ -41,6 +41,7 @@ use crate::stacks::{self, StackEvent, StackSample};
 use crate::symbols::{Frame, Symbolizer};
 use crate::unwind::StackUnwinder;
 
+use crate::decode::pt::flow::branches::ParallelStats;
 pub use fxt::FxtWriter;
 pub use json::JsonWriter;
 
@@ -237,17 +238,31 @@ pub struct TraceSummary {
     pub branches: u64,
     /// PT: decode errors (each a `[decode error: ...]` slice).
     pub decode_errors: u64,
+    /// PT: the threads each ring was decoded on, and how its pieces went (all rings).
+    pub decode_threads: usize,
+    pub decode_pieces: ParallelStats,
 }
 
-/// Writes the trace of `snap` to `path` (format and compression from the name).
+/// Writes the trace of `snap` to `path` (format and compression from the name), decoding
+/// on one thread (the agent and `record`: their node's cores are the traced programs').
 pub fn write_trace(snap: &Snapshot, path: &Path) -> Result<TraceSummary, WriterError> {
+    write_trace_on(snap, path, 1)
+}
+
+/// [`write_trace`], decoding a PT snapshot's rings on `threads` threads (`lookback
+/// decode`: the user's machine, every core); the trace is the same.
+pub fn write_trace_on(
+    snap: &Snapshot,
+    path: &Path,
+    threads: usize,
+) -> Result<TraceSummary, WriterError> {
     let (format, gz) = Format::from_path(path);
     let tmp = temp_path(path);
     let err = |source| WriterError::Write {
         path: path.to_owned(),
         source,
     };
-    let result = write_file(snap, &tmp, format, gz).and_then(|summary| {
+    let result = write_file(snap, &tmp, format, gz, threads).and_then(|summary| {
         fs::rename(&tmp, path)?;
         Ok(summary)
     });
@@ -269,7 +284,13 @@ fn temp_path(path: &Path) -> PathBuf {
 /// Bytes handed to the gzip encoder at a time.
 const GZ_CHUNK: usize = 256 << 10;
 
-fn write_file(snap: &Snapshot, tmp: &Path, format: Format, gz: bool) -> io::Result<TraceSummary> {
+fn write_file(
+    snap: &Snapshot,
+    tmp: &Path,
+    format: Format,
+    gz: bool,
+    threads: usize,
+) -> io::Result<TraceSummary> {
     let file = OpenOptions::new()
         .write(true)
         .create(true)
@@ -286,13 +307,13 @@ fn write_file(snap: &Snapshot, tmp: &Path, format: Format, gz: bool) -> io::Resu
         // more time in per-call CRC and deflate setup than compressing: batch it.
         let mut enc =
             BufWriter::with_capacity(GZ_CHUNK, GzEncoder::new(&mut out, Compression::fast()));
-        let summary = encode(snap, &mut enc, format)?;
+        let summary = encode_on(snap, &mut enc, format, threads)?;
         enc.into_inner()
             .map_err(io::IntoInnerError::into_error)?
             .finish()?;
         summary
     } else {
-        encode(snap, &mut out, format)?
+        encode_on(snap, &mut out, format, threads)?
     };
     let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
     file.sync_all()?;
@@ -301,16 +322,26 @@ fn write_file(snap: &Snapshot, tmp: &Path, format: Format, gz: bool) -> io::Resu
 
 /// Encodes the trace of `snap` into `out` in `format`.
 pub fn encode<W: Write>(snap: &Snapshot, out: W, format: Format) -> io::Result<TraceSummary> {
+    encode_on(snap, out, format, 1)
+}
+
+/// [`encode`], decoding a PT snapshot on `threads` threads.
+fn encode_on<W: Write>(
+    snap: &Snapshot,
+    out: W,
+    format: Format,
+    threads: usize,
+) -> io::Result<TraceSummary> {
     match format {
         Format::Fxt => {
             let mut sink = FxtWriter::new(out)?;
-            let summary = emit(snap, &mut sink)?;
+            let summary = emit(snap, &mut sink, threads)?;
             sink.finish()?;
             Ok(summary)
         }
         Format::ChromeJson => {
             let mut sink = JsonWriter::new(out)?;
-            let summary = emit(snap, &mut sink)?;
+            let summary = emit(snap, &mut sink, threads)?;
             sink.finish()?;
             Ok(summary)
         }
@@ -339,9 +370,14 @@ struct At {
 }
 
 /// Feeds the whole trace of `snap` to `sink` (without [`TraceSink::finish`]).
-pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
+/// `threads`: how many a PT snapshot's decode may use.
+pub fn emit(
+    snap: &Snapshot,
+    sink: &mut impl TraceSink,
+    threads: usize,
+) -> io::Result<TraceSummary> {
     match snap.meta.backend {
-        Backend::IntelPt => pt::emit(snap, sink),
+        Backend::IntelPt => pt::emit(snap, sink, threads),
         Backend::Sampling => emit_sampled(snap, sink),
     }
 }

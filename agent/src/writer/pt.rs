@@ -232,8 +232,13 @@ impl BranchSink for Stacks<'_, '_> {
     }
 }
 
-/// Feeds the trace of a PT snapshot to `sink` (without [`TraceSink::finish`]).
-pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
+/// Feeds the trace of a PT snapshot to `sink` (without [`TraceSink::finish`]), decoding
+/// each ring on `threads` threads.
+pub fn emit(
+    snap: &Snapshot,
+    sink: &mut impl TraceSink,
+    threads: usize,
+) -> io::Result<TraceSummary> {
     let lookup = RefCell::new(Lookup {
         symbols: Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs),
         snap,
@@ -245,7 +250,7 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         lookup: &lookup,
         tracks: BTreeMap::new(),
     };
-    let decoded = pt_snapshot::decode(snap, &DiskCode, &mut stacks);
+    let decoded = pt_snapshot::decode(snap, &DiskCode, &mut stacks, threads);
     let mut losses = PtLosses::default();
     for sideband in &snap.sideband {
         losses.add(&sideband.data);
@@ -254,6 +259,8 @@ pub fn emit(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSumma
         threads: stacks.tracks.len(),
         branches: decoded.branches,
         decode_errors: decoded.errors,
+        decode_threads: threads,
+        decode_pieces: decoded.parallel,
         lost_samples: losses.perf,
         lost_aux: losses.aux,
         ..TraceSummary::default()

@@ -603,7 +603,7 @@ mod fast;
 
 #[path = "branches_parallel.rs"]
 mod parallel;
-pub use parallel::{Parallel, ParallelStats, Split, decode_parallel};
+pub use parallel::{Parallel, ParallelStats, Split, decode_parallel, decode_parallel_with};
 
 #[cfg(test)]
 #[path = "branches_tests.rs"]

@@ -1,9 +1,10 @@
 //! Parallel decode: the branch events of [`Branches`], decoded on several cores.
 //!
 //! In: a trace, an image, a [`FlowConfig`] and a [`Split`] (how many threads, where to
-//! cut). Out: [`Parallel`]: the events in order (in pieces, or none when only counts are
-//! wanted), their [`DecodeCounts`], and [`ParallelStats`] (how many pieces a worker's
-//! decode gave, how many were decoded again).
+//! cut). Out: the events in order, a piece at a time, to a callback while later pieces
+//! decode ([`decode_parallel_with`], for the timeline stages), or all at once
+//! ([`decode_parallel`], or only counted); their [`DecodeCounts`], and [`ParallelStats`]
+//! (how many pieces a worker's decode gave, how many were decoded again).
 //!
 //! Why it is exact: speculate, then verify. The trace is cut at PSBs `b1 < b2 < ...`.
 //! Worker `i` synchronizes at `b_i` with the time a decode from the start has there
@@ -25,8 +26,8 @@
 //! whether tracing is on; the return stack starts empty at each PSB (see
 //! [`Branches::step`]); the time comes from the seed.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
 
 use super::{BranchEvent, Branches, DecodeCounts, State};
 use crate::decode::pt::events::evdec_seed;
@@ -40,10 +41,13 @@ use crate::decode::pt::timing::time::{Time, TimeCal};
 pub struct Split {
     /// Threads to decode on (1: decode sequentially, without cutting).
     pub threads: usize,
-    /// Pieces to cut the trace into, at most (each starts at a PSB).
+    /// Pieces to cut the trace into, at least as many as `max_bytes` asks for (each
+    /// starts at a PSB).
     pub pieces: usize,
     /// The smallest piece worth a thread of its own, in trace bytes.
     pub min_bytes: usize,
+    /// The largest piece, in trace bytes: what one piece's events may take in memory.
+    pub max_bytes: usize,
 }
 
 impl Split {
@@ -54,6 +58,17 @@ impl Split {
             threads: threads.max(1),
             pieces: threads.max(1),
             min_bytes: 64 << 10,
+            max_bytes: usize::MAX,
+        }
+    }
+
+    /// As [`Split::threads`], with pieces of at most 256 KiB of trace, for decodes that
+    /// keep each piece's events until they are handed out (0.7–1.1 events per byte, 40
+    /// bytes each: up to ~11 MiB per piece, `threads` pieces at most).
+    pub fn streaming(threads: usize) -> Self {
+        Self {
+            max_bytes: 256 << 10,
+            ..Self::threads(threads)
         }
     }
 
@@ -63,12 +78,14 @@ impl Split {
             threads: threads.max(1),
             pieces: usize::MAX,
             min_bytes: 0,
+            max_bytes: usize::MAX,
         }
     }
 
     /// The PSBs to cut at: ascending, each at least `min_bytes` after the last.
     fn cuts(&self, trace: &[u8]) -> Vec<usize> {
-        let pieces = self.pieces.min(trace.len() / self.min_bytes.max(1)).max(1);
+        let wanted = self.pieces.max(trace.len().div_ceil(self.max_bytes.max(1)));
+        let pieces = wanted.min(trace.len() / self.min_bytes.max(1)).max(1);
         let step = (trace.len() / pieces).max(self.min_bytes).max(1);
         let mut cuts = Vec::new();
         let mut from = step;
@@ -103,6 +120,31 @@ pub struct ParallelStats {
     pub first_difference: Option<&'static str>,
 }
 
+impl ParallelStats {
+    /// Adds another decode's pieces (of another ring).
+    pub fn add(&mut self, other: &Self) {
+        self.pieces += other.pieces;
+        self.taken += other.taken;
+        self.redone += other.redone;
+        self.unreached += other.unreached;
+        self.first_difference = self.first_difference.or(other.first_difference);
+    }
+
+    /// `P pieces: T taken from their thread, R decoded again (first: WHAT differed), U not
+    /// reached`, for `--stats`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} pieces: {} taken from their thread, {} decoded again{}, {} not reached",
+            self.pieces,
+            self.taken,
+            self.redone,
+            self.first_difference
+                .map_or_else(String::new, |what| format!(" (first: {what} differed)")),
+            self.unreached
+        )
+    }
+}
+
 /// The result of [`decode_parallel`].
 #[derive(Debug, Default)]
 pub struct Parallel {
@@ -119,16 +161,57 @@ impl Parallel {
     }
 }
 
+/// Events per chunk of a piece's events: pieces keep their events in chunks (not one
+/// `Vec` that doubles, copying itself into fresh pages), recycled through [`Pool`] once
+/// handed out, so a streaming decode touches the same memory again.
+const CHUNK: usize = 8192;
+
+/// Chunks handed out and emptied, for the next pieces.
+#[derive(Default)]
+struct Pool(Mutex<Vec<Vec<BranchEvent>>>);
+
+impl Pool {
+    fn get(&self) -> Vec<BranchEvent> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(CHUNK))
+    }
+
+    fn put(&self, mut chunk: Vec<BranchEvent>) {
+        chunk.clear();
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(chunk);
+    }
+}
+
 /// Where a piece's events go.
 enum Sink<'s> {
-    Keep(&'s mut Vec<BranchEvent>),
+    Keep {
+        chunks: &'s mut Vec<Vec<BranchEvent>>,
+        pool: &'s Pool,
+    },
     Drop,
 }
 
 impl Sink<'_> {
-    fn take(&mut self, events: &[BranchEvent]) {
-        if let Self::Keep(out) = self {
-            out.extend_from_slice(events);
+    fn take(&mut self, mut events: &[BranchEvent]) {
+        let Self::Keep { chunks, pool } = self else {
+            return;
+        };
+        while !events.is_empty() {
+            if chunks.last().is_none_or(|c| c.len() >= CHUNK) {
+                chunks.push(pool.get());
+            }
+            let Some(chunk) = chunks.last_mut() else {
+                return;
+            };
+            let n = (CHUNK - chunk.len().min(CHUNK)).min(events.len());
+            chunk.extend_from_slice(&events[..n]);
+            events = &events[n..];
         }
     }
 }
@@ -198,7 +281,7 @@ impl<'a> Checkpoint<'a> {
 struct Piece<'a> {
     /// The worker's state at its start checkpoint (`None`: it never reached one).
     start: Option<Checkpoint<'a>>,
-    events: Vec<BranchEvent>,
+    events: Vec<Vec<BranchEvent>>,
     counts: DecodeCounts,
     /// The worker's decoder at its end checkpoint; `None` when the decode ended.
     end: Option<Branches<'a>>,
@@ -272,71 +355,218 @@ pub fn decode_parallel(
     split: Split,
     keep_events: bool,
 ) -> Parallel {
+    let mut events = Vec::new();
+    let (counts, stats) = run(trace, image, config, split, keep_events, &mut |chunk| {
+        events.push(chunk);
+        None
+    });
+    Parallel {
+        events,
+        counts,
+        stats,
+    }
+}
+
+/// Decodes `trace` as [`Branches`] does, on `split.threads` threads, handing the events
+/// to `each` in order, a piece at a time, as soon as the pieces before are handed out:
+/// the timeline stages consume them while later pieces decode. At most `split.threads`
+/// pieces wait decoded, which bounds the memory (a piece is at most `split.max_bytes` of
+/// trace: [`Split::streaming`]). Returns the counts and how the pieces went.
+pub fn decode_parallel_with(
+    trace: &[u8],
+    image: &dyn ImageProvider,
+    config: FlowConfig,
+    split: Split,
+    each: &mut dyn FnMut(&[BranchEvent]),
+) -> (DecodeCounts, ParallelStats) {
+    run(trace, image, config, split, true, &mut |chunk| {
+        each(&chunk);
+        Some(chunk)
+    })
+}
+
+/// What every worker reads.
+struct Job<'a> {
+    trace: &'a [u8],
+    image: &'a dyn ImageProvider,
+    config: FlowConfig,
+    cuts: Vec<usize>,
+    seeds: Vec<Option<(Time, TimeCal)>>,
+    /// Piece i ends at the checkpoint for `ends[i]` (`usize::MAX`: the end of the trace).
+    ends: Vec<usize>,
+    keep_events: bool,
+    pool: Pool,
+}
+
+/// Decoded pieces not handed out yet, and how far the hand-out is.
+struct Queue<'a> {
+    pieces: Vec<Option<Piece<'a>>>,
+    /// Pieces before this one are handed out.
+    consumed: usize,
+    /// The consumer is gone (it panicked): workers stop.
+    stop: bool,
+}
+
+/// What takes a chunk of events; it gives the chunk back to be used again, or keeps it.
+type HandOut<'e> = dyn FnMut(Vec<BranchEvent>) -> Option<Vec<BranchEvent>> + 'e;
+
+/// The decode of every piece, with the hand-out in the calling thread: `each` gets the
+/// events a chunk at a time and gives the chunk back to be used again, or keeps it.
+fn run(
+    trace: &[u8],
+    image: &dyn ImageProvider,
+    config: FlowConfig,
+    split: Split,
+    keep_events: bool,
+    each: &mut HandOut<'_>,
+) -> (DecodeCounts, ParallelStats) {
     let cuts = if split.threads > 1 || split.pieces == usize::MAX {
         split.cuts(trace)
     } else {
         Vec::new()
     };
     let seeds = evdec_seed::timing_at(trace, &config.events, &cuts);
-    // Piece i runs from cut i-1 (the trace start for 0) to cut i (the end for the last).
     let ends: Vec<usize> = cuts.iter().copied().chain([usize::MAX]).collect();
-    let pieces: Vec<Mutex<Option<Piece<'_>>>> = ends.iter().map(|_| Mutex::new(None)).collect();
+    let job = Job {
+        trace,
+        image,
+        config,
+        cuts,
+        seeds,
+        ends,
+        keep_events,
+        pool: Pool::default(),
+    };
+    let pieces = job.ends.len();
+    let threads = split.threads.min(pieces).max(1);
+    let queue = Mutex::new(Queue {
+        pieces: (0..pieces).map(|_| None).collect(),
+        consumed: 0,
+        stop: false,
+    });
+    let changed = Condvar::new();
     let next = AtomicUsize::new(0);
     let work = || {
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(&end) = ends.get(i) else { break };
-            let piece = decode_piece(trace, image, config, &cuts, &seeds, i, end, keep_events);
-            if let Some(slot) = pieces.get(i)
-                && let Ok(mut slot) = slot.lock()
-            {
-                *slot = Some(piece);
+            if i >= pieces {
+                break;
             }
+            // No more than `threads` pieces ahead of the hand-out.
+            let mut q = lock(&queue);
+            while i >= q.consumed + threads && !q.stop {
+                q = changed.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+            if q.stop {
+                break;
+            }
+            drop(q);
+            // A worker that fails leaves an empty piece: the decoder before it decodes
+            // the piece again.
+            let mut done = Done {
+                queue: &queue,
+                changed: &changed,
+                i,
+                piece: None,
+            };
+            done.piece = Some(decode_piece(&job, i));
         }
     };
-    let threads = split.threads.min(ends.len()).max(1);
     std::thread::scope(|scope| {
-        for _ in 1..threads {
+        for _ in 0..threads {
             scope.spawn(work);
         }
-        work();
-    });
-    let pieces: Vec<Option<Piece<'_>>> = pieces
-        .into_iter()
-        .map(|slot| slot.into_inner().ok().flatten())
-        .collect();
-    stitch(pieces, &ends, keep_events)
+        let _stop = Stop {
+            queue: &queue,
+            changed: &changed,
+        };
+        let mut stitch = Stitch {
+            job: &job,
+            current: None,
+            counts: DecodeCounts::default(),
+            stats: ParallelStats {
+                pieces,
+                ..ParallelStats::default()
+            },
+        };
+        for i in 0..pieces {
+            let piece = {
+                let mut q = lock(&queue);
+                loop {
+                    if let Some(piece) = q.pieces.get_mut(i).and_then(Option::take) {
+                        break piece;
+                    }
+                    q = changed.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            stitch.add(i, piece, each);
+            lock(&queue).consumed = i + 1;
+            changed.notify_all();
+        }
+        (stitch.counts, stitch.stats)
+    })
 }
 
-/// Decodes piece `i`, which ends at the checkpoint for `end`.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one worker's inputs, borrowed from the shared decode"
-)]
-fn decode_piece<'a>(
-    trace: &'a [u8],
-    image: &'a dyn ImageProvider,
-    config: FlowConfig,
-    cuts: &[usize],
-    seeds: &[Option<(Time, TimeCal)>],
+fn lock<'q, 'a>(queue: &'q Mutex<Queue<'a>>) -> std::sync::MutexGuard<'q, Queue<'a>> {
+    queue.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Puts a worker's piece (or, if the worker failed, an empty one) in the queue.
+struct Done<'q, 'a> {
+    queue: &'q Mutex<Queue<'a>>,
+    changed: &'q Condvar,
     i: usize,
-    end: usize,
-    keep_events: bool,
-) -> Piece<'a> {
+    piece: Option<Piece<'a>>,
+}
+
+impl Drop for Done<'_, '_> {
+    fn drop(&mut self) {
+        let piece = self.piece.take().unwrap_or_else(Piece::none);
+        if let Some(slot) = lock(self.queue).pieces.get_mut(self.i) {
+            *slot = Some(piece);
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// Stops the workers when the hand-out ends, however it ends.
+struct Stop<'q, 'a> {
+    queue: &'q Mutex<Queue<'a>>,
+    changed: &'q Condvar,
+}
+
+impl Drop for Stop<'_, '_> {
+    fn drop(&mut self) {
+        lock(self.queue).stop = true;
+        self.changed.notify_all();
+    }
+}
+
+impl Piece<'_> {
+    /// A piece whose worker got nowhere.
+    fn none() -> Self {
+        Self {
+            start: None,
+            events: Vec::new(),
+            counts: DecodeCounts::default(),
+            end: None,
+            tainted: false,
+        }
+    }
+}
+
+/// Decodes piece `i`.
+fn decode_piece<'a>(job: &Job<'a>, i: usize) -> Piece<'a> {
+    let (trace, image, config) = (job.trace, job.image, job.config);
+    let end = job.ends.get(i).copied().unwrap_or(usize::MAX);
     let mut events = Vec::new();
-    let (mut branches, start) = match i.checked_sub(1).and_then(|c| cuts.get(c)) {
+    let (mut branches, start) = match i.checked_sub(1).and_then(|c| job.cuts.get(c)) {
         None => (Branches::new(trace, image, config), None),
         Some(&cut) => {
-            let seed = seeds.get(i - 1).copied().flatten();
+            let seed = job.seeds.get(i - 1).copied().flatten();
             let mut branches = Branches::worker(trace, image, config, cut, seed);
             if !branches.run_to(cut, &mut Sink::Drop) {
-                return Piece {
-                    start: None,
-                    events,
-                    counts: DecodeCounts::default(),
-                    end: None,
-                    tainted: false,
-                };
+                return Piece::none();
             }
             branches.take_counts();
             branches.tainted = false;
@@ -344,8 +574,11 @@ fn decode_piece<'a>(
             (branches, Some(start))
         }
     };
-    let mut sink = if keep_events {
-        Sink::Keep(&mut events)
+    let mut sink = if job.keep_events {
+        Sink::Keep {
+            chunks: &mut events,
+            pool: &job.pool,
+        }
     } else {
         Sink::Drop
     };
@@ -361,31 +594,26 @@ fn decode_piece<'a>(
     }
 }
 
-/// Puts the pieces together in order, decoding again each piece whose worker started
-/// from another state than the decoder before it ended in.
-fn stitch(pieces: Vec<Option<Piece<'_>>>, ends: &[usize], keep_events: bool) -> Parallel {
-    let mut out = Parallel {
-        stats: ParallelStats {
-            pieces: pieces.len(),
-            ..ParallelStats::default()
-        },
-        ..Parallel::default()
-    };
-    let mut current: Option<Branches<'_>> = None;
-    for (i, piece) in pieces.into_iter().enumerate() {
-        let piece = piece.unwrap_or(Piece {
-            start: None,
-            events: Vec::new(),
-            counts: DecodeCounts::default(),
-            end: None,
-            tainted: false,
-        });
+/// The hand-out: pieces in order, each taken from its worker or decoded again.
+struct Stitch<'j, 'a> {
+    job: &'j Job<'a>,
+    /// The decoder of the last piece handed out, at its end checkpoint (`None` when the
+    /// decode ended).
+    current: Option<Branches<'a>>,
+    counts: DecodeCounts,
+    stats: ParallelStats,
+}
+
+impl<'a> Stitch<'_, 'a> {
+    /// Hands out piece `i`: its worker's events where its start matches the decoder of
+    /// the piece before, else the events that decoder decodes on to the piece's end.
+    fn add(&mut self, i: usize, piece: Piece<'a>, each: &mut HandOut<'_>) {
         let difference = if i == 0 {
             None
         } else {
-            let Some(decoder) = current.as_ref() else {
-                out.stats.unreached += 1;
-                continue;
+            let Some(decoder) = self.current.as_ref() else {
+                self.stats.unreached += 1;
+                return;
             };
             match &piece.start {
                 None => Some("no checkpoint"),
@@ -395,31 +623,42 @@ fn stitch(pieces: Vec<Option<Piece<'_>>>, ends: &[usize], keep_events: bool) -> 
             }
         };
         if difference.is_none() {
-            out.stats.taken += 1;
-            add_counts(&mut out.counts, piece.counts);
-            out.events.push(piece.events);
-            current = piece.end;
-            continue;
+            self.stats.taken += 1;
+            add_counts(&mut self.counts, piece.counts);
+            self.hand_out(piece.events, each);
+            self.current = piece.end;
+            return;
         }
-        out.stats.redone += 1;
-        out.stats.first_difference = out.stats.first_difference.or(difference);
-        let Some(mut decoder) = current.take() else {
-            continue;
+        self.stats.redone += 1;
+        self.stats.first_difference = self.stats.first_difference.or(difference);
+        let Some(mut decoder) = self.current.take() else {
+            return;
         };
         let mut events = Vec::new();
-        let mut sink = if keep_events {
-            Sink::Keep(&mut events)
+        let mut sink = if self.job.keep_events {
+            Sink::Keep {
+                chunks: &mut events,
+                pool: &self.job.pool,
+            }
         } else {
             Sink::Drop
         };
-        let end = ends.get(i).copied().unwrap_or(usize::MAX);
+        let end = self.job.ends.get(i).copied().unwrap_or(usize::MAX);
         let more = decoder.run_to(end, &mut sink);
-        add_counts(&mut out.counts, decoder.take_counts());
-        out.events.push(events);
-        current = more.then_some(decoder);
+        add_counts(&mut self.counts, decoder.take_counts());
+        self.hand_out(events, each);
+        self.current = more.then_some(decoder);
     }
-    out.events.retain(|piece| !piece.is_empty());
-    out
+}
+
+impl Stitch<'_, '_> {
+    fn hand_out(&self, chunks: Vec<Vec<BranchEvent>>, each: &mut HandOut<'_>) {
+        for chunk in chunks {
+            if let Some(used) = each(chunk) {
+                self.job.pool.put(used);
+            }
+        }
+    }
 }
 
 fn add_counts(total: &mut DecodeCounts, piece: DecodeCounts) {
