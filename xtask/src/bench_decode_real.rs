@@ -27,7 +27,7 @@ use crate::bench_decode::{Stats, libipt, libipt_ref, output};
 use crate::util::{BuildEnv, run};
 
 /// Repetitions; the fastest run is reported.
-const REPS: usize = 3;
+const REPS: usize = 5;
 /// The cases of libxdc's regression tests (`run_regression_tests.sh`): name, trace file,
 /// page-cache prefix, and the traced address range libxdc is given.
 const CASES: [(&str, &str, &str, &str, &str); 10] = [

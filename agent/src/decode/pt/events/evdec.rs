@@ -306,6 +306,8 @@ impl<'a> EventDecoder<'a> {
     /// Reads the next packet into `packet`, skipping PADs; errors are kept in `status`.
     pub(crate) fn fetch_packet(&mut self) {
         loop {
+            // Real traces are a third PADs (KVM-PT): not one packet read each.
+            self.pkt.skip_pads();
             match read_packet(&mut self.pkt) {
                 Ok((_, Packet::Pad, _)) => {}
                 Ok(read) => {

@@ -472,6 +472,12 @@ fn run(
             done.piece = Some(decode_piece(&job, i));
         }
     };
+    if pieces == 1 {
+        // Nothing to cut (a short trace): no threads, no waiting.
+        let mut stitch = Stitch::new(&job, pieces);
+        stitch.add(0, decode_piece(&job, 0), each);
+        return (stitch.counts, stitch.stats);
+    }
     std::thread::scope(|scope| {
         for _ in 0..threads {
             scope.spawn(work);
@@ -480,15 +486,7 @@ fn run(
             queue: &queue,
             changed: &changed,
         };
-        let mut stitch = Stitch {
-            job: &job,
-            current: None,
-            counts: DecodeCounts::default(),
-            stats: ParallelStats {
-                pieces,
-                ..ParallelStats::default()
-            },
-        };
+        let mut stitch = Stitch::new(&job, pieces);
         for i in 0..pieces {
             let piece = {
                 let mut q = lock(&queue);
@@ -604,7 +602,19 @@ struct Stitch<'j, 'a> {
     stats: ParallelStats,
 }
 
-impl<'a> Stitch<'_, 'a> {
+impl<'j, 'a> Stitch<'j, 'a> {
+    fn new(job: &'j Job<'a>, pieces: usize) -> Self {
+        Self {
+            job,
+            current: None,
+            counts: DecodeCounts::default(),
+            stats: ParallelStats {
+                pieces,
+                ..ParallelStats::default()
+            },
+        }
+    }
+
     /// Hands out piece `i`: its worker's events where its start matches the decoder of
     /// the piece before, else the events that decoder decodes on to the piece's end.
     fn add(&mut self, i: usize, piece: Piece<'a>, each: &mut HandOut<'_>) {

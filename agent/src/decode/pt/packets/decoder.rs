@@ -112,6 +112,14 @@ impl<'a> PacketDecoder<'a> {
             && self.walk == other.walk
     }
 
+    /// Steps over PAD bytes at the current position: what reading them one at a time as
+    /// [`Packet::Pad`]s does (a PAD changes no block context), at a byte compare each.
+    pub(crate) fn skip_pads(&mut self) {
+        if let Some(pos) = self.pos {
+            self.pos = Some(super::parse_hot::skip_pads(self.trace, pos));
+        }
+    }
+
     /// Goes on at `offset`, a packet boundary after TNT, TIP and PAD packets that the
     /// caller (the decode fast path) read itself.
     pub(crate) fn seek(&mut self, offset: usize) {
