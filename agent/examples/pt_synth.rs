@@ -4,7 +4,8 @@
 //! and the same run as a PT snapshot bundle, `OUT_DIR/synth.lbsnap`, whose one process
 //! maps the code from `OUT_DIR/synth.elf` (an executable with a symbol `fn_N` per
 //! function), so `lookback decode synth.lbsnap` decodes, symbolizes and writes a trace of
-//! it.
+//! it. Also `OUT_DIR/synth-SHAPE.pt`: the trace shaped like real ones (PAD-padded,
+//! disable/enable-dense, wrapped: `encode_shape`).
 #![expect(
     clippy::print_stdout,
     reason = "a command-line tool reports what it wrote"
@@ -20,6 +21,7 @@ use lookback::capture::{
     RingKind, SidebandData,
 };
 use lookback::decode::pt::tools::encode::{CODE_BASE, SynthProgram, encode};
+use lookback::decode::pt::tools::encode_shape::{Shape, reshape};
 use lookback::snapshot::{Snapshot, TriggerMeta};
 
 /// Where the code starts in `synth.elf` (one page of headers before it).
@@ -50,6 +52,11 @@ fn main() -> Result<()> {
     let elf = dir.join("synth.elf");
     let snap = dir.join("synth.lbsnap");
     write(&pt, &encoded.trace)?;
+    // The same run shaped like real traces (`synth-SHAPE.pt`): the bench's other rows.
+    for shape in Shape::ALL {
+        let shaped = reshape(&encoded.trace, shape).context("reshaping the trace")?;
+        write(&dir.join(format!("synth-{}.pt", shape.name())), &shaped)?;
+    }
     write(&bin, &program.code)?;
     write(&elf, &elf_image(&program))?;
     let bundle = bundle(&program, encoded.trace.clone(), &elf)?;

@@ -94,6 +94,77 @@ fn throughput(env: &BuildEnv, synth: &Path) -> Result<()> {
     };
     print_table(&stats, blocks_secs, reference.as_ref());
     print_spread(&stats, &all_secs);
+    shaped(env, &dir, &code, &raw)
+}
+
+/// The same run shaped like real traces (`pt_synth`'s `synth-SHAPE.pt`): lookback on one
+/// core and on all, beside libipt's block decoder, in the same run.
+fn shaped(env: &BuildEnv, dir: &Path, code: &Path, raw: &str) -> Result<()> {
+    let ipt = libipt_ref(env, None)?;
+    println!(
+        "\n| synthetic trace shaped like real ones | bytes | insns (lookback / libipt) | errors (lookback / libipt) | libipt block decoder s | MB/s | lookback 1 core s | MB/s | ÷ libipt | lookback all cores s | MB/s | ÷ libipt |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for shape in ["padded", "disable-enable", "wrapped"] {
+        let pt = dir.join(format!("synth-{shape}.pt"));
+        let best = |threads: Option<&str>| -> Result<Stats> {
+            let mut best: Option<Stats> = None;
+            for _ in 0..REPS {
+                let mut cmd = Command::new(env.release_bin());
+                cmd.args(["decode", "--stats"]);
+                if let Some(n) = threads {
+                    cmd.args(["--threads", n]);
+                }
+                let run = Stats::parse(&output(cmd.arg("--pt").arg(&pt).args(["--raw", raw]))?)?;
+                if best
+                    .as_ref()
+                    .is_none_or(|b| run.decode_secs < b.decode_secs)
+                {
+                    best = Some(run);
+                }
+            }
+            best.context("no runs")
+        };
+        let (one, all) = (best(Some("1"))?, best(None)?);
+        if (all.insns, all.errors) != (one.insns, one.errors) {
+            bail!("{shape}: the parallel decode counted other instructions or errors");
+        }
+        let mb = one.bytes / 1e6;
+        let reference = match &ipt {
+            Some(bin) => Some(libipt(
+                bin,
+                &pt,
+                &[format!("{}:0:0:0x400000", code.display())],
+            )?),
+            None => None,
+        };
+        let (insns, errors, secs, rate, r1, r2) = match &reference {
+            Some(r) => (
+                format!("{:.0} / {:.0}", one.insns, r.insns),
+                format!("{} / {:.0}", one.errors, r.errors),
+                format!("{:.4}", r.block_secs),
+                format!("{:.1}", mb / r.block_secs),
+                format!("{:.2}×", r.block_secs / one.decode_secs),
+                format!("{:.2}×", r.block_secs / all.decode_secs),
+            ),
+            None => (
+                format!("{:.0} / -", one.insns),
+                format!("{} / -", one.errors),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+            ),
+        };
+        println!(
+            "| {shape} | {:.0} | {insns} | {errors} | {secs} | {rate} | {:.4} | {:.1} | {r1} | {:.4} | {:.1} | {r2} |",
+            one.bytes,
+            one.decode_secs,
+            mb / one.decode_secs,
+            all.decode_secs,
+            mb / all.decode_secs
+        );
+    }
     Ok(())
 }
 

@@ -15,6 +15,7 @@ mod conformance;
 #[cfg(test)]
 mod conformance_ptxed;
 pub mod encode;
+pub mod encode_shape;
 pub mod ptdump;
 pub mod ptdump_opts;
 pub mod ptxed;
