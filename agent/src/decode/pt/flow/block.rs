@@ -129,7 +129,56 @@ impl Default for RetStack {
 impl RetStack {
     #[inline]
     pub fn push(&mut self, ip: u64) {
-        self.slots[self.top % RETSTACK_SIZE] = ip;
+        let mut view = self.view();
+        view.push(ip);
+        view.store();
+    }
+
+    #[inline]
+    pub fn pop(&mut self) -> Result<u64, FlowError> {
+        let mut view = self.view();
+        let popped = view.pop();
+        view.store();
+        popped
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// The stack as a view whose top and length live in the caller's frame (the decode
+    /// fast loop keeps them in registers) while the slots stay where they are: no copy
+    /// of the 64 slots per fast run. [`RetView::store`] writes top and length back.
+    pub(crate) fn view(&mut self) -> RetView<'_> {
+        RetView {
+            top: self.top,
+            len: self.len,
+            stack: self,
+        }
+    }
+
+    /// Whether both hold the same return addresses (slots below the live ones are not
+    /// state: a push overwrites them before a pop can see them).
+    fn same_as(&self, other: &Self) -> bool {
+        self.len == other.len
+            && (1..=self.len).all(|k| {
+                self.slots[self.top.wrapping_sub(k) % RETSTACK_SIZE]
+                    == other.slots[other.top.wrapping_sub(k) % RETSTACK_SIZE]
+            })
+    }
+}
+
+/// [`RetStack::view`]: the same pushes and pops as on the stack itself.
+pub(crate) struct RetView<'s> {
+    stack: &'s mut RetStack,
+    top: usize,
+    len: usize,
+}
+
+impl RetView<'_> {
+    #[inline]
+    pub fn push(&mut self, ip: u64) {
+        self.stack.slots[self.top % RETSTACK_SIZE] = ip;
         self.top = self.top.wrapping_add(1);
         self.len = (self.len + 1).min(RETSTACK_SIZE);
     }
@@ -141,21 +190,13 @@ impl RetStack {
         }
         self.len -= 1;
         self.top = self.top.wrapping_sub(1);
-        Ok(self.slots[self.top % RETSTACK_SIZE])
+        Ok(self.stack.slots[self.top % RETSTACK_SIZE])
     }
 
-    pub fn clear(&mut self) {
-        self.len = 0;
-    }
-
-    /// Whether both hold the same return addresses (slots below the live ones are not
-    /// state: a push overwrites them before a pop can see them).
-    fn same_as(&self, other: &Self) -> bool {
-        self.len == other.len
-            && (1..=self.len).all(|k| {
-                self.slots[self.top.wrapping_sub(k) % RETSTACK_SIZE]
-                    == other.slots[other.top.wrapping_sub(k) % RETSTACK_SIZE]
-            })
+    /// Writes top and length back into the stack.
+    pub fn store(self) {
+        self.stack.top = self.top;
+        self.stack.len = self.len;
     }
 }
 
@@ -175,6 +216,10 @@ pub(crate) struct Bound {
     pub swintr: bool,
     pub syscall: bool,
 }
+
+/// Runs of instructions by where they start: a pure function of the image, filled as the
+/// decode walks code.
+pub(crate) type BlockCache = HashMap<(u64, ExecMode), CacheEntry, BuildHasherDefault<IpHasher>>;
 
 /// Decodes a trace into blocks and events.
 pub struct BlockDecoder<'a> {
@@ -200,7 +245,7 @@ pub struct BlockDecoder<'a> {
     pub(crate) mode: ExecMode,
     pub(crate) enabled: bool,
     pub(crate) speculative: bool,
-    pub(crate) cache: HashMap<(u64, ExecMode), CacheEntry, BuildHasherDefault<IpHasher>>,
+    pub(crate) cache: BlockCache,
 }
 
 impl<'a> BlockDecoder<'a> {

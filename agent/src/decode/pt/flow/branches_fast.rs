@@ -24,8 +24,9 @@
 use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
 use crate::decode::pt::events::evdec::apply_timing;
 use crate::decode::pt::events::event::{Event, EventKind};
-use crate::decode::pt::flow::block::{Block, BlockDecoder, RetStack};
+use crate::decode::pt::flow::block::{Block, BlockCache, BlockDecoder, RetView};
 use crate::decode::pt::flow::fast_blocks::{self, Exit, FastBlock, FastBlocks, View};
+use crate::decode::pt::flow::image::ImageProvider;
 use crate::decode::pt::flow::insn::InsnClass;
 use crate::decode::pt::packets::last_ip::LastIp;
 use crate::decode::pt::packets::packet::{ExecMode, IpCompression, Packet};
@@ -384,7 +385,7 @@ impl Branches<'_> {
             stalled: self.stalled,
             queued: self.queue.len,
         };
-        let mut retstack = std::mem::take(&mut self.dec.retstack);
+        let dec = &mut self.dec;
         let stop = match (
             self.fast.as_mut(),
             self.queue
@@ -392,12 +393,20 @@ impl Branches<'_> {
                 .get_mut(..BATCH)
                 .and_then(|b| b.try_into().ok()),
         ) {
-            (Some(table), Some(buf)) => {
-                run(&mut fast, &mut tally, &mut retstack, table, buf, &self.dec)
-            }
+            (Some(table), Some(buf)) => run(
+                &mut fast,
+                &mut tally,
+                table,
+                buf,
+                Code {
+                    trace: dec.evdec.pkt.trace(),
+                    image: dec.image,
+                    cache: &dec.cache,
+                },
+                dec.retstack.view(),
+            ),
             _ => Stop::Pause,
         };
-        self.dec.retstack = retstack;
         let progressed = tally.blocks > 0;
         tally.store(self);
         match stop {
@@ -437,10 +446,10 @@ impl Branches<'_> {
 fn run(
     fast: &mut Fast,
     tally: &mut Tally,
-    retstack: &mut RetStack,
     table: &mut FastBlocks,
     buf: &mut [BranchEvent; BATCH],
-    dec: &BlockDecoder<'_>,
+    code: Code<'_, '_>,
+    retstack: RetView<'_>,
 ) -> Stop {
     let mode = fast.mode;
     let mut st = Locals {
@@ -462,12 +471,13 @@ fn run(
     };
     let mut resolved = None;
     let mut loops = Loops {
-        trace: dec.evdec.pkt.trace(),
+        trace: code.trace,
         fast,
         tally,
-        // A copy in the loop's own frame: through the `&mut`, its top and length were
-        // written back after every push and pop.
-        retstack: retstack.clone(),
+        // Top and length in the loop's own frame (a view): through a `&mut RetStack`
+        // they were written back after every push and pop; a copy of the whole stack
+        // cost four 528-byte copies per fast run.
+        retstack,
         buf,
     };
     let stop = loop {
@@ -486,7 +496,7 @@ fn run(
             // not resolve (or, which cannot happen, is not found after) is the general
             // path's.
             Step::Miss if resolved == Some(st.ip) => break Stop::Pause,
-            Step::Miss => match fast_blocks::resolve(dec, st.ip, mode) {
+            Step::Miss => match fast_blocks::resolve(code.image, code.cache, st.ip, mode) {
                 Some(block) => {
                     table.insert(block);
                     resolved = Some(st.ip);
@@ -498,10 +508,10 @@ fn run(
     let Loops {
         fast,
         tally,
-        retstack: returns,
+        retstack,
         ..
     } = loops;
-    *retstack = returns;
+    retstack.store();
     fast.ip = st.ip;
     fast.bits = st.ev.bits;
     fast.left = st.ev.left;
@@ -567,12 +577,21 @@ impl Locals {
     }
 }
 
+/// What the fast loop reads besides the trace position: the trace, the image and the
+/// block cache (borrowed apart from the return stack, which the loop changes).
+#[derive(Clone, Copy)]
+struct Code<'a, 'c> {
+    trace: &'a [u8],
+    image: &'a dyn ImageProvider,
+    cache: &'c BlockCache,
+}
+
 /// What the fast loop works on besides its locals.
 struct Loops<'r, 't> {
     trace: &'t [u8],
     fast: &'r mut Fast,
     tally: &'r mut Tally,
-    retstack: RetStack,
+    retstack: RetView<'r>,
     buf: &'r mut [BranchEvent; BATCH],
 }
 

@@ -1,6 +1,6 @@
 //! Whole blocks for the decode fast path, one table lookup each.
 //!
-//! In: the block cache of a [`BlockDecoder`] (runs of instructions to the next decision
+//! In: the block cache of a [`BlockDecoder`](super::block::BlockDecoder) (runs of instructions to the next decision
 //! point, filled by the general walk in [`super::flow_walk`]). Out: [`FastBlock`]s: from
 //! a start address to the branch that ends the block, with what that branch needs (a TNT
 //! bit, a TIP, nothing) and where it can go, in a direct-mapped table ([`FastBlocks`]).
@@ -9,8 +9,9 @@
 //! at most `u16::MAX` instructions, a near branch whose size and displacement the cache
 //! kept); anything else is left to the general walk, which fills the cache as it goes.
 
-use super::block::BlockDecoder;
+use super::block::BlockCache;
 use super::cache::{CacheEntry, Qualifier};
+use super::image::ImageProvider;
 use super::insn::{self, InsnClass};
 use crate::decode::pt::packets::packet::ExecMode;
 
@@ -91,12 +92,17 @@ impl FastBlock {
 const MAX_CHAIN: usize = 256;
 
 /// The block starting at `ip` in `mode`, if the cache holds all of it.
-pub(crate) fn resolve(dec: &BlockDecoder<'_>, ip: u64, mode: ExecMode) -> Option<FastBlock> {
-    let mapping = dec.image.mapping(ip).ok()?;
+pub(crate) fn resolve(
+    image: &dyn ImageProvider,
+    cache: &BlockCache,
+    ip: u64,
+    mode: ExecMode,
+) -> Option<FastBlock> {
+    let mapping = image.mapping(ip).ok()?;
     let mut at = ip;
     let mut ninsn = 0u16;
     for _ in 0..MAX_CHAIN {
-        let entry: CacheEntry = *dec.cache.get(&(at, mode))?;
+        let entry: CacheEntry = *cache.get(&(at, mode))?;
         let point = at.wrapping_add_signed(i64::from(entry.displacement));
         if !mapping.contains(point) {
             return None;
@@ -141,8 +147,7 @@ pub(crate) fn resolve(dec: &BlockDecoder<'_>, ip: u64, mode: ExecMode) -> Option
             Qualifier::IndirectCall if sized => block.exit = Exit::IndirectCall,
             // Indirect jumps only; far transfers are for the general path.
             Qualifier::Indirect
-                if insn::decode(dec.image, point, mode)
-                    .is_ok_and(|i| i.class == InsnClass::Jump) =>
+                if insn::decode(image, point, mode).is_ok_and(|i| i.class == InsnClass::Jump) =>
             {
                 block.exit = Exit::IndirectJump;
             }
