@@ -107,25 +107,9 @@ fn shaped(env: &BuildEnv, dir: &Path, code: &Path, raw: &str) -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for shape in ["padded", "disable-enable", "wrapped"] {
         let pt = dir.join(format!("synth-{shape}.pt"));
-        let best = |threads: Option<&str>| -> Result<Stats> {
-            let mut best: Option<Stats> = None;
-            for _ in 0..REPS {
-                let mut cmd = Command::new(env.release_bin());
-                cmd.args(["decode", "--stats"]);
-                if let Some(n) = threads {
-                    cmd.args(["--threads", n]);
-                }
-                let run = Stats::parse(&output(cmd.arg("--pt").arg(&pt).args(["--raw", raw]))?)?;
-                if best
-                    .as_ref()
-                    .is_none_or(|b| run.decode_secs < b.decode_secs)
-                {
-                    best = Some(run);
-                }
-            }
-            best.context("no runs")
-        };
-        let (one, all) = (best(Some("1"))?, best(None)?);
+        let raw = ["--raw".to_owned(), raw.to_owned()];
+        let (one, _) = best_run(env, &pt, &raw, Some("1"), REPS)?;
+        let (all, _) = best_run(env, &pt, &raw, None, REPS)?;
         if (all.insns, all.errors) != (one.insns, one.errors) {
             bail!("{shape}: the parallel decode counted other instructions or errors");
         }
@@ -269,6 +253,39 @@ fn parse_snapshot_run(text: &str, process_secs: f64) -> Result<SnapshotRun> {
         bail!("could not read `lookback decode --stats SNAPSHOT` output:\n{text}");
     }
     Ok(run)
+}
+
+/// The fastest of `reps` runs of `lookback decode --stats` on `threads` threads (the
+/// default without), and its `threads:` line.
+pub(crate) fn best_run(
+    env: &BuildEnv,
+    trace: &Path,
+    raw: &[String],
+    threads: Option<&str>,
+    reps: usize,
+) -> Result<(Stats, String)> {
+    let mut best: Option<(Stats, String)> = None;
+    for _ in 0..reps {
+        let mut cmd = Command::new(env.release_bin());
+        cmd.args(["decode", "--stats"]);
+        if let Some(n) = threads {
+            cmd.args(["--threads", n]);
+        }
+        let text = output(cmd.arg("--pt").arg(trace).args(raw))?;
+        let run = Stats::parse(&text)?;
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("threads: "))
+            .unwrap_or("?")
+            .to_owned();
+        if best
+            .as_ref()
+            .is_none_or(|(b, _)| run.decode_secs < b.decode_secs)
+        {
+            best = Some((run, line));
+        }
+    }
+    best.context("no runs")
 }
 
 /// The block decoder alone, as libipt's row does it: `--ptxed -- --quiet --stat`, timed

@@ -23,7 +23,7 @@ use std::process::Command;
 
 use anyhow::{Context as _, Result};
 
-use crate::bench_decode::{Stats, libipt, libipt_ref, output};
+use crate::bench_decode::{Stats, best_run, libipt, libipt_ref, output};
 use crate::util::{BuildEnv, run};
 
 /// Repetitions; the fastest run is reported.
@@ -171,8 +171,8 @@ pub fn bench_real(
                 dump.display()
             ));
         }
-        let (ours, _) = best_run(env, &trace, &raw, Some("1"))?;
-        let (all, all_threads) = best_run(env, &trace, &raw, None)?;
+        let (ours, _) = best_run(env, &trace, &raw, Some("1"), REPS)?;
+        let (all, all_threads) = best_run(env, &trace, &raw, None, REPS)?;
         if (all.insns, all.branches, all.errors) != (ours.insns, ours.branches, ours.errors) {
             anyhow::bail!(
                 "{name}: the parallel decode counted {} insns, {} branches, {} errors; one core {}, {}, {}",
@@ -212,38 +212,6 @@ pub fn bench_real(
         println!("libxdc: not run (give its source with --libxdc DIR: nyx-fuzz/libxdc)");
     }
     Ok(())
-}
-
-/// The fastest of [`REPS`] runs of `lookback decode --stats` on `threads` threads (the
-/// default without), and its `threads:` line.
-fn best_run(
-    env: &BuildEnv,
-    trace: &Path,
-    raw: &[String],
-    threads: Option<&str>,
-) -> Result<(Stats, String)> {
-    let mut best: Option<(Stats, String)> = None;
-    for _ in 0..REPS {
-        let mut cmd = Command::new(env.release_bin());
-        cmd.args(["decode", "--stats"]);
-        if let Some(n) = threads {
-            cmd.args(["--threads", n]);
-        }
-        let text = output(cmd.arg("--pt").arg(trace).args(raw))?;
-        let run = Stats::parse(&text)?;
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("threads: "))
-            .unwrap_or("?")
-            .to_owned();
-        if best
-            .as_ref()
-            .is_none_or(|(b, _)| run.decode_secs < b.decode_secs)
-        {
-            best = Some((run, line));
-        }
-    }
-    best.context("no runs")
 }
 
 /// The instructions `lookback decode --ptxed -- --quiet --stat --stat:insn` counts.

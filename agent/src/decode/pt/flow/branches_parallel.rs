@@ -148,7 +148,7 @@ impl ParallelStats {
 /// The result of [`decode_parallel`].
 #[derive(Debug, Default)]
 pub struct Parallel {
-    /// The branch events in order, in pieces (empty when events were not kept).
+    /// The branch events in order, in chunks (empty when events were not kept).
     pub events: Vec<Vec<BranchEvent>>,
     pub counts: DecodeCounts,
     pub stats: ParallelStats,
