@@ -27,7 +27,7 @@ use clap::Args;
 
 use super::pt_files::{FileLoader, kernel_image, read_pevent};
 use super::{CliError, CliResult};
-use crate::decode::import::raw::{ElfSpec, raw_segment};
+use crate::decode::import::raw::{ElfSpec, SidebandFile, add_sideband, raw_segment};
 use crate::decode::pt::flow::branches::{
     BranchEvent, BranchKind, Branches, DecodeCounts, ParallelStats, Split, decode_parallel,
     decode_parallel_with,
@@ -35,7 +35,7 @@ use crate::decode::pt::flow::branches::{
 use crate::decode::pt::flow::image::{Image, RawSpec};
 use crate::decode::pt::packets::decoder::PacketDecoder;
 use crate::decode::pt::packets::packet::PacketKind;
-use crate::decode::pt::sideband::pevent::SidebandStream;
+use crate::decode::pt::sideband::pevent::{PeventConfig, SidebandStream};
 use crate::decode::pt::tools::ptdump::ptdump_with_sideband;
 use crate::decode::pt::tools::ptdump_opts::{PeventFile, PtdumpOptions};
 use crate::decode::pt::tools::ptxed::{Sideband, ptxed_with_sideband};
@@ -48,6 +48,7 @@ lookback decode trace.lbsnap                      # → trace.fxt.gz\n  \
 lookback decode trace.lbsnap -o trace.json.gz\n  \
 lookback decode perf.data --symfs /mnt/host -o perf.fxt.gz\n  \
 lookback decode --pt trace.pt --elf ./server:0x555555554000 -o trace.fxt.gz\n  \
+lookback decode --pt aux0.bin:0 --sideband sb-cpu0.pevent -o trace.fxt.gz -- --pevent:sample-type 0x10086\n  \
 lookback decode --pt trace.pt --raw code.bin:0x400000 --stats\n  \
 lookback decode --pt trace.pt --raw code.bin:0x400000 --ptxed -- --event:ip --block:show-blocks\n  \
 lookback decode --pt trace.pt --ptdump -- --lastip --time")]
@@ -61,9 +62,24 @@ pub struct DecodeArgs {
     /// `.fxt.gz`; without it, `--pt` lists the branch events.
     #[arg(short, long, value_name = "OUT", conflicts_with_all = ["ptdump", "ptxed"])]
     pub output: Option<PathBuf>,
-    /// A raw Intel PT trace (the AUX data, oldest byte first).
-    #[arg(long, value_name = "FILE")]
-    pub pt: Option<PathBuf>,
+    /// A raw Intel PT trace (the AUX data, oldest byte first). With `-o OUT`, one per
+    /// CPU may be given, each as `FILE:CPU` (default CPU: its place among the `--pt`s).
+    #[arg(long, value_name = "FILE[:CPU]")]
+    pub pt: Vec<String>,
+    /// With `--pt ... -o OUT`: a perf sideband file (perf's kernel records: MMAP, COMM,
+    /// FORK, `ITRACE_START`, SWITCH..., e.g. from libipt's `perf-read-sideband.bash`), read
+    /// with the `--pevent:sample-type`, `--pevent:sample-config` and `--pevent:time-*`
+    /// options given after `--`. Its records make each CPU's threads and the processes'
+    /// maps (their files found under `--symfs`, or at their paths). Repeatable: a record
+    /// goes to the CPU it names (`SAMPLE_CPU`), else to the CPU of the `--pt` at the same
+    /// place.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "output",
+        conflicts_with = "input"
+    )]
+    pub sideband: Vec<PathBuf>,
     /// Code to decode with: FILE[:OFFSET[-END]]:ADDR maps the file (or a part of it) at
     /// ADDR. May be given more than once; later files shadow earlier ones.
     #[arg(long, value_name = "FILE:ADDR")]
@@ -73,9 +89,9 @@ pub struct DecodeArgs {
     /// addresses the file gives). Its functions name the calls. Repeatable.
     #[arg(long, value_name = "FILE[:BASE]", requires = "pt")]
     pub elf: Vec<String>,
-    /// perf.data: look for the recording's binaries under DIR (as `perf report --symfs`),
-    /// not at their paths.
-    #[arg(long, value_name = "DIR", requires = "input")]
+    /// perf.data and `--sideband`: look for the recording's binaries under DIR (as `perf
+    /// report --symfs`), not at their paths.
+    #[arg(long, value_name = "DIR")]
     pub symfs: Option<PathBuf>,
     /// perf.data: the build-id cache (default `~/.debug`, as perf's).
     #[arg(long, value_name = "DIR", requires = "input")]
@@ -278,29 +294,144 @@ fn read_perf_data(
     Ok((snap, Some(perf_data_about(&file))))
 }
 
-/// Raw Intel PT and the code it ran as a snapshot (`--pt FILE ... -o OUT`).
-fn raw_snapshot(
-    pt: &Path,
-    trace: Vec<u8>,
-    code: Vec<(crate::capture::MapEntry, Vec<u8>)>,
+/// A `--pt FILE[:CPU]` argument: the file, and the CPU when a `:N` suffix is not part of
+/// an existing file's name.
+fn pt_spec(arg: &str) -> (PathBuf, Option<u32>) {
+    if !Path::new(arg).exists()
+        && let Some((path, cpu)) = arg.rsplit_once(':')
+        && let Ok(cpu) = cpu.parse::<u32>()
+    {
+        return (PathBuf::from(path), Some(cpu));
+    }
+    (PathBuf::from(arg), None)
+}
+
+/// The recording's timing parameters as the tool options give them (`--mtc-freq`,
+/// `--nom-freq`, `--cpuid-0x15.*`, `--cpu`), where a snapshot keeps them.
+fn raw_timing(snap: &mut crate::snapshot::Snapshot, opts: &PtxedOptions) {
+    let timing = &opts.flow.events.timing;
+    if timing.mtc_freq != 0 {
+        snap.meta
+            .recorder
+            .config_fields
+            .insert("mtc_period".to_owned(), u64::from(timing.mtc_freq));
+    }
+    let pt_timing = crate::capture::pt_timing::PtTiming {
+        tsc_art_ratio: (timing.cpuid_0x15_ebx != 0 && timing.cpuid_0x15_eax != 0)
+            .then_some((timing.cpuid_0x15_ebx, timing.cpuid_0x15_eax)),
+        max_nonturbo_ratio: (timing.nom_freq != 0).then_some(timing.nom_freq),
+        cpu: opts.cpu.map(|c| c.to_string()),
+    };
+    if pt_timing != crate::capture::pt_timing::PtTiming::default() {
+        snap.meta.recorder.pt_timing = Some(pt_timing);
+    }
+}
+
+/// Raw Intel PT (one trace per CPU), the code it ran and its perf sideband as a snapshot,
+/// written to `out` (`--pt FILE ... -o OUT`).
+fn run_raw_trace(
     args: &DecodeArgs,
-) -> crate::snapshot::Snapshot {
-    let name = pt
-        .file_name()
-        .map_or_else(|| "trace".to_owned(), |n| n.to_string_lossy().into_owned());
-    let mut snap = crate::decode::import::raw::snapshot(trace, code, &name);
-    if let Some(cpu) = &args.cpu {
-        snap.meta.recorder.pt_timing = Some(crate::capture::pt_timing::PtTiming {
-            cpu: Some(cpu.clone()),
-            ..Default::default()
+    opts: &PtxedOptions,
+    code: Vec<(crate::capture::MapEntry, Vec<u8>)>,
+    out: &Path,
+) -> CliResult {
+    let started = Instant::now();
+    let mut traces = Vec::new();
+    for (index, arg) in args.pt.iter().enumerate() {
+        let (path, cpu) = pt_spec(arg);
+        let cpu = cpu.unwrap_or_else(|| u32::try_from(index).unwrap_or(u32::MAX));
+        if traces.iter().any(|(known, _)| *known == cpu) {
+            return Err(CliError::usage(anyhow::anyhow!(
+                "--pt {arg}: CPU {cpu} has a trace already (give FILE:CPU)"
+            )));
+        }
+        traces.push((cpu, read(&path)?));
+    }
+    let name = args
+        .pt
+        .first()
+        .map(|a| pt_spec(a).0)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "trace".to_owned());
+    let cpus: Vec<u32> = traces.iter().map(|(cpu, _)| *cpu).collect();
+    let mut snap = crate::decode::import::raw::snapshot(traces, code, &name);
+    raw_timing(&mut snap, opts);
+    // `--sideband` files with the options after `--`, then ptxed's own `--pevent:*`
+    // files with theirs (a primary one is the first trace's CPU's, as in ptxed).
+    let mut files: Vec<(String, Vec<u8>, PeventConfig, Option<u32>)> = Vec::new();
+    for (index, path) in args.sideband.iter().enumerate() {
+        files.push((
+            path.display().to_string(),
+            read(path)?,
+            opts.sideband.pevent.clone(),
+            cpus.get(index).copied(),
+        ));
+    }
+    for file in &opts.pevent {
+        let data = read_pevent(Path::new("."), file)
+            .with_context(|| format!("reading {}", file.path))
+            .map_err(CliError::runtime)?;
+        let cpu = file.primary.then(|| cpus.first().copied()).flatten();
+        files.push((file.path.clone(), data, file.config.clone(), cpu));
+    }
+    let mut symfs = args.symfs.clone();
+    if !files.is_empty() {
+        let inputs: Vec<SidebandFile> = files
+            .iter()
+            .map(|(name, data, config, cpu)| SidebandFile {
+                name,
+                data,
+                config,
+                cpu: *cpu,
+            })
+            .collect();
+        let summary = add_sideband(&mut snap, &inputs);
+        for problem in &summary.problems {
+            log::warn!("{problem}");
+        }
+        log::info!(
+            "sideband: {} records of {} files ({} of other kinds passed over), {} processes",
+            summary.records,
+            files.len(),
+            summary.skipped,
+            snap.maps.len() - 1
+        );
+        symfs = symfs.or_else(|| {
+            files
+                .iter()
+                .find_map(|f| f.2.sysroot.clone())
+                .map(PathBuf::from)
         });
+        relative_maps_absolute(&mut snap, symfs.is_some());
     }
-    let resolved =
-        super::local_binaries::resolve(&mut snap, &super::local_binaries::Places::default());
+    let places = super::local_binaries::Places {
+        symfs,
+        buildid_dir: args.buildid_dir.clone(),
+    };
+    let resolved = super::local_binaries::resolve(&mut snap, &places);
     for (path, why) in &resolved.missing {
-        log::warn!("{path}: {why}");
+        log::warn!("{path}: {why}: its code is not decoded and its frames are [unknown]");
     }
-    snap
+    write_snapshot(&snap, out, args, started.elapsed(), None)
+}
+
+/// Sideband maps name files as the recording saw them; a relative name (libipt's
+/// sideband tests use them) is taken from `--symfs` (as `/NAME` under it) or else from
+/// the current directory, as ptxed does.
+fn relative_maps_absolute(snap: &mut crate::snapshot::Snapshot, under_symfs: bool) {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    for process in snap.maps.iter_mut().filter(|p| p.pid != 0) {
+        for entry in &mut process.maps {
+            if entry.path.is_empty() || entry.path.starts_with(['/', '[']) {
+                continue;
+            }
+            entry.path = if under_symfs {
+                format!("/{}", entry.path)
+            } else {
+                cwd.join(&entry.path).to_string_lossy().into_owned()
+            };
+        }
+    }
 }
 
 /// Writes the trace of `snap` (read from `input` in `read_time`) to `out`.
@@ -377,22 +508,26 @@ pub fn run(args: &DecodeArgs) -> CliResult {
     if let Some(input) = &args.input {
         return run_snapshot(args, input);
     }
-    let Some(pt) = &args.pt else {
+    let Some(first) = args.pt.first() else {
         return Err(CliError::usage(anyhow::anyhow!(
             "nothing to decode: give --pt FILE"
         )));
     };
+    if args.pt.len() > 1 && args.output.is_none() {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "several --pt traces are decoded into a trace file only: give -o OUT"
+        )));
+    }
     if let Some(cpu) = &args.cpu {
         cpu.parse::<Cpu>().map_err(CliError::usage)?;
     }
-    let trace = read(pt)?;
     if args.ptdump {
-        return run_ptdump(&trace, args);
+        return run_ptdump(&read(&pt_spec(first).0)?, args);
     }
     let mut opts = PtxedOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
-    if !opts.pevent.is_empty() && !args.ptxed {
+    if !opts.pevent.is_empty() && !args.ptxed && args.output.is_none() {
         return Err(CliError::usage(anyhow::anyhow!(
-            "perf sideband (--pevent) is only supported with --ptdump and --ptxed"
+            "perf sideband (--pevent) is only supported with --ptdump, --ptxed and -o OUT"
         )));
     }
     let mut specs = Vec::new();
@@ -425,10 +560,9 @@ pub fn run(args: &DecodeArgs) -> CliResult {
         code.push(raw_segment(spec, bytes));
     }
     if let Some(out) = &args.output {
-        let started = Instant::now();
-        let snap = raw_snapshot(pt, trace, code, args);
-        return write_snapshot(&snap, out, args, started.elapsed(), None);
+        return run_raw_trace(args, &opts, code, out);
     }
+    let trace = read(&pt_spec(first).0)?;
     if args.ptxed {
         return run_ptxed(&trace, &image, &opts);
     }

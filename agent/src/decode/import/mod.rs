@@ -9,3 +9,4 @@
 
 pub mod perf;
 pub mod raw;
+pub mod sideband;

@@ -6,8 +6,7 @@
 //! chunks joined in file order), per-CPU sideband (the kernel records with their
 //! `sample_id_all` trailer rewritten to one layout, `TID|TIME|CPU`, whatever event wrote
 //! them: perf's tracking event, the PT event and others differ), the processes' maps
-//! from `MMAP`/`MMAP2` (inherited at `FORK`, named by `COMM`, with the build-ids of the
-//! file's `HEADER_BUILD_ID`), the TSC ↔ perf-time conversion and the PT configuration of
+//! (`super::sideband`, with the build-ids of the file's `HEADER_BUILD_ID`), the TSC ↔ perf-time conversion and the PT configuration of
 //! `PERF_RECORD_AUXTRACE_INFO` (TSC, MTC period, CYC, the TSC:CTC ratio, the nominal
 //! ratio) and the recording CPU from `HEADER_CPUID` (its errata).
 //!
@@ -19,24 +18,18 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::super::perf_file::{Attr, PerfFile, Record};
-use crate::capture::mmap_records::{mmap2, overlay};
-use crate::capture::procmaps::{MapEntry, ProcessMaps};
+pub use super::sideband::SIDEBAND_SAMPLE_TYPE;
+use super::sideband::{self, Trailer};
 use crate::capture::pt_timing::PtTiming;
 use crate::capture::records::{
-    PERF_RECORD_COMM, PERF_RECORD_FORK, PERF_RECORD_MMAP2, SAMPLE_CPU, SAMPLE_ID,
-    SAMPLE_IDENTIFIER, SAMPLE_STREAM_ID, SAMPLE_TID, SAMPLE_TIME, trailer_len,
+    SAMPLE_CPU, SAMPLE_ID, SAMPLE_IDENTIFIER, SAMPLE_STREAM_ID, SAMPLE_TID, SAMPLE_TIME,
+    trailer_len,
 };
-use crate::capture::{ClockConversion, RecorderParams, RingData, RingKind, SidebandData};
+use crate::capture::{ClockConversion, RecorderParams, RingData, RingKind};
 use crate::snapshot::{Metadata, Snapshot};
 
 /// `PERF_AUXTRACE_INTEL_PT`.
 const AUXTRACE_INTEL_PT: u32 = 1;
-const PERF_RECORD_MMAP: u32 = 1;
-/// `PERF_RECORD_MMAP` flag: a data mapping.
-const PERF_RECORD_MISC_MMAP_DATA: u16 = 1 << 13;
-
-/// The trailer every sideband record of the snapshot gets.
-pub const SIDEBAND_SAMPLE_TYPE: u64 = SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU;
 
 /// Indexes of `PERF_RECORD_AUXTRACE_INFO`'s private words for Intel PT (perf's
 /// `intel-pt.h`).
@@ -65,14 +58,6 @@ pub enum ImportError {
     NoIntelPt(usize),
     #[error("the AUX trace is of type {0}, not Intel PT (1)")]
     OtherAuxTrace(u32),
-}
-
-/// The `sample_id_all` trailer of a non-sample record.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Trailer {
-    pid_tid: Option<(u32, u32)>,
-    time: Option<u64>,
-    cpu: Option<u32>,
 }
 
 /// Splits `body` into the record's own fields and its trailer.
@@ -127,100 +112,6 @@ fn sample_type_of(file: &PerfFile, record: &Record, all_identified: bool, defaul
         attr.sample_type
     } else {
         0
-    }
-}
-
-/// `record` with its trailer in the [`SIDEBAND_SAMPLE_TYPE`] layout.
-fn rewrite(record: &Record, own: &[u8], trailer: Trailer) -> Vec<u8> {
-    let size = 8 + own.len() + 24;
-    let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(&record.kind.to_le_bytes());
-    out.extend_from_slice(&record.misc.to_le_bytes());
-    out.extend_from_slice(&u16::try_from(size).unwrap_or(u16::MAX).to_le_bytes());
-    out.extend_from_slice(own);
-    let (pid, tid) = trailer.pid_tid.unwrap_or((u32::MAX, u32::MAX));
-    out.extend_from_slice(&pid.to_le_bytes());
-    out.extend_from_slice(&tid.to_le_bytes());
-    out.extend_from_slice(&trailer.time.unwrap_or(0).to_le_bytes());
-    out.extend_from_slice(&u64::from(trailer.cpu.unwrap_or(u32::MAX)).to_le_bytes());
-    out
-}
-
-/// `PERF_RECORD_MMAP`: pid, tid, addr, len, pgoff, filename.
-fn mmap(body: &[u8], misc: u16) -> Option<(u32, MapEntry)> {
-    let word = |at: usize| {
-        body.get(at..at + 8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
-    };
-    let pid = u32::from_le_bytes(body.get(..4)?.try_into().ok()?);
-    let (start, len, offset) = (word(8)?, word(16)?, word(24)?);
-    let name = body.get(32..)?;
-    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-    let perms = if misc & PERF_RECORD_MISC_MMAP_DATA == 0 {
-        "r-xp"
-    } else {
-        "rw-p"
-    };
-    Some((
-        pid,
-        MapEntry {
-            start,
-            end: start.checked_add(len)?,
-            perms: perms.to_owned(),
-            offset,
-            dev: "00:00".to_owned(),
-            inode: 0,
-            path: String::from_utf8_lossy(&name[..end]).into_owned(),
-            build_id: None,
-        },
-    ))
-}
-
-/// Processes as the records build them.
-#[derive(Default)]
-struct Processes {
-    maps: BTreeMap<u32, Vec<MapEntry>>,
-    comms: HashMap<u32, String>,
-}
-
-impl Processes {
-    fn record(&mut self, record: &Record, own: &[u8]) {
-        match record.kind {
-            PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
-                let mapped = if record.kind == PERF_RECORD_MMAP {
-                    mmap(own, record.misc)
-                } else {
-                    mmap2(own, record.misc)
-                };
-                // pid -1: the kernel and its modules, whose code is not read.
-                if let Some((pid, entry)) = mapped.filter(|(pid, _)| *pid != u32::MAX) {
-                    overlay(self.maps.entry(pid).or_default(), [&entry]);
-                }
-            }
-            PERF_RECORD_COMM => {
-                if let Some((pid, _, name)) = crate::capture::records::comm_record(own) {
-                    self.comms.insert(pid, name);
-                }
-            }
-            PERF_RECORD_FORK => {
-                let word = |at: usize| {
-                    own.get(at..at + 4)
-                        .and_then(|b| b.try_into().ok())
-                        .map(u32::from_le_bytes)
-                };
-                if let (Some(pid), Some(ppid)) = (word(0), word(4))
-                    && pid != ppid
-                    && let Some(parent) = self.maps.get(&ppid).cloned()
-                {
-                    self.maps.insert(pid, parent);
-                    if let Some(comm) = self.comms.get(&ppid).cloned() {
-                        self.comms.insert(pid, comm);
-                    }
-                }
-            }
-            _ => {}
-        }
     }
 }
 
@@ -315,44 +206,28 @@ pub fn snapshot(file: &PerfFile) -> Result<Snapshot, ImportError> {
         .all(|a| a.sample_type & SAMPLE_IDENTIFIER != 0);
     let rings = rings(file);
     let per_cpu = rings.iter().any(|r| r.cpu.is_some());
-    let mut sideband: BTreeMap<Option<u32>, Vec<u8>> = BTreeMap::new();
-    let mut processes = Processes::default();
-    let mut last_time = 0;
+    let mut builder = sideband::Builder::default();
     for record in file.records.iter().filter(|r| !PerfFile::is_sample(r.kind)) {
         let sample_type = sample_type_of(file, record, all_identified, pt);
         let Some((own, trailer)) = split_trailer(record.body, sample_type) else {
             continue;
         };
-        processes.record(record, own);
-        last_time = last_time.max(trailer.time.unwrap_or(0));
         let cpu = if per_cpu { trailer.cpu } else { None };
-        sideband
-            .entry(cpu)
-            .or_default()
-            .extend(rewrite(record, own, trailer));
+        let record = sideband::Record {
+            kind: record.kind,
+            misc: record.misc,
+            own,
+            trailer,
+        };
+        builder.add(&record, cpu);
     }
+    let last_time = builder.last_time;
     let build_ids: HashMap<&str, &str> = file
         .build_ids
         .iter()
         .map(|b| (b.path.as_str(), b.build_id.as_str()))
         .collect();
-    let maps = processes
-        .maps
-        .into_iter()
-        .map(|(pid, mut maps)| {
-            for entry in &mut maps {
-                entry.build_id = build_ids.get(entry.path.as_str()).map(|&b| b.to_owned());
-            }
-            ProcessMaps {
-                pid,
-                comm: processes.comms.get(&pid).cloned().unwrap_or_default(),
-                exe: None,
-                read_at_ns: 0,
-                at_freeze: false,
-                maps,
-            }
-        })
-        .collect();
+    let (sideband, maps) = builder.finish(&build_ids);
     let clock = ClockConversion {
         time_zero: word(info::TIME_ZERO),
         time_mult: u32::try_from(word(info::TIME_MULT)).unwrap_or(0),
@@ -391,14 +266,7 @@ pub fn snapshot(file: &PerfFile) -> Result<Snapshot, ImportError> {
             kernel_symbols: Vec::new(),
         },
         rings,
-        sideband: sideband
-            .into_iter()
-            .map(|(cpu, data)| SidebandData {
-                cpu,
-                dropped_bytes: 0,
-                data,
-            })
-            .collect(),
+        sideband,
         maps,
         code: Vec::new(),
     })

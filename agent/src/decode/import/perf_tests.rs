@@ -2,6 +2,7 @@
 //! records of events with different `sample_type`s re-trailed to one layout, routed by
 //! CPU, maps inherited at FORK with build-ids, PT config and clock from `AUXTRACE_INFO`.
 use super::*;
+use crate::capture::records::{PERF_RECORD_FORK, PERF_RECORD_MMAP2};
 use crate::decode::perf_file::tests::{attr_bytes, auxtrace, auxtrace_info, file_mode, record};
 use crate::decode::pt::sideband::pevent::{PeventConfig, read_record};
 

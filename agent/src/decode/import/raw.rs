@@ -2,20 +2,27 @@
 //! ran as a [`Snapshot`], so that `lookback decode --pt FILE ... -o OUT` writes the same
 //! timeline as a snapshot does.
 //!
-//! In: the trace and the code, as `--elf FILE[:BASE]` (each loadable, executable segment
-//! of an ELF file, relocated as Intel's ptxed does: with BASE, the lowest loadable segment
-//! at BASE; without, at the addresses the file gives) and `--raw FILE[:OFFSET[-END]]:ADDR`
-//! (bytes without a format). Out: a snapshot of one AUX ring (CPU 0, no sideband: one
-//! track), one process (pid 0, named after the trace) whose maps are the code given,
+//! In: the traces (one per CPU), the code, as `--elf FILE[:BASE]` (each loadable,
+//! executable segment of an ELF file, relocated as Intel's ptxed does: with BASE, the
+//! lowest loadable segment at BASE; without, at the addresses the file gives) and `--raw
+//! FILE[:OFFSET[-END]]:ADDR` (bytes without a format), and optionally perf sideband files
+//! (perf's kernel records as libipt's `perf-read-sideband.bash` cuts them out of a
+//! perf.data, or as a tool of one's own wrote them). Out: a snapshot of one AUX ring per
+//! trace, one process (pid 0, named after the first trace) whose maps are the code given,
 //! ELF segments named by their file (so the symbol stage names their functions), raw
-//! bytes embedded as `[raw] FILE` (no symbols).
+//! bytes embedded as `[raw] FILE` (no symbols). Without sideband each ring is one
+//! track; with it ([`add_sideband`]) its records are each CPU's thread timeline and the
+//! processes' maps, as in a perf.data (`super::sideband`), the code given being in every
+//! process.
 #![forbid(unsafe_code)]
 
 use object::{Object as _, ObjectSegment as _, SegmentFlags};
 
+use super::sideband::{self, SIDEBAND_SAMPLE_TYPE, Trailer};
 use crate::capture::procmaps::{CodeRegion, MapEntry, ProcessMaps};
-use crate::capture::{RecorderParams, RingData, RingKind};
+use crate::capture::{ClockConversion, RecorderParams, RingData, RingKind};
 use crate::decode::pt::flow::image::RawSpec;
+use crate::decode::pt::sideband::pevent::{PeventConfig, PeventError, has_trailer, read_record};
 use crate::snapshot::{Metadata, Snapshot};
 
 /// `PF_X`.
@@ -120,9 +127,13 @@ pub fn raw_segment(spec: &RawSpec, file: &[u8]) -> (MapEntry, Vec<u8>) {
     )
 }
 
-/// A raw trace over `code` (maps and bytes, later ones over earlier ones where they
-/// overlap), for a process named `name`.
-pub fn snapshot(trace: Vec<u8>, code: Vec<(MapEntry, Vec<u8>)>, name: &str) -> Snapshot {
+/// Raw traces (each with the CPU it was recorded on) over `code` (maps and bytes, later
+/// ones over earlier ones where they overlap), for a process named `name`.
+pub fn snapshot(
+    traces: Vec<(u32, Vec<u8>)>,
+    code: Vec<(MapEntry, Vec<u8>)>,
+    name: &str,
+) -> Snapshot {
     let mut maps = Vec::new();
     let mut regions = Vec::new();
     for (entry, bytes) in code {
@@ -139,8 +150,12 @@ pub fn snapshot(trace: Vec<u8>, code: Vec<(MapEntry, Vec<u8>)>, name: &str) -> S
     regions.retain(|r| maps.iter().any(|m| m.start == r.start && m.path == r.path));
     let recorder = RecorderParams {
         event: "intel_pt".to_owned(),
-        buffer_size: trace.len() as u64,
-        cpus: vec![0],
+        buffer_size: traces
+            .iter()
+            .map(|(_, t)| t.len() as u64)
+            .max()
+            .unwrap_or(0),
+        cpus: traces.iter().map(|(cpu, _)| *cpu).collect(),
         ..RecorderParams::default()
     };
     Snapshot {
@@ -159,15 +174,18 @@ pub fn snapshot(trace: Vec<u8>, code: Vec<(MapEntry, Vec<u8>)>, name: &str) -> S
             debug_dirs: Vec::new(),
             kernel_symbols: Vec::new(),
         },
-        rings: vec![RingData {
-            kind: RingKind::Aux,
-            cpu: Some(0),
-            tid: None,
-            wrapped: false,
-            records: 0,
-            stop: None,
-            data: trace,
-        }],
+        rings: traces
+            .into_iter()
+            .map(|(cpu, data)| RingData {
+                kind: RingKind::Aux,
+                cpu: Some(cpu),
+                tid: None,
+                wrapped: false,
+                records: 0,
+                stop: None,
+                data,
+            })
+            .collect(),
         sideband: Vec::new(),
         maps: vec![ProcessMaps {
             pid: 0,
@@ -179,6 +197,112 @@ pub fn snapshot(trace: Vec<u8>, code: Vec<(MapEntry, Vec<u8>)>, name: &str) -> S
         }],
         code: regions,
     }
+}
+
+/// A perf sideband file: its bytes, how its records are laid out and timed, and the CPU
+/// its records belong to when they do not say (no `SAMPLE_CPU`; `None`: their maps count,
+/// they are no CPU's timeline).
+#[derive(Debug, Clone)]
+pub struct SidebandFile<'a> {
+    pub name: &'a str,
+    pub data: &'a [u8],
+    pub config: &'a PeventConfig,
+    pub cpu: Option<u32>,
+}
+
+/// What [`add_sideband`] took, and what it could not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SidebandSummary {
+    /// Records taken.
+    pub records: u64,
+    /// Records of kinds without a known layout, passed over.
+    pub skipped: u64,
+    /// Per file that could not be read to its end: why, and where it stopped.
+    pub problems: Vec<String>,
+}
+
+/// Adds the records of `files` to `snap` (made by [`snapshot`]): each record goes to the
+/// sideband of its CPU (its `SAMPLE_CPU`, else its file's CPU), and all of them make the
+/// processes' maps, over which the code given for the trace is laid (in every process:
+/// the user said the trace ran it). The perf-time conversion of the first file becomes
+/// the snapshot's clock. A file that stops being readable (a record whose size or layout
+/// does not fit) keeps the records before it, and the summary says where it stopped.
+pub fn add_sideband(snap: &mut Snapshot, files: &[SidebandFile]) -> SidebandSummary {
+    let mut builder = sideband::Builder::default();
+    let mut summary = SidebandSummary::default();
+    for file in files {
+        let mut at = 0;
+        while let Some(rest) = file.data.get(at..).filter(|r| !r.is_empty()) {
+            let (record, size) = match read_record(rest, file.config) {
+                Ok(read) => read,
+                Err(PeventError::End) if rest.iter().all(|&b| b == 0) => break,
+                Err(err) => {
+                    let why = if err == PeventError::End {
+                        "the file ends inside it".to_owned()
+                    } else {
+                        err.to_string()
+                    };
+                    summary.problems.push(format!(
+                        "{}: the record at byte {at} cannot be read ({why}): the {} bytes from there on are not read",
+                        file.name,
+                        rest.len()
+                    ));
+                    break;
+                }
+            };
+            at += size;
+            if !has_trailer(record.kind) {
+                summary.skipped += 1;
+                continue;
+            }
+            let record = sideband::Record {
+                kind: record.kind,
+                misc: record.misc,
+                own: record.body,
+                trailer: Trailer {
+                    pid_tid: record.samples.pid_tid,
+                    time: record.samples.time,
+                    cpu: record.samples.cpu,
+                },
+            };
+            match record.trailer.cpu.or(file.cpu) {
+                Some(cpu) => builder.add(&record, Some(cpu)),
+                None => builder.learn(&record),
+            }
+        }
+    }
+    summary.records = builder.records;
+    snap.meta.freeze_time_ns = builder.last_time;
+    let (streams, processes) = builder.finish(&std::collections::HashMap::new());
+    let given = snap
+        .maps
+        .iter()
+        .find(|p| p.pid == 0)
+        .map(|p| p.maps.clone())
+        .unwrap_or_default();
+    let given_code: Vec<CodeRegion> = snap.code.iter().filter(|c| c.pid == 0).cloned().collect();
+    for mut process in processes.into_iter().filter(|p| p.pid != 0) {
+        crate::capture::mmap_records::overlay(&mut process.maps, &given);
+        snap.code.extend(given_code.iter().map(|c| CodeRegion {
+            pid: process.pid,
+            ..c.clone()
+        }));
+        snap.maps.push(process);
+    }
+    snap.sideband = streams;
+    snap.meta.recorder.sample_type = SIDEBAND_SAMPLE_TYPE;
+    snap.meta.recorder.sample_id_all = true;
+    if let Some(config) = files.first().map(|f| f.config) {
+        snap.meta.clock = Some(ClockConversion {
+            time_zero: config.time_zero,
+            time_mult: config.time_mult,
+            time_shift: config.time_shift,
+            valid: true,
+            tsc_at_freeze: None,
+            monotonic_ns_at_freeze: 0,
+        });
+    }
+    summary
 }
 
 #[cfg(test)]

@@ -41,6 +41,10 @@ const PERF_SAMPLE_IDENTIFIER: u64 = 1 << 16;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeventConfig {
     pub sample_type: u64,
+    /// `(identifier, sample_type)` pairs (`--pevent:sample-config ID:TYPE`, as libipt's
+    /// `perf-get-opts.bash` writes them for a perf.data whose events differ): a record
+    /// whose last word (its `SAMPLE_IDENTIFIER`) is `identifier` has that sample type.
+    pub sample_config: Vec<(u64, u64)>,
     pub time_zero: u64,
     pub time_shift: u16,
     pub time_mult: u32,
@@ -62,6 +66,7 @@ impl Default for PeventConfig {
     fn default() -> Self {
         Self {
             sample_type: 0,
+            sample_config: Vec::new(),
             time_zero: 0,
             time_shift: 0,
             time_mult: 1,
@@ -76,6 +81,20 @@ impl Default for PeventConfig {
 }
 
 impl PeventConfig {
+    /// The sample type of the trailer of `record` (the bytes after its header): by its
+    /// identifier where `sample_config` names it (libipt's rule), else `sample_type`.
+    pub fn sample_type_of(&self, record: &[u8]) -> u64 {
+        if self.sample_config.is_empty() {
+            return self.sample_type;
+        }
+        record
+            .len()
+            .checked_sub(8)
+            .and_then(|at| u64_at(record, at))
+            .and_then(|id| self.sample_config.iter().find(|(known, _)| *known == id))
+            .map_or(self.sample_type, |&(_, sample_type)| sample_type)
+    }
+
     /// Converts a perf timestamp to TSC (`perf_event_mmap_page` `time_zero`/`time_shift`/`time_mult`).
     /// Time 0 (synthesized records) stays 0.
     pub fn time_to_tsc(&self, time: u64) -> Result<u64, PeventError> {
@@ -177,12 +196,7 @@ fn body_len(kind: u32, record: &[u8]) -> Result<usize, PeventError> {
     })
 }
 
-fn read_samples(
-    bytes: &[u8],
-    mut at: usize,
-    config: &PeventConfig,
-) -> Result<(Samples, usize), PeventError> {
-    let st = config.sample_type;
+fn read_samples(bytes: &[u8], mut at: usize, st: u64) -> Result<(Samples, usize), PeventError> {
     let mut s = Samples::default();
     let field = |at: usize| u64_at(bytes, at).ok_or(PeventError::BadSize);
     if st & PERF_SAMPLE_TID != 0 {
@@ -214,6 +228,12 @@ fn read_samples(
     Ok((s, at))
 }
 
+/// Whether records of `kind` are read with their `sample_id_all` trailer (the kinds
+/// libipt knows; others are passed over whole).
+pub fn has_trailer(kind: u32) -> bool {
+    matches!(kind, PERF_RECORD_MMAP..=PERF_RECORD_FORK | PERF_RECORD_MMAP2..=PERF_RECORD_SWITCH_CPU_WIDE)
+}
+
 /// Reads the record at the start of `bytes`; returns it and its size.
 pub fn read_record<'a>(
     bytes: &'a [u8],
@@ -237,12 +257,11 @@ pub fn read_record<'a>(
         samples: Samples::default(),
         tsc: 0,
     };
-    let known = matches!(kind, PERF_RECORD_MMAP..=PERF_RECORD_FORK | PERF_RECORD_MMAP2..=PERF_RECORD_SWITCH_CPU_WIDE);
-    if !known {
+    if !has_trailer(kind) {
         return Ok((out, size));
     }
     let body = body_len(kind, record)?;
-    let (samples, end) = read_samples(record, body, config)?;
+    let (samples, end) = read_samples(record, body, config.sample_type_of(record))?;
     if end != record.len() {
         return Err(PeventError::BadSize);
     }

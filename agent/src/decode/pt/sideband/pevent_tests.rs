@@ -57,6 +57,46 @@ fn reads_a_comm_record_with_a_time_sample() {
 }
 
 #[test]
+fn a_sample_config_picks_each_records_layout_by_its_identifier() {
+    // Two events: id 9 records TID|TIME|IDENTIFIER, id 5 TIME|IDENTIFIER (perf's tracking
+    // event and the PT event of one perf.data differ like this).
+    let config = PeventConfig {
+        sample_type: PERF_SAMPLE_TIME | PERF_SAMPLE_IDENTIFIER,
+        sample_config: vec![
+            (
+                9,
+                PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_IDENTIFIER,
+            ),
+            (5, PERF_SAMPLE_TIME | PERF_SAMPLE_IDENTIFIER),
+        ],
+        ..PeventConfig::default()
+    };
+    let body = comm(7, 8, "bash");
+    let wide = record(PERF_RECORD_COMM, 0, &body, &[7 | (8 << 32), 30, 9]);
+    let (rec, _) = read_record(&wide, &config).unwrap();
+    assert_eq!(rec.samples.pid_tid, Some((7, 8)));
+    assert_eq!(
+        (rec.samples.time, rec.samples.identifier),
+        (Some(30), Some(9))
+    );
+    let narrow = record(PERF_RECORD_COMM, 0, &body, &[31, 5]);
+    let (rec, _) = read_record(&narrow, &config).unwrap();
+    assert_eq!((rec.samples.pid_tid, rec.samples.time), (None, Some(31)));
+    // An identifier the configuration does not name: the default type.
+    let other = record(PERF_RECORD_COMM, 0, &body, &[32, 77]);
+    let (rec, _) = read_record(&other, &config).unwrap();
+    assert_eq!(
+        (rec.samples.time, rec.samples.identifier),
+        (Some(32), Some(77))
+    );
+    // Read with the wrong layout, a record is a size error, not a misread.
+    assert_eq!(
+        read_record(&wide, &time_only()).map(|(r, _)| r.kind),
+        Err(PeventError::BadSize)
+    );
+}
+
+#[test]
 fn bad_records_are_errors_not_panics() {
     let cfg = time_only();
     assert_eq!(read_record(&[], &cfg).unwrap_err(), PeventError::End);

@@ -55,6 +55,9 @@ pub struct PtdumpOptions {
     pub sideband: SidebandFlags,
     /// Print sideband warnings (`--sb:warn`).
     pub sideband_warnings: bool,
+    /// The `--pevent:*` options in effect after the last argument: how files named by
+    /// other means (`lookback decode --sideband FILE`) are read.
+    pub pevent: PeventConfig,
 }
 
 impl Default for PtdumpOptions {
@@ -79,6 +82,7 @@ impl Default for PtdumpOptions {
             timing: TimingConfig::default(),
             sideband: SidebandFlags::default(),
             sideband_warnings: false,
+            pevent: PeventConfig::default(),
         }
     }
 }
@@ -106,6 +110,10 @@ pub enum PtdumpArgsError {
     BadArgument { option: String, value: String },
     #[error("specify either --time or --tcal")]
     TimeAndTcal,
+    #[error(
+        "--pevent:sample-config {0:?}: want ID:TYPE, TYPE a sample_type with SAMPLE_IDENTIFIER (0x10000)"
+    )]
+    SampleConfig(String),
     #[error(transparent)]
     Cpu(#[from] crate::decode::pt::packets::cpu::CpuParseError),
 }
@@ -138,6 +146,17 @@ fn number<T: TryFrom<u64>>(option: &str, value: String) -> Result<T, PtdumpArgsE
             option: option.to_owned(),
             value,
         })
+}
+
+/// `ID:TYPE` of `--pevent:sample-config`; TYPE must have `SAMPLE_IDENTIFIER` (bit 16),
+/// or a record could not say which it is (libipt refuses it too).
+fn sample_config(value: String) -> Result<(u64, u64), PtdumpArgsError> {
+    const SAMPLE_IDENTIFIER: u64 = 1 << 16;
+    value
+        .split_once(':')
+        .and_then(|(id, kind)| parse_c_uint(id).zip(parse_c_uint(kind)))
+        .filter(|(_, kind)| kind & SAMPLE_IDENTIFIER != 0)
+        .ok_or(PtdumpArgsError::SampleConfig(value))
 }
 
 impl PtdumpOptions {
@@ -200,6 +219,9 @@ impl PtdumpOptions {
                     });
                 }
                 "--pevent:sample-type" => pevent.sample_type = number(arg, value(arg)?)?,
+                "--pevent:sample-config" => {
+                    pevent.sample_config.push(sample_config(value(arg)?)?);
+                }
                 "--pevent:time-zero" => pevent.time_zero = number(arg, value(arg)?)?,
                 "--pevent:time-shift" => {
                     pevent.time_shift = number(arg, value(arg)?)?;
@@ -238,6 +260,7 @@ impl PtdumpOptions {
                 other => return Err(PtdumpArgsError::UnknownOption(other.to_owned())),
             }
         }
+        opts.pevent = pevent;
         Ok((opts, files))
     }
 
@@ -290,5 +313,27 @@ mod tests {
         assert_eq!(files[0].config.time_mult, 1);
         assert!(files[0].primary && !files[1].primary);
         assert_eq!(files[1].config.time_mult, 2);
+    }
+
+    #[test]
+    fn sample_configs_need_an_identifier_and_the_last_options_are_kept() {
+        let args = [
+            "--pevent:sample-config",
+            "0:0x10086",
+            "--pevent:sample-config",
+            "42:0x10006",
+            "--pevent:time-zero",
+            "7",
+        ];
+        let (opts, files) = PtdumpOptions::from_args(&args).unwrap();
+        assert!(files.is_empty());
+        assert_eq!(opts.pevent.sample_config, [(0, 0x10086), (42, 0x10006)]);
+        assert_eq!(opts.pevent.time_zero, 7);
+        for bad in ["42:0x6", "42", "x:0x10006"] {
+            assert!(
+                PtdumpOptions::from_args(&["--pevent:sample-config", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 }
