@@ -166,10 +166,7 @@ fn one_ring_per_cpu_records_every_target() {
         for snap in &snaps {
             let trigger = snap.meta.trigger.as_ref().expect("trigger").pid;
             assert!(pids.contains(&trigger));
-            let seen: BTreeSet<u32> = ring_samples(&snap.rings, snap.meta.recorder.sample_layout())
-                .iter()
-                .filter_map(|s| s.pid)
-                .collect();
+            let seen = sampled_pids(snap);
             assert_eq!(
                 seen,
                 BTreeSet::from([trigger]),
@@ -265,7 +262,9 @@ fn an_exec_storm_is_in_the_rings_child_by_child() {
         return;
     }
     // Frame-pointer callchains (no stack copies: ~150 bytes a sample) and 32 MiB a CPU:
-    // the whole storm fits. `peers`: the driver's snapshot keeps every target's records.
+    // the whole storm fits. `peers`: the driver's snapshot keeps the records of every
+    // process of its rule (the children: their exec events name the rule, or the rings'
+    // FORK records show the driver forked them).
     let rules = r"
 version: 1
 rules:
@@ -298,10 +297,7 @@ rules:
     );
     let snaps = usr1_snapshots(&mut agent, 1);
     let snap = &snaps[0];
-    let sampled: BTreeSet<u32> = ring_samples(&snap.rings, snap.meta.recorder.sample_layout())
-        .iter()
-        .filter_map(|s| s.pid)
-        .collect();
+    let sampled = sampled_pids(snap);
     let missing: Vec<&u32> = children.difference(&sampled).collect();
     // Every child is in the recording, from the kernel's selection at its exec: most were
     // gone before the agent read their exec events.
@@ -385,4 +381,113 @@ rules:
         }
     }
     agent.stop_ok();
+}
+
+/// The processes with samples in `snap`'s rings.
+fn sampled_pids(snap: &lookback::snapshot::Snapshot) -> BTreeSet<u32> {
+    ring_samples(&snap.rings, snap.meta.recorder.sample_layout())
+        .iter()
+        .filter_map(|s| s.pid)
+        .collect()
+}
+
+/// The children that `FORK` records of `snap`'s rings show `parent` fork.
+fn forked_by(snap: &lookback::snapshot::Snapshot, parent: u32) -> BTreeSet<u32> {
+    use lookback::capture::records::{self, PERF_RECORD_FORK};
+    let word = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
+    snap.rings
+        .iter()
+        .flat_map(|r| records::records(&r.data))
+        .filter(|r| r.kind == PERF_RECORD_FORK && r.body.len() >= 8)
+        .filter(|r| word(r.body, 4) == parent && word(r.body, 0) != parent)
+        .map(|r| word(r.body, 0))
+        .collect()
+}
+
+#[test]
+fn peers_are_the_rules_processes_and_their_children_not_another_rules() {
+    if !can_run("peers_are_the_rules_processes_and_their_children_not_another_rules") {
+        return;
+    }
+    // Another rule's process (a copy of the workload named `lbneighbour`) runs on the same
+    // CPUs, so its samples are in the shared rings too.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let neighbour = dir.path().join("lbneighbour");
+    std::fs::copy(workload(), &neighbour).expect("copy the workload");
+    for (peers, neighbour_kept) in [("true", false), ("all", true)] {
+        let rules = format!(
+            r"
+version: 1
+defaults:
+  capture: {{ backend: sampling, buffer_size: 16MiB, stack_size: 0 }}
+  snapshot: {{ cooldown: 0s, max_per_hour: 1000 }}
+rules:
+  - name: usr1
+    target: {{ comm: workload }}
+    trigger: {{ signal: {{ signals: [SIGUSR1] }} }}
+    capture: {{ peers: {peers} }}
+    output: {{ keep_raw: true }}
+  - name: neighbour
+    target: {{ comm: lbneighbour }}
+    trigger: {{ signal: {{ signals: [SIGUSR2] }} }}
+"
+        );
+        let mut agent = Agent::start(&rules, &[]);
+        // A peer spinning, a peer whose forked child spins (the agent never learns of the
+        // child: no exec), and the neighbour spinning, all released at once.
+        let mut peer = waiting_workload(&["spin", "400"], Stdio::null());
+        let mut forker = waiting_workload(&["forkspin", "400"], Stdio::null());
+        let mut other = Command::new(&neighbour)
+            .args(["--wait", "spin", "400"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("lbneighbour");
+        for child in [&peer, &forker, &other] {
+            agent.wait_log(
+                &format!("tracing process {} ", child.id()),
+                Duration::from_secs(20),
+            );
+        }
+        for child in [&mut peer, &mut forker, &mut other] {
+            let _ = std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), b"go\n");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let trigger = Command::new(workload())
+            .args(["spinusr1", "50"])
+            .status()
+            .expect("workload");
+        assert!(trigger.success());
+        for child in [&mut peer, &mut forker, &mut other] {
+            assert!(child.wait().expect("wait").success());
+        }
+        let snaps = usr1_snapshots(&mut agent, 1);
+        let snap = &snaps[0];
+        let sampled = sampled_pids(snap);
+        let children = forked_by(snap, forker.id());
+        assert_eq!(children.len(), 1, "peers {peers}: forks of the forker");
+        let trigger_pid = snap.meta.trigger.as_ref().expect("trigger").pid;
+        for (what, pid) in [
+            ("the trigger", trigger_pid),
+            ("the peer", peer.id()),
+            ("the forked child", *children.first().expect("child")),
+        ] {
+            assert!(
+                sampled.contains(&pid),
+                "peers {peers}: {what} ({pid}) has no samples: {sampled:?}"
+            );
+        }
+        assert_eq!(
+            sampled.contains(&other.id()),
+            neighbour_kept,
+            "peers {peers}: the other rule's process {} in {sampled:?}",
+            other.id()
+        );
+        assert_eq!(
+            snap.maps.iter().any(|p| p.pid == other.id()),
+            neighbour_kept,
+            "peers {peers}: its maps"
+        );
+        agent.stop_ok();
+    }
 }

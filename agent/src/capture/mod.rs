@@ -352,6 +352,19 @@ impl CapturedData {
 }
 
 /// A flight recorder over a set of processes.
+/// Whose records a snapshot of the per-CPU rings keeps besides the triggering process's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PeerSet {
+    /// No one else's.
+    #[default]
+    None,
+    /// Those of these processes and of the children the rings show them fork (a child
+    /// gone before the agent learnt of it is known by its `FORK` record).
+    Of(std::collections::BTreeSet<u32>),
+    /// Those of every process with samples in the rings (every target of any rule).
+    All,
+}
+
 pub trait Recorder: Send {
     fn backend(&self) -> Backend;
     /// How the recorder was set up.
@@ -367,8 +380,8 @@ pub trait Recorder: Send {
     fn freeze(&mut self) -> Result<CapturedData, CaptureError>;
     /// [`freeze`](Self::freeze) for a snapshot of process `pid`: a recorder of its own
     /// (and its children's) gives everything; the per-CPU recorder shared by all targets
-    /// only `pid`'s records and maps, or with `peers` those of every target in its rings.
-    fn freeze_for(&mut self, _pid: u32, _peers: bool) -> Result<CapturedData, CaptureError> {
+    /// only `pid`'s records and maps, and those of the `peers`.
+    fn freeze_for(&mut self, _pid: u32, _peers: &PeerSet) -> Result<CapturedData, CaptureError> {
         self.freeze()
     }
     /// Process `pid` is no longer a target (exited, or its rules went): a shared recorder

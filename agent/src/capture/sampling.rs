@@ -23,8 +23,8 @@ use perf_event_open_sys::bindings::{
 };
 
 use super::{
-    Backend, CaptureError, CaptureOptions, CapturedData, ClockConversion, EmbedCode, Recorder,
-    RecorderParams, RingData, RingKind, SamplingEvent,
+    Backend, CaptureError, CaptureOptions, CapturedData, ClockConversion, EmbedCode, PeerSet,
+    Recorder, RecorderParams, RingData, RingKind, SamplingEvent,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
     freeze::{FreezeSwitch, StopMethod},
     kallsyms::{self, Kallsyms},
@@ -397,12 +397,47 @@ fn map_ring(
 
 /// Which records of the shared rings a snapshot keeps.
 #[derive(Debug, Clone, Copy)]
-enum Keep {
+enum Keep<'a> {
     /// The triggering process's.
     Process(u32),
-    /// Those of every target with samples in the rings, and the triggering process's
-    /// (`capture.peers`).
-    Targets(u32),
+    /// Those of the targets with samples in the rings, and the triggering process's
+    /// (`capture.peers`): every one (`None`), or those of the set and their children.
+    Targets(u32, Option<&'a BTreeSet<u32>>),
+}
+
+/// `allowed` and the processes the `FORK` records of `streams` show them fork, in time
+/// order (a child's own children too): the children of a rule's processes that lived
+/// too briefly for the agent to learn of them.
+fn with_children<'s>(
+    mut allowed: BTreeSet<u32>,
+    streams: impl Iterator<Item = &'s [u8]>,
+) -> BTreeSet<u32> {
+    let word = |body: &[u8], at: usize| {
+        body.get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+    };
+    let mut forks: Vec<(u64, u32, u32)> = streams
+        .flat_map(records::records)
+        .filter(|r| r.kind == records::PERF_RECORD_FORK)
+        .filter_map(|r| {
+            // pid, ppid, tid, ptid, time.
+            let time = r
+                .body
+                .get(16..24)?
+                .try_into()
+                .ok()
+                .map(u64::from_le_bytes)?;
+            Some((time, word(r.body, 0)?, word(r.body, 4)?))
+        })
+        .collect();
+    forks.sort_unstable();
+    for (_, child, parent) in forks {
+        if allowed.contains(&parent) {
+            allowed.insert(child);
+        }
+    }
+    allowed
 }
 
 /// How many gone processes' maps a recorder keeps (the most recently gone): a ring of a
@@ -501,11 +536,12 @@ impl Recorder for SamplingRecorder {
         self.freeze_keeping(None)
     }
 
-    fn freeze_for(&mut self, pid: u32, peers: bool) -> Result<CapturedData, CaptureError> {
+    fn freeze_for(&mut self, pid: u32, peers: &PeerSet) -> Result<CapturedData, CaptureError> {
         let keep = match (self.cpu_wide, peers) {
             (false, _) => None,
-            (true, false) => Some(Keep::Process(pid)),
-            (true, true) => Some(Keep::Targets(pid)),
+            (true, PeerSet::None) => Some(Keep::Process(pid)),
+            (true, PeerSet::Of(set)) => Some(Keep::Targets(pid, Some(set))),
+            (true, PeerSet::All) => Some(Keep::Targets(pid, None)),
         };
         self.freeze_keeping(keep)
     }
@@ -530,7 +566,7 @@ impl Recorder for SamplingRecorder {
 impl SamplingRecorder {
     /// Copies the rings: paused, everything, with the maps of every process seen (`None`);
     /// running, cut down to `keep`'s processes (the per-CPU recorder).
-    fn freeze_keeping(&mut self, only: Option<Keep>) -> Result<CapturedData, CaptureError> {
+    fn freeze_keeping(&mut self, only: Option<Keep<'_>>) -> Result<CapturedData, CaptureError> {
         let before = super::monotonic_ns();
         let (freeze_time_ns, pause_duration_ns) = if only.is_some() {
             // Shared rings are copied running: the others go on recording, the triggering
@@ -560,12 +596,12 @@ impl SamplingRecorder {
                     copy.records = usize::try_from(count).unwrap_or(usize::MAX);
                     copy
                 }
-                Some(Keep::Targets(_)) => ring.copy_backward_live(&mut self.scratch),
+                Some(Keep::Targets(..)) => ring.copy_backward_live(&mut self.scratch),
                 None => ring.copy_backward(),
             };
             copies.push((cpu, ring.clock(), copy));
         }
-        if let Some(Keep::Targets(pid)) = only {
+        if let Some(Keep::Targets(pid, of)) = only {
             // The targets are the processes with samples (the filter kept only theirs):
             // their other records stay, those of the rest of the machine go.
             let mut sampled = BTreeSet::from([pid]);
@@ -575,6 +611,13 @@ impl SamplingRecorder {
                         .filter(|r| r.kind == records::PERF_RECORD_SAMPLE)
                         .filter_map(|r| records::record_pid(self.params.sample_type, &r)),
                 );
+            }
+            if let Some(of) = of {
+                let mut allowed = of.clone();
+                allowed.insert(pid);
+                let allowed =
+                    with_children(allowed, copies.iter().map(|(_, _, c)| c.data.as_slice()));
+                sampled.retain(|p| allowed.contains(p));
             }
             for (_, _, copy) in &mut copies {
                 let (kept, count) =
@@ -604,7 +647,7 @@ impl SamplingRecorder {
         });
         let pids: BTreeSet<u32> = match only {
             Some(Keep::Process(pid)) => BTreeSet::from([pid]),
-            Some(Keep::Targets(pid)) => summary.pids.iter().copied().chain([pid]).collect(),
+            Some(Keep::Targets(pid, _)) => summary.pids.iter().copied().chain([pid]).collect(),
             None => self.pids.iter().chain(&summary.pids).copied().collect(),
         };
         let processes = self.collect_maps(&pids, &rings);
@@ -656,6 +699,43 @@ impl SamplingRecorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `PERF_RECORD_FORK` of `child` by `parent` at `time`.
+    fn fork(child: u32, parent: u32, time: u64) -> Vec<u8> {
+        let mut out = records::PERF_RECORD_FORK.to_le_bytes().to_vec();
+        out.extend(0u16.to_le_bytes());
+        out.extend(32u16.to_le_bytes());
+        for word in [child, parent, child, parent] {
+            out.extend(word.to_le_bytes());
+        }
+        out.extend(time.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn peers_take_the_children_the_rings_show_their_processes_fork() {
+        // CPU 0: 10 forks 20 at t=5, 30 (not a peer) forks 31; CPU 1: 20 forks 21 at t=7
+        // and, earlier, 21's pid was forked by 40 (t=1: another process, before reuse).
+        let mut cpu0 = fork(20, 10, 5);
+        cpu0.extend(fork(31, 30, 6));
+        let mut cpu1 = fork(21, 40, 1);
+        cpu1.extend(fork(21, 20, 7));
+        cpu1.extend(fork(22, 21, 8));
+        let peers = with_children(
+            BTreeSet::from([10]),
+            [cpu0.as_slice(), cpu1.as_slice()].into_iter(),
+        );
+        assert_eq!(peers, BTreeSet::from([10, 20, 21, 22]));
+        // A grandchild whose fork the rings show before its parent's (records of two CPUs
+        // read in time order, not ring by ring).
+        let late = fork(51, 50, 9);
+        let early = fork(50, 10, 2);
+        let peers = with_children(
+            BTreeSet::from([10]),
+            [late.as_slice(), early.as_slice()].into_iter(),
+        );
+        assert_eq!(peers, BTreeSet::from([10, 50, 51]));
+    }
 
     #[test]
     fn attr_asks_for_callchains_in_an_overwrite_ring() {

@@ -26,6 +26,7 @@ pub mod pipeline;
 pub mod pod_targets;
 pub mod readiness;
 pub mod retention;
+pub mod selected;
 pub mod targets;
 
 use std::{
@@ -285,6 +286,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                 Ok(events) => for event in events {
                     match event {
                         ProcessEvent::Exec { tgid, at_ns, selected } => {
+                            tracer.note_selected(tgid, selected);
                             let outcome = tracer.consider_exec(tgid, at_ns);
                             if selected != 0 {
                                 metrics.count_exec_outcome(outcome);

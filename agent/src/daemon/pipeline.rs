@@ -30,6 +30,8 @@ use super::{
     targets::{ErrorChain, Tracer},
 };
 use crate::{
+    capture::PeerSet,
+    rules::Peers,
     snapshot::{Snapshot, TriggerMeta},
     triggers::TriggerEvent,
 };
@@ -165,7 +167,11 @@ impl Pipeline {
             return;
         };
         let policy = active.rule.output.clone();
-        let peers = active.rule.capture.peers;
+        let peers = match active.rule.capture.peers {
+            Peers::None => PeerSet::None,
+            Peers::Rule => PeerSet::Of(tracer.selected_by(active.id)),
+            Peers::All => PeerSet::All,
+        };
         let debug_dirs = active.rule.trigger.debug_dirs().to_vec();
         let root = self
             .output_dir
@@ -183,7 +189,7 @@ impl Pipeline {
             return;
         };
         let backend = recorder.backend().as_str();
-        let frozen = recorder.freeze_for(event.pid, peers);
+        let frozen = recorder.freeze_for(event.pid, &peers);
         if let Err(e) = recorder.resume() {
             log::warn!("resuming the recorder: {}", ErrorChain(&e));
         }

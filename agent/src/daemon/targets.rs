@@ -90,12 +90,16 @@ pub struct Traced {
     pub recorder_error: Option<RecorderFailure>,
     /// Signal rules (bit = id) already warned about signals the process ignores.
     pub warned_ignored: u64,
+    /// Recorded by the Intel PT events it inherited from a traced ancestor at fork (its
+    /// own open was refused with `EBUSY`): no recorder of its own is needed.
+    pub inherited: bool,
 }
 
 impl Traced {
-    /// Whether something records it: a recorder of its own or a per-CPU one.
+    /// Whether something records it: a recorder of its own, a per-CPU one, or the events
+    /// it inherited from a traced ancestor.
     fn has_recorder(&self) -> bool {
-        self.recorder.is_some() || self.shared.is_some()
+        self.recorder.is_some() || self.shared.is_some() || self.inherited
     }
 }
 
@@ -165,6 +169,8 @@ pub struct Tracer {
     /// The last open of a per-CPU recorder failed on a resource limit (errno, when): tried
     /// again by [`Self::retry_recorders`], and `/readyz` is not ready meanwhile.
     shared_failure: Option<RecorderFailure>,
+    /// The processes each rule selected lately, gone ones included (`capture.peers`).
+    selected: super::selected::Selected,
 }
 
 /// Where a process's history is recorded.
@@ -212,6 +218,7 @@ impl Tracer {
             shared: Vec::new(),
             shared_unavailable: None,
             shared_failure: None,
+            selected: super::selected::Selected::default(),
         }
     }
 
@@ -567,6 +574,7 @@ impl Tracer {
             log::warn!("removing rule {name}: {}", ErrorChain(&e));
         }
         let bit = 1u64 << active.id;
+        self.selected.drop_rule(active.id);
         for pid in active.targets {
             if let Some(p) = self.processes.get_mut(&pid) {
                 p.mask &= !bit;
@@ -662,6 +670,7 @@ impl Tracer {
             return Outcome::NotMatching;
         }
         self.probe_binaries(&info, mask, exec_ns);
+        self.selected.note(pid, mask);
         if mask != old {
             if old & !mask != 0
                 && let Err(e) = self.engine.remove_target(pid)
@@ -688,6 +697,7 @@ impl Tracer {
             filtered: false,
             recorder_error: None,
             warned_ignored: 0,
+            inherited: false,
         });
         traced.info = info;
         traced.mask = mask;
@@ -702,6 +712,9 @@ impl Tracer {
                 Some(Traced {
                     recorder: Some(r), ..
                 }) => r.backend().as_str(),
+                Some(Traced {
+                    inherited: true, ..
+                }) => "intel-pt, inherited from its parent",
                 _ => "no recorder",
             };
             log::info!(
@@ -713,6 +726,26 @@ impl Tracer {
             );
         }
         Outcome::Traced
+    }
+
+    /// The kernel selected `pid` at its exec for the rules of `mask` (it may be gone before
+    /// [`Self::consider_exec`] reads it).
+    pub fn note_selected(&mut self, pid: u32, mask: u64) {
+        self.selected.note(pid, mask);
+    }
+
+    /// The processes rule `id` selects or selected lately (gone ones included): the peers
+    /// of its snapshots (`capture.peers: true`).
+    pub fn selected_by(&self, id: u32) -> BTreeSet<u32> {
+        let bit = 1u64 << id;
+        let mut pids = self.selected.of_rule(id);
+        pids.extend(
+            self.processes
+                .iter()
+                .filter(|(_, p)| p.mask & bit != 0)
+                .map(|(&pid, _)| pid),
+        );
+        pids
     }
 
     /// Stops tracing `pid`. `kernel_gone`: the kernel already removed its target entry
@@ -831,9 +864,25 @@ impl Tracer {
         }
         let filter = self.frozen.as_ref().and(self.engine.sample_filter().ok());
         let opened = open_recorder(&opts, pid, filter);
+        let inherited = opened.as_ref().err().is_some_and(|e| {
+            inherits_instead(super::limits::errno_of(e), self.ancestor_recorded(pid))
+        });
         let Some(traced) = self.processes.get_mut(&pid) else {
             return;
         };
+        if inherited {
+            // Its events came with the fork; a second set on this task is what the
+            // exclusive PMU refuses. Triggers find the ancestor's recorder (`locate`).
+            if !traced.inherited {
+                log::info!(
+                    "process {pid}: recorded by the Intel PT events it inherited from its \
+                     traced parent (the PMU takes one event per task and CPU)"
+                );
+            }
+            traced.inherited = true;
+            traced.recorder_error = None;
+            return;
+        }
         match opened {
             Ok((r, filtered)) => {
                 if let Some(switch) = r.freeze_switch() {
@@ -848,8 +897,15 @@ impl Tracer {
             Err(e) => {
                 let errno = self.errors.record("recorder", &e);
                 if traced.recorder_error.is_none() {
+                    let busy = if super::limits::errno_of(&e) == Some(libc::EBUSY) {
+                        " (Intel PT takes one event per task and CPU: another tool, e.g. \
+                         `perf record -e intel_pt//` or magic-trace, records this process \
+                         or a CPU)"
+                    } else {
+                        ""
+                    };
                     log::warn!(
-                        "process {pid}: no flight recorder ({}); triggers are still counted",
+                        "process {pid}: no flight recorder ({}){busy}; triggers are still counted",
                         ErrorChain(&e)
                     );
                 }
@@ -859,6 +915,25 @@ impl Tracer {
                 });
             }
         }
+    }
+
+    /// Whether a traced ancestor of `pid` (not `pid` itself) has a recorder of its own.
+    fn ancestor_recorded(&self, pid: u32) -> bool {
+        let mut at = pid;
+        for _ in 0..64 {
+            let Some(parent) = parent_of(&self.proc_root, at) else {
+                return false;
+            };
+            if self
+                .processes
+                .get(&parent)
+                .is_some_and(|p| p.recorder.is_some())
+            {
+                return true;
+            }
+            at = parent;
+        }
+        false
     }
 
     /// Warns once per signal rule of traced process `pid` whose signals it ignores
@@ -1102,6 +1177,16 @@ fn open_recorder(
     })
 }
 
+/// Whether a recorder open that failed with `errno` for a process whose traced ancestor
+/// has a recorder of its own means the process is recorded already: Intel PT is an
+/// exclusive PMU (`PERF_PMU_CAP_EXCLUSIVE`), and the kernel's
+/// `exclusive_event_installable` refuses a second PT event on a task context (same CPU,
+/// or either for any CPU) with `EBUSY`; a child forked after its parent's events were
+/// opened has inherited them (`inherit`), and they write into the parent's rings.
+fn inherits_instead(errno: Option<i32>, ancestor_recorded: bool) -> bool {
+    errno == Some(libc::EBUSY) && ancestor_recorded
+}
+
 /// Resolves and attaches the rule's probe for `binary` once per inode; an attach that
 /// fails is counted in `errors`. Returns whether probes were placed by this call.
 fn place_probe(
@@ -1220,7 +1305,21 @@ impl std::fmt::Display for ErrorChain<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{pause_sources, started_after};
+    use super::{inherits_instead, pause_sources, started_after};
+
+    #[test]
+    fn only_ebusy_under_a_recorded_ancestor_is_an_inherited_recording() {
+        assert!(inherits_instead(Some(libc::EBUSY), true));
+        assert!(
+            !inherits_instead(Some(libc::EBUSY), false),
+            "another tool holds PT"
+        );
+        assert!(
+            !inherits_instead(Some(libc::EMFILE), true),
+            "a resource limit"
+        );
+        assert!(!inherits_instead(None, true));
+    }
 
     #[test]
     fn a_process_started_in_the_install_tick_or_later_or_exec_d_after_it_came_late() {

@@ -16,7 +16,7 @@ use super::names::{
 };
 use super::spec::{dedup, valid_symbol};
 use super::units::{format_size, parse_duration, parse_size};
-use super::{Backend, OutputFormat, ReturnProbe, SnapshotScope, error::snippet};
+use super::{Backend, OutputFormat, Peers, ReturnProbe, SnapshotScope, error::snippet};
 
 /// A leaf read from one YAML scalar (as a string) and checked by `parse`.
 pub(super) trait Scalar: Sized {
@@ -71,6 +71,7 @@ deserialize_scalar!(
     OutputFormat,
     ReturnProbe,
     SnapshotScope,
+    Peers,
 );
 
 /// `version: 1`, the only version.
@@ -386,6 +387,15 @@ impl Scalar for SnapshotScope {
     fn parse(text: &str) -> Result<Self, String> {
         text.parse()
             .map_err(|err: super::ParseScopeError| err.to_string())
+    }
+}
+
+impl Scalar for Peers {
+    const EXPECTING: &'static str = "peers: false, true or all";
+
+    fn parse(text: &str) -> Result<Self, String> {
+        text.parse()
+            .map_err(|err: super::ParsePeersError| err.to_string())
     }
 }
 

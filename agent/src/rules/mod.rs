@@ -296,9 +296,9 @@ pub struct Capture {
     /// busy neighbour cannot shorten their window. `run`/`attach` always record their
     /// processes in rings of their own.
     pub isolate: bool,
-    /// The agent, per-CPU rings: a snapshot keeps the records of every target in the
-    /// rings, not only the triggering process's (a whole service's last moments).
-    pub peers: bool,
+    /// The agent, per-CPU rings: whose records a snapshot keeps besides the triggering
+    /// process's (a whole service's last moments).
+    pub peers: Peers,
 }
 
 impl Default for Capture {
@@ -311,7 +311,7 @@ impl Default for Capture {
             include_kernel: false,
             trace_binaries: Vec::new(),
             isolate: false,
-            peers: false,
+            peers: Peers::None,
         }
     }
 }
@@ -337,6 +337,51 @@ impl Default for SnapshotPolicy {
             max_per_hour: 60,
             post_trigger: Duration::ZERO,
             scope: SnapshotScope::Process,
+        }
+    }
+}
+
+/// `capture.peers`: which other processes' records a snapshot of the agent's per-CPU
+/// rings keeps. `true` means the rule's own: a trigger of one service must not put the
+/// stacks of another tenant's processes that shared the CPUs into its snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Peers {
+    /// Only the triggering process's (`false`, the default).
+    #[default]
+    None,
+    /// Those of every process this rule selects, and of their children (`true`, `rule`).
+    Rule,
+    /// Those of every target of any rule with samples in the rings (`all`).
+    All,
+}
+
+impl Peers {
+    /// The spelling used in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "false",
+            Self::Rule => "true",
+            Self::All => "all",
+        }
+    }
+}
+
+/// Not `false`, `true`, `rule` or `all`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown peers `{0}`: expected false, true (this rule's processes and their children; also `rule`) or all (every target in the rings)"
+)]
+pub struct ParsePeersError(String);
+
+impl FromStr for Peers {
+    type Err = ParsePeersError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "false" => Ok(Self::None),
+            "true" | "rule" => Ok(Self::Rule),
+            "all" => Ok(Self::All),
+            _ => Err(ParsePeersError(error::snippet(text))),
         }
     }
 }

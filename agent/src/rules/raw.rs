@@ -10,7 +10,7 @@ use super::leaf::{
     AbsolutePath, BufferSize, CgroupPath, Comm, Errno, HumanDuration, List, Positive, RuleName,
     Signal, Size, StackSize, Symbol, SyscallNames, Text, Version,
 };
-use super::{Backend, OutputFormat, ReturnProbe, SnapshotScope};
+use super::{Backend, OutputFormat, Peers, ReturnProbe, SnapshotScope};
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -137,7 +137,7 @@ pub(super) struct RawCapture {
     pub include_kernel: Option<bool>,
     pub trace_binaries: Option<List<AbsolutePath>>,
     pub isolate: Option<bool>,
-    pub peers: Option<bool>,
+    pub peers: Option<Peers>,
 }
 
 #[derive(Debug, Deserialize)]

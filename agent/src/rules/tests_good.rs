@@ -383,3 +383,26 @@ fn all_and_debug_dirs_of_a_function_rule() {
     let err = RuleSet::from_str(&text(", debug_dirs: debug"), "r.yaml").unwrap_err();
     assert!(err.to_string().contains("absolute path"), "{err}");
 }
+
+#[test]
+fn peers_are_false_true_rule_or_all() {
+    for (word, peers) in [
+        ("false", Peers::None),
+        ("true", Peers::Rule),
+        ("rule", Peers::Rule),
+        ("all", Peers::All),
+    ] {
+        let text = format!(
+            "version: 1\nrules:\n  - name: r\n    target: {{pid: 1}}\n    trigger: {{signal: {{signals: [SIGSEGV]}}}}\n    capture: {{peers: {word}}}\n"
+        );
+        let rules = parse(&text);
+        assert_eq!(rules.rules[0].capture.peers, peers, "{word}");
+    }
+    let text = "version: 1\nrules:\n  - name: r\n    target: {pid: 1}\n    trigger: {signal: {signals: [SIGSEGV]}}\n    capture: {peers: everyone}\n";
+    tests::assert_error(
+        text,
+        6,
+        22,
+        "unknown peers `everyone`: expected false, true",
+    );
+}
