@@ -49,14 +49,16 @@ pub fn agent_scale(root: &Path, lookback: &Path, workload: &Path) -> Result<()> 
         };
         println!();
         println!(
-            "| agent, one sampling rule (4 MiB rings, {kind}), {cpus} CPUs | all traced after | perf ring memory | agent fds | agent RSS | agent CPU, idle |"
+            "| agent, one sampling rule (4 MiB rings, {kind}), {cpus} CPUs | all started after | all traced after | agent waiting for a CPU meanwhile | perf ring memory | agent fds | agent RSS | agent CPU, idle |"
         );
-        println!("|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|");
         for &(n, threads) in rows {
             let row = measure(lookback, &config, &dir, &target, n, threads)?;
             println!(
-                "| {n} targets × {threads} thread(s) | {:.2} s | {} MiB | {} | {} MiB | {:.2} % |",
+                "| {n} targets × {threads} thread(s) | {:.2} s | {:.2} s | {:.2} s | {} MiB | {} | {} MiB | {:.2} % |",
+                row.spawned.as_secs_f64(),
                 row.attach.as_secs_f64(),
+                row.waited.as_secs_f64(),
                 row.ring_bytes >> 20,
                 row.fds,
                 row.rss_kib >> 10,
@@ -69,7 +71,10 @@ pub fn agent_scale(root: &Path, lookback: &Path, workload: &Path) -> Result<()> 
 }
 
 struct Row {
+    spawned: Duration,
     attach: Duration,
+    /// How long the agent was runnable but not running until all were traced.
+    waited: Duration,
     ring_bytes: u64,
     fds: usize,
     rss_kib: u64,
@@ -85,6 +90,7 @@ fn measure(
     threads: usize,
 ) -> Result<Row> {
     let agent = start_agent(lookback, config, dir)?;
+    let waited_before = run_queue_wait(agent.0.id());
     let started = Instant::now();
     let mut targets = Vec::with_capacity(n);
     for _ in 0..n {
@@ -104,6 +110,9 @@ fn measure(
                 .context("starting a target")?,
         ));
     }
+    // Starting them is itself slow when they have many threads (2,000 threads waking
+    // every 10 ms saturate 2 vCPUs): the time the last one was started is reported apart.
+    let spawned = started.elapsed();
     let deadline = started + Duration::from_mins(5);
     loop {
         let body = get("/metrics").map(|x| x.1).unwrap_or_default();
@@ -117,13 +126,16 @@ fn measure(
         sleep(Duration::from_millis(20));
     }
     let attach = started.elapsed();
+    let waited = run_queue_wait(agent.0.id()).saturating_sub(waited_before);
     sleep(Duration::from_secs(2));
     let pid = agent.0.id();
     let before = sample(pid, Duration::ZERO)?;
     sleep(IDLE);
     let after = sample(pid, IDLE)?;
     let row = Row {
+        spawned,
         attach,
+        waited,
         ring_bytes: perf_ring_bytes(pid)?,
         fds: after.fds,
         rss_kib: after.rss_kib,
@@ -136,6 +148,15 @@ fn measure(
 }
 
 /// Bytes of `pid`'s perf event mappings (the rings: locked, unswappable kernel memory).
+/// The time process `pid` spent runnable but waiting for a CPU (`/proc/PID/schedstat`'s
+/// second field); zero where the kernel does not say.
+fn run_queue_wait(pid: u32) -> Duration {
+    fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_nanos)
+}
+
 fn perf_ring_bytes(pid: u32) -> Result<u64> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
     Ok(maps
