@@ -919,21 +919,7 @@ impl Tracer {
 
     /// Whether a traced ancestor of `pid` (not `pid` itself) has a recorder of its own.
     fn ancestor_recorded(&self, pid: u32) -> bool {
-        let mut at = pid;
-        for _ in 0..64 {
-            let Some(parent) = parent_of(&self.proc_root, at) else {
-                return false;
-            };
-            if self
-                .processes
-                .get(&parent)
-                .is_some_and(|p| p.recorder.is_some())
-            {
-                return true;
-            }
-            at = parent;
-        }
-        false
+        matches!(self.locate(pid), Some(Located::Own(at)) if at != pid)
     }
 
     /// Warns once per signal rule of traced process `pid` whose signals it ignores
