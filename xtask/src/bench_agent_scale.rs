@@ -129,8 +129,11 @@ fn measure(
     let waited = run_queue_wait(agent.0.id()).saturating_sub(waited_before);
     sleep(Duration::from_secs(2));
     let pid = agent.0.id();
-    let before = sample(pid, Duration::ZERO)?;
+    // CPU time from the scheduler (ns), not the tick-sampled utime/stime (10 ms steps;
+    // a thread that ends within the 10 s takes its time with it: idle, the agent starts none).
+    let before = schedstat(pid, 0);
     sleep(IDLE);
+    let idle_cpu = schedstat(pid, 0).saturating_sub(before);
     let after = sample(pid, IDLE)?;
     let row = Row {
         spawned,
@@ -139,7 +142,7 @@ fn measure(
         ring_bytes: perf_ring_bytes(pid)?,
         fds: after.fds,
         rss_kib: after.rss_kib,
-        idle_cpu_pct: (after.cpu_s - before.cpu_s) / IDLE.as_secs_f64() * 100.0,
+        idle_cpu_pct: idle_cpu.as_secs_f64() / IDLE.as_secs_f64() * 100.0,
     };
     terminate(pid);
     drop(targets);
@@ -147,16 +150,27 @@ fn measure(
     Ok(row)
 }
 
-/// Bytes of `pid`'s perf event mappings (the rings: locked, unswappable kernel memory).
 /// The time process `pid` spent runnable but waiting for a CPU (`/proc/PID/schedstat`'s
 /// second field); zero where the kernel does not say.
 fn run_queue_wait(pid: u32) -> Duration {
-    fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
-        .map_or(Duration::ZERO, Duration::from_nanos)
+    schedstat(pid, 1)
 }
 
+/// Field `index` of `/proc/PID/task/*/schedstat` summed over the threads alive now (0: time
+/// on a CPU, 1: time waiting for one; nanoseconds), zero where the kernel does not say.
+fn schedstat(pid: u32, index: usize) -> Duration {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(index)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
+}
+
+/// Bytes of `pid`'s perf event mappings (the rings: locked, unswappable kernel memory).
 fn perf_ring_bytes(pid: u32) -> Result<u64> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps"))?;
     Ok(maps
