@@ -16,7 +16,8 @@ use std::hash::BuildHasherDefault;
 
 use super::cache::{CacheEntry, IpHasher};
 use super::image::ImageProvider;
-use super::insn::{self, Insn, InsnClass, MAX_INSN_SIZE};
+use super::insn::{Insn, InsnClass, MAX_INSN_SIZE};
+use super::insn_cache::InsnCache;
 use crate::decode::pt::events::evdec::{EventConfig, EventDecoder};
 use crate::decode::pt::events::event::{Event, EventKind, FlowError};
 use crate::decode::pt::packets::packet::ExecMode;
@@ -246,6 +247,9 @@ pub struct BlockDecoder<'a> {
     pub(crate) enabled: bool,
     pub(crate) speculative: bool,
     pub(crate) cache: BlockCache,
+    /// Decoded instructions, for the walks that go one at a time (also a pure function
+    /// of the image).
+    pub(crate) insns: InsnCache,
 }
 
 impl<'a> BlockDecoder<'a> {
@@ -270,6 +274,7 @@ impl<'a> BlockDecoder<'a> {
             enabled: false,
             speculative: false,
             cache: HashMap::default(),
+            insns: InsnCache::default(),
         }
     }
 
@@ -277,6 +282,7 @@ impl<'a> BlockDecoder<'a> {
     pub fn set_image(&mut self, image: &'a dyn ImageProvider) {
         self.image = image;
         self.cache.clear();
+        self.insns.clear();
     }
 
     /// The trace offset the decoder is at (for diagnostics).
@@ -352,8 +358,8 @@ impl<'a> BlockDecoder<'a> {
         self.start()
     }
 
-    /// A copy of the decoder's state without its block cache (a pure function of the
-    /// image): a parallel decoder's checkpoint.
+    /// A copy of the decoder's state without its block and instruction caches (pure
+    /// functions of the image): a parallel decoder's checkpoint.
     pub(crate) fn snapshot(&self) -> Self {
         Self {
             evdec: self.evdec.clone(),
@@ -375,6 +381,7 @@ impl<'a> BlockDecoder<'a> {
             enabled: self.enabled,
             speculative: self.speculative,
             cache: HashMap::default(),
+            insns: InsnCache::default(),
         }
     }
 
@@ -605,7 +612,7 @@ impl<'a> BlockDecoder<'a> {
         if block.ninsn == u16::MAX || block.truncated {
             return Ok(None);
         }
-        let insn = insn::decode(self.image, self.ip, self.mode)?;
+        let insn = self.insns.decode(self.image, self.ip, self.mode)?;
         if insn.isid != block.isid {
             if block.ninsn != 0 {
                 return Ok(None);

@@ -19,3 +19,4 @@ mod flow_trailing;
 mod flow_walk;
 pub mod image;
 pub mod insn;
+mod insn_cache;
