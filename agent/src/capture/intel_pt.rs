@@ -39,6 +39,7 @@ use super::{
     pt_filter, pt_timing,
     records::{self, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_TID, SAMPLE_TIME},
     ring::PerfRing,
+    topa::AuxLimit,
 };
 use crate::{
     check::{PmuReadError, read_pmu},
@@ -71,15 +72,43 @@ impl CpuRing for PtCpuRing {
 }
 
 impl PtCpuRing {
-    /// Maps the data ring (read-write) and the AUX area (read-only: overwrite mode).
-    fn map(fd: OwnedFd, data_pages: usize, aux_size: usize) -> Result<Self, CaptureError> {
+    /// Maps the data ring (read-write) and the AUX area (read-only: overwrite mode) of
+    /// `aux_size` bytes, or, where `limit` says the area is one contiguous allocation and
+    /// the kernel refuses it with ENOMEM, of the largest half, quarter ... it takes
+    /// (logged; the size obtained is `aux.size()`).
+    fn map(
+        fd: OwnedFd,
+        data_pages: usize,
+        aux_size: usize,
+        limit: AuxLimit,
+    ) -> Result<Self, CaptureError> {
         let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
         let mut ring = PerfRing::map(fd, data_pages, false)?;
         let aux_offset = ((1 + data_pages) * page) as u64;
-        if !ring.set_aux_area(aux_offset, aux_size as u64) {
-            return Err(CaptureError::BadBufferSize { bytes: aux_size });
-        }
-        let aux = AuxArea::map(ring.fd(), aux_offset, aux_size)?;
+        let mut pages = aux_size / page;
+        let aux = loop {
+            if !ring.set_aux_area(aux_offset, (pages * page) as u64) {
+                return Err(CaptureError::BadBufferSize {
+                    bytes: pages * page,
+                });
+            }
+            match AuxArea::map(ring.fd(), aux_offset, pages * page) {
+                Ok(aux) => break aux,
+                Err(CaptureError::Syscall { source, .. })
+                    if source.errno() == Some(libc::ENOMEM)
+                        && let Some(smaller) = limit.after_enomem(pages) =>
+                {
+                    log::warn!(
+                        "intel_pt: no contiguous {} KiB for the AUX area (this CPU's ToPA \
+                         holds one entry: the area is one physical block); trying {} KiB",
+                        (pages * page) >> 10,
+                        (smaller * page) >> 10
+                    );
+                    pages = smaller;
+                }
+                Err(err) => return Err(err),
+            }
+        };
         Ok(Self {
             ring,
             aux,
@@ -130,6 +159,23 @@ fn pause_specs(opts: &CaptureOptions) -> Vec<EventSpec> {
             keep: m.keep,
         })
         .collect()
+}
+
+/// The AUX pages per CPU a PMU without multi-entry `ToPA` can map ([`AuxLimit::cap`]),
+/// said loudly when that is fewer than asked for.
+fn fit_topa(aux_pages: usize, limit: AuxLimit, page: usize) -> usize {
+    let capped = limit.cap(aux_pages);
+    if capped < aux_pages {
+        log::warn!(
+            "intel_pt: this CPU's ToPA holds one entry (caps/topa_multiple_entries = 0), so \
+             the kernel needs the AUX area as one physical block of at most {} KiB: \
+             recording into {} KiB per CPU instead of the {} KiB asked for",
+            (capped * page) >> 10,
+            (capped * page) >> 10,
+            (aux_pages * page) >> 10
+        );
+    }
+    capped
 }
 
 /// The AUX and data pages per CPU to map: those asked for, or smaller ones that fit what
@@ -272,6 +318,8 @@ pub struct PtRecorder {
     specs: Vec<EventSpec>,
     data_pages: usize,
     aux_size: usize,
+    /// How the kernel can allocate the AUX areas (one block each without multi-entry `ToPA`).
+    aux_limit: AuxLimit,
     params: RecorderParams,
     embed_code: EmbedCode,
     pids: BTreeSet<u32>,
@@ -306,8 +354,12 @@ impl PtRecorder {
         }
         let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
         let cpus = online_cpus()?;
+        let limit = AuxLimit::new(
+            caps.topa_multiple_entries,
+            &std::fs::read_to_string("/proc/buddyinfo").unwrap_or_default(),
+        );
         let (aux_pages, data_pages) = fit_lock_budget(
-            pages_for(opts.buffer_size)?,
+            fit_topa(pages_for(opts.buffer_size)?, limit, page),
             pages_for(SIDEBAND_RING_BYTES)?,
             cpus.len(),
             page,
@@ -363,6 +415,7 @@ impl PtRecorder {
             .collect(),
             data_pages,
             aux_size: aux_pages * page,
+            aux_limit: limit,
             params,
             embed_code: opts.embed_code,
             pids: BTreeSet::new(),
@@ -421,16 +474,24 @@ impl Recorder for PtRecorder {
     }
 
     fn add_process(&mut self, pid: u32) -> Result<(), CaptureError> {
-        let (data_pages, aux_size) = (self.data_pages, self.aux_size);
+        let (data_pages, limit) = (self.data_pages, self.aux_limit);
+        let mut aux_size = self.aux_size;
         let switch = &self.switch;
         let cpus = self.params.cpus.clone();
         let mut make_ring = |fd: OwnedFd, cpu: u32| {
-            let ring = PtCpuRing::map(fd, data_pages, aux_size)?;
+            let ring = PtCpuRing::map(fd, data_pages, aux_size, limit)?;
+            // A size the kernel refused once is not asked for again.
+            aux_size = aux_size.min(ring.aux.size());
             let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
             switch.add_ring(slot, ring.ring.fd())?;
             Ok(ring)
         };
-        self.events.add_process(pid, &self.specs, &mut make_ring)?;
+        let added = self.events.add_process(pid, &self.specs, &mut make_ring);
+        if aux_size < self.aux_size {
+            self.aux_size = aux_size;
+            self.params.buffer_size = aux_size as u64;
+        }
+        added?;
         for fd in self.events.followers_of(0).skip(self.switch_followers) {
             self.switch.add_event(fd)?;
             self.switch_followers += 1;
@@ -612,6 +673,32 @@ mod tests {
             (attr.disabled(), attr.inherit(), attr.exclude_kernel()),
             (1, 1, 1)
         );
+    }
+
+    #[test]
+    fn without_multi_entry_topa_the_aux_area_is_one_largest_block() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = crate::check::write_intel_pt_fixture(root.path());
+        let opts = CaptureOptions {
+            event_sources: root.path().to_owned(),
+            buffer_size: 16 << 20,
+            ..CaptureOptions::default()
+        };
+        let page = crate::sys::page_size().unwrap();
+        let asked = PtRecorder::open(&opts).unwrap();
+        assert_eq!(asked.aux_size, 16 << 20);
+        std::fs::write(dir.join("caps/topa_multiple_entries"), "0\n").unwrap();
+        let single = PtRecorder::open(&opts).unwrap();
+        // 2^MAX_PAGE_ORDER pages (this kernel's /proc/buddyinfo), what rb_alloc_aux can
+        // hand out as one block; 4 MiB on x86-64.
+        let max_order = AuxLimit::new(
+            Some(false),
+            &std::fs::read_to_string("/proc/buddyinfo").unwrap_or_default(),
+        )
+        .max_order;
+        assert_eq!(single.aux_size, page << max_order);
+        assert_eq!(single.params.buffer_size, (page << max_order) as u64);
+        assert!(single.aux_limit.single_chunk && !asked.aux_limit.single_chunk);
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod pt_timing;
 pub mod records;
 pub mod ring;
 pub mod sampling;
+pub mod topa;
 pub mod tsc;
 
 use std::{collections::BTreeMap, os::fd::BorrowedFd, path::PathBuf, sync::Arc};

@@ -6,20 +6,8 @@ use std::path::Path;
 use super::*;
 use crate::check::read_pmu;
 
-const FORMAT: &[(&str, &str)] = &[
-    ("pt", "config:0"),
-    ("cyc", "config:1"),
-    ("pwr_evt", "config:4"),
-    ("fup_on_ptw", "config:5"),
-    ("mtc", "config:9"),
-    ("tsc", "config:10"),
-    ("noretcomp", "config:11"),
-    ("ptw", "config:12"),
-    ("branch", "config:13"),
-    ("mtc_period", "config:14-17"),
-    ("cyc_thresh", "config:19-22"),
-    ("psb_period", "config:24-27"),
-];
+/// The kernel's format files (the fixture's fields beyond these are unused here).
+const FORMAT: &[(&str, &str)] = crate::check::INTEL_PT_FORMAT;
 
 const CAPS: &[(&str, &str)] = &[
     ("psb_cyc", "1"),

@@ -26,6 +26,8 @@ pub use pmu::{
     AuxPauseReport, ConfigWord, FormatField, IntelPtCaps, IntelPtReport, PmuInfo, PmuReadError,
     read_pmu,
 };
+#[cfg(test)]
+pub(crate) use pmu::{INTEL_PT_FORMAT, write_intel_pt_fixture};
 pub use privileges::Capabilities;
 pub use tracefs::{MOUNT_FIX, TracefsReport};
 pub use uprobe::{TargetError, UprobesReport, libc_from_maps, symbol_file_offset};

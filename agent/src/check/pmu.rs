@@ -500,62 +500,68 @@ pub(super) fn probe_cpu_clock() -> Probe {
     }
 }
 
+/// The `intel_pt` format files as Linux 6.x writes them (`arch/x86/events/intel/pt.c`).
+#[cfg(test)]
+pub(crate) const INTEL_PT_FORMAT: &[(&str, &str)] = &[
+    ("pt", "config:0"),
+    ("cyc", "config:1"),
+    ("pwr_evt", "config:4"),
+    ("fup_on_ptw", "config:5"),
+    ("mtc", "config:9"),
+    ("tsc", "config:10"),
+    ("noretcomp", "config:11"),
+    ("ptw", "config:12"),
+    ("branch", "config:13"),
+    ("mtc_period", "config:14-17"),
+    ("cyc_thresh", "config:19-22"),
+    ("psb_period", "config:24-27"),
+    ("event", "config:31"),
+    ("notnt", "config:55"),
+];
+
+/// A realistic `intel_pt` sysfs tree (Ice Lake-ish values, Linux 6.x names) under
+/// `devices`; returns its directory (tests here and of the PT recorder).
+#[cfg(test)]
+pub(crate) fn write_intel_pt_fixture(devices: &Path) -> PathBuf {
+    let dir = devices.join("intel_pt");
+    std::fs::create_dir_all(dir.join("format")).expect("mkdir");
+    std::fs::create_dir_all(dir.join("caps")).expect("mkdir");
+    std::fs::write(dir.join("type"), "9\n").expect("write");
+    std::fs::write(dir.join("nr_addr_filters"), "2\n").expect("write");
+    std::fs::write(dir.join("max_nonturbo_ratio"), "20\n").expect("write");
+    for (name, spec) in INTEL_PT_FORMAT {
+        std::fs::write(dir.join("format").join(name), format!("{spec}\n")).expect("write");
+    }
+    for (name, value) in [
+        ("max_subleaf", "1"),
+        ("cr3_filtering", "1"),
+        ("psb_cyc", "1"),
+        ("ip_filtering", "1"),
+        ("mtc", "1"),
+        ("ptwrite", "1"),
+        ("power_event_trace", "0"),
+        ("event_trace", "0"),
+        ("tnt_disable", "0"),
+        ("topa_output", "1"),
+        ("topa_multiple_entries", "1"),
+        ("single_range_output", "1"),
+        ("output_subsys", "0"),
+        ("payloads_lip", "0"),
+        ("num_address_ranges", "2"),
+        ("mtc_periods", "249"),
+        ("cycle_thresholds", "3fff"),
+        ("psb_periods", "3f"),
+    ] {
+        std::fs::write(dir.join("caps").join(name), format!("{value}\n")).expect("write");
+    }
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use std::io;
 
     use super::*;
-
-    /// A realistic `intel_pt` sysfs tree (Ice Lake-ish values, Linux 6.x names).
-    fn write_intel_pt_fixture(devices: &Path) -> PathBuf {
-        let dir = devices.join("intel_pt");
-        std::fs::create_dir_all(dir.join("format")).expect("mkdir");
-        std::fs::create_dir_all(dir.join("caps")).expect("mkdir");
-        std::fs::write(dir.join("type"), "9\n").expect("write");
-        std::fs::write(dir.join("nr_addr_filters"), "2\n").expect("write");
-        std::fs::write(dir.join("max_nonturbo_ratio"), "20\n").expect("write");
-        for (name, spec) in [
-            ("pt", "config:0"),
-            ("cyc", "config:1"),
-            ("pwr_evt", "config:4"),
-            ("fup_on_ptw", "config:5"),
-            ("mtc", "config:9"),
-            ("tsc", "config:10"),
-            ("noretcomp", "config:11"),
-            ("ptw", "config:12"),
-            ("branch", "config:13"),
-            ("mtc_period", "config:14-17"),
-            ("cyc_thresh", "config:19-22"),
-            ("psb_period", "config:24-27"),
-            ("event", "config:31"),
-            ("notnt", "config:55"),
-        ] {
-            std::fs::write(dir.join("format").join(name), format!("{spec}\n")).expect("write");
-        }
-        for (name, value) in [
-            ("max_subleaf", "1"),
-            ("cr3_filtering", "1"),
-            ("psb_cyc", "1"),
-            ("ip_filtering", "1"),
-            ("mtc", "1"),
-            ("ptwrite", "1"),
-            ("power_event_trace", "0"),
-            ("event_trace", "0"),
-            ("tnt_disable", "0"),
-            ("topa_output", "1"),
-            ("topa_multiple_entries", "1"),
-            ("single_range_output", "1"),
-            ("output_subsys", "0"),
-            ("payloads_lip", "0"),
-            ("num_address_ranges", "2"),
-            ("mtc_periods", "249"),
-            ("cycle_thresholds", "3fff"),
-            ("psb_periods", "3f"),
-        ] {
-            std::fs::write(dir.join("caps").join(name), format!("{value}\n")).expect("write");
-        }
-        dir
-    }
 
     fn fake_fd() -> OwnedFd {
         std::fs::File::open("/dev/null").expect("/dev/null").into()
