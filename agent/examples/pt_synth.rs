@@ -119,6 +119,8 @@ fn bundle(program: &SynthProgram, trace: Vec<u8>, elf: &Path) -> Result<Snapshot
             valid: true,
             tsc_at_freeze: None,
             monotonic_ns_at_freeze: 0,
+            tsc_earlier: None,
+            monotonic_ns_earlier: 0,
         }),
         processes: vec![ProcessMaps {
             pid: PID,

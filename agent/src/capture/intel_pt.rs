@@ -32,6 +32,7 @@ use super::{
     RecorderParams, RingData, RingKind, SidebandData,
     aux::AuxArea,
     aux_pause,
+    clock_history::ClockHistory,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
     freeze::{FreezeSwitch, StopMethod},
     lock_budget, pages_for, procmaps,
@@ -318,6 +319,8 @@ pub struct PtRecorder {
     specs: Vec<EventSpec>,
     data_pages: usize,
     aux_size: usize,
+    /// Clock pairs read at each poll, for the rate between TSC and `CLOCK_MONOTONIC`.
+    clock_history: ClockHistory,
     /// How the kernel can allocate the AUX areas (one block each without multi-entry `ToPA`).
     aux_limit: AuxLimit,
     params: RecorderParams,
@@ -416,6 +419,7 @@ impl PtRecorder {
             data_pages,
             aux_size: aux_pages * page,
             aux_limit: limit,
+            clock_history: ClockHistory::default(),
             params,
             embed_code: opts.embed_code,
             pids: BTreeSet::new(),
@@ -511,6 +515,7 @@ impl Recorder for PtRecorder {
         for (_, cpu_ring) in self.events.rings_mut() {
             cpu_ring.drain();
         }
+        self.clock_history.observe(super::ClockPair::now());
         Ok(())
     }
 
@@ -528,7 +533,9 @@ impl Recorder for PtRecorder {
             let copy = r.aux.copy(head);
             r.drain();
             let page = r.ring.clock();
-            clock.get_or_insert(ClockConversion::anchored(page, pair));
+            clock.get_or_insert(
+                ClockConversion::anchored(page, pair).with_earlier(self.clock_history.before(pair)),
+            );
             rings.push(RingData {
                 kind: RingKind::Aux,
                 cpu: Some(cpu),

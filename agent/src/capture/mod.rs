@@ -21,6 +21,7 @@
 
 pub mod aux;
 pub mod aux_pause;
+pub mod clock_history;
 mod events;
 pub mod freeze;
 pub mod intel_pt;
@@ -226,6 +227,13 @@ pub struct ClockConversion {
     /// `rdtsc` and `CLOCK_MONOTONIC` read back to back at freeze time (x86-64 only).
     pub tsc_at_freeze: Option<u64>,
     pub monotonic_ns_at_freeze: u64,
+    /// An earlier pair ([`clock_history`]): with it, times before the freeze follow the
+    /// rate between the clocks (NTP's steering), not a rate of 1. Absent in snapshots
+    /// written before it existed.
+    #[serde(default)]
+    pub tsc_earlier: Option<u64>,
+    #[serde(default)]
+    pub monotonic_ns_earlier: u64,
 }
 
 impl ClockConversion {
@@ -243,7 +251,34 @@ impl ClockConversion {
             valid: page.valid,
             tsc_at_freeze: pair.tsc,
             monotonic_ns_at_freeze: pair.monotonic_ns,
+            tsc_earlier: None,
+            monotonic_ns_earlier: 0,
         }
+    }
+
+    /// The same conversion with an `earlier` pair to measure the clocks' rate by.
+    #[must_use]
+    pub fn with_earlier(self, earlier: Option<ClockPair>) -> Self {
+        match earlier {
+            Some(pair) => Self {
+                tsc_earlier: pair.tsc,
+                monotonic_ns_earlier: pair.monotonic_ns,
+                ..self
+            },
+            None => self,
+        }
+    }
+
+    /// `CLOCK_MONOTONIC` ns per perf-clock ns between the earlier pair and the freeze's,
+    /// as (numerator, denominator); `None` (a rate of 1) without an earlier pair, over
+    /// less than [`clock_history::MIN_SPAN_NS`], or off by more than the kernel lets NTP
+    /// steer (±10 %: `ADJ_TICK`'s range; a suspend in between, say).
+    fn rate(&self, conv: TscConversion) -> Option<(i128, i128)> {
+        let perf = i128::from(conv.tsc_to_ns(self.tsc_at_freeze?))
+            - i128::from(conv.tsc_to_ns(self.tsc_earlier?));
+        let mono = i128::from(self.monotonic_ns_at_freeze) - i128::from(self.monotonic_ns_earlier);
+        let span = i128::from(clock_history::MIN_SPAN_NS);
+        (perf >= span && (mono - perf).abs() * 10 <= perf).then_some((mono, perf))
     }
 
     /// The perf-clock conversion, when the mmap page published one.
@@ -256,12 +291,16 @@ impl ClockConversion {
     }
 
     /// A TSC value as `CLOCK_MONOTONIC` ns (the trigger clock): the TSC distance to the
-    /// freeze-time pair, scaled with the perf conversion. `None` without both.
+    /// freeze-time pair, scaled with the perf conversion and by the clocks' measured rate
+    /// where there is an earlier pair ([`Self::rate`]). `None` without both.
     pub fn tsc_to_monotonic_ns(&self, tsc: u64) -> Option<u64> {
         let conv = self.tsc_conversion()?;
         let at_freeze = conv.tsc_to_ns(self.tsc_at_freeze?);
         let then = conv.tsc_to_ns(tsc);
-        let delta = i128::from(then) - i128::from(at_freeze);
+        let mut delta = i128::from(then) - i128::from(at_freeze);
+        if let Some((mono, perf)) = self.rate(conv) {
+            delta = delta * mono / perf;
+        }
         u64::try_from(i128::from(self.monotonic_ns_at_freeze) + delta).ok()
     }
 }
@@ -564,6 +603,8 @@ mod tests {
             valid: true,
             tsc_at_freeze: Some(30_000_000_000),
             monotonic_ns_at_freeze: 50_000_000_000,
+            tsc_earlier: None,
+            monotonic_ns_earlier: 0,
         };
         // 3 million ticks (1 ms) before the freeze.
         let ns = clock.tsc_to_monotonic_ns(29_997_000_000).unwrap();
@@ -584,6 +625,59 @@ mod tests {
             ..clock
         };
         assert_eq!(no_pair.tsc_to_monotonic_ns(1), None);
+    }
+
+    #[test]
+    fn times_before_the_freeze_follow_the_clocks_measured_rate() {
+        // 1 GHz TSC (1 ns per tick); CLOCK_MONOTONIC slewed 5 % fast (chrony after a
+        // step): 300 ms of TSC before the freeze were 315 ms of CLOCK_MONOTONIC.
+        let plain = ClockConversion {
+            time_zero: 0,
+            time_mult: 1,
+            time_shift: 0,
+            valid: true,
+            tsc_at_freeze: Some(1_000_000_000),
+            monotonic_ns_at_freeze: 9_000_000_000,
+            tsc_earlier: None,
+            monotonic_ns_earlier: 0,
+        };
+        let slewed = plain.with_earlier(Some(ClockPair {
+            tsc: Some(700_000_000),
+            monotonic_ns: 8_685_000_000,
+        }));
+        // A branch 10 ms of TSC before the freeze: 10.5 ms of the trigger clock.
+        assert_eq!(slewed.tsc_to_monotonic_ns(990_000_000), Some(8_989_500_000));
+        assert_eq!(plain.tsc_to_monotonic_ns(990_000_000), Some(8_990_000_000));
+        // The freeze itself and times after it keep the anchor.
+        assert_eq!(
+            slewed.tsc_to_monotonic_ns(1_000_000_000),
+            Some(9_000_000_000)
+        );
+        assert_eq!(plain.with_earlier(None), plain);
+        // Too close to measure a rate by, or beyond what NTP can steer (a suspend): 1.
+        let close = plain.with_earlier(Some(ClockPair {
+            tsc: Some(950_000_000),
+            monotonic_ns: 8_940_000_000,
+        }));
+        assert_eq!(close.tsc_to_monotonic_ns(990_000_000), Some(8_990_000_000));
+        let suspended = plain.with_earlier(Some(ClockPair {
+            tsc: Some(700_000_000),
+            monotonic_ns: 8_000_000_000,
+        }));
+        assert_eq!(
+            suspended.tsc_to_monotonic_ns(990_000_000),
+            Some(8_990_000_000)
+        );
+    }
+
+    #[test]
+    fn a_snapshot_clock_without_an_earlier_pair_reads_as_before() {
+        // The metadata of a snapshot written before the earlier pair existed.
+        let json = r#"{"time_zero":1,"time_mult":2,"time_shift":3,"valid":true,
+            "tsc_at_freeze":4,"monotonic_ns_at_freeze":5}"#;
+        let clock: ClockConversion = serde_json::from_str(json).unwrap();
+        assert_eq!((clock.tsc_earlier, clock.monotonic_ns_earlier), (None, 0));
+        assert_eq!(clock.tsc_at_freeze, Some(4));
     }
 
     #[test]

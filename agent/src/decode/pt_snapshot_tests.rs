@@ -17,6 +17,8 @@ const IDENTITY: ClockConversion = ClockConversion {
     valid: true,
     tsc_at_freeze: None,
     monotonic_ns_at_freeze: 0,
+    tsc_earlier: None,
+    monotonic_ns_earlier: 0,
 };
 
 fn identity_config() -> PeventConfig {

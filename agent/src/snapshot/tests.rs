@@ -63,6 +63,8 @@ fn sample_snapshot() -> Snapshot {
             valid: true,
             tsc_at_freeze: Some(99),
             monotonic_ns_at_freeze: 5_000_000,
+            tsc_earlier: None,
+            monotonic_ns_earlier: 0,
         }),
         processes: vec![ProcessMaps {
             pid: 42,

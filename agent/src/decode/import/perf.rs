@@ -235,6 +235,8 @@ pub fn snapshot(file: &PerfFile) -> Result<Snapshot, ImportError> {
         valid: word(info::CAP_USER_TIME_ZERO) != 0,
         tsc_at_freeze: None,
         monotonic_ns_at_freeze: 0,
+        tsc_earlier: None,
+        monotonic_ns_earlier: 0,
     };
     let recorder = RecorderParams {
         event: "intel_pt".to_owned(),

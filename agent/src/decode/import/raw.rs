@@ -300,6 +300,8 @@ pub fn add_sideband(snap: &mut Snapshot, files: &[SidebandFile]) -> SidebandSumm
             valid: true,
             tsc_at_freeze: None,
             monotonic_ns_at_freeze: 0,
+            tsc_earlier: None,
+            monotonic_ns_earlier: 0,
         });
     }
     summary
