@@ -147,7 +147,7 @@ impl<'a> PacketDecoder<'a> {
 
     fn decode_at(&mut self, offset: usize) -> Result<Decoded, PacketError> {
         let decoded = decode_packet(self.trace, offset, self.errata, self.block)?;
-        if decoded.packet == Packet::Psb {
+        if matches!(decoded.packet, Packet::Psb) {
             self.sync = Some(offset);
         }
         self.block = self.block.after(&decoded.packet);
