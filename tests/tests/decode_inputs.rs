@@ -64,6 +64,42 @@ fn a_raw_capture_and_its_elf_become_a_trace_with_its_calls_named() {
 }
 
 #[test]
+fn kernel_code_given_as_a_kcore_is_decoded_into_the_trace_file() {
+    // A kcore (`perf record --kcore`, libipt's `--pevent:kcore`) is an ELF core file whose
+    // loadable segments hold the kernel's code at its addresses; an ELF linked where the
+    // trace ran stands in for one (its symbols then name the calls, as kallsyms would).
+    let pt = corpus().join("call_direct-ret_compressed.pt");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let core = call_elf(dir.path(), 0x10_0000);
+    let core = core.display().to_string();
+    for with_kcore in [false, true] {
+        let trace = dir.path().join(format!("k{with_kcore}.fxt"));
+        let mut cmd = Command::new(lookback_bin());
+        cmd.args(["decode", "--pt"]).arg(&pt).arg("-o").arg(&trace);
+        if with_kcore {
+            cmd.args(["--", "--pevent:kcore", &core]);
+        }
+        let out = cmd.output().expect("lookback decode");
+        assert!(out.status.success(), "kcore {with_kcore}: {}", text(&out));
+        let Some(doc) = read_fxt(&trace) else { return };
+        let all: Vec<(String, u64)> = slices(&doc).into_values().flatten().collect();
+        let errors = all.iter().any(|(n, _)| n.starts_with("[decode error"));
+        let named: Vec<(&str, u64)> = all
+            .iter()
+            .filter(|(n, _)| !n.starts_with('['))
+            .map(|(n, d)| (n.as_str(), *d))
+            .collect();
+        if with_kcore {
+            assert_eq!(named, [("outer", 0), ("callee", 1)], "{all:?}");
+            assert!(!errors, "{all:?}");
+        } else {
+            // Without the code: no calls invented, the gap marked.
+            assert!(named.is_empty() && errors, "{all:?}");
+        }
+    }
+}
+
+#[test]
 fn code_at_the_wrong_address_is_a_marked_error_not_invented_calls() {
     let pt = corpus().join("call_direct-ret_compressed.pt");
     let dir = tempfile::tempdir().expect("tempdir");

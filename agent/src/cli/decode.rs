@@ -544,6 +544,19 @@ pub fn run(args: &DecodeArgs) -> CliResult {
         }
         code.extend(spec.segments(&bytes).map_err(CliError::usage)?);
     }
+    // The kernel's code (`--pevent:kcore`, as ptxed takes it) in every process of the
+    // trace file too: its loadable segments at their addresses, like an `--elf`'s (the
+    // `--ptxed` path builds its kernel image from the same option).
+    if args.output.is_some() {
+        for path in &opts.kcore {
+            let spec = ElfSpec {
+                path: path.clone(),
+                base: None,
+            };
+            let bytes = read(Path::new(path))?;
+            code.extend(spec.segments(&bytes).map_err(CliError::usage)?);
+        }
+    }
     let mut image = Image::new();
     for (entry, bytes) in &code {
         image.add(&entry.path, bytes.clone(), entry.start);
