@@ -117,6 +117,16 @@ impl Probe {
         self.detail = Some(detail.into());
         self
     }
+
+    /// [`Self::with_detail`], after the detail already there (`"; "` between).
+    pub(crate) fn with_more_detail(self, detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        let joined = match &self.detail {
+            Some(before) => format!("{before}; {detail}"),
+            None => detail,
+        };
+        self.with_detail(joined)
+    }
 }
 
 /// An error and its sources, joined with `": "` (what `anyhow` prints with `{:#}`).

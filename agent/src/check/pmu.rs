@@ -367,6 +367,9 @@ pub(super) fn intel_pt_report(
             {
                 report.status = report.status.with_detail(note);
             }
+            if let Some(note) = topa_note(&report.caps, crate::sys::page_size()) {
+                report.status = report.status.with_more_detail(note);
+            }
             report.aux_start_paused = Some(open(pmu_type, true).is_ok());
         }
         Err(err) => {
@@ -383,6 +386,23 @@ pub(super) fn intel_pt_report(
         }
     }
     report
+}
+
+/// What a CPU whose `ToPA` holds one entry means for the rings ([`crate::capture::topa`]).
+fn topa_note(caps: &IntelPtCaps, page: Option<usize>) -> Option<String> {
+    let limit = crate::capture::topa::AuxLimit::new(
+        caps.topa_multiple_entries,
+        &std::fs::read_to_string("/proc/buddyinfo").unwrap_or_default(),
+    );
+    let largest = page? << limit.max_order;
+    limit.single_chunk.then(|| {
+        format!(
+            "this CPU's ToPA holds one entry: the AUX area is one physical block, at most {} \
+             KiB per CPU (a larger --buffer-size is capped, and halved when no such block is \
+             free)",
+            largest >> 10
+        )
+    })
 }
 
 /// `aux_pause`: pausing the PT trace from another event of its group, in the kernel, at the
@@ -670,6 +690,32 @@ mod tests {
         assert_eq!(json["format"]["tsc"], "config:10");
         assert_eq!(json["present"], true);
         assert!(json["reason"].is_null());
+    }
+
+    #[test]
+    fn a_single_entry_topa_is_said_with_the_largest_ring() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let devices = root.path().join("sys/bus/event_source/devices");
+        let dir = write_intel_pt_fixture(&devices);
+        let open = |_: u32, _: bool| Ok(fake_fd());
+        let multi = intel_pt_report(&devices, open);
+        assert!(
+            !multi
+                .status
+                .detail
+                .as_deref()
+                .unwrap_or("")
+                .contains("ToPA"),
+            "{multi:?}"
+        );
+        std::fs::write(dir.join("caps/topa_multiple_entries"), "0\n").expect("write");
+        let single = intel_pt_report(&devices, open);
+        assert!(single.status.ok, "{single:?}");
+        let detail = single.status.detail.unwrap_or_default();
+        assert!(
+            detail.contains("ToPA holds one entry") && detail.contains("KiB per CPU"),
+            "{detail}"
+        );
     }
 
     #[test]
