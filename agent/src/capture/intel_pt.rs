@@ -357,10 +357,7 @@ impl PtRecorder {
         }
         let page = crate::sys::page_size().ok_or(CaptureError::PageSize)?;
         let cpus = online_cpus()?;
-        let limit = AuxLimit::new(
-            caps.topa_multiple_entries,
-            &std::fs::read_to_string("/proc/buddyinfo").unwrap_or_default(),
-        );
+        let limit = AuxLimit::of_this_kernel(caps.topa_multiple_entries);
         let (aux_pages, data_pages) = fit_lock_budget(
             fit_topa(pages_for(opts.buffer_size)?, limit, page),
             pages_for(SIDEBAND_RING_BYTES)?,

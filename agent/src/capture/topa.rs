@@ -38,6 +38,14 @@ impl AuxLimit {
         }
     }
 
+    /// [`Self::new`] with this kernel's `/proc/buddyinfo` (the recorder and `check`).
+    pub fn of_this_kernel(topa_multiple_entries: Option<bool>) -> Self {
+        Self::new(
+            topa_multiple_entries,
+            &std::fs::read_to_string("/proc/buddyinfo").unwrap_or_default(),
+        )
+    }
+
     /// The pages to map for `pages` asked for: at most one largest chunk where the area
     /// must be a single one.
     pub fn cap(self, pages: usize) -> usize {

@@ -390,10 +390,7 @@ pub(super) fn intel_pt_report(
 
 /// What a CPU whose `ToPA` holds one entry means for the rings ([`crate::capture::topa`]).
 fn topa_note(caps: &IntelPtCaps, page: Option<usize>) -> Option<String> {
-    let limit = crate::capture::topa::AuxLimit::new(
-        caps.topa_multiple_entries,
-        &std::fs::read_to_string("/proc/buddyinfo").unwrap_or_default(),
-    );
+    let limit = crate::capture::topa::AuxLimit::of_this_kernel(caps.topa_multiple_entries);
     let largest = page? << limit.max_order;
     limit.single_chunk.then(|| {
         format!(
