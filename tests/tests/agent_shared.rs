@@ -83,6 +83,20 @@ fn traced_spinners(agent: &mut Agent, n: usize) -> Vec<Child> {
     children
 }
 
+/// Releases the spinners one after the other, each once the one before has its snapshot:
+/// alone, each one's 20 ms then fill the rings.
+fn release_one_by_one(agent: &mut Agent, children: &mut [Child]) {
+    for (done, child) in children.iter_mut().enumerate() {
+        let _ = std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), b"go\n");
+        assert!(child.wait().expect("wait").success());
+        agent.expect_metric(
+            "lookback_snapshots_total",
+            &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
+            f64::from(u32::try_from(done + 1).expect("small")),
+        );
+    }
+}
+
 /// When process `pid` exec'd, by the `COMM` record (`PERF_RECORD_MISC_COMM_EXEC`) of its
 /// snapshot's rings.
 fn exec_time(snap: &lookback::snapshot::Snapshot, pid: u32) -> Option<u64> {
@@ -151,15 +165,7 @@ fn one_ring_per_cpu_records_every_target() {
         // default 8 KiB of stack per sample a 1 MiB ring holds ~13 ms of one CPU; targets
         // that run at once share that window: the trade-off the README states).
         let pids: BTreeSet<u32> = children.iter().map(Child::id).collect();
-        for (done, child) in children.iter_mut().enumerate() {
-            let _ = std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), b"go\n");
-            assert!(child.wait().expect("wait").success());
-            agent.expect_metric(
-                "lookback_snapshots_total",
-                &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
-                f64::from(u32::try_from(done + 1).expect("small")),
-            );
-        }
+        release_one_by_one(&mut agent, &mut children);
         // Each snapshot is its own process's part of the shared rings: its samples (20 ms
         // of spinning), none of the other targets'.
         let snaps = usr1_snapshots(&mut agent, targets);
@@ -176,6 +182,47 @@ fn one_ring_per_cpu_records_every_target() {
         }
         agent.stop_ok();
     }
+}
+
+#[test]
+fn an_intel_pt_rule_where_pt_is_missing_leaves_sampling_rules_on_their_per_cpu_rings() {
+    if !can_run("an_intel_pt_rule_where_pt_is_missing_leaves_sampling_rules_on_their_per_cpu_rings")
+    {
+        return;
+    }
+    let has_pt = std::path::Path::new("/sys/bus/event_source/devices/intel_pt").exists();
+    let cpus = online_cpus();
+    // The agent opens the per-CPU recorders of both rules at start: the Intel PT one fails
+    // here (no PT), which must not cost the sampling rule its shared rings.
+    let yaml = rules(false, "1MiB")
+        + "  - name: pt
+    target: { comm: no-such-comm }
+    capture: { backend: intel-pt, isolate: false }
+    trigger: { signal: { signals: [SIGUSR2] } }
+";
+    let mut agent = Agent::start(&yaml, &[]);
+    let mut children = traced_spinners(&mut agent, 3);
+    let log = agent.log();
+    if has_pt {
+        assert_eq!(
+            log.matches("per-CPU flight recorder opened").count(),
+            2,
+            "{log}"
+        );
+    } else {
+        assert!(
+            log.contains("no per-CPU flight recorder (") && log.contains("intel_pt"),
+            "{log}"
+        );
+        assert_eq!(
+            log.matches("per-CPU flight recorder opened").count(),
+            1,
+            "{log}"
+        );
+        assert_eq!(perf_fds(agent.child.id()), 3 * cpus, "{log}");
+    }
+    release_one_by_one(&mut agent, &mut children);
+    agent.stop_ok();
 }
 
 #[test]

@@ -28,8 +28,8 @@ use std::{
 use perf_event_open_sys::bindings::{PERF_COUNT_SW_DUMMY, PERF_TYPE_SOFTWARE};
 
 use super::{
-    Backend, CaptureError, CaptureOptions, CapturedData, ClockConversion, EmbedCode, Recorder,
-    RecorderParams, RingData, RingKind, SidebandData,
+    Backend, CaptureError, CaptureOptions, CapturedData, ClockConversion, EmbedCode, PeerSet,
+    Recorder, RecorderParams, RingData, RingKind, SidebandData,
     aux::AuxArea,
     aux_pause,
     clock_history::ClockHistory,
@@ -332,6 +332,9 @@ pub struct PtRecorder {
     switch: Arc<FreezeSwitch>,
     /// PT follower events already registered with `switch`.
     switch_followers: usize,
+    /// One PT event per CPU for every process ([`Self::open_cpu_wide`]): a process is
+    /// only a set of maps to keep for its snapshots.
+    cpu_wide: bool,
 }
 
 impl PtRecorder {
@@ -387,6 +390,7 @@ impl PtRecorder {
                 &pmu.dir,
                 &std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default(),
             )),
+            cpu_wide: false,
         };
         Ok(Self {
             switch: Arc::new(FreezeSwitch::new(StopMethod::Disable, cpus.len())),
@@ -422,7 +426,83 @@ impl PtRecorder {
             pids: BTreeSet::new(),
             known_maps: BTreeMap::new(),
             disabled: false,
+            cpu_wide: false,
         })
+    }
+
+    /// The Intel PT recorder shared by every Intel PT target of the agent's rules: one PT
+    /// event and one tracking event per CPU for every task (`pid = -1`), so memory is
+    /// CPUs × (`buffer_size` + sideband ring) and fds 2 × CPUs, whatever the number of
+    /// targets, and a process is traced from its first instruction with no work here.
+    ///
+    /// Why every process and not only the targets: PT has no sample to filter, and the
+    /// kernel runs at most one PT event per CPU (`PERF_PMU_CAP_EXCLUSIVE`: a cgroup event
+    /// per container would refuse the second container). The rings hold every process's
+    /// user-space flow; a snapshot keeps the triggering process's maps and code (and its
+    /// peers'), the sideband's context switches of all, and the decode keeps only the
+    /// tracks of those processes. The trade-off: a CPU's ring is shared, so busy
+    /// neighbours shorten a target's window (a larger `buffer_size`, or
+    /// `capture.isolate: true` for rings per process, which then every Intel PT rule
+    /// gets: the kernel refuses per-process PT events next to per-CPU ones).
+    ///
+    /// Fails with [`CaptureError::CpuWideFilter`] when `trace_binaries` is set: the kernel
+    /// takes no file-backed address filter on an event that follows a CPU.
+    pub fn open_cpu_wide(opts: &CaptureOptions) -> Result<Self, CaptureError> {
+        if !opts.pt.trace_binaries.is_empty() {
+            return Err(CaptureError::CpuWideFilter);
+        }
+        let mut recorder = Self::open(opts)?;
+        recorder.make_cpu_wide();
+        recorder.open_rings(None)?;
+        Ok(recorder)
+    }
+
+    /// The specs of a recorder that follows CPUs: no inheritance (it means nothing
+    /// there) and no `aux_pause` members (they would be CPU-wide uprobes and
+    /// tracepoints of every process; the trigger pump's disable freezes instead).
+    fn make_cpu_wide(&mut self) {
+        self.cpu_wide = true;
+        self.params.cpu_wide = true;
+        self.specs.truncate(2);
+        self.params.aux_pause = false;
+        for spec in &mut self.specs {
+            spec.attr.set_inherit(0);
+        }
+    }
+
+    /// Opens the events of `pid` (every task: `None`) on every CPU, maps the new rings,
+    /// registers them with the freeze switch and enables PT unless frozen.
+    fn open_rings(&mut self, pid: Option<u32>) -> Result<(), CaptureError> {
+        let (data_pages, limit) = (self.data_pages, self.aux_limit);
+        let mut aux_size = self.aux_size;
+        let switch = &self.switch;
+        let cpus = self.params.cpus.clone();
+        let mut make_ring = |fd: OwnedFd, cpu: u32| {
+            let ring = PtCpuRing::map(fd, data_pages, aux_size, limit)?;
+            // A size the kernel refused once is not asked for again.
+            aux_size = aux_size.min(ring.aux.size());
+            let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
+            switch.add_ring(slot, ring.ring.fd())?;
+            Ok(ring)
+        };
+        let added = match pid {
+            Some(pid) => self.events.add_process(pid, &self.specs, &mut make_ring),
+            None => self.events.add_cpu_wide(&self.specs, &mut make_ring),
+        };
+        if aux_size < self.aux_size {
+            self.aux_size = aux_size;
+            self.params.buffer_size = aux_size as u64;
+        }
+        added?;
+        for fd in self.events.followers_of(0).skip(self.switch_followers) {
+            self.switch.add_event(fd)?;
+            self.switch_followers += 1;
+        }
+        // Opened disabled (`pt_attr`): on now that the AUX areas exist, unless frozen.
+        if !self.disabled && self.switch.frozen_at().is_none() {
+            self.set_enabled(true)?;
+        }
+        Ok(())
     }
 
     /// Every PT event: the ring owners and the PT followers (not the tracking events).
@@ -446,10 +526,11 @@ impl PtRecorder {
         Ok(())
     }
 
-    fn collect_maps(&mut self) -> Vec<procmaps::ProcessMaps> {
+    /// The maps of `pids`, read now, or as last read for a process gone since.
+    fn collect_maps(&mut self, pids: &BTreeSet<u32>) -> Vec<procmaps::ProcessMaps> {
         let now = super::monotonic_ns();
         let mut out = Vec::new();
-        for &pid in &self.pids {
+        for &pid in pids {
             match procmaps::read_process(pid, now) {
                 Ok(maps) => {
                     self.known_maps.insert(pid, maps.clone());
@@ -465,58 +546,11 @@ impl PtRecorder {
     }
 }
 
-impl Recorder for PtRecorder {
-    fn backend(&self) -> Backend {
-        Backend::IntelPt
-    }
-
-    fn params(&self) -> &RecorderParams {
-        &self.params
-    }
-
-    fn add_process(&mut self, pid: u32) -> Result<(), CaptureError> {
-        let (data_pages, limit) = (self.data_pages, self.aux_limit);
-        let mut aux_size = self.aux_size;
-        let switch = &self.switch;
-        let cpus = self.params.cpus.clone();
-        let mut make_ring = |fd: OwnedFd, cpu: u32| {
-            let ring = PtCpuRing::map(fd, data_pages, aux_size, limit)?;
-            // A size the kernel refused once is not asked for again.
-            aux_size = aux_size.min(ring.aux.size());
-            let slot = cpus.iter().position(|&c| c == cpu).unwrap_or(usize::MAX);
-            switch.add_ring(slot, ring.ring.fd())?;
-            Ok(ring)
-        };
-        let added = self.events.add_process(pid, &self.specs, &mut make_ring);
-        if aux_size < self.aux_size {
-            self.aux_size = aux_size;
-            self.params.buffer_size = aux_size as u64;
-        }
-        added?;
-        for fd in self.events.followers_of(0).skip(self.switch_followers) {
-            self.switch.add_event(fd)?;
-            self.switch_followers += 1;
-        }
-        // Opened disabled (`pt_attr`): on now that the AUX areas exist, unless frozen.
-        if !self.disabled && self.switch.frozen_at().is_none() {
-            self.set_enabled(true)?;
-        }
-        if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
-            self.known_maps.insert(pid, maps);
-        }
-        self.pids.insert(pid);
-        Ok(())
-    }
-
-    fn poll(&mut self) -> Result<(), CaptureError> {
-        for (_, cpu_ring) in self.events.rings_mut() {
-            cpu_ring.drain();
-        }
-        self.clock_history.observe(super::ClockPair::now());
-        Ok(())
-    }
-
-    fn freeze(&mut self) -> Result<CapturedData, CaptureError> {
+impl PtRecorder {
+    /// Stops PT and copies every CPU's rings, with the maps and code of `keep` (a CPU-wide
+    /// recorder's sideband cut down to what their decode needs: [`cut_sideband`]).
+    fn freeze_keeping(&mut self, keep: &BTreeSet<u32>) -> Result<CapturedData, CaptureError> {
+        let cpu_wide = self.cpu_wide;
         let before = super::monotonic_ns();
         self.set_enabled(false)?;
         self.disabled = true;
@@ -545,10 +579,14 @@ impl Recorder for PtRecorder {
             sideband.push(SidebandData {
                 cpu: Some(cpu),
                 dropped_bytes: r.dropped_bytes,
-                data: r.sideband.clone(),
+                data: if cpu_wide {
+                    cut_sideband(&r.sideband, keep)
+                } else {
+                    r.sideband.clone()
+                },
             });
         }
-        let processes = self.collect_maps();
+        let processes = self.collect_maps(keep);
         let code = processes
             .iter()
             .filter(|p| p.at_freeze)
@@ -567,6 +605,79 @@ impl Recorder for PtRecorder {
             window: None,
             kernel_symbols: Vec::new(),
         })
+    }
+}
+
+/// The sideband records a snapshot of `keep` needs from a CPU-wide ring: every context
+/// switch (they say when *other* processes ran, whose trace the decode then drops) and
+/// records of no process, plus everything of the kept processes; the other processes'
+/// maps, names and forks are dropped.
+fn cut_sideband(stream: &[u8], keep: &BTreeSet<u32>) -> Vec<u8> {
+    records::retain_records(stream, |record| {
+        matches!(
+            record.kind,
+            records::PERF_RECORD_SWITCH | records::PERF_RECORD_SWITCH_CPU_WIDE
+        ) || records::record_pid(SIDEBAND_SAMPLE_TYPE, record).is_none_or(|p| keep.contains(&p))
+    })
+    .0
+}
+
+impl Recorder for PtRecorder {
+    fn backend(&self) -> Backend {
+        Backend::IntelPt
+    }
+
+    fn params(&self) -> &RecorderParams {
+        &self.params
+    }
+
+    fn add_process(&mut self, pid: u32) -> Result<(), CaptureError> {
+        if self.cpu_wide {
+            // Already traced (every process is): only its maps, kept in case it is gone
+            // by the freeze of its snapshot.
+            let maps = procmaps::read_target(pid)?;
+            self.known_maps.insert(pid, maps);
+            self.pids.insert(pid);
+            return Ok(());
+        }
+        self.open_rings(Some(pid))?;
+        if let Ok(maps) = procmaps::read_process(pid, super::monotonic_ns()) {
+            self.known_maps.insert(pid, maps);
+        }
+        self.pids.insert(pid);
+        Ok(())
+    }
+
+    fn poll(&mut self) -> Result<(), CaptureError> {
+        for (_, cpu_ring) in self.events.rings_mut() {
+            cpu_ring.drain();
+        }
+        self.clock_history.observe(super::ClockPair::now());
+        Ok(())
+    }
+
+    fn freeze(&mut self) -> Result<CapturedData, CaptureError> {
+        let pids = self.pids.clone();
+        self.freeze_keeping(&pids)
+    }
+
+    fn freeze_for(&mut self, pid: u32, peers: &PeerSet) -> Result<CapturedData, CaptureError> {
+        if !self.cpu_wide {
+            return self.freeze();
+        }
+        let keep = match peers {
+            PeerSet::None => BTreeSet::from([pid]),
+            PeerSet::Of(set) => set.iter().copied().chain([pid]).collect(),
+            PeerSet::All => self.pids.iter().copied().chain([pid]).collect(),
+        };
+        self.freeze_keeping(&keep)
+    }
+
+    fn remove_process(&mut self, pid: u32) {
+        if self.cpu_wide {
+            self.pids.remove(&pid);
+            self.known_maps.remove(&pid);
+        }
     }
 
     fn resume(&mut self) -> Result<(), CaptureError> {
@@ -703,6 +814,62 @@ mod tests {
         assert_eq!(single.aux_size, page << max_order);
         assert_eq!(single.params.buffer_size, (page << max_order) as u64);
         assert!(single.aux_limit.single_chunk && !asked.aux_limit.single_chunk);
+    }
+
+    #[test]
+    fn the_per_cpu_recorder_follows_cpus_without_filters_or_inheritance() {
+        let root = tempfile::tempdir().unwrap();
+        crate::check::write_intel_pt_fixture(root.path());
+        let opts = CaptureOptions {
+            event_sources: root.path().to_owned(),
+            ..CaptureOptions::default()
+        };
+        let mut recorder = PtRecorder::open(&opts).unwrap();
+        assert!(recorder.specs.iter().all(|s| s.attr.inherit() == 1));
+        recorder.make_cpu_wide();
+        assert!(recorder.cpu_wide && recorder.params.cpu_wide && !recorder.params.aux_pause);
+        assert_eq!(
+            recorder.specs.len(),
+            2,
+            "the PT and the tracking event only"
+        );
+        assert!(recorder.specs.iter().all(|s| s.attr.inherit() == 0));
+        assert_eq!(
+            recorder.specs[1].attr.context_switch(),
+            1,
+            "SWITCH_CPU_WIDE records"
+        );
+        // The kernel takes no file address filter on a CPU-wide event: refused before any
+        // event is opened.
+        let filtered = CaptureOptions {
+            pt: PtOptions {
+                trace_binaries: vec!["/bin/true".into()],
+                ..PtOptions::default()
+            },
+            ..opts.clone()
+        };
+        assert!(matches!(
+            PtRecorder::open_cpu_wide(&filtered),
+            Err(CaptureError::CpuWideFilter)
+        ));
+        // Here (no PT) the fixture's PMU type opens nothing: an error, not a recorder.
+        assert!(PtRecorder::open_cpu_wide(&opts).is_err());
+    }
+
+    #[test]
+    fn a_per_cpu_sideband_keeps_every_switch_and_only_the_kept_processes_records() {
+        use crate::test_support::{sideband_record, thread_start_records};
+        let mut stream = thread_start_records(10, 11, "ours", 1, 0);
+        stream.extend(thread_start_records(20, 21, "theirs", 2, 0));
+        let switch_out = sideband_record(15, 1 << 13, &[20, 0, 0, 0, 21, 0, 0, 0], (10, 11), 3, 0);
+        let switch_in = sideband_record(15, 0, &[10, 0, 0, 0, 11, 0, 0, 0], (20, 21), 3, 0);
+        stream.extend(&switch_out);
+        stream.extend(&switch_in);
+        let cut = cut_sideband(&stream, &BTreeSet::from([10]));
+        let mut expected = thread_start_records(10, 11, "ours", 1, 0);
+        expected.extend(switch_out);
+        expected.extend(switch_in);
+        assert_eq!(cut, expected);
     }
 
     #[test]

@@ -116,6 +116,10 @@ impl Default for CaptureOptions {
 
 /// How a recorder was set up: everything a decoder needs to read the raw bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "the recorder's perf_event_attr flags as the .lbsnap's JSON names them"
+)]
 pub struct RecorderParams {
     /// `cpu-clock`, `cycles` or `intel_pt`.
     pub event: String,
@@ -157,6 +161,11 @@ pub struct RecorderParams {
     /// PT: the timing parameters of the recording CPU (MTC/CYC to time; errata).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pt_timing: Option<pt_timing::PtTiming>,
+    /// PT: one event per CPU for every process (the agent's per-CPU recorder): the rings
+    /// hold other processes' trace too, and a decode keeps only the tracks of the
+    /// processes whose maps the snapshot has.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cpu_wide: bool,
 }
 
 #[expect(
@@ -165,6 +174,14 @@ pub struct RecorderParams {
 )]
 fn is_zero(value: &u64) -> bool {
     *value == 0
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 impl RecorderParams {
@@ -487,6 +504,12 @@ pub enum CaptureError {
          RLIMIT_MEMLOCK or kernel.perf_event_mlock_kb"
     )]
     LockBudget { min_bytes: usize, budget: u64 },
+    #[error(
+        "trace_binaries cannot limit the per-CPU Intel PT recorder (the kernel takes no file \
+         address filter on an event that follows a CPU): set capture.isolate: true for rings \
+         per process"
+    )]
+    CpuWideFilter,
 }
 
 /// Opens the recorder `opts` asks for and starts it on `pids`.
@@ -547,14 +570,21 @@ pub fn open_recorder_filtered(
     Ok((recorder, filtered))
 }
 
-/// The per-CPU sampling recorder shared by all targets of the agent's rules that record
-/// that way ([`sampling::SamplingRecorder::open_cpu_wide`]), with `target_filter`
-/// deciding in the kernel which samples are kept. Sampling only: Intel PT keeps its
-/// per-process rings (a CPU-wide PT trace of every process cannot be cut down to one).
+/// The per-CPU recorder shared by all targets of the agent's rules that record with
+/// `opts`: sampling ([`sampling::SamplingRecorder::open_cpu_wide`]), with `target_filter`
+/// deciding in the kernel which samples are kept; Intel PT
+/// ([`intel_pt::PtRecorder::open_cpu_wide`]: every process, cut down at the snapshot and
+/// the decode).
 pub fn open_cpu_wide_recorder(
     opts: &CaptureOptions,
-    target_filter: BorrowedFd<'_>,
+    target_filter: Option<BorrowedFd<'_>>,
 ) -> Result<Box<dyn Recorder>, CaptureError> {
+    if opts.backend == BackendRequest::IntelPt {
+        return Ok(Box::new(intel_pt::PtRecorder::open_cpu_wide(opts)?));
+    }
+    let target_filter = target_filter.ok_or_else(|| CaptureError::NoBackend {
+        reason: "the per-CPU sampling recorder needs the target filter".to_owned(),
+    })?;
     let event = check::probe_sampling_event().ok_or_else(|| CaptureError::NoBackend {
         reason: "neither cycles nor cpu-clock events open".to_owned(),
     })?;

@@ -162,6 +162,12 @@ fn mapped_file(pid: u32, entry: &MapEntry) -> PathBuf {
     }
 }
 
+/// [`read_process`] now, for a recorder that keeps a target's maps: a process that
+/// cannot be read is gone ([`super::CaptureError::NoProcess`]).
+pub fn read_target(pid: u32) -> Result<ProcessMaps, super::CaptureError> {
+    read_process(pid, super::monotonic_ns()).map_err(|_| super::CaptureError::NoProcess { pid })
+}
+
 /// Reads `pid`'s maps, comm and exe, with the build-id of every mapped file.
 pub fn read_process(pid: u32, now_ns: u64) -> io::Result<ProcessMaps> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;

@@ -352,6 +352,14 @@ pub fn retain_processes(
     stream: &[u8],
     keep: impl Fn(u32) -> bool,
 ) -> (Vec<u8>, u64) {
+    retain_records(stream, |record| {
+        record_pid(sample_type, record).is_none_or(&keep)
+    })
+}
+
+/// The records of `stream` that `keep` accepts, in order, and how many.
+#[must_use]
+pub fn retain_records(stream: &[u8], keep: impl Fn(&RawRecord<'_>) -> bool) -> (Vec<u8>, u64) {
     let mut out = Vec::new();
     let mut count = 0;
     let mut at = 0usize;
@@ -359,7 +367,7 @@ pub fn retain_processes(
         let size = HEADER_SIZE + record.body.len();
         let bytes = stream.get(at..at + size);
         at += size;
-        if record_pid(sample_type, &record).is_none_or(&keep)
+        if keep(&record)
             && let Some(bytes) = bytes
         {
             out.extend_from_slice(bytes);

@@ -506,8 +506,7 @@ impl Recorder for SamplingRecorder {
         if self.cpu_wide {
             // Already recorded (the kernel's target set decides): only its maps, kept in
             // case it is gone by the freeze of its snapshot.
-            let maps = procmaps::read_process(pid, super::monotonic_ns())
-                .map_err(|_| CaptureError::NoProcess { pid })?;
+            let maps = procmaps::read_target(pid)?;
             self.gone.retain(|&g| g != pid);
             self.known_maps.insert(pid, maps);
             self.pids.insert(pid);

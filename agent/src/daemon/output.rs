@@ -321,6 +321,7 @@ pub(super) mod tests {
                 aux_pause: false,
                 address_filter: None,
                 pt_timing: None,
+                cpu_wide: false,
             },
             freeze_time_ns: 2_000,
             pause_duration_ns: 0,

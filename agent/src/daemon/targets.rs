@@ -163,9 +163,14 @@ pub struct Tracer {
     poll_cursor: u32,
     /// The per-CPU recorders shared by all targets, one per recorder configuration.
     shared: Vec<SharedRecorder>,
-    /// Why per-CPU recorders cannot be used here (the first open failed): every target
-    /// then gets rings of its own.
+    /// Why per-CPU sampling recorders cannot be used here (the first open failed): every
+    /// target then gets rings of its own.
     shared_unavailable: Option<String>,
+    /// The same for the per-CPU Intel PT recorder.
+    pt_shared_unavailable: Option<String>,
+    /// Rules (bit = id) that record with Intel PT per process only because another Intel PT
+    /// rule needs rings per process, already said so in the log.
+    pt_per_process_told: u64,
     /// The last open of a per-CPU recorder failed on a resource limit (errno, when): tried
     /// again by [`Self::retry_recorders`], and `/readyz` is not ready meanwhile.
     shared_failure: Option<RecorderFailure>,
@@ -217,6 +222,8 @@ impl Tracer {
             poll_cursor: 0,
             shared: Vec::new(),
             shared_unavailable: None,
+            pt_shared_unavailable: None,
+            pt_per_process_told: 0,
             shared_failure: None,
             selected: super::selected::Selected::default(),
         }
@@ -330,18 +337,62 @@ impl Tracer {
         self.exec_comms = comms;
     }
 
-    /// Whether `rule`'s targets are recorded by a per-CPU recorder: the sampling backend,
-    /// not `capture.isolate`, and per-CPU recorders work here.
+    /// Whether `rule`'s targets are recorded by a per-CPU recorder: not `capture.isolate`,
+    /// per-CPU recorders of its backend work here, and for Intel PT no rule needs PT rings
+    /// per process ([`Self::pt_rings_per_process`]).
     fn records_shared(&self, rule: &Rule) -> bool {
-        self.backend_of(rule) == BackendRequest::Sampling
-            && !rule.capture.isolate
-            && self.shared_unavailable.is_none()
+        match self.backend_of(rule) {
+            BackendRequest::Sampling => !rule.capture.isolate && self.shared_unavailable.is_none(),
+            BackendRequest::IntelPt => {
+                self.pt_shared_unavailable.is_none() && !self.pt_rings_per_process()
+            }
+            BackendRequest::Auto => false,
+        }
+    }
+
+    /// Whether some Intel PT rule needs PT rings per process: `capture.isolate`, or
+    /// `trace_binaries` (address filters, which the kernel takes only on per-process
+    /// events). Then every Intel PT rule gets them: the kernel runs one PT event per CPU
+    /// and refuses per-process ones next to a per-CPU one (`EBUSY`).
+    fn pt_rings_per_process(&self) -> bool {
+        pt_rings_per_process(
+            self.rules
+                .values()
+                .map(|a| (&a.rule, self.backend_of(&a.rule))),
+        )
+    }
+
+    /// Says once per rule when an Intel PT rule that could share the per-CPU recorder gets
+    /// rings per process because of another rule.
+    fn tell_pt_per_process(&mut self) {
+        if !self.pt_rings_per_process() {
+            self.pt_per_process_told = 0;
+            return;
+        }
+        let mut told = self.pt_per_process_told;
+        for active in self.rules.values() {
+            let rule = &active.rule;
+            if self.backend_of(rule) == BackendRequest::IntelPt
+                && !needs_own_pt_rings(rule)
+                && told & 1 << active.id == 0
+            {
+                told |= 1 << active.id;
+                log::warn!(
+                    "rule {}: Intel PT rings per process (memory and fds grow with its \
+                     targets), because another Intel PT rule sets capture.isolate or \
+                     trace_binaries and the kernel runs either per-process or per-CPU PT",
+                    rule.name
+                );
+            }
+        }
+        self.pt_per_process_told = told;
     }
 
     /// Opens the per-CPU recorder of every rule that records that way, before any of its
     /// targets is seen (the kernel makes a process a target at exec: its first
     /// instructions are recorded only if the rings already exist), and publishes the rules.
     fn sync_shared_rules(&mut self) {
+        self.tell_pt_per_process();
         let wanted: Vec<CaptureOptions> = self
             .rules
             .values()
@@ -361,10 +412,13 @@ impl Tracer {
     /// the event loop gets to the copy (a burst of short processes then recorded
     /// nothing); the triggering process's own samples stop in the kernel (`FROZEN`).
     fn publish_shared(&mut self) {
+        // Intel PT has no samples to filter: its per-CPU rings record every process.
         let mask = self
             .rules
             .values()
-            .filter(|a| self.records_shared(&a.rule))
+            .filter(|a| {
+                self.backend_of(&a.rule) == BackendRequest::Sampling && self.records_shared(&a.rule)
+            })
             .fold(0, |bits, a| bits | 1u64 << a.id);
         if let Err(e) = self.engine.set_shared_record_rules(mask) {
             log::warn!("per-CPU recording: {}", ErrorChain(&e));
@@ -374,14 +428,32 @@ impl Tracer {
     /// The per-CPU recorder for `opts`, opened at its first use; `Err`: none can be (the
     /// reason, also kept in `shared_unavailable`, and the rules fall back to rings per
     /// process).
+    ///
+    /// Intel PT: one for all its rules, set up by the first one opened (the kernel runs one
+    /// PT event per CPU); its `aux_pause` sources are not used.
     fn shared_recorder(&mut self, opts: &CaptureOptions) -> Result<usize, String> {
-        if let Some(at) = self.shared.iter().position(|s| s.opts == *opts) {
+        let pt = opts.backend == BackendRequest::IntelPt;
+        if let Some(at) = self
+            .shared
+            .iter()
+            .position(|s| s.opts == *opts || (pt && s.opts.backend == BackendRequest::IntelPt))
+        {
             return Ok(at);
         }
-        if let Some(reason) = &self.shared_unavailable {
+        let unavailable = if pt {
+            &self.pt_shared_unavailable
+        } else {
+            &self.shared_unavailable
+        };
+        if let Some(reason) = unavailable {
             return Err(reason.clone());
         }
-        let opened = match self.engine.target_filter() {
+        let filter = if pt {
+            Ok(None)
+        } else {
+            self.engine.target_filter().map(Some)
+        };
+        let opened = match filter {
             Ok(filter) => capture::open_cpu_wide_recorder(opts, filter).map_err(|e| {
                 // A resource limit passes (fds, locked memory): tried again with the next
                 // target, counted and shown by `/readyz` like any recorder's.
@@ -423,7 +495,11 @@ impl Tracer {
                     "no per-CPU flight recorder ({reason}): every target gets rings of its \
                      own (memory and fds grow with the number of targets)"
                 );
-                self.shared_unavailable = Some(reason.clone());
+                if pt {
+                    self.pt_shared_unavailable = Some(reason.clone());
+                } else {
+                    self.shared_unavailable = Some(reason.clone());
+                }
                 self.publish_shared();
                 Err(reason)
             }
@@ -707,8 +783,11 @@ impl Tracer {
             // Logged once the recorder runs: from here on, the process is recorded.
             let recorder = match self.processes.get(&pid) {
                 Some(Traced {
-                    shared: Some(_), ..
-                }) => "sampling, per-CPU rings",
+                    shared: Some(at), ..
+                }) => match self.shared.get(*at).map(|s| s.recorder.backend()) {
+                    Some(capture::Backend::IntelPt) => "intel-pt, per-CPU rings",
+                    _ => "sampling, per-CPU rings",
+                },
                 Some(Traced {
                     recorder: Some(r), ..
                 }) => r.backend().as_str(),
@@ -845,10 +924,16 @@ impl Tracer {
         if self.shares_recorder(mask)
             && let Ok(index) = self.shared_recorder(&opts)
         {
-            let added = self
-                .shared
-                .get_mut(index)
-                .map(|s| s.recorder.add_process(pid));
+            let added = self.shared.get_mut(index).map(|s| {
+                // Intel PT: the trigger pump stops the shared PT rings at a trigger of this
+                // process (they fill fast; nothing stops one process's trace in the kernel).
+                if s.recorder.backend() == capture::Backend::IntelPt
+                    && let Some(switch) = s.recorder.freeze_switch()
+                {
+                    self.early.insert(pid, switch);
+                }
+                s.recorder.add_process(pid)
+            });
             let Some(traced) = self.processes.get_mut(&pid) else {
                 return;
             };
@@ -1289,9 +1374,61 @@ impl std::fmt::Display for ErrorChain<'_> {
     }
 }
 
+/// Whether an Intel PT rule needs PT rings per process: `capture.isolate`, or
+/// `trace_binaries` (the kernel takes file address filters only on per-process events).
+fn needs_own_pt_rings(rule: &Rule) -> bool {
+    rule.capture.isolate || !rule.capture.trace_binaries.is_empty()
+}
+
+/// Whether the Intel PT rules among `rules` (each with the backend it records with) get
+/// PT rings per process: when one of them needs them, all do, since the kernel runs
+/// either per-process or per-CPU PT events (`PERF_PMU_CAP_EXCLUSIVE`: one per CPU,
+/// `EBUSY` for per-process ones next to a per-CPU one).
+fn pt_rings_per_process<'a>(rules: impl Iterator<Item = (&'a Rule, BackendRequest)>) -> bool {
+    rules
+        .filter(|(_, backend)| *backend == BackendRequest::IntelPt)
+        .any(|(rule, _)| needs_own_pt_rings(rule))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{inherits_instead, pause_sources, started_after};
+    use super::{inherits_instead, pause_sources, pt_rings_per_process, started_after};
+    use crate::capture::BackendRequest;
+
+    #[test]
+    fn one_intel_pt_rule_that_needs_its_own_rings_gives_every_intel_pt_rule_its_own() {
+        let shared = "version: 1
+rules:
+  - name: a
+    target: { comm: app }
+    trigger: { signal: { signals: [SIGSEGV] } }
+  - name: b
+    target: { comm: other }
+    trigger: { signal: { signals: [SIGSEGV] } }
+";
+        let backends = |all: &[crate::rules::Rule], of: &[BackendRequest]| {
+            pt_rings_per_process(all.iter().zip(of.iter().copied()))
+        };
+        let pt = [BackendRequest::IntelPt, BackendRequest::IntelPt];
+        assert!(
+            !backends(&rules(shared), &pt),
+            "both share the per-CPU PT rings"
+        );
+        for (capture, why) in [
+            ("{ isolate: true }", "isolate"),
+            ("{ trace_binaries: [/usr/bin/app] }", "address filters"),
+        ] {
+            let one = rules(&shared.replacen(
+                "target: { comm: other }",
+                &format!("target: {{ comm: other }}\n    capture: {capture}"),
+                1,
+            ));
+            assert!(backends(&one, &pt), "{why}: every PT rule per process");
+            // The same rule recording by sampling changes nothing for Intel PT.
+            let sampled = [BackendRequest::IntelPt, BackendRequest::Sampling];
+            assert!(!backends(&one, &sampled), "{why} on a sampling rule");
+        }
+    }
 
     #[test]
     fn only_ebusy_under_a_recorded_ancestor_is_an_inherited_recording() {

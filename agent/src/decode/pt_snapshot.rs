@@ -18,6 +18,9 @@
 //!   switched-out stretch goes to the next thread in; before the first record, to the
 //!   thread of that record). A switch-out becomes a trace stop on that thread, so its off-CPU
 //!   time shows as `[untraced]`. Without a usable sideband a ring is one track per CPU.
+//! - A per-CPU recorder's rings (`cpu_wide`) hold every process that ran: only the tracks
+//!   of the processes whose maps the snapshot holds are kept; the rest (other processes'
+//!   branches and the errors of decoding them without their code) are counted and dropped.
 //! - Time: TSC → `CLOCK_MONOTONIC` ns with the bundle's clock (the trigger's clock), else
 //!   perf time, else TSC ticks. A branch before the ring's first timing packet takes the
 //!   first timed branch's time; a ring without any timing gets 1 ns per branch, so order
@@ -181,6 +184,9 @@ pub struct PtThreads {
     pub errors: u64,
     /// Bytes of AUX data decoded.
     pub aux_bytes: u64,
+    /// Branch events of processes the snapshot does not hold, dropped
+    /// ([`DecodeSummary::other_processes`]).
+    pub other_processes: u64,
 }
 
 /// A thread, from the sideband.
@@ -421,6 +427,9 @@ pub struct DecodeSummary {
     pub comms: BTreeMap<Track, String>,
     /// How the rings' pieces went (with more than one thread).
     pub parallel: ParallelStats,
+    /// Branch events (errors included) of processes the snapshot does not hold, dropped:
+    /// a per-CPU recorder's rings hold every process's trace.
+    pub other_processes: u64,
 }
 
 /// Collects every branch: [`decode_all`]'s sink.
@@ -450,6 +459,7 @@ pub fn decode_all(snap: &Snapshot, source: &impl CodeSource, threads: usize) -> 
         branches: summary.branches,
         errors: summary.errors,
         aux_bytes: summary.aux_bytes,
+        other_processes: summary.other_processes,
     }
 }
 
@@ -530,6 +540,12 @@ pub fn decode(
     };
     let rings = rings(snap, &pevent, perf.is_some());
     let merged = merged_tracks(&rings);
+    // A per-CPU recorder's rings: only the tracks of the processes whose maps came along.
+    let kept: Option<BTreeSet<u32>> = snap
+        .meta
+        .recorder
+        .cpu_wide
+        .then(|| snap.maps.iter().map(|p| p.pid).collect());
     let mut summary = DecodeSummary::default();
     let mut held: BTreeMap<Track, BranchList> = BTreeMap::new();
     for (cpu, ring, timeline) in &rings {
@@ -553,11 +569,17 @@ pub fn decode(
         };
         let mut take = |batch: &[BranchEvent]| {
             for event in batch {
+                let track = ring_out.track(event);
+                if let Some(kept) = &kept
+                    && !matches!(track, Track::Thread { pid, .. } if kept.contains(&pid))
+                {
+                    summary.other_processes += 1;
+                    continue;
+                }
                 summary.branches += 1;
                 if event.kind == BranchKind::Error {
                     summary.errors += 1;
                 }
-                let track = ring_out.track(event);
                 if ring_out.sink.keep(track, event) {
                     ring_out.push(track, event);
                 }

@@ -162,6 +162,20 @@ fn synth_snapshot_of(
     (Snapshot::from_captured(captured, None), encoded.branches)
 }
 
+/// The calls, returns and taken jumps of `branches`, as the encoder lists them.
+fn flow_of(branches: &BranchList) -> Vec<(BranchKind, u64, u64)> {
+    branches
+        .iter()
+        .filter(|b| {
+            matches!(
+                b.kind,
+                BranchKind::Call | BranchKind::Return | BranchKind::Jump
+            )
+        })
+        .map(|b| (b.kind, b.from, b.to))
+        .collect()
+}
+
 #[test]
 fn a_synthetic_bundle_decodes_to_the_encoders_branches_on_its_thread() {
     let (snap, expected) =
@@ -172,17 +186,7 @@ fn a_synthetic_bundle_decodes_to_the_encoders_branches_on_its_thread() {
     assert_eq!(out.tracks.keys().copied().collect::<Vec<_>>(), [track]);
     let got = &out.tracks[&track];
     assert_eq!(got.comm.as_deref(), Some("synth"));
-    let flow: Vec<(BranchKind, u64, u64)> = got
-        .branches
-        .iter()
-        .filter(|b| {
-            matches!(
-                b.kind,
-                BranchKind::Call | BranchKind::Return | BranchKind::Jump
-            )
-        })
-        .map(|b| (b.kind, b.from, b.to))
-        .collect();
+    let flow = flow_of(&got.branches);
     assert_eq!(flow.len(), expected.len());
     assert!(flow == expected, "branches differ from the encoder's");
     assert!(got.branches.iter().is_sorted_by_key(|b| b.time_ns));
@@ -369,4 +373,124 @@ fn the_recording_cpu_selects_the_decoders_errata() {
         crate::decode::pt::Errata::for_cpu("6/85".parse().unwrap()).unwrap()
     );
     assert_ne!(errata, crate::decode::pt::Errata::default());
+}
+
+/// A TSC packet.
+fn tsc_packet(tsc: u64) -> Vec<u8> {
+    let mut out = vec![0x19];
+    out.extend_from_slice(&tsc.to_le_bytes()[..7]);
+    out
+}
+
+/// Where another process's code runs in [`cpu_wide_ring`] (the snapshot has none of it).
+const OTHER_CODE: u64 = 0x50_0000;
+
+/// One CPU of a per-CPU recorder: process 10 runs the encoder's program (reshaped with a
+/// trace stop and start at every 4th TIP, as at system calls of a user-only trace), and
+/// at its first trace stop after its second PSB the CPU switches to process 20 and back,
+/// as a user-only CPU-wide trace shows it: `TIP.PGD`, the time of the switch, `TIP.PGE`
+/// into process 20's code, its branches, `TIP.PGD`, the time of the switch back, and
+/// process 10's own `TIP.PGE`. Out: the trace, the sideband (`ITRACE_START`, COMM, the
+/// four `SWITCH_CPU_WIDE` records) and process 10's trace without the switch.
+fn cpu_wide_ring() -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    use crate::decode::pt::packets::{cpu::Errata, decoder::PacketDecoder, packet::Packet};
+    use crate::decode::pt::tools::encode_shape::{Shape, reshape};
+    let program = SynthProgram::generate(3, 8);
+    let encoded = encode(&program, 3, 16 << 10, true);
+    let trace = reshape(&encoded.trace, Shape::DisableEnable).expect("an encoder trace");
+    let (mut psbs, mut tscs, mut splice) = (0, Vec::new(), None);
+    let mut packets = PacketDecoder::new(&trace, Errata::default()).peekable();
+    while let Some(Ok((_, packet))) = packets.next() {
+        match packet {
+            Packet::Psb => psbs += 1,
+            Packet::Tsc { tsc } => tscs.push(tsc),
+            Packet::TipPgd(_) if psbs >= 2 && splice.is_none() => {
+                let end = packets.peek().and_then(|p| p.as_ref().ok()).map(|p| p.0);
+                splice = end.map(|end| (end, *tscs.last().expect("a TSC in PSB+")));
+            }
+            _ => {}
+        }
+    }
+    let (at, before) = splice.expect("a trace stop after the second PSB");
+    assert!(
+        tscs.iter().any(|&t| t > before + 2),
+        "a later PSB's TSC comes after the switches"
+    );
+    let (out_at, back_at) = (before + 1, before + 2);
+    let mut other = tsc_packet(out_at);
+    other.push(0x71); // TIP.PGE, a full 6-byte IP
+    other.extend_from_slice(&OTHER_CODE.to_le_bytes()[..6]);
+    other.extend_from_slice(&[0b0101_1010, 0x01]); // TNT, then TIP.PGD (IP suppressed)
+    other.extend(tsc_packet(back_at));
+    let mut spliced = trace[..at].to_vec();
+    spliced.extend(other);
+    spliced.extend_from_slice(&trace[at..]);
+    let switch = |misc: u16, other: (u32, u32), thread: (u32, u32), time: u64| {
+        let body = [other.0.to_le_bytes(), other.1.to_le_bytes()].concat();
+        sideband_record(15, misc, &body, thread, time, 0)
+    };
+    let out = 1 << 13;
+    let mut sideband = thread_start_records(10, 11, "synth", 1, 0);
+    sideband.extend(switch(out, (20, 21), (10, 11), out_at));
+    sideband.extend(switch(0, (10, 11), (20, 21), out_at));
+    sideband.extend(switch(out, (10, 11), (20, 21), back_at));
+    sideband.extend(switch(0, (20, 21), (10, 11), back_at));
+    (spliced, sideband, trace)
+}
+
+#[test]
+fn a_per_cpu_ring_keeps_only_the_snapshots_processes_and_their_flow() {
+    let (trace, sideband, alone) = cpu_wide_ring();
+    let (mut snap, _) = synth_snapshot(sideband, Some(IDENTITY));
+    if let Some(ring) = snap.rings.first_mut() {
+        ring.data = alone;
+    }
+    let reference = decode_all(&snap, &EmbeddedOnly, 1);
+    assert_eq!(reference.errors, 0);
+    if let Some(ring) = snap.rings.first_mut() {
+        ring.data = trace;
+    }
+    let flow = |out: &PtThreads, track: Track| {
+        out.tracks
+            .get(&track)
+            .map_or_else(Vec::new, |t| flow_of(&t.branches))
+    };
+    let ours = Track::Thread { pid: 10, tid: 11 };
+    let theirs = Track::Thread { pid: 20, tid: 21 };
+    // Per process (today's rings): the other process's stretch is a track of its own, an
+    // error where its code is missing.
+    let per_process = decode_all(&snap, &EmbeddedOnly, 1);
+    assert!(
+        per_process.tracks.contains_key(&theirs),
+        "{:?}",
+        per_process.tracks.keys().collect::<Vec<_>>()
+    );
+    snap.meta.recorder.cpu_wide = true;
+    for threads in [1, 4] {
+        let out = decode_all(&snap, &EmbeddedOnly, threads);
+        assert_eq!(
+            out.tracks.keys().copied().collect::<Vec<_>>(),
+            [ours],
+            "only the snapshot's process ({threads} threads)"
+        );
+        assert!(
+            out.other_processes > 0,
+            "the other process's events counted"
+        );
+        let got = flow(&out, ours);
+        // Process 10's flow on both sides of the switch, none of process 20's addresses.
+        assert!(
+            got.iter().all(|b| b.1 < OTHER_CODE && b.2 < OTHER_CODE),
+            "no branch from the other process's code"
+        );
+        let expected = flow(&reference, ours);
+        assert!(expected.len() > 1_000, "{} branches", expected.len());
+        assert!(
+            got == expected,
+            "every branch of process 10 in order, as without the switch: {} of {}",
+            got.len(),
+            expected.len()
+        );
+        assert_eq!(out.errors, 0, "no error on the kept track");
+    }
 }

@@ -28,6 +28,7 @@ fn sample_snapshot() -> Snapshot {
             aux_pause: false,
             address_filter: None,
             pt_timing: None,
+            cpu_wide: false,
         },
         freeze_time_ns: 5_000_000,
         pause_duration_ns: 1_200,

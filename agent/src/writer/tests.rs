@@ -106,6 +106,7 @@ fn snapshot() -> Snapshot {
             aux_pause: false,
             address_filter: None,
             pt_timing: None,
+            cpu_wide: false,
         },
         freeze_time_ns: 2_000_000,
         pause_duration_ns: 0,
