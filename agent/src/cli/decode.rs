@@ -733,6 +733,9 @@ fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions, threads: usize) -
     let (packets, packet_errors) = count_packets(trace, opts);
     let packet_time = started.elapsed();
     let started = Instant::now();
+    crate::decode::pt::flow::insn::build_decoder_tables();
+    let tables_time = started.elapsed();
+    let started = Instant::now();
     let (counts, parallel) = if threads > 1 {
         let parallel = decode_parallel(trace, image, opts.flow, Split::threads(threads), false);
         (parallel.counts, Some(parallel.stats))
@@ -755,7 +758,11 @@ fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions, threads: usize) -
     if result.is_ok() {
         result = fmt::Write::write_fmt(
             &mut out,
-            format_args!("{}\n", parallel_line(threads, parallel)),
+            format_args!(
+                "{}\ndecoder tables: {:.6} s (built once per process, before the decode's time)\n",
+                parallel_line(threads, parallel),
+                tables_time.as_secs_f64()
+            ),
         );
     }
     finish(out, result)?;
