@@ -185,8 +185,8 @@ fn with_name(pid: u32, words: &[u64], name: &str) -> Vec<u8> {
     body
 }
 
-/// COMM, MMAP of `elf`'s executable segment and `ITRACE_START` of process 7, `server`.
-fn server_sideband(elf: &Path) -> Vec<u8> {
+/// `elf`'s executable segment: (address, file offset, size), and the file's length.
+fn text_segment(elf: &Path) -> (u64, u64, u64, u64) {
     let bytes = std::fs::read(elf).expect("read elf");
     let file = object::File::parse(&*bytes).expect("parse elf");
     let text = file
@@ -194,18 +194,44 @@ fn server_sideband(elf: &Path) -> Vec<u8> {
         .find(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & 1 != 0))
         .expect("an executable segment");
     let (offset, size) = text.file_range();
+    let len = u64::try_from(bytes.len()).expect("size");
+    (text.address(), offset, size, len)
+}
+
+/// COMM, an MMAP (`[addr, len, pgoff]` of file `name`) and `ITRACE_START` of process 7,
+/// `server`.
+fn mapping_sideband(mapping: [u64; 3], name: &str) -> Vec<u8> {
     let mut out = record(3, &with_name(7, &[], "server"), 7, 10, 5);
-    out.extend(record(
-        1,
-        &with_name(7, &[text.address(), size, offset], &elf.to_string_lossy()),
-        7,
-        11,
-        5,
-    ));
+    out.extend(record(1, &with_name(7, &mapping, name), 7, 11, 5));
     let mut start = 7u32.to_le_bytes().to_vec();
     start.extend(7u32.to_le_bytes());
     out.extend(record(12, &start, 7, 12, 5));
     out
+}
+
+/// [`mapping_sideband`] of `elf`'s executable segment.
+fn server_sideband(elf: &Path) -> Vec<u8> {
+    let (address, offset, size, _) = text_segment(elf);
+    mapping_sideband([address, size, offset], &elf.to_string_lossy())
+}
+
+/// [`server_sideband`] with `elf` mapped whole as `[vdso]`, as the kernel maps its vDSO
+/// image (from offset 0, its text where the ELF file puts it); no file names it.
+fn vdso_sideband(elf: &Path) -> Vec<u8> {
+    let (address, offset, _, len) = text_segment(elf);
+    mapping_sideband([address - offset, len.next_multiple_of(4096), 0], "[vdso]")
+}
+
+/// [`decode_one`] with the records' layout given by their identifier (as libipt's
+/// perf-get-opts.bash gives it), then `more` options.
+fn decode_laid_out(dir: &Path, name: &str, pt: &str, sb: &str, more: &[&str]) -> (PathBuf, String) {
+    let layout = format!(
+        "5:{:#x}",
+        SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_IDENTIFIER
+    );
+    let mut options = vec!["--pevent:sample-config", &layout];
+    options.extend(more);
+    decode_one(dir, name, pt, sb, &options)
 }
 
 /// The names of all slices of `trace` (`None`: the `fxt` parser is missing here).
@@ -230,18 +256,7 @@ fn a_sideband_names_the_thread_and_maps_the_code_whose_calls_are_named() {
     let records = server_sideband(&elf);
     std::fs::write(&sideband, &records).expect("write");
     let sb = sideband.to_string_lossy().into_owned();
-    // The records' layout by their identifier, as libipt's perf-get-opts.bash gives it.
-    let layout = format!(
-        "5:{:#x}",
-        SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_IDENTIFIER
-    );
-    let (trace, said) = decode_one(
-        dir.path(),
-        "server",
-        &pt,
-        &sb,
-        &["--pevent:sample-config", &layout],
-    );
+    let (trace, said) = decode_laid_out(dir.path(), "server", &pt, &sb, &[]);
     assert_eq!(decode_errors(&said), 0, "{said}");
     if let Some(doc) = read_fxt(&trace) {
         let threads = slices(&doc);
@@ -259,13 +274,7 @@ fn a_sideband_names_the_thread_and_maps_the_code_whose_calls_are_named() {
     // Cut inside the last record (ITRACE_START): the records before it are kept (the
     // code is mapped, the calls named), and the warning says where the file stopped.
     std::fs::write(&sideband, &records[..records.len() - 5]).expect("write");
-    let (trace, said) = decode_one(
-        dir.path(),
-        "cut",
-        &pt,
-        &sb,
-        &["--pevent:sample-config", &layout],
-    );
+    let (trace, said) = decode_laid_out(dir.path(), "cut", &pt, &sb, &[]);
     let stop = records.len() - 48;
     assert!(
         said.contains(&format!("the record at byte {stop} cannot be read")),
@@ -291,6 +300,55 @@ fn a_sideband_names_the_thread_and_maps_the_code_whose_calls_are_named() {
         assert!(
             names.iter().all(|n| n != "outer" && n != "callee"),
             "{names:?}"
+        );
+    }
+}
+
+#[test]
+fn code_mapped_as_the_vdso_decodes_from_the_vdso_image_given_like_ptxeds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pt = workspace_root().join("../shared/corpus/libipt/core/call_direct-ret_compressed.pt");
+    let pt = pt.to_string_lossy().into_owned();
+    let elf = call_elf(dir.path(), 0x10_0000);
+    let sideband = dir.path().join("vdso.pevent");
+    std::fs::write(&sideband, vdso_sideband(&elf)).expect("write");
+    let sb = sideband.to_string_lossy().into_owned();
+    // Without the image the vDSO has no code: the calls are lost, the gap is an error,
+    // and the log says what to give.
+    let (trace, said) = decode_laid_out(dir.path(), "no-vdso", &pt, &sb, &[]);
+    assert!(decode_errors(&said) > 0, "{said}");
+    assert!(said.contains("[vdso] mapping(s) without code"), "{said}");
+    let calls = |trace: &Path| {
+        read_fxt(trace).map(|doc| {
+            slices(&doc)
+                .into_values()
+                .flatten()
+                .filter(|(n, _)| !n.starts_with('['))
+                .collect::<Vec<_>>()
+        })
+    };
+    if let Some(named) = calls(&trace) {
+        assert_eq!(named, [], "no call without the vDSO's code");
+    }
+    // With `--pevent:vdso-x64` (the ELF standing in for the kernel's vdso64.so): the code
+    // of the mapping, from its page offset; no error, both calls, named from the image's
+    // own symbols.
+    let elf_arg = elf.to_string_lossy().into_owned();
+    let (trace, said) = decode_laid_out(
+        dir.path(),
+        "vdso",
+        &pt,
+        &sb,
+        &["--pevent:vdso-x64", &elf_arg],
+    );
+    assert_eq!(decode_errors(&said), 0, "{said}");
+    assert!(!said.contains("without code"), "{said}");
+    if let Some(named) = calls(&trace) {
+        assert_eq!(
+            named,
+            [("outer".to_owned(), 0), ("callee".to_owned(), 1)],
+            "{:?}",
+            read_fxt(&trace).map(|d| slices(&d))
         );
     }
 }

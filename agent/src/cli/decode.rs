@@ -27,7 +27,9 @@ use clap::Args;
 
 use super::pt_files::{FileLoader, kernel_image, read_pevent};
 use super::{CliError, CliResult};
-use crate::decode::import::raw::{ElfSpec, SidebandFile, add_sideband, raw_segment};
+use crate::decode::import::raw::{
+    ElfSpec, SidebandFile, VdsoImages, add_sideband, embed_vdso, raw_segment,
+};
 use crate::decode::pt::flow::branches::{
     BranchEvent, BranchKind, Branches, DecodeCounts, ParallelStats, Split, decode_parallel,
     decode_parallel_with,
@@ -36,6 +38,7 @@ use crate::decode::pt::flow::image::{Image, RawSpec};
 use crate::decode::pt::packets::decoder::PacketDecoder;
 use crate::decode::pt::packets::packet::PacketKind;
 use crate::decode::pt::sideband::pevent::{PeventConfig, SidebandStream};
+use crate::decode::pt::sideband::sb_context::Abi;
 use crate::decode::pt::tools::ptdump::ptdump_with_sideband;
 use crate::decode::pt::tools::ptdump_opts::{PeventFile, PtdumpOptions};
 use crate::decode::pt::tools::ptxed::{Sideband, ptxed_with_sideband};
@@ -403,6 +406,12 @@ fn run_raw_trace(
                 .map(PathBuf::from)
         });
         relative_maps_absolute(&mut snap, symfs.is_some());
+        let configs: Vec<&PeventConfig> = files
+            .iter()
+            .map(|f| &f.2)
+            .chain([&opts.sideband.pevent])
+            .collect();
+        embed_vdso_images(&mut snap, &configs, symfs.as_deref())?;
     }
     let places = super::local_binaries::Places {
         symfs,
@@ -413,6 +422,54 @@ fn run_raw_trace(
         log::warn!("{path}: {why}: its code is not decoded and its frames are [unknown]");
     }
     write_snapshot(&snap, out, args, started.elapsed(), None)
+}
+
+/// The vDSO images of `--pevent:vdso-x64`/`-x32`/`-ia32` (the first file's options that
+/// name one) as the code of the processes' `[vdso]` mappings, each by the ABI of the
+/// process's first mapped ELF file (under `symfs` when given); a `[vdso]` left without
+/// code is said once.
+fn embed_vdso_images(
+    snap: &mut crate::snapshot::Snapshot,
+    configs: &[&PeventConfig],
+    symfs: Option<&Path>,
+) -> Result<(), CliError> {
+    let pick = |of: fn(&PeventConfig) -> &Option<String>| -> Result<Option<Vec<u8>>, CliError> {
+        configs
+            .iter()
+            .find_map(|c| of(c).as_ref())
+            .map(|path| read(Path::new(path)))
+            .transpose()
+    };
+    let images = VdsoImages {
+        x64: pick(|c| &c.vdso_x64)?,
+        x32: pick(|c| &c.vdso_x32)?,
+        ia32: pick(|c| &c.vdso_ia32)?,
+    };
+    let abi_of = |process: &crate::capture::ProcessMaps| {
+        process
+            .maps
+            .iter()
+            .filter(|m| m.path.starts_with('/'))
+            .find_map(|m| {
+                let path = symfs.map_or_else(
+                    || PathBuf::from(&m.path),
+                    |root| root.join(m.path.trim_start_matches('/')),
+                );
+                let mut header = [0u8; 64];
+                let mut file = fs::File::open(path).ok()?;
+                io::Read::read_exact(&mut file, &mut header).ok()?;
+                Some(Abi::of_elf(&header))
+            })
+            .unwrap_or(Abi::Unknown)
+    };
+    let missing = embed_vdso(snap, &images, abi_of);
+    if missing > 0 {
+        log::warn!(
+            "{missing} [vdso] mapping(s) without code (give --pevent:vdso-x64 FILE, -x32 or \
+             -ia32 after --, the kernel's vdso64.so ...): calls into the vDSO are decode errors"
+        );
+    }
+    Ok(())
 }
 
 /// Sideband maps name files as the recording saw them; a relative name (libipt's

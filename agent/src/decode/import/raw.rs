@@ -23,6 +23,7 @@ use crate::capture::procmaps::{CodeRegion, MapEntry, ProcessMaps};
 use crate::capture::{ClockConversion, RecorderParams, RingData, RingKind};
 use crate::decode::pt::flow::image::RawSpec;
 use crate::decode::pt::sideband::pevent::{PeventConfig, PeventError, has_trailer, read_record};
+use crate::decode::pt::sideband::sb_context::Abi;
 use crate::snapshot::{Metadata, Snapshot};
 
 /// `PF_X`.
@@ -305,6 +306,78 @@ pub fn add_sideband(snap: &mut Snapshot, files: &[SidebandFile]) -> SidebandSumm
         });
     }
     summary
+}
+
+/// The vDSO images given for the processes' `[vdso]` mappings (`--pevent:vdso-x64`,
+/// `-x32`, `-ia32`: the kernel's `vdso64.so` ..., as ptxed takes them), by ABI.
+#[derive(Debug, Clone, Default)]
+pub struct VdsoImages {
+    pub x64: Option<Vec<u8>>,
+    pub x32: Option<Vec<u8>>,
+    pub ia32: Option<Vec<u8>>,
+}
+
+impl VdsoImages {
+    /// The image for a process of `abi`; for a process whose ABI is unknown, the one image
+    /// given when only one is.
+    fn for_abi(&self, abi: Abi) -> Option<&[u8]> {
+        let given = [&self.x64, &self.x32, &self.ia32];
+        match abi {
+            Abi::X64 => self.x64.as_deref(),
+            Abi::X32 => self.x32.as_deref(),
+            Abi::Ia32 => self.ia32.as_deref(),
+            Abi::Unknown => match given.iter().filter(|g| g.is_some()).count() {
+                1 => given.iter().find_map(|g| g.as_deref()),
+                _ => None,
+            },
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.x64.is_none() && self.x32.is_none() && self.ia32.is_none()
+    }
+}
+
+/// Embeds the code of every `[vdso]` mapping of `snap`'s processes from the vDSO image of
+/// the process's ABI (`abi_of`, e.g. from the ELF header of its first mapped file): the
+/// mapping's bytes from its page offset, as the kernel mapped the image. Why: the vDSO is
+/// no file, so without its image every call into it (`clock_gettime`, `gettimeofday`) is
+/// a decode error and the flow after it is lost until the trace resynchronizes. Out: the
+/// number of `[vdso]` mappings left without code (no image for their ABI).
+pub fn embed_vdso(
+    snap: &mut Snapshot,
+    images: &VdsoImages,
+    abi_of: impl Fn(&ProcessMaps) -> Abi,
+) -> usize {
+    let mut missing = 0;
+    let mut embedded = Vec::new();
+    for process in &snap.maps {
+        for entry in process.maps.iter().filter(|m| m.path == "[vdso]") {
+            if snap
+                .code
+                .iter()
+                .any(|c| c.pid == process.pid && c.start == entry.start)
+            {
+                continue;
+            }
+            let bytes = images.for_abi(abi_of(process)).and_then(|image| {
+                let from = usize::try_from(entry.offset).ok()?;
+                let len = usize::try_from(entry.end.saturating_sub(entry.start)).ok()?;
+                image.get(from..from.saturating_add(len).min(image.len()))
+            });
+            match bytes {
+                Some(bytes) if !bytes.is_empty() => embedded.push(CodeRegion {
+                    pid: process.pid,
+                    start: entry.start,
+                    path: entry.path.clone(),
+                    data: bytes.to_vec(),
+                }),
+                _ => missing += 1,
+            }
+        }
+    }
+    snap.code.extend(embedded);
+    missing
 }
 
 #[cfg(test)]
