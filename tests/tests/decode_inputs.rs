@@ -476,3 +476,55 @@ fn real_kvm_pt_captures_decode_on_several_threads_as_on_one() {
         skipped("no libxdc_experiments traces under LOOKBACK_REAL_TRACES/libxdc");
     }
 }
+
+#[test]
+fn a_perf_record_kcore_directory_is_read_with_its_kernel_text_and_symbols() {
+    let Some(dir) = real_traces() else { return };
+    let data = dir.join("perf.data.intel_pt-4.14");
+    if !data.is_file() {
+        return;
+    }
+    // `perf record --kcore` writes a directory: DIR/data and DIR/kcore_dir/{kcore,
+    // kallsyms}. No kcore of that recording's machine is public: an ELF file stands in
+    // for it (its text is not the trace's kernel code, so the trace is the same).
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let recording = tmp.path().join("perf.data");
+    let kcore_dir = recording.join("kcore_dir");
+    std::fs::create_dir_all(&kcore_dir).expect("mkdir");
+    std::fs::copy(&data, recording.join("data")).expect("copy");
+    let elf = call_elf(tmp.path(), 0x10_0000);
+    std::fs::copy(&elf, kcore_dir.join("kcore")).expect("copy");
+    std::fs::write(
+        kcore_dir.join("kallsyms"),
+        "ffffffff81000000 T _stext\nffffffff81000100 t do_one\nffffffff81000200 D data\n",
+    )
+    .expect("write");
+    let decode = |input: &Path, out: &Path| {
+        let out = Command::new(lookback_bin())
+            .args(["decode", "--threads", "1"])
+            .arg(input)
+            .arg("-o")
+            .arg(out)
+            .output()
+            .expect("lookback decode");
+        (out.status.code(), text(&out))
+    };
+    let (code, said) = decode(&recording, &tmp.path().join("dir.fxt"));
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("kcore_dir: 1 segments of the kernel's code, 2 kernel symbols"),
+        "{said}"
+    );
+    let (code, plain) = decode(&data, &tmp.path().join("file.fxt"));
+    assert_eq!(code, Some(0), "{plain}");
+    let trace = |name: &str| std::fs::read(tmp.path().join(name)).expect("trace");
+    assert!(
+        trace("dir.fxt") == trace("file.fxt"),
+        "the same recording, the same trace"
+    );
+    // A kcore that is no ELF file: a usage error naming it, no trace.
+    std::fs::write(kcore_dir.join("kcore"), b"not an elf").expect("write");
+    let (code, said) = decode(&recording, &tmp.path().join("bad.fxt"));
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("kcore: not an ELF file"), "{said}");
+}

@@ -76,6 +76,12 @@ impl Kallsyms {
         Self { symbols }
     }
 
+    /// Every text symbol, sorted by address.
+    #[must_use]
+    pub fn into_symbols(self) -> Vec<KernelSymbol> {
+        self.symbols
+    }
+
     /// Whether there are any symbols.
     #[must_use]
     pub fn is_empty(&self) -> bool {

@@ -85,6 +85,7 @@ pub struct ProcessMaps {
 /// Code bytes of one executable mapping.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeRegion {
+    /// Whose code it is; [`ALL_PROCESSES`]: every process's (the kernel's, from a kcore).
     pub pid: u32,
     /// Address of the first byte.
     pub start: u64,
@@ -92,6 +93,10 @@ pub struct CodeRegion {
     #[serde(skip)]
     pub data: Vec<u8>,
 }
+
+/// [`CodeRegion::pid`] of code that is the same in every process (the kernel's): kept
+/// once, not once per process.
+pub const ALL_PROCESSES: u32 = u32::MAX;
 
 fn parse_hex(s: &str) -> Option<u64> {
     u64::from_str_radix(s, 16).ok()

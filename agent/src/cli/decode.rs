@@ -213,10 +213,21 @@ fn is_perf_data(path: &Path) -> bool {
         .is_ok_and(|()| &magic == b"PERFILE2" || &magic == b"2ELIFREP")
 }
 
+/// A `perf record` output: a perf.data file, or the directory `perf record --kcore`
+/// writes (`DIR/data`, and the kernel's text in `DIR/kcore_dir`, when it is there).
+fn perf_data_paths(path: &Path) -> Option<(PathBuf, Option<PathBuf>)> {
+    if path.is_dir() {
+        let data = path.join("data");
+        let kcore_dir = Some(path.join("kcore_dir")).filter(|d| d.is_dir());
+        return is_perf_data(&data).then_some((data, kcore_dir));
+    }
+    is_perf_data(path).then(|| (path.to_owned(), None))
+}
+
 fn run_snapshot(args: &DecodeArgs, input: &Path) -> CliResult {
     let started = Instant::now();
-    let (mut snap, about) = if is_perf_data(input) {
-        read_perf_data(input, args)?
+    let (mut snap, about) = if let Some((data, kcore_dir)) = perf_data_paths(input) {
+        read_perf_data(&data, kcore_dir.as_deref(), args)?
     } else {
         let snap = crate::snapshot::read(input)
             .with_context(|| format!("reading {}", input.display()))
@@ -262,6 +273,7 @@ fn perf_data_about(file: &crate::decode::perf_file::PerfFile) -> String {
 /// A perf.data recording of Intel PT as a snapshot, its binaries found here.
 fn read_perf_data(
     input: &Path,
+    kcore_dir: Option<&Path>,
     args: &DecodeArgs,
 ) -> Result<(crate::snapshot::Snapshot, Option<String>), CliError> {
     let bytes = read(input)?;
@@ -277,6 +289,9 @@ fn read_perf_data(
     let mut snap = crate::decode::import::perf::snapshot(&file)
         .with_context(|| format!("decoding {}", input.display()))
         .map_err(CliError::runtime)?;
+    if let Some(dir) = kcore_dir {
+        add_kcore_dir(&mut snap, dir)?;
+    }
     let places = super::local_binaries::Places {
         symfs: args.symfs.clone(),
         buildid_dir: args.buildid_dir.clone(),
@@ -295,6 +310,29 @@ fn read_perf_data(
         log::warn!("{path}: {why}: its code is not decoded and its frames are [unknown]");
     }
     Ok((snap, Some(perf_data_about(&file))))
+}
+
+/// The kernel's text and symbols of a `perf record --kcore` directory (`kcore`,
+/// `kallsyms`) in `snap`; a kcore that is no ELF file is an error, a missing `kallsyms`
+/// leaves kernel frames unnamed.
+fn add_kcore_dir(snap: &mut crate::snapshot::Snapshot, dir: &Path) -> Result<(), CliError> {
+    let kcore = dir.join("kcore");
+    let bytes = read(&kcore)?;
+    let kallsyms = fs::read_to_string(dir.join("kallsyms")).ok();
+    let path = fs::canonicalize(&kcore).unwrap_or(kcore);
+    let segments = crate::decode::import::perf::add_kcore(
+        snap,
+        &path.to_string_lossy(),
+        &bytes,
+        kallsyms.as_deref(),
+    )
+    .map_err(CliError::usage)?;
+    log::info!(
+        "{}: {segments} segments of the kernel's code, {} kernel symbols",
+        dir.display(),
+        snap.meta.kernel_symbols.len()
+    );
+    Ok(())
 }
 
 /// A `--pt FILE[:CPU]` argument: the file, and the CPU when a `:N` suffix is not part of

@@ -35,6 +35,7 @@ use super::pt::flow::branches::{
 };
 use super::pt::sideband::pevent::{PeventConfig, read_record};
 use super::pt::{FlowConfig, Image};
+use crate::capture::procmaps::ALL_PROCESSES;
 use crate::capture::{MapEntry, RingKind, SidebandData};
 use crate::snapshot::Snapshot;
 use crate::stacks::branches::Branch;
@@ -311,14 +312,20 @@ impl<C: CodeSource> Images<'_, C> {
     fn code(&mut self, pid: u32, entry: &MapEntry) -> Option<Arc<[u8]>> {
         let snap = self.snap;
         let source = self.source;
+        // Code of every process (the kernel's): one copy for all of them.
+        let everyone = snap
+            .code
+            .iter()
+            .any(|c| c.pid == ALL_PROCESSES && c.start == entry.start && c.path == entry.path);
+        let key = (if everyone { ALL_PROCESSES } else { pid }, entry.start);
         self.bytes
-            .entry((pid, entry.start))
+            .entry(key)
             .or_insert_with(|| {
                 let len = usize::try_from(entry.end.saturating_sub(entry.start)).ok()?;
                 let embedded = snap
                     .code
                     .iter()
-                    .find(|c| c.pid == pid && c.start == entry.start)
+                    .find(|c| c.pid == key.0 && c.start == entry.start)
                     .map(|c| {
                         c.data
                             .get(..len.min(c.data.len()))

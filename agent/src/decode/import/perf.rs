@@ -10,9 +10,11 @@
 //! `PERF_RECORD_AUXTRACE_INFO` (TSC, MTC period, CYC, the TSC:CTC ratio, the nominal
 //! ratio) and the recording CPU from `HEADER_CPUID` (its errata).
 //!
+//! The kernel's code of `perf record --kcore` (the recording's `kcore_dir/kcore` and
+//! `kallsyms`) comes in with [`add_kcore`].
+//!
 //! Not done: snapshot-mode recordings (`-S`) are joined like full traces (the decoder
-//! resynchronizes at each chunk's PSB, with an error where a chunk starts mid-packet);
-//! the kernel's code (`--kcore`) is not read, so kernel stretches are decode errors.
+//! resynchronizes at each chunk's PSB, with an error where a chunk starts mid-packet).
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +22,9 @@ use std::collections::{BTreeMap, HashMap};
 use super::super::perf_file::{Attr, PerfFile, Record};
 pub use super::sideband::SIDEBAND_SAMPLE_TYPE;
 use super::sideband::{self, Trailer};
+use crate::capture::kallsyms::Kallsyms;
+use crate::capture::mmap_records::overlay;
+use crate::capture::procmaps::{ALL_PROCESSES, CodeRegion, MapEntry};
 use crate::capture::pt_timing::PtTiming;
 use crate::capture::records::{
     SAMPLE_CPU, SAMPLE_ID, SAMPLE_IDENTIFIER, SAMPLE_STREAM_ID, SAMPLE_TID, SAMPLE_TIME,
@@ -272,6 +277,40 @@ pub fn snapshot(file: &PerfFile) -> Result<Snapshot, ImportError> {
         maps,
         code: Vec::new(),
     })
+}
+
+/// The kernel of a `perf record --kcore` recording in `snap`: the executable segments of
+/// `kcore` (its `kcore_dir/kcore`, an ELF core file of the kernel's text, read by the
+/// caller; `path` names it) mapped in every process, their bytes kept once
+/// ([`ALL_PROCESSES`]), and the text symbols of its `kallsyms` as the snapshot's kernel
+/// symbols. Why: without the kernel's code every kernel stretch of a trace that recorded
+/// it is a decode error. Out: the number of segments.
+pub fn add_kcore(
+    snap: &mut Snapshot,
+    path: &str,
+    kcore: &[u8],
+    kallsyms: Option<&str>,
+) -> Result<usize, super::raw::RawCodeError> {
+    let spec = super::raw::ElfSpec {
+        path: path.to_owned(),
+        base: None,
+    };
+    let segments = spec.segments(kcore)?;
+    let entries: Vec<MapEntry> = segments.iter().map(|(entry, _)| entry.clone()).collect();
+    for process in &mut snap.maps {
+        overlay(&mut process.maps, &entries);
+    }
+    snap.code
+        .extend(segments.iter().map(|(entry, bytes)| CodeRegion {
+            pid: ALL_PROCESSES,
+            start: entry.start,
+            path: entry.path.clone(),
+            data: bytes.clone(),
+        }));
+    if let Some(text) = kallsyms {
+        snap.meta.kernel_symbols = Kallsyms::parse(text).into_symbols();
+    }
+    Ok(segments.len())
 }
 
 #[cfg(test)]
