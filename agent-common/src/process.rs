@@ -22,6 +22,10 @@ pub struct ProcessRecord {
     pub selected: u64,
 }
 
+/// Entries of the kernel's target set (`TARGET_TGIDS`) unless the agent sizes it
+/// otherwise: processes selected at once (threads do not count).
+pub const DEFAULT_MAX_TARGETS: u32 = 16384;
+
 /// `EXEC_SELECTED` index: processes the kernel's target set took at exec by their comm.
 pub const EXEC_SELECTED_ALL: u32 = 0;
 /// `EXEC_SELECTED` index: of those, the ones whose exec record the full ring dropped.

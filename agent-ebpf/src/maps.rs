@@ -45,9 +45,18 @@ pub static COUNTERS: PerCpuArray<u64> =
 #[map]
 pub static CONFIG: Array<EngineConfig> = Array::with_max_entries(1, 0);
 
-/// Traced process (tgid) → bitmask of the rules that apply to it.
+/// Traced process (tgid) → bitmask of the rules that apply to it. The agent may size it
+/// at load (`lookback agent --max-targets`); an insert into a full map is counted in
+/// `TARGET_SET_FULL`.
 #[map]
-pub static TARGET_TGIDS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+pub static TARGET_TGIDS: HashMap<u32, u64> =
+    HashMap::with_max_entries(lookback_common::process::DEFAULT_MAX_TARGETS, 0);
+
+/// Index 0: processes the kernel could not add to `TARGET_TGIDS` at exec or fork because
+/// it was full (per CPU), for `lookback_errors_total{op="target_set",errno="E2BIG"}`:
+/// such a process is not selected in the kernel, never silently.
+#[map]
+pub static TARGET_SET_FULL: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Traced cgroup (v2 id) → bitmask of the rules that apply to its processes.
 #[map]

@@ -18,8 +18,8 @@ use lookback_common::process::{
 use crate::{
     emit::now_ns,
     maps::{
-        EXEC_COMMS, EXEC_SELECTED, FROZEN, PROC_EVENTS, PROC_EVENTS_LOST, TARGET_TGIDS, config,
-        task_u32,
+        EXEC_COMMS, EXEC_SELECTED, FROZEN, PROC_EVENTS, PROC_EVENTS_LOST, TARGET_SET_FULL,
+        TARGET_TGIDS, config, task_u32,
     },
 };
 
@@ -45,7 +45,10 @@ fn try_process_fork(ctx: &RawTracePointContext) -> Option<()> {
     // SAFETY: plain u64 value.
     let mask = unsafe { TARGET_TGIDS.get(parent_tgid) }.copied()? & config.follow_fork_rules;
     if mask != 0 {
-        TARGET_TGIDS.insert(child_tgid, mask, 0).ok()?;
+        if TARGET_TGIDS.insert(child_tgid, mask, 0).is_err() {
+            count_full();
+            return None;
+        }
         // Rare (forks of targets only): tell the agent through aya-log.
         debug!(ctx, "following fork {} -> {}", parent_tgid, child_tgid);
     }
@@ -74,6 +77,8 @@ fn try_process_exec(ctx: &RawTracePointContext) -> Option<()> {
             if TARGET_TGIDS.insert(tgid, mask | had, 0).is_ok() {
                 selected = mask;
                 count_selected(EXEC_SELECTED_ALL);
+            } else {
+                count_full();
             }
         }
     }
@@ -135,6 +140,15 @@ fn send(kind: u32, tgid: u32, selected: u64) -> bool {
 #[inline(always)]
 fn count_selected(index: u32) {
     if let Some(slot) = EXEC_SELECTED.get_ptr_mut(index) {
+        // SAFETY: this CPU's slot (programs do not migrate while running).
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Counts a process left out of the target set because the set is full.
+#[inline(always)]
+fn count_full() {
+    if let Some(slot) = TARGET_SET_FULL.get_ptr_mut(0) {
         // SAFETY: this CPU's slot (programs do not migrate while running).
         unsafe { *slot += 1 };
     }

@@ -695,7 +695,7 @@ rules:
 }
 
 #[test]
-fn a_signal_rule_warns_when_its_target_ignores_the_signal() {
+fn a_signal_rule_warns_when_its_target_ignores_or_blocks_the_signal() {
     // A shell's `trap '' USR1` is inherited across exec, as `nohup` does for SIGHUP: a
     // SIGUSR1 sent to such a process is dropped before delivery, and the rule would stay
     // silent without a word.
@@ -724,14 +724,35 @@ rules:
         "{line}"
     );
     assert!(ignoring.wait().expect("wait").success());
-    // A process that does not ignore it: no warning.
-    agent.run_workload(&["nanosleep", "1", "1"]);
-    assert_eq!(
-        agent.log().matches("ignores SIGUSR1").count(),
-        1,
-        "{}",
-        agent.log()
+    // A blocked signal mask is inherited across exec too (a `sigwait` server blocks what
+    // it takes): the rule fires at the first send, later ones merge into the pending one.
+    let mut blocking = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import os, signal, sys\n\
+             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n\
+             os.execv(sys.argv[1], sys.argv[1:])",
+        )
+        .arg(workload())
+        .args(["--wait", "nanosleep", "1", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("python3");
+    agent.release_when_traced(&mut blocking);
+    let line = agent.wait_log("blocks SIGUSR1", Duration::from_secs(10));
+    assert!(
+        line.contains("rule usr1")
+            && line.contains(&blocking.id().to_string())
+            && !line.contains("SIGSEGV"),
+        "{line}"
     );
+    assert!(blocking.wait().expect("wait").success());
+    // A process that neither ignores nor blocks it: no warning.
+    agent.run_workload(&["nanosleep", "1", "1"]);
+    for said in ["ignores SIGUSR1", "blocks SIGUSR1"] {
+        assert_eq!(agent.log().matches(said).count(), 1, "{}", agent.log());
+    }
     agent.stop_ok();
 }
 
@@ -790,6 +811,70 @@ fn user_ticks(pid: u32) -> u64 {
     stat.rsplit_once(')')
         .and_then(|(_, rest)| rest.split_whitespace().nth(11)?.parse().ok())
         .unwrap_or(0)
+}
+
+#[test]
+fn a_reload_that_changes_a_rules_target_swaps_it_without_a_gap() {
+    // A rule whose target changes cannot be changed in place: it gets a new rule id and
+    // its processes are selected anew. It is swapped: the new version is installed and
+    // each process moves to it in one write of the kernel's target map before the old
+    // version goes, so no sleep falls between them; the old version's last counts are
+    // read as it leaves. Detached first, the sleeps during the install and the /proc
+    // rescan were not seen, nor those the old version counted since the last read.
+    let rules = |target: &str| {
+        format!(
+            r"
+version: 1
+defaults:
+  capture: {{ backend: sampling, buffer_size: 256KiB }}
+rules:
+  - name: sleeps
+    target: {target}
+    trigger: {{ syscall: {{ names: [nanosleep, clock_nanosleep], min_duration: 1ms }} }}
+    snapshot: {{ cooldown: 1h, scope: rule }}
+"
+        )
+    };
+    let mut agent = Agent::start(&rules("{ comm: workload }"), &[]);
+    // 3,000 sleeps of 2 ms: over 6 s of a steady stream.
+    let mut child = waiting_workload(&["nanosleep", "3000", "2000"], Stdio::null());
+    agent.release_when_traced(&mut child);
+    let sleeps = [("rule", "sleeps")];
+    for (n, reloads, after, target) in [
+        (1, 1.0, 300.0, "{ comm: workload, exe: @WORKLOAD@ }"),
+        (2, 2.0, 1200.0, "{ comm: workload }"),
+    ] {
+        agent.poll(Duration::from_secs(30), |agent| {
+            let seen = agent.metric("lookback_triggers_total", &sleeps);
+            if seen >= after {
+                Ok(())
+            } else {
+                Err(format!("{seen} sleeps counted, waiting for {after}"))
+            }
+        });
+        write_rules(&agent.config(), &rules(target));
+        agent.expect_metric(
+            "lookback_config_reloads_total",
+            &[("result", "ok")],
+            reloads,
+        );
+        agent.poll(Duration::from_secs(10), |agent| {
+            let swapped = agent.log().matches("rule sleeps: swapped").count();
+            if swapped >= n {
+                Ok(())
+            } else {
+                Err(format!("{swapped} swaps logged"))
+            }
+        });
+    }
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the workload was still sleeping at the second swap"
+    );
+    assert!(child.wait().expect("workload").success());
+    agent.expect_metric("lookback_triggers_total", &sleeps, 3000.0);
+    assert!(!agent.log().contains("changed in place"), "{}", agent.log());
+    agent.stop_ok();
 }
 
 #[test]

@@ -636,3 +636,70 @@ fn unusable_outputs_are_refused_before_the_command_starts() {
     );
     assert!(marker.exists() && missing.parent().expect("dir").is_dir());
 }
+
+/// `bytes` (a `.lbsnap`) with `edit` applied to its metadata JSON.
+fn with_metadata(bytes: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let len = usize::try_from(u64::from_le_bytes(
+        bytes[16..24].try_into().expect("8 bytes"),
+    ))
+    .expect("length");
+    let mut meta: serde_json::Value = serde_json::from_slice(&bytes[24..24 + len]).expect("json");
+    edit(&mut meta);
+    let meta = serde_json::to_vec(&meta).expect("json");
+    let mut out = bytes[..16].to_vec();
+    out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(&bytes[24 + len..]);
+    out
+}
+
+#[test]
+fn a_snapshot_with_a_corrupt_sample_type_is_refused_with_exit_1_and_the_reason() {
+    // A corrupt `sample_type` once decoded to an empty trace and exit 0: an idle process
+    // to whoever read it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    run_lookback(
+        dir.path(),
+        &["--trigger", "func:lb_spin>20ms"],
+        &["spin", "40", "1"],
+    );
+    let good = std::fs::read(dir.path().join("trace.lbsnap")).expect("snapshot");
+    let decode = |name: &str, bytes: &[u8]| {
+        let input = dir.path().join(name);
+        std::fs::write(&input, bytes).expect("write");
+        let out = Command::new(lookback_bin())
+            .arg("decode")
+            .arg(&input)
+            .arg("-o")
+            .arg(dir.path().join(format!("{name}.json")))
+            .output()
+            .expect("lookback decode");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The bundle itself decodes, through the same rewrite of its metadata.
+    let (code, said) = decode("same.lbsnap", &with_metadata(&good, |_| {}));
+    assert_eq!(code, Some(0), "{said}");
+    for (name, sample_type, problem) in [
+        ("nobits.lbsnap", 0u64, "lacks IP, TID or TIME"),
+        (
+            "unknown.lbsnap",
+            1 << 40 | 0x87,
+            "has bits no kernel defines",
+        ),
+    ] {
+        let bad = with_metadata(&good, |m| m["recorder"]["sample_type"] = sample_type.into());
+        let (code, said) = decode(name, &bad);
+        assert_eq!(code, Some(1), "{name}: {said}");
+        assert!(
+            said.contains(name) && said.contains(problem),
+            "{name}: {said}"
+        );
+        assert!(
+            !dir.path().join(format!("{name}.json")).exists(),
+            "{name}: no trace written"
+        );
+    }
+}

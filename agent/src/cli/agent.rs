@@ -43,6 +43,13 @@ pub struct AgentArgs {
     /// Measure eBPF program run time (`lookback_bpf_program_*`; ~20 ns per program run).
     #[arg(long)]
     pub bpf_stats: bool,
+    /// Processes the kernel's target set holds at most (selected by the rules at once;
+    /// threads do not count). Beyond it, new processes are not selected at exec or fork
+    /// in the kernel: counted in `lookback_errors_total{op="target_set",errno="E2BIG"}`
+    /// and logged. Each entry takes ~100 bytes of kernel memory.
+    #[arg(long, value_name = "N", default_value_t = lookback_common::process::DEFAULT_MAX_TARGETS,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_targets: u32,
     /// Seconds SIGTERM waits for snapshots still being written.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub shutdown_timeout: u64,
@@ -56,6 +63,7 @@ pub fn run(args: AgentArgs) -> CliResult {
         workers: args.workers,
         max_queued: args.max_queued,
         bpf_stats: args.bpf_stats,
+        max_targets: args.max_targets,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
         ..AgentOptions::new(args.config)
     };

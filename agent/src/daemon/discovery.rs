@@ -109,13 +109,25 @@ pub fn now_ticks() -> Option<u64> {
     Some(secs * hz + nanos * hz / 1_000_000_000)
 }
 
-/// The signals process `pid` ignores (`SigIgn` of `/proc/PID/status`: bit `n - 1` for
-/// signal `n`); `None` when it is gone. A signal sent to a process that ignores it is
-/// dropped before delivery, so a signal rule for it never fires (a fault's SIGSEGV is
-/// still forced through).
-pub fn ignored_signals(proc_root: &Path, pid: u32) -> Option<u64> {
+/// What process `pid` does with signals, from `/proc/PID/status` (bit `n - 1` for signal
+/// `n`). A signal sent to a process that ignores it is dropped before delivery, so a
+/// signal rule for it never fires (a fault's SIGSEGV is still forced through).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignalMasks {
+    /// `SigIgn`: dropped before delivery.
+    pub ignored: u64,
+    /// `SigBlk` of the main thread: kept pending until it unblocks them (a `sigwait` or
+    /// `signalfd` loop blocks the signals it takes).
+    pub blocked: u64,
+}
+
+/// [`SignalMasks`] of process `pid`; `None` when it is gone.
+pub fn signal_masks(proc_root: &Path, pid: u32) -> Option<SignalMasks> {
     let status = fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
-    signal_mask(&status, "SigIgn:")
+    Some(SignalMasks {
+        ignored: signal_mask(&status, "SigIgn:")?,
+        blocked: signal_mask(&status, "SigBlk:").unwrap_or(0),
+    })
 }
 
 /// The hex mask on the `key` line of a `/proc/PID/status` text.
@@ -203,11 +215,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_ignored_signals_are_read_from_the_status_mask() {
+    fn the_ignored_and_blocked_signals_are_read_from_the_status_masks() {
         let status = "Name:\tsh\nSigBlk:\t0000000000010000\nSigIgn:\t0000000000000006\n";
         // SIGINT (2) and SIGQUIT (3): what a shell gives its background jobs.
         assert_eq!(signal_mask(status, "SigIgn:"), Some(0b110));
         assert_eq!(signal_mask("Name: x\n", "SigIgn:"), None);
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("7")).unwrap();
+        fs::write(dir.path().join("7/status"), status).unwrap();
+        // SIGCHLD (17) blocked.
+        assert_eq!(
+            signal_masks(dir.path(), 7),
+            Some(SignalMasks {
+                ignored: 0b110,
+                blocked: 1 << 16
+            })
+        );
+        assert_eq!(signal_masks(dir.path(), 8), None);
     }
     use crate::rules::KubernetesSelector;
 

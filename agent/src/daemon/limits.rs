@@ -82,12 +82,23 @@ impl ErrorTally {
 /// What `/readyz` says about `missing` processes without a flight recorder because of a
 /// resource limit, by errno; `None` when there are none.
 pub fn recorders_missing(missing: &BTreeMap<&'static str, usize>) -> Option<String> {
+    out_of_resources("without a flight recorder", missing)
+}
+
+/// What `/readyz` says about `missing` function-rule probes (one per rule and binary) a
+/// resource limit refused, by errno; `None` when there are none.
+pub fn probes_missing(missing: &BTreeMap<&'static str, usize>) -> Option<String> {
+    out_of_resources("probe(s) not attached", missing)
+}
+
+/// `out of resources: N WHAT: ERRNO (hint); ...`, or `None` for no count.
+fn out_of_resources(what: &str, missing: &BTreeMap<&'static str, usize>) -> Option<String> {
     if missing.is_empty() {
         return None;
     }
     let parts: Vec<String> = missing
         .iter()
-        .map(|(errno, n)| format!("{n} without a flight recorder: {errno}{}", hint(errno)))
+        .map(|(errno, n)| format!("{n} {what}: {errno}{}", hint(errno)))
         .collect();
     Some(format!("out of resources: {}", parts.join("; ")))
 }

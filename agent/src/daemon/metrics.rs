@@ -129,6 +129,8 @@ struct Seen {
     programs: HashMap<String, (u64, u64)>,
     /// Exec/exit records dropped in the kernel, as last read.
     process_events_lost: u64,
+    /// Processes the full target set could not take, as last read.
+    target_set_full: u64,
     /// Processes selected at exec (and their lost records), as last read.
     exec_selected: ExecSelected,
 }
@@ -137,6 +139,9 @@ struct Seen {
 const ERROR_OPS: [&str; 2] = ["recorder", "probe"];
 /// Its errnos: the resource limits, and `other`.
 const ERROR_ERRNOS: [&str; 6] = ["EMFILE", "ENFILE", "ENOMEM", "EPERM", "ENOSPC", "other"];
+
+/// The `lookback_errors_total` series of processes left out of the full target set.
+const TARGET_SET_FULL: [&str; 2] = ["target_set", "E2BIG"];
 
 /// The increment from `last` to `now` of a kernel counter that may have been reset.
 pub(super) fn delta(last: u64, now: u64) -> u64 {
@@ -271,7 +276,9 @@ fn errors_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
         r,
         "lookback_errors_total",
         "Flight recorders and probes that could not be set up, by operation and errno \
-         (EMFILE, ENFILE, ENOMEM, EPERM, ENOSPC: a resource limit; other) (extension).",
+         (EMFILE, ENFILE, ENOMEM, EPERM, ENOSPC: a resource limit; other), and processes \
+         the kernel's full target set could not take (op target_set, errno E2BIG) \
+         (extension).",
         &["op", "errno"],
     )?;
     for op in ERROR_OPS {
@@ -279,6 +286,7 @@ fn errors_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
             errors.with_label_values(&[op, errno]).inc_by(0);
         }
     }
+    errors.with_label_values(&TARGET_SET_FULL).inc_by(0);
     Ok(errors)
 }
 
@@ -463,6 +471,18 @@ impl Metrics {
             self.events_lost
                 .with_label_values(&[LossSource::Ringbuf.label()])
                 .inc_by(d);
+        }
+        d
+    }
+
+    /// Takes in the kernel's count of processes its full target set could not take
+    /// (absolute): the increase goes to `lookback_errors_total{op="target_set",
+    /// errno="E2BIG"}`. Returns the increase.
+    pub fn observe_target_set_full(&self, now: u64) -> u64 {
+        let last = std::mem::replace(&mut self.seen().target_set_full, now);
+        let d = delta(last, now);
+        if d > 0 {
+            self.errors.with_label_values(&TARGET_SET_FULL).inc_by(d);
         }
         d
     }

@@ -82,6 +82,8 @@ pub struct AgentOptions {
     pub rescan_interval: Duration,
     /// Collect eBPF program run time (`lookback_bpf_program_*`; ~20 ns per program run).
     pub bpf_stats: bool,
+    /// Processes the kernel's target set holds at most.
+    pub max_targets: u32,
 }
 
 impl AgentOptions {
@@ -97,6 +99,37 @@ impl AgentOptions {
             shutdown_timeout: Duration::from_secs(10),
             rescan_interval: rescan_interval(),
             bpf_stats: false,
+            max_targets: lookback_common::process::DEFAULT_MAX_TARGETS,
+        }
+    }
+}
+
+/// Removes, once at start, the temporary files a write killed part-way (`kill -9`) left
+/// in the directories the rules write to (`--output-dir`, else each rule's `output.dir`,
+/// else the default): nothing else would ever remove them.
+fn remove_stale_temp_files(opts: &AgentOptions, rules: &RuleSet) {
+    let dirs: std::collections::BTreeSet<PathBuf> = match &opts.output_dir {
+        Some(dir) => std::iter::once(dir.clone()).collect(),
+        None => rules
+            .rules
+            .iter()
+            .map(|r| {
+                r.output
+                    .dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT_DIR))
+            })
+            .collect(),
+    };
+    for dir in dirs {
+        match retention::remove_stale_temp_files(&dir) {
+            Ok(0) => {}
+            Ok(n) => log::info!(
+                "removed {n} temporary file(s) an interrupted write left in {}",
+                dir.display()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("temporary files in {}: {e}", dir.display()),
         }
     }
 }
@@ -183,19 +216,9 @@ pub(crate) fn release_freed_memory() {
 )]
 async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     limits::raise_open_files();
-    if let Some(dir) = &opts.output_dir {
-        match retention::remove_stale_temp_files(dir) {
-            Ok(0) => {}
-            Ok(n) => log::info!(
-                "removed {n} temporary file(s) an interrupted write left in {}",
-                dir.display()
-            ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => log::warn!("temporary files in {}: {e}", dir.display()),
-        }
-    }
     let mut config = ConfigFile::new(opts.config.clone());
     let rules = config.load()?;
+    remove_stale_temp_files(&opts, &rules);
     let choice = check::probe_backend(&check::Paths::default());
     let auto = match choice.backend {
         Some(Backend::IntelPt) => BackendRequest::IntelPt,
@@ -223,7 +246,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
         let _ = http_stopped.await;
     }));
 
-    let mut engine = TriggerEngine::load()?;
+    let mut engine = TriggerEngine::load_sized(lookback_common::MAX_RULES, opts.max_targets)?;
     if let Some(logger) = engine.logger() {
         tokio::spawn(forward_logs(logger));
     }
@@ -443,7 +466,18 @@ fn reload(
     match tracer.apply_rules(&rules) {
         Ok(changes) => {
             report_changes(&changes);
-            for name in changes.removed.iter().chain(&changes.changed) {
+            // What the old versions counted since the last read, before their series
+            // start over from the new versions' counters.
+            for (name, counters) in &changes.retired_counters {
+                metrics.observe_rule_counters(name, counters);
+            }
+            // A rule changed in place keeps its id and counters: its series go on.
+            for name in changes
+                .removed
+                .iter()
+                .chain(&changes.changed)
+                .filter(|n| !changes.in_place.contains(n))
+            {
                 metrics.remove_rule(name);
             }
             metrics.config_reload(true);
@@ -501,10 +535,12 @@ fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String]) {
         .collect();
     let resources = limits::recorders_missing(&tracer.recorders_missing());
     let shared = limits::shared_rings_missing(tracer.shared_missing());
+    let probes = limits::probes_missing(&tracer.probes_missing());
     match not_ready_reason(&installed, failed)
         .into_iter()
         .chain(resources)
         .chain(shared)
+        .chain(probes)
         .reduce(|a, b| format!("{a}; {b}"))
     {
         Some(reason) => {
@@ -533,6 +569,20 @@ fn refresh_metrics(tracer: &Tracer, metrics: &Metrics) {
     match tracer.engine().exec_selected() {
         Ok(now) => metrics.observe_exec_selected(now),
         Err(e) => log::debug!("processes selected at exec: {}", ErrorChain(&e)),
+    }
+    match tracer.engine().target_set_full() {
+        Ok(total) => {
+            let left_out = metrics.observe_target_set_full(total + tracer.target_set_refused());
+            if left_out > 0 {
+                log::warn!(
+                    "{left_out} process(es) not added to the kernel's target set: it is \
+                     full ({} processes; raise `lookback agent --max-targets`); they are \
+                     not traced",
+                    tracer.engine().max_targets()
+                );
+            }
+        }
+        Err(e) => log::debug!("target set full: {}", ErrorChain(&e)),
     }
     match tracer.engine().process_events_lost() {
         Ok(total) => {

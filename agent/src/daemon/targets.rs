@@ -45,6 +45,9 @@ pub struct ActiveRule {
     /// Binaries (device, inode) already examined for the function symbol: probed, or
     /// reported as missing the symbol (reported once, not on every exec).
     binaries: BTreeMap<(u64, u64), bool>,
+    /// Binaries whose probe a resource limit refused: tried again (not examined for
+    /// good), and the agent is not ready while any is left.
+    limited: BTreeMap<(u64, u64), LimitedProbe>,
     /// The last probe problem, for readiness and logs.
     pub probe_error: Option<String>,
     /// Its short reason (`lookback_rule_probe_errors`).
@@ -54,6 +57,17 @@ pub struct ActiveRule {
     /// while.
     installed_ticks: Option<u64>,
     installed_ns: u64,
+}
+
+/// A probe a resource limit refused (`EMFILE`, `ENOMEM`, ...): tried again each
+/// [`RECORDER_RETRY`], for the process it was placed for (`None`: the binary the rule
+/// names, probed at install); a limit raised or fds freed bring it back without a restart.
+#[derive(Debug, Clone)]
+struct LimitedProbe {
+    binary: PathBuf,
+    pid: Option<u32>,
+    errno: &'static str,
+    at: Instant,
 }
 
 /// Whether a process that got a rule's probe only now started after the rule was
@@ -123,9 +137,14 @@ pub struct RuleChanges {
     pub added: Vec<String>,
     pub removed: Vec<String>,
     pub changed: Vec<String>,
+    /// Of `changed`, those changed in place: same rule id, their kernel counters go on.
+    pub in_place: Vec<String>,
     pub unchanged: Vec<String>,
     /// Rules that could not be installed (logged; the others run).
     pub failed: Vec<String>,
+    /// The kernel counters of the old versions of swapped rules as they left (what they
+    /// counted since the last read would be lost otherwise).
+    pub retired_counters: Vec<(String, crate::triggers::engine::RuleCounters)>,
 }
 
 /// Why the rules could not be applied at all.
@@ -156,6 +175,9 @@ pub struct Tracer {
     frozen: Option<FrozenProcesses>,
     /// Recorder and probe failures, for `lookback_errors_total`.
     errors: ErrorTally,
+    /// Processes the agent could not add to the kernel's full target set (beside the
+    /// kernel's own count at exec and fork), for `lookback_errors_total{op="target_set"}`.
+    target_set_refused: u64,
     /// Rules whose probe was placed after a process of its binary started (one entry per
     /// such process), for `lookback_function_probes_late_total`; taken by the daemon.
     late_probes: Vec<String>,
@@ -218,6 +240,7 @@ impl Tracer {
             processes: HashMap::new(),
             pods: None,
             errors: ErrorTally::default(),
+            target_set_refused: 0,
             late_probes: Vec::new(),
             poll_cursor: 0,
             shared: Vec::new(),
@@ -263,6 +286,10 @@ impl Tracer {
         let wanted: BTreeMap<&str, &Rule> =
             set.rules.iter().map(|r| (r.name.as_str(), r)).collect();
         let current: Vec<String> = self.rules.keys().cloned().collect();
+        // Changed rules that need other probes or targets: their old versions keep
+        // running until the new ones are in place and hold their processes (swapped,
+        // not detached first: no gap in which the rule sees nothing).
+        let mut retiring: Vec<ActiveRule> = Vec::new();
         for name in current {
             match wanted.get(name.as_str()) {
                 Some(rule) if self.rules.get(&name).is_some_and(|a| a.rule == **rule) => {
@@ -274,8 +301,9 @@ impl Tracer {
                     // flight, its processes' rings). Otherwise removed and installed anew.
                     if self.update_in_place(&name, rule) {
                         log::info!("rule {name}: changed in place");
-                    } else {
-                        self.uninstall(&name);
+                        changes.in_place.push(name.clone());
+                    } else if let Some(old) = self.rules.remove(&name) {
+                        retiring.push(old);
                     }
                     changes.changed.push(name);
                 }
@@ -292,7 +320,23 @@ impl Tracer {
             if !changes.changed.contains(&rule.name) {
                 changes.added.push(rule.name.clone());
             }
-            if let Err(e) = self.install(rule) {
+            let held: BTreeSet<u32> = retiring.iter().map(|r| r.id).collect();
+            let mut installed = self.install(rule, &held);
+            if matches!(installed, Err(TriggerError::RuleId { .. }))
+                && let Some(at) = retiring.iter().position(|r| r.rule.name == rule.name)
+            {
+                // Every id is taken while both versions live: detach the old first.
+                log::warn!(
+                    "rule {}: no free rule id for both versions: the old one is removed \
+                     before the new one is in place",
+                    rule.name
+                );
+                let old = retiring.swap_remove(at);
+                self.retire(old);
+                let held: BTreeSet<u32> = retiring.iter().map(|r| r.id).collect();
+                installed = self.install(rule, &held);
+            }
+            if let Err(e) = installed {
                 log::error!("rule {}: {}", rule.name, ErrorChain(&e));
                 changes.failed.push(rule.name.clone());
             }
@@ -305,7 +349,21 @@ impl Tracer {
                 .filter(|a| a.rule.snapshot.post_trigger.is_zero())
                 .fold(0, |bits, a| bits | 1u64 << a.id),
         );
+        // Each process moves to the new versions' bits in one write (`retarget`); the
+        // old versions, matching nothing any more, then go.
         self.rescan();
+        for old in retiring {
+            log::info!(
+                "rule {}: swapped (the new version was in place before the old one left)",
+                old.rule.name
+            );
+            if let Ok(counters) = self.engine.counters(old.id) {
+                changes
+                    .retired_counters
+                    .push((old.rule.name.clone(), counters));
+            }
+            self.retire(old);
+        }
         Ok(changes)
     }
 
@@ -548,8 +606,11 @@ impl Tracer {
         true
     }
 
-    fn install(&mut self, rule: &Rule) -> Result<(), TriggerError> {
-        let used: BTreeSet<u32> = self.rules.values().map(|r| r.id).collect();
+    /// Installs `rule` under the lowest rule id neither an installed rule nor `held` (the
+    /// old versions of rules being swapped) has.
+    fn install(&mut self, rule: &Rule, held: &BTreeSet<u32>) -> Result<(), TriggerError> {
+        let mut used: BTreeSet<u32> = self.rules.values().map(|r| r.id).collect();
+        used.extend(held);
         let id = (0..MAX_RULES)
             .find(|id| !used.contains(id))
             .ok_or(TriggerError::RuleId { id: MAX_RULES })?;
@@ -562,6 +623,7 @@ impl Tracer {
             id,
             targets: BTreeSet::new(),
             binaries: BTreeMap::new(),
+            limited: BTreeMap::new(),
             probe_error: None,
             probe_error_reason: None,
             installed_ticks: discovery::now_ticks(),
@@ -580,7 +642,7 @@ impl Tracer {
                 &mut self.engine,
                 &mut self.errors,
                 &mut active,
-                &binary,
+                (&binary, None),
                 || resolve::resolve_symbol(&binary, &resolve::Lookup::of(f)),
             );
         }
@@ -643,9 +705,15 @@ impl Tracer {
     }
 
     fn uninstall(&mut self, name: &str) {
-        let Some(active) = self.rules.remove(name) else {
-            return;
-        };
+        if let Some(active) = self.rules.remove(name) {
+            self.retire(active);
+        }
+    }
+
+    /// Removes rule `active` (no longer in [`Self::rules`]) from the kernel and from the
+    /// processes it targeted.
+    fn retire(&mut self, active: ActiveRule) {
+        let name = active.rule.name.clone();
         if let Err(e) = self.engine.remove_rule(active.id) {
             log::warn!("removing rule {name}: {}", ErrorChain(&e));
         }
@@ -748,13 +816,20 @@ impl Tracer {
         self.probe_binaries(&info, mask, exec_ns);
         self.selected.note(pid, mask);
         if mask != old {
-            if old & !mask != 0
-                && let Err(e) = self.engine.remove_target(pid)
-            {
-                log::warn!("process {pid}: {}", ErrorChain(&e));
-            }
-            if let Err(e) = self.engine.add_target(pid, mask) {
-                log::warn!("process {pid}: {}", ErrorChain(&e));
+            // One write: a rule swapped by a reload hands the process over from its old
+            // version to its new one at one instant.
+            if let Err(e) = self.engine.retarget(pid, mask) {
+                if super::limits::errno_of(&e) == Some(libc::E2BIG) {
+                    self.target_set_refused += 1;
+                    log::warn!(
+                        "process {pid} ({}): not traced: the kernel's target set is full \
+                         ({} processes; raise `lookback agent --max-targets`)",
+                        info.comm,
+                        self.engine.max_targets()
+                    );
+                } else {
+                    log::warn!("process {pid}: {}", ErrorChain(&e));
+                }
                 return Outcome::Failed;
             }
             for active in self.rules.values_mut() {
@@ -1009,7 +1084,10 @@ impl Tracer {
 
     /// Warns once per signal rule of traced process `pid` whose signals it ignores
     /// (`SigIgn`: `nohup`, a shell's background job): sent to it, they are dropped
-    /// before delivery and the rule never fires (faults are forced through).
+    /// before delivery and the rule never fires (faults are forced through); or blocks
+    /// (`SigBlk` of its main thread: a `sigwait`/`signalfd` loop): the rule fires when
+    /// one is sent, but while one is pending the kernel merges further ones into it
+    /// (`TRACE_SIGNAL_ALREADY_PENDING`, real-time signals excepted) and they do not fire.
     fn warn_ignored_signals(&mut self, pid: u32) {
         let Some(traced) = self.processes.get_mut(&pid) else {
             return;
@@ -1018,7 +1096,7 @@ impl Tracer {
         if unwarned == 0 {
             return;
         }
-        let Some(ignored) = discovery::ignored_signals(&self.proc_root, pid) else {
+        let Some(masks) = discovery::signal_masks(&self.proc_root, pid) else {
             return;
         };
         for active in self.rules.values() {
@@ -1028,22 +1106,43 @@ impl Tracer {
             if unwarned & 1 << active.id == 0 {
                 continue;
             }
-            let names: Vec<&str> = trigger
-                .signals
-                .iter()
-                .filter(|&&sig| (1..=64).contains(&sig) && ignored >> (sig - 1) & 1 == 1)
-                .map(|&sig| rules::signal_name(sig).unwrap_or("?"))
-                .collect();
-            if !names.is_empty() {
-                traced.warned_ignored |= 1 << active.id;
+            let in_mask =
+                |mask: u64, sig: u32| (1..=64).contains(&sig) && mask >> (sig - 1) & 1 == 1;
+            let names = |pick: &dyn Fn(u32) -> bool| -> Vec<&str> {
+                trigger
+                    .signals
+                    .iter()
+                    .filter(|&&sig| pick(sig))
+                    .map(|&sig| rules::signal_name(sig).unwrap_or("?"))
+                    .collect()
+            };
+            let ignored = names(&|sig| in_mask(masks.ignored, sig));
+            // Real-time signals queue one by one, so blocking them loses no trigger.
+            let blocked = names(&|sig| {
+                sig < 32 && in_mask(masks.blocked, sig) && !in_mask(masks.ignored, sig)
+            });
+            if !ignored.is_empty() {
                 log::warn!(
                     "rule {}: process {pid} ({}) ignores {}: sent to it, they are dropped \
                      before delivery and the rule does not fire (a fault's SIGSEGV or \
                      SIGBUS still does)",
                     active.rule.name,
                     traced.info.comm,
-                    names.join(", ")
+                    ignored.join(", ")
                 );
+            }
+            if !blocked.is_empty() {
+                log::warn!(
+                    "rule {}: process {pid} ({}) blocks {}: the rule fires when one is \
+                     sent, but while one is pending (until the process unblocks or waits \
+                     for it) the kernel merges further ones into it and they do not fire",
+                    active.rule.name,
+                    traced.info.comm,
+                    blocked.join(", ")
+                );
+            }
+            if !ignored.is_empty() || !blocked.is_empty() {
+                traced.warned_ignored |= 1 << active.id;
             }
         }
     }
@@ -1087,6 +1186,59 @@ impl Tracer {
         for pid in due {
             self.open_recorder_of(pid);
         }
+        self.retry_probes();
+    }
+
+    /// Tries again the probes a resource limit refused ([`LimitedProbe`]), each at most
+    /// once a second: for the process they were for while it lives (gone: the next
+    /// process of the binary tries), or the binary the rule names.
+    fn retry_probes(&mut self) {
+        let due: Vec<(String, (u64, u64), LimitedProbe)> = self
+            .rules
+            .iter()
+            .flat_map(|(name, r)| {
+                r.limited
+                    .iter()
+                    .filter(|(_, l)| l.at.elapsed() >= RECORDER_RETRY)
+                    .map(|(&key, l)| (name.clone(), key, l.clone()))
+            })
+            .collect();
+        for (name, key, probe) in due {
+            let Some(active) = self.rules.get_mut(&name) else {
+                continue;
+            };
+            let id = active.id;
+            // Placed: `place_probe` drops the entry; still limited: it puts it back with
+            // a new time. Either way it is tried now, not again at the next tick.
+            if let Some(l) = active.limited.get_mut(&key) {
+                l.at = Instant::now();
+            }
+            if let Some(pid) = probe.pid {
+                let Some(info) = self.processes.get(&pid).map(|p| p.info.clone()) else {
+                    active.limited.remove(&key);
+                    continue;
+                };
+                self.probe_binaries(&info, 1 << id, None);
+            } else if let Trigger::Function(f) = active.rule.trigger.clone() {
+                let binary = probe.binary;
+                let _ = place_probe(
+                    &mut self.engine,
+                    &mut self.errors,
+                    active,
+                    (&binary, None),
+                    || resolve::resolve_symbol(&binary, &resolve::Lookup::of(&f)),
+                );
+            }
+        }
+    }
+
+    /// Function-rule probes a resource limit refused (one per rule and binary), by errno.
+    pub fn probes_missing(&self) -> BTreeMap<&'static str, usize> {
+        let mut missing = BTreeMap::new();
+        for probe in self.rules.values().flat_map(|r| r.limited.values()) {
+            *missing.entry(probe.errno).or_default() += 1;
+        }
+        missing
     }
 
     /// Traced processes without a flight recorder because of a resource limit, by errno.
@@ -1108,6 +1260,12 @@ impl Tracer {
     /// Failures of recorders and probes so far, by operation and errno.
     pub fn errors(&self) -> &ErrorTally {
         &self.errors
+    }
+
+    /// Processes the agent found matching but could not add to the kernel's full target
+    /// set (the kernel counts its own refusals at exec and fork).
+    pub fn target_set_refused(&self) -> u64 {
+        self.target_set_refused
     }
 
     /// Gives the recorders a chance to drain their sideband and re-read their process's
@@ -1186,7 +1344,8 @@ impl Tracer {
             };
             let host = resolve::in_process_root(pid, &binary);
             let trigger = f.clone();
-            let placed = place_probe(&mut self.engine, &mut self.errors, active, &host, || {
+            let at = (host.as_path(), Some(pid));
+            let placed = place_probe(&mut self.engine, &mut self.errors, active, at, || {
                 resolve::resolve_for_process(
                     pid,
                     trigger.binary.as_deref(),
@@ -1258,13 +1417,15 @@ fn inherits_instead(errno: Option<i32>, ancestor_recorded: bool) -> bool {
     errno == Some(libc::EBUSY) && ancestor_recorded
 }
 
-/// Resolves and attaches the rule's probe for `binary` once per inode; an attach that
-/// fails is counted in `errors`. Returns whether probes were placed by this call.
+/// Resolves and attaches the rule's probe for `binary` (placed for process `pid`, or at
+/// install) once per inode; an attach that fails is counted in `errors`. A failure on a
+/// resource limit leaves the binary unexamined and in the rule's `limited` probes, tried
+/// again by [`Tracer::retry_recorders`]. Returns whether probes were placed by this call.
 fn place_probe(
     engine: &mut TriggerEngine,
     errors: &mut ErrorTally,
     active: &mut ActiveRule,
-    binary: &Path,
+    (binary, pid): (&Path, Option<u32>),
     resolve: impl FnOnce() -> Result<Vec<resolve::ProbePoint>, ResolveError>,
 ) -> bool {
     let Ok(meta) = std::fs::metadata(binary) else {
@@ -1278,20 +1439,42 @@ fn place_probe(
         Ok(points) => match engine.attach_probes(active.id, &points) {
             Ok(probes) => {
                 crate::triggers::engine::log_probes(&active.rule.name, &probes);
+                if active.limited.remove(&key).is_some() {
+                    log::info!(
+                        "rule {}: probe in {} attached on a retry",
+                        active.rule.name,
+                        binary.display()
+                    );
+                }
                 active.probe_error = None;
                 active.probe_error_reason = None;
                 true
             }
             Err(e) => {
-                errors.record("probe", &e);
+                let limit = errors.record("probe", &e);
                 let msg = format!("{}", ErrorChain(&e));
                 log::error!(
-                    "rule {}: attaching the uprobe in {} failed: {msg}",
+                    "rule {}: attaching the uprobe in {} failed: {msg}{}",
                     active.rule.name,
-                    binary.display()
+                    binary.display(),
+                    if limit.is_some() {
+                        " (tried again each second)"
+                    } else {
+                        ""
+                    }
                 );
                 active.probe_error = Some(msg);
                 active.probe_error_reason = Some("attach_failed");
+                if let Some(errno) = limit {
+                    let retry = LimitedProbe {
+                        binary: binary.to_owned(),
+                        pid,
+                        errno,
+                        at: Instant::now(),
+                    };
+                    active.limited.insert(key, retry);
+                    return false;
+                }
                 false
             }
         },
@@ -1304,6 +1487,17 @@ fn place_probe(
             );
             active.probe_error = Some(msg);
             active.probe_error_reason = Some(e.reason());
+            if let Some(errno) = super::limits::resource_errno(&e) {
+                errors.record("probe", &e);
+                let retry = LimitedProbe {
+                    binary: binary.to_owned(),
+                    pid,
+                    errno,
+                    at: Instant::now(),
+                };
+                active.limited.insert(key, retry);
+                return false;
+            }
             false
         }
     };

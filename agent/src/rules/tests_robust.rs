@@ -223,23 +223,31 @@ fn no_panic_on_prefixes_and_mutations_of_a_valid_file() {
 #[test]
 fn an_empty_duration_is_refused_where_it_is_written() {
     // `min_duration:` alone is YAML null: read as absent it made a latency rule an
-    // every-call rule.
-    for (key, text) in [
+    // every-call rule. The error points where the value is missing (line:column).
+    for (key, text, at) in [
         (
             "min_duration",
             "version: 1\nrules:\n  - name: r\n    target: {pid: 1}\n    trigger:\n      function: {symbol: f, min_duration: }\n",
+            (6, 43),
         ),
         (
             "min_duration",
             "version: 1\nrules:\n  - name: r\n    target: {pid: 1}\n    trigger:\n      syscall:\n        names: [read]\n        min_duration:\n",
+            (8, 22),
         ),
         (
             "cooldown",
             "version: 1\nrules:\n  - name: r\n    target: {pid: 1}\n    trigger: {signal: {signals: [SIGSEGV]}}\n    snapshot: {cooldown: null}\n",
+            (6, 26),
+        ),
+        (
+            "post_trigger",
+            "version: 1\nrules:\n  - name: r\n    target: {pid: 1}\n    trigger: {signal: {signals: [SIGSEGV]}}\n    snapshot:\n      post_trigger:\n",
+            (7, 20),
         ),
     ] {
-        let (line, _, message) = error_of(text);
-        assert!(line >= 6, "{key}: line {line}: {message}");
+        let (line, column, message) = error_of(text);
+        assert_eq!((line, column), at, "{key}: {message}");
         assert!(
             message.contains(key) && message.contains("invalid duration"),
             "{key}: {message}"

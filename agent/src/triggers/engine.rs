@@ -206,6 +206,8 @@ pub struct TriggerEngine {
     next_jump_site: u32,
     /// Rule ids `0..rule_slots` are usable (the programs' loops stop there).
     rule_slots: u32,
+    /// Entries of the kernel's target set.
+    max_targets: u32,
 }
 
 impl TriggerEngine {
@@ -223,7 +225,15 @@ impl TriggerEngine {
     /// session whose rules are known at start (`run`, `attach`); the agent, whose reloads
     /// may use any id, loads all 64.
     pub fn load_for(rule_slots: u32) -> Result<Self, TriggerError> {
+        Self::load_sized(rule_slots, lookback_common::process::DEFAULT_MAX_TARGETS)
+    }
+
+    /// [`load_for`](Self::load_for) with a kernel target set of `max_targets` processes
+    /// (clamped to 1..=1,048,576): the agent on a node with more matching processes than
+    /// the default 16,384 (each entry is ~100 bytes of kernel memory).
+    pub fn load_sized(rule_slots: u32, max_targets: u32) -> Result<Self, TriggerError> {
         let rule_slots = rule_slots.clamp(1, MAX_RULES);
+        let max_targets = max_targets.clamp(1, 1 << 20);
         let btf = Btf::from_sys_fs()?;
         let config = EngineConfig {
             task_tgid_offset: btf.member_offset("task_struct", "tgid")?,
@@ -232,6 +242,7 @@ impl TriggerEngine {
         };
         let mut ebpf = EbpfLoader::new()
             .override_global("RULE_SLOTS", &rule_slots, true)
+            .map_max_entries("TARGET_TGIDS", max_targets)
             .load(EBPF_OBJECT)
             .map_err(|e| TriggerError::Load(Box::new(e)))?;
         for name in [
@@ -257,6 +268,7 @@ impl TriggerEngine {
             free_jump_sites: Vec::new(),
             next_jump_site: 0,
             rule_slots,
+            max_targets,
         };
         engine.write_config()?;
         Ok(engine)
@@ -725,6 +737,13 @@ impl TriggerEngine {
         self.set_target(tgid, mask)
     }
 
+    /// Makes `tgid` a target of exactly the rules in `rule_mask` in one write of the
+    /// kernel's map: rules that leave and rules that come change at one instant, with
+    /// no moment in which it has neither (0: no longer a target).
+    pub fn retarget(&mut self, tgid: u32, rule_mask: u64) -> Result<(), TriggerError> {
+        self.set_target(tgid, rule_mask)
+    }
+
     /// Stops tracing `tgid` for every rule.
     pub fn remove_target(&mut self, tgid: u32) -> Result<(), TriggerError> {
         self.set_target(tgid, 0)
@@ -782,6 +801,18 @@ impl TriggerEngine {
     /// Exec/exit records the kernel dropped because their ring was full (summed over CPUs).
     pub fn process_events_lost(&self) -> Result<u64, TriggerError> {
         self.per_cpu_sum("PROC_EVENTS_LOST", 0)
+    }
+
+    /// How many processes the kernel's target set holds at most.
+    #[must_use]
+    pub fn max_targets(&self) -> u32 {
+        self.max_targets
+    }
+
+    /// Processes the kernel left out of its full target set at exec or fork (summed over
+    /// CPUs; `TARGET_SET_FULL`).
+    pub fn target_set_full(&self) -> Result<u64, TriggerError> {
+        self.per_cpu_sum("TARGET_SET_FULL", 0)
     }
 
     /// Processes the kernel selected at exec by their comm, and how many of those had
