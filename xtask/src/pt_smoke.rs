@@ -9,9 +9,14 @@
 //! signal trigger; `attach` to a running copy (with and without the filter). The
 //! function cases know their answer: `workload calls 10 5 3000 100 1` makes its 5th call
 //! of `lb_work` the first slow one, so the trace up to the trigger holds exactly 5
-//! `lb_work` slices. Every case also reports the time from the trace's last event to its
-//! trigger marker (`trigger−end`: negative when the trace goes on past the trigger; more
-//! than 1 ms positive fails: the trace must reach its trigger) and its decode errors.
+//! `lb_work` slices; each slice must last what the workload measured around that call
+//! (`call_ns=`, within 20 µs or 5 %: PT's timing, MTC/CYC with the recorded CPU's
+//! ratios), and the trigger, taken in the kernel at the exit probe, must sit within 50 µs
+//! of the end of the 5th (the TSC/`CLOCK_MONOTONIC` pair of the conversion read at one
+//! moment). Every case also reports the time from the trace's last event to its trigger
+//! marker (`trigger−end`: negative when the trace goes on past the trigger; more than
+//! 1 ms positive fails: the trace must reach its trigger) and fails on decode errors (the
+//! snapshot holds every byte of code the workload runs) and when `lookback check` fails.
 //!
 //! Out: a table on stdout and `target/pt-smoke/report.txt` (with `check.json` and the
 //! traces beside it); exit status 1 on any mismatch. On a machine without PT it says so
@@ -97,11 +102,20 @@ const CASES: [Case; 6] = [
     },
 ];
 
+/// How far a `lb_work` slice may be from the workload's own measure of the call: the
+/// larger of this and [`MAX_CALL_SKEW`] of the call.
+const MAX_CALL_DIFF_NS: f64 = 20_000.0;
+const MAX_CALL_SKEW: f64 = 0.05;
+/// How far the trigger may be from the end of the call that fired it.
+const MAX_TRIGGER_DIFF_NS: f64 = 50_000.0;
+
 /// What a trace shows, read from its JSON lines.
 #[derive(Debug, Default)]
 struct TraceFacts {
     events: usize,
     lb_work: usize,
+    /// Each `lb_work` slice's start and end, in trace order.
+    lb_work_slices: Vec<(f64, f64)>,
     decode_errors: usize,
     trigger_ns: Option<f64>,
     last_ns: Option<f64>,
@@ -110,6 +124,8 @@ struct TraceFacts {
 /// Reads a Chrome JSON trace as lookback writes it (one event per line).
 fn facts(text: &str) -> TraceFacts {
     let mut f = TraceFacts::default();
+    // The workload calls `lb_work` from one thread, never nested.
+    let mut open = None;
     for line in text.lines() {
         let ts = field(line, "\"ts\":").and_then(|v| v.parse::<f64>().ok());
         let Some(ts_ns) = ts.map(|us| us * 1000.0) else {
@@ -124,6 +140,13 @@ fn facts(text: &str) -> TraceFacts {
         f.last_ns = Some(f.last_ns.map_or(ts_ns, |l: f64| l.max(ts_ns)));
         if line.contains("\"ph\":\"B\"") && name == "\"lb_work\"" {
             f.lb_work += 1;
+            open = Some(ts_ns);
+        }
+        if line.contains("\"ph\":\"E\"")
+            && name == "\"lb_work\""
+            && let Some(start) = open.take()
+        {
+            f.lb_work_slices.push((start, ts_ns));
         }
         if name.starts_with("\"[decode error") && line.contains("\"ph\":\"B\"") {
             f.decode_errors += 1;
@@ -178,21 +201,31 @@ pub fn pt_smoke(root: &Path, backend: &str) -> Result<()> {
         check.status,
         check.stdout.len()
     );
+    let mut failed = 0;
+    if !check.status.success() {
+        failed += 1;
+        let _ = writeln!(
+            report,
+            "MISMATCH: lookback check failed on a machine with Intel PT: {}",
+            String::from_utf8_lossy(&check.stderr).trim()
+        );
+    }
     let _ = writeln!(
         report,
         "{:<44} {:>9} {:>8} {:>12} {:>7}  result",
         "case", "lb_work", "events", "trigger−end", "errors"
     );
-    let mut failed = 0;
     for (i, case) in CASES.iter().enumerate() {
         let trace = out.join(format!("case{i}.json"));
         let _ = std::fs::remove_file(&trace);
-        let outcome = capture(&bin, &workload, case, &trace, backend)
-            .and_then(|()| std::fs::read_to_string(&trace).context("no trace written"));
+        let outcome = capture(&bin, &workload, case, &trace, backend).and_then(|stdout| {
+            let text = std::fs::read_to_string(&trace).context("no trace written")?;
+            Ok((text, stdout))
+        });
         let line = match outcome {
-            Ok(text) => {
+            Ok((text, stdout)) => {
                 let f = facts(&text);
-                let problems = judge(case, &f, backend);
+                let problems = judge(case, &f, backend, &call_ns(&stdout));
                 if !problems.is_empty() {
                     failed += 1;
                 }
@@ -231,11 +264,23 @@ pub fn pt_smoke(root: &Path, backend: &str) -> Result<()> {
     Ok(())
 }
 
-/// What is wrong with a case's trace; empty when nothing.
-fn judge(case: &Case, f: &TraceFacts, backend: &str) -> Vec<String> {
+/// The workload's own measure of each call (`call_ns=` lines), in call order.
+fn call_ns(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("call_ns=")?.trim().parse().ok())
+        .collect()
+}
+
+/// What is wrong with a case's trace, given what the workload measured (`calls`, its
+/// `call_ns=` values); empty when nothing.
+fn judge(case: &Case, f: &TraceFacts, backend: &str, calls: &[f64]) -> Vec<String> {
     let mut problems = Vec::new();
     if f.events == 0 {
         problems.push("empty trace".to_owned());
+    }
+    if f.decode_errors > 0 {
+        problems.push(format!("{} decode error(s)", f.decode_errors));
     }
     match (f.trigger_ns, f.last_ns) {
         (None, _) => problems.push("no trigger marker".to_owned()),
@@ -254,11 +299,55 @@ fn judge(case: &Case, f: &TraceFacts, backend: &str) -> Vec<String> {
             f.lb_work
         ));
     }
+    if backend == "intel-pt" && case.calls.is_some() {
+        problems.extend(timing_problems(f, calls));
+    }
     problems
 }
 
-/// Records one case into `trace` (`run`, or `attach` to a copy started waiting).
-fn capture(bin: &Path, workload: &Path, case: &Case, trace: &Path, backend: &str) -> Result<()> {
+/// The PT timing checks of a function case: each `lb_work` slice against the
+/// workload's measure of the same call, and the trigger against the end of the last one.
+fn timing_problems(f: &TraceFacts, calls: &[f64]) -> Vec<String> {
+    let mut problems = Vec::new();
+    if calls.len() < f.lb_work_slices.len() {
+        problems.push(format!(
+            "the workload printed {} call_ns= lines for {} slices",
+            calls.len(),
+            f.lb_work_slices.len()
+        ));
+        return problems;
+    }
+    for (i, (&(start, end), &measured)) in f.lb_work_slices.iter().zip(calls).enumerate() {
+        let traced = end - start;
+        if (traced - measured).abs() > MAX_CALL_DIFF_NS.max(measured * MAX_CALL_SKEW) {
+            problems.push(format!(
+                "call {}: {:.1} µs in the trace, {:.1} µs by the workload's clock",
+                i + 1,
+                traced / 1000.0,
+                measured / 1000.0
+            ));
+        }
+    }
+    if let (Some(t), Some(&(_, end))) = (f.trigger_ns, f.lb_work_slices.last())
+        && (t - end).abs() > MAX_TRIGGER_DIFF_NS
+    {
+        problems.push(format!(
+            "the trigger is {:.1} µs from the end of the call that fired it",
+            (t - end) / 1000.0
+        ));
+    }
+    problems
+}
+
+/// Records one case into `trace` (`run`, or `attach` to a copy started waiting); returns
+/// the workload's stdout.
+fn capture(
+    bin: &Path,
+    workload: &Path,
+    case: &Case,
+    trace: &Path,
+    backend: &str,
+) -> Result<String> {
     let mut cmd = Command::new(bin);
     cmd.arg(if case.attach { "attach" } else { "run" })
         .args([
@@ -275,17 +364,23 @@ fn capture(bin: &Path, workload: &Path, case: &Case, trace: &Path, backend: &str
         cmd.arg("--trace-binary").arg(workload);
     }
     if !case.attach {
-        let status = cmd.arg("--").arg(workload).args(case.workload).status()?;
-        if !status.success() {
-            bail!("lookback run: {status}");
+        // `run` hands the command its own stdout: the workload's `call_ns=` lines.
+        let out = cmd
+            .arg("--")
+            .arg(workload)
+            .args(case.workload)
+            .stderr(Stdio::inherit())
+            .output()?;
+        if !out.status.success() {
+            bail!("lookback run: {}", out.status);
         }
-        return Ok(());
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
     let mut target = Command::new(workload)
         .arg("--wait")
         .args(case.workload)
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .context("starting the workload")?;
     let mut tracer = cmd
@@ -308,6 +403,11 @@ fn capture(bin: &Path, workload: &Path, case: &Case, trace: &Path, backend: &str
     if let Some(mut stdin) = target.stdin.take() {
         let _ = stdin.write_all(b"go\n");
     }
+    let mut stdout = String::new();
+    if let Some(mut pipe) = target.stdout.take() {
+        use std::io::Read as _;
+        pipe.read_to_string(&mut stdout)?;
+    }
     let target_status = target.wait()?;
     let deadline = Instant::now() + Duration::from_mins(1);
     let status = loop {
@@ -326,7 +426,7 @@ fn capture(bin: &Path, workload: &Path, case: &Case, trace: &Path, backend: &str
     if !target_status.success() || !status.success() {
         bail!("workload {target_status}, lookback attach {status}");
     }
-    Ok(())
+    Ok(stdout)
 }
 
 /// `LOOKBACK_BIN`, else the release build (built when missing and cargo is there).
@@ -387,15 +487,48 @@ mod tests {
         assert_eq!((f.events, f.lb_work, f.decode_errors), (4, 1, 1));
         assert_eq!(f.trigger_ns, Some(22_000.0));
         assert_eq!(f.last_ns, Some(21_000.0));
+        assert_eq!(f.lb_work_slices, [(10_500.0, 20_000.0)]);
         let case = &CASES[0];
         assert_eq!(
-            judge(case, &f, "intel-pt"),
-            ["1 lb_work calls in the trace, the workload made 5"]
+            judge(case, &f, "intel-pt", &[9_500.0]),
+            [
+                "1 decode error(s)",
+                "1 lb_work calls in the trace, the workload made 5"
+            ]
         );
-        assert!(judge(case, &f, "sampling").is_empty());
+        assert_eq!(judge(case, &f, "sampling", &[]), ["1 decode error(s)"]);
         assert_eq!(
             field("{\"name\":\"a,b\",\"ts\":1}", "\"name\":"),
             Some("\"a,b\"")
         );
+    }
+
+    #[test]
+    fn pt_timing_is_held_to_the_workloads_clock_and_the_trigger() {
+        let slices = |ends: &[(f64, f64)]| TraceFacts {
+            lb_work_slices: ends.to_vec(),
+            trigger_ns: ends.last().map(|&(_, e)| e + 5_000.0),
+            ..TraceFacts::default()
+        };
+        // 100 µs calls traced within 20 µs, a 3 ms call within 5 %, the trigger 5 µs
+        // after the last call's end: right.
+        let good = slices(&[(0.0, 110_000.0), (200_000.0, 3_290_000.0)]);
+        assert!(timing_problems(&good, &[100_000.0, 3_100_000.0, 100_000.0]).is_empty());
+        // A call 30 µs off, and a trigger 120 µs after its call (the clock pair read at
+        // two moments, issue 18 item 1).
+        let mut bad = slices(&[(0.0, 130_000.0)]);
+        bad.trigger_ns = Some(250_000.0);
+        assert_eq!(
+            timing_problems(&bad, &[100_000.0]),
+            [
+                "call 1: 130.0 µs in the trace, 100.0 µs by the workload's clock",
+                "the trigger is 120.0 µs from the end of the call that fired it"
+            ]
+        );
+        assert_eq!(
+            timing_problems(&good, &[100_000.0]),
+            ["the workload printed 1 call_ns= lines for 2 slices"]
+        );
+        assert_eq!(call_ns("x\ncall_ns=100\ncall_ns=3000\n"), [100.0, 3000.0]);
     }
 }

@@ -38,13 +38,28 @@ impl BuildEnv {
     }
 }
 
-/// The workspace root (parent of the xtask crate).
+/// The workspace root (parent of the xtask crate). Where the xtask binary was built is
+/// the answer under cargo; a binary carried to another machine (`pt-smoke` where no
+/// cargo is) finds the checkout from the current directory up instead.
 pub fn workspace_root() -> Result<PathBuf> {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
+    if manifest.join("Cargo.toml").is_file() {
+        return manifest
+            .parent()
+            .map(Path::to_path_buf)
+            .context("xtask has no parent directory");
+    }
+    let cwd = env::current_dir().context("reading the current directory")?;
+    cwd.ancestors()
+        .find(|dir| dir.join("xtask/Cargo.toml").is_file())
         .map(Path::to_path_buf)
-        .context("xtask has no parent directory")
+        .with_context(|| {
+            format!(
+                "no lookback checkout at or above {} (and {} is gone)",
+                cwd.display(),
+                manifest.display()
+            )
+        })
 }
 
 /// Runs a command, failing with its command line when it does not exit 0.
