@@ -63,7 +63,14 @@ fn throughput(env: &BuildEnv, synth: &Path) -> Result<()> {
     for _ in 0..DECODE_REPS {
         let text = output(
             Command::new(env.release_bin())
-                .args(["decode", "--stats", "--threads", "1", "--pt"])
+                .args([
+                    "decode",
+                    "--stats",
+                    "--packet-stats",
+                    "--threads",
+                    "1",
+                    "--pt",
+                ])
                 .arg(&pt)
                 .args(["--raw", &raw]),
         )?;

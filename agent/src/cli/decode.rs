@@ -55,6 +55,10 @@ lookback decode --pt aux0.bin:0 --sideband sb-cpu0.pevent -o trace.fxt.gz -- --p
 lookback decode --pt trace.pt --raw code.bin:0x400000 --stats\n  \
 lookback decode --pt trace.pt --raw code.bin:0x400000 --ptxed -- --event:ip --block:show-blocks\n  \
 lookback decode --pt trace.pt --ptdump -- --lastip --time")]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "command-line switches, each its own flag"
+)]
 pub struct DecodeArgs {
     /// A snapshot (.lbsnap) or a `perf record -e intel_pt//` file (perf.data) to turn
     /// into a trace file.
@@ -112,6 +116,10 @@ pub struct DecodeArgs {
     /// INPUT: write the trace and report what went in, the time and the peak memory.
     #[arg(long, group = "mode")]
     pub stats: bool,
+    /// With `--stats` on a raw trace (`--pt`): also count the packets in a pass of their
+    /// own before the decode, timed apart (the product path never runs it).
+    #[arg(long, requires = "stats")]
+    pub packet_stats: bool,
     /// Decode Intel PT on N threads (default: every core the process may run on): each
     /// CPU's trace is cut at PSBs and each piece's decode checked against the one before
     /// it, so the result is the one-thread decode's. Not for `--ptxed`/`--ptdump`.
@@ -679,7 +687,7 @@ pub fn run(args: &DecodeArgs) -> CliResult {
     }
     let threads = decode_threads(args);
     if args.stats {
-        run_stats(&trace, &image, &opts, threads)
+        run_stats(&trace, &image, &opts, threads, args.packet_stats)
     } else {
         run_branches(&trace, &image, &opts, threads)
     }
@@ -823,9 +831,15 @@ fn count_packets(trace: &[u8], opts: &PtxedOptions) -> (Vec<(&'static str, u64)>
     (counts, errors)
 }
 
-fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions, threads: usize) -> CliResult {
+fn run_stats(
+    trace: &[u8],
+    image: &Image,
+    opts: &PtxedOptions,
+    threads: usize,
+    packet_pass: bool,
+) -> CliResult {
     let started = Instant::now();
-    let (packets, packet_errors) = count_packets(trace, opts);
+    let packets = packet_pass.then(|| count_packets(trace, opts));
     let packet_time = started.elapsed();
     let started = Instant::now();
     crate::decode::pt::flow::insn::build_decoder_tables();
@@ -844,10 +858,10 @@ fn run_stats(trace: &[u8], image: &Image, opts: &PtxedOptions, threads: usize) -
     let mut result = write_stats(
         &mut out,
         trace.len(),
-        &packets,
-        packet_errors,
+        packets
+            .as_ref()
+            .map(|(p, e)| (p.as_slice(), *e, packet_time)),
         &counts,
-        packet_time,
         decode_time,
     );
     if result.is_ok() {
@@ -872,6 +886,10 @@ fn parallel_line(threads: usize, stats: Option<ParallelStats>) -> String {
     }
 }
 
+/// The separate packet pass of `--packet-stats`: counts by packet kind, errors, time.
+type PacketPass<'a> = (&'a [(&'static str, u64)], u64, std::time::Duration);
+
+/// `--stats`' report. `packets`: the packet pass, `None` when it did not run.
 #[expect(
     clippy::cast_precision_loss,
     reason = "throughput figures are approximate by nature"
@@ -879,24 +897,24 @@ fn parallel_line(threads: usize, stats: Option<ParallelStats>) -> String {
 fn write_stats(
     out: &mut impl fmt::Write,
     bytes: usize,
-    packets: &[(&'static str, u64)],
-    packet_errors: u64,
+    packets: Option<PacketPass<'_>>,
     counts: &DecodeCounts,
-    packet_time: std::time::Duration,
     decode_time: std::time::Duration,
 ) -> fmt::Result {
     let mb = bytes as f64 / 1e6;
     let rate = |secs: f64| if secs > 0.0 { mb / secs } else { 0.0 };
     writeln!(out, "trace: {bytes} bytes")?;
-    writeln!(
-        out,
-        "packets: {} ({packet_errors} errors), {:.6} s, {:.1} MB/s",
-        packets.iter().map(|(_, n)| n).sum::<u64>(),
-        packet_time.as_secs_f64(),
-        rate(packet_time.as_secs_f64())
-    )?;
-    for (name, count) in packets {
-        writeln!(out, "  {name:<10} {count}")?;
+    if let Some((packets, packet_errors, packet_time)) = packets {
+        writeln!(
+            out,
+            "packets: {} ({packet_errors} errors), {:.6} s, {:.1} MB/s",
+            packets.iter().map(|(_, n)| n).sum::<u64>(),
+            packet_time.as_secs_f64(),
+            rate(packet_time.as_secs_f64())
+        )?;
+        for (name, count) in packets {
+            writeln!(out, "  {name:<10} {count}")?;
+        }
     }
     writeln!(out, "insn: {}.", counts.instructions)?;
     writeln!(out, "blocks: {}.", counts.blocks)?;
@@ -920,12 +938,16 @@ fn write_stats(
             0.0
         }
     };
-    let packet_count = packets.iter().map(|(_, n)| n).sum::<u64>();
+    let packets_per_sec = packets.map_or_else(String::new, |(p, _, _)| {
+        format!(
+            ", {:.2} M packets/s",
+            per_sec(p.iter().map(|(_, n)| n).sum::<u64>())
+        )
+    });
     writeln!(
         out,
-        "decode: {secs:.6} s, {:.1} MB/s, {:.2} M packets/s, {:.1} M insn/s, {:.2} M branches/s",
+        "decode: {secs:.6} s, {:.1} MB/s{packets_per_sec}, {:.1} M insn/s, {:.2} M branches/s",
         rate(secs),
-        per_sec(packet_count),
         per_sec(counts.instructions),
         per_sec(counts.branches.iter().sum())
     )
@@ -1000,16 +1022,31 @@ mod tests {
         write_stats(
             &mut text,
             trace.len(),
-            &[],
-            0,
+            None,
             &counts,
-            std::time::Duration::ZERO,
             std::time::Duration::ZERO,
         )
         .unwrap();
         assert!(
             text.contains("insn: ") && counts.errors.is_empty(),
             "{text}"
+        );
+        // The packet pass is reported only when it ran (`--packet-stats`).
+        assert!(!text.contains("packets"), "{text}");
+        let mut with = String::new();
+        let kinds = [("psb", 2), ("tnt", 5)];
+        let pass = Some((&kinds[..], 0, std::time::Duration::from_millis(1)));
+        write_stats(
+            &mut with,
+            trace.len(),
+            pass,
+            &counts,
+            std::time::Duration::ZERO,
+        )
+        .unwrap();
+        assert!(
+            with.contains("packets: 7 (0 errors)") && with.contains("M packets/s"),
+            "{with}"
         );
     }
 }
