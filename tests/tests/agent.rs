@@ -878,6 +878,45 @@ rules:
 }
 
 #[test]
+fn a_reload_that_changes_a_rules_capture_records_its_processes_anew() {
+    // A swapped rule whose capture changed: its running processes are recorded as the new
+    // version says (new rings of the new size), not kept on the old version's rings.
+    let rules = |size: &str| {
+        format!(
+            r"
+version: 1
+rules:
+  - name: usr1
+    target: {{ comm: workload }}
+    capture: {{ backend: sampling, buffer_size: {size}, isolate: true }}
+    trigger: {{ signal: {{ signals: [SIGUSR1] }} }}
+    output: {{ keep_raw: true }}
+"
+        )
+    };
+    let mut agent = Agent::start(&rules("256KiB"), &[]);
+    let mut child = waiting_workload(&["usr1"], Stdio::null());
+    agent.wait_log(
+        &format!("tracing process {} ", child.id()),
+        Duration::from_secs(10),
+    );
+    write_rules(&agent.config(), &rules("512KiB"));
+    agent.expect_metric("lookback_config_reloads_total", &[("result", "ok")], 1.0);
+    agent.wait_log("rule usr1: swapped", Duration::from_secs(10));
+    let _ = std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), b"go\n");
+    assert!(child.wait().expect("workload").success());
+    agent.expect_metric(
+        "lookback_snapshots_total",
+        &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
+        1.0,
+    );
+    let snaps = lookback_tests::agent::read_snapshots(&agent.out().join("usr1"));
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(snaps[0].meta.recorder.buffer_size, 512 << 10, "{}", agent.log());
+    agent.stop_ok();
+}
+
+#[test]
 fn a_reload_that_changes_a_rule_keeps_it_measuring() {
     // A latency rule whose cooldown is changed by a reload while a slow call is in
     // flight: the call's entry, the probes and the process's rings live through the

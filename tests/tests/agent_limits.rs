@@ -383,7 +383,10 @@ fn a_full_kernel_target_set_is_counted_and_said_and_room_comes_back() {
         .map(|_| waiting_workload(&["nanosleep", "1", "1"], Stdio::null()))
         .collect();
     let labels = [("op", "target_set"), ("errno", "E2BIG")];
-    let refused = agent.settled_metric("lookback_errors_total", &labels, 2.0);
+    // Each of the 2 is refused twice, once each: by the kernel at its exec, and by the
+    // agent when it reads the exec event (never again at a rescan).
+    agent.expect_metric("lookback_errors_total", &labels, 4.0);
+    let refused = 4.0;
     agent.expect_metric("lookback_targets", &[("rule", "sleeps")], 4.0);
     let line = agent.wait_log(
         "target set: it is full (4 processes",
@@ -432,8 +435,9 @@ rules:
     let pid = agent.child.id();
     let (_, hard) = open_files_limit(pid);
     agent.wait_readyz(200, Duration::from_secs(20));
-    // Three fds to spare: enough to read the process's /proc files and its binary, and
-    // for the entry probe, not for the exit probes beside it (a uprobe and its link each).
+    // Three fds to spare: enough to read the process's /proc files and its binary, not for
+    // all of the rule's probes (the exit probes and the entry probe, a uprobe event and
+    // its link each): the attach fails part-way and is undone.
     set_open_files_limit(pid, &limit_leaving_free(pid, 3).to_string());
     let mut target = waiting_workload(&["started"], Stdio::null());
     let body = agent.wait_readyz(503, Duration::from_secs(20));

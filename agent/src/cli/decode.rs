@@ -608,6 +608,12 @@ fn write_snapshot(
 }
 
 pub fn run(args: &DecodeArgs) -> CliResult {
+    if args.packet_stats && (args.input.is_some() || args.output.is_some()) {
+        return Err(CliError::usage(anyhow::anyhow!(
+            "--packet-stats counts the packets of a raw trace decoded to branch events \
+             (--pt FILE --stats, no INPUT or -o)"
+        )));
+    }
     if let Some(input) = &args.input {
         return run_snapshot(args, input);
     }

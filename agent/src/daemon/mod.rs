@@ -122,7 +122,7 @@ fn remove_stale_temp_files(opts: &AgentOptions, rules: &RuleSet) {
             .collect(),
     };
     for dir in dirs {
-        match retention::remove_stale_temp_files(&dir) {
+        match retention::remove_stale_temp_files(&dir, std::process::id()) {
             Ok(0) => {}
             Ok(n) => log::info!(
                 "removed {n} temporary file(s) an interrupted write left in {}",

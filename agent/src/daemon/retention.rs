@@ -143,9 +143,10 @@ fn temp_file_pid(name: &str) -> Option<u32> {
 
 /// Removes the temporary files a writer killed mid-write left in `dir` and the rule
 /// directories under it (`kill -9` during a write: nothing else would ever remove them),
-/// except those of a process still alive (its write may be in flight). Returns how many
-/// went.
-pub fn remove_stale_temp_files(dir: &Path) -> io::Result<usize> {
+/// except those of a process still alive (its write may be in flight). `own`: this
+/// process's pid, called before it writes anything: files with it are a predecessor's (an
+/// agent restarted in a container gets the same pid, often 1). Returns how many went.
+pub fn remove_stale_temp_files(dir: &Path, own: u32) -> io::Result<usize> {
     let mut removed = 0;
     let mut dirs = vec![dir.to_path_buf()];
     for entry in fs::read_dir(dir)?.flatten() {
@@ -162,7 +163,7 @@ pub fn remove_stale_temp_files(dir: &Path) -> io::Result<usize> {
             let Some(pid) = temp_file_pid(&name) else {
                 continue;
             };
-            let alive = Path::new(&format!("/proc/{pid}")).exists();
+            let alive = pid != own && Path::new(&format!("/proc/{pid}")).exists();
             if !alive && entry.file_type().is_ok_and(|t| t.is_file()) {
                 match fs::remove_file(entry.path()) {
                     Ok(()) => removed += 1,
@@ -285,11 +286,17 @@ mod tests {
             fs::write(rule.join(name), b"x").unwrap();
         }
         fs::write(dir.path().join(".y.json.tmp-4194304"), b"x").unwrap();
-        assert_eq!(remove_stale_temp_files(dir.path()).unwrap(), 2);
+        assert_eq!(remove_stale_temp_files(dir.path(), 0).unwrap(), 2);
         assert_eq!(
             names(&rule),
             [".hidden", live.as_str(), "2026-12-01T10:00:00Z-1-1.json"]
         );
+        // Called by the agent at start: a file with its own pid is a predecessor's.
+        assert_eq!(
+            remove_stale_temp_files(dir.path(), std::process::id()).unwrap(),
+            1
+        );
+        assert_eq!(names(&rule), [".hidden", "2026-12-01T10:00:00Z-1-1.json"]);
         assert_eq!(temp_file_pid(".a.tmp-12-x"), None);
         assert_eq!(temp_file_pid("a.tmp-12"), None);
     }

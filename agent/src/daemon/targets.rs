@@ -178,6 +178,11 @@ pub struct Tracer {
     /// Processes the agent could not add to the kernel's full target set (beside the
     /// kernel's own count at exec and fork), for `lookback_errors_total{op="target_set"}`.
     target_set_refused: u64,
+    /// Processes the agent found the kernel's target set full for: each counted once.
+    refused: BTreeSet<u32>,
+    /// During a reload, the ids of old rule versions whose processes the per-CPU rings
+    /// still record until they move to the new versions.
+    retiring_shared: u64,
     /// Rules whose probe was placed after a process of its binary started (one entry per
     /// such process), for `lookback_function_probes_late_total`; taken by the daemon.
     late_probes: Vec<String>,
@@ -241,6 +246,8 @@ impl Tracer {
             pods: None,
             errors: ErrorTally::default(),
             target_set_refused: 0,
+            refused: BTreeSet::new(),
+            retiring_shared: 0,
             late_probes: Vec::new(),
             poll_cursor: 0,
             shared: Vec::new(),
@@ -296,9 +303,9 @@ impl Tracer {
                     changes.unchanged.push(name);
                 }
                 Some(rule) => {
-                    // Swapped in place when only thresholds, limits or outputs changed:
+                    // Changed in place when only thresholds, limits or outputs changed:
                     // the rule keeps measuring through the reload (probes, calls in
-                    // flight, its processes' rings). Otherwise removed and installed anew.
+                    // flight, its processes' rings). Otherwise swapped (below).
                     if self.update_in_place(&name, rule) {
                         log::info!("rule {name}: changed in place");
                         changes.in_place.push(name.clone());
@@ -313,34 +320,13 @@ impl Tracer {
                 }
             }
         }
-        for rule in &set.rules {
-            if self.rules.contains_key(&rule.name) {
-                continue;
-            }
-            if !changes.changed.contains(&rule.name) {
-                changes.added.push(rule.name.clone());
-            }
-            let held: BTreeSet<u32> = retiring.iter().map(|r| r.id).collect();
-            let mut installed = self.install(rule, &held);
-            if matches!(installed, Err(TriggerError::RuleId { .. }))
-                && let Some(at) = retiring.iter().position(|r| r.rule.name == rule.name)
-            {
-                // Every id is taken while both versions live: detach the old first.
-                log::warn!(
-                    "rule {}: no free rule id for both versions: the old one is removed \
-                     before the new one is in place",
-                    rule.name
-                );
-                let old = retiring.swap_remove(at);
-                self.retire(old);
-                let held: BTreeSet<u32> = retiring.iter().map(|r| r.id).collect();
-                installed = self.install(rule, &held);
-            }
-            if let Err(e) = installed {
-                log::error!("rule {}: {}", rule.name, ErrorChain(&e));
-                changes.failed.push(rule.name.clone());
-            }
-        }
+        self.install_added(set, &mut retiring, &mut changes);
+        // The per-CPU rings keep recording the old versions' processes until they have
+        // moved to the new versions.
+        self.retiring_shared = retiring
+            .iter()
+            .filter(|a| self.records_shared(&a.rule))
+            .fold(0, |bits, a| bits | 1u64 << a.id);
         self.sync_exec_comms();
         self.sync_shared_rules();
         self.early.set_immediate(
@@ -352,6 +338,60 @@ impl Tracer {
         // Each process moves to the new versions' bits in one write (`retarget`); the
         // old versions, matching nothing any more, then go.
         self.rescan();
+        self.finish_swaps(retiring, &mut changes);
+        self.retiring_shared = 0;
+        self.publish_shared();
+        Ok(changes)
+    }
+
+    /// Installs the rules of `set` not running now (added ones, and the new versions of
+    /// `retiring`, whose ids are held meanwhile); records what failed in `changes`.
+    fn install_added(
+        &mut self,
+        set: &RuleSet,
+        retiring: &mut Vec<ActiveRule>,
+        changes: &mut RuleChanges,
+    ) {
+        for rule in &set.rules {
+            if self.rules.contains_key(&rule.name) {
+                continue;
+            }
+            if !changes.changed.contains(&rule.name) {
+                changes.added.push(rule.name.clone());
+            }
+            let held: BTreeSet<u32> = retiring.iter().map(|r| r.id).collect();
+            let mut installed = self.install(rule, &held);
+            if matches!(installed, Err(TriggerError::RuleId { .. })) && !retiring.is_empty() {
+                // Every id is taken while old versions still hold theirs: one goes first
+                // (this rule's own old version when it has one).
+                let at = retiring
+                    .iter()
+                    .position(|r| r.rule.name == rule.name)
+                    .unwrap_or(retiring.len() - 1);
+                let old = retiring.swap_remove(at);
+                log::warn!(
+                    "rule {}: no free rule id while old versions are in place: rule {}'s \
+                     old version is removed before its new one is in place",
+                    rule.name,
+                    old.rule.name
+                );
+                let new_id = self.rules.get(&old.rule.name).map(|r| r.id);
+                self.hand_over(&old, new_id);
+                self.retire(old);
+                let held: BTreeSet<u32> = retiring.iter().map(|r| r.id).collect();
+                installed = self.install(rule, &held);
+            }
+            if let Err(e) = installed {
+                log::error!("rule {}: {}", rule.name, ErrorChain(&e));
+                changes.failed.push(rule.name.clone());
+            }
+        }
+    }
+
+    /// The old versions of swapped rules go, once their new versions hold the processes:
+    /// their last counts read into `changes`, the kernel-only target entries handed over,
+    /// the processes whose capture changed given new recorders.
+    fn finish_swaps(&mut self, retiring: Vec<ActiveRule>, changes: &mut RuleChanges) {
         for old in retiring {
             log::info!(
                 "rule {}: swapped (the new version was in place before the old one left)",
@@ -362,9 +402,60 @@ impl Tracer {
                     .retired_counters
                     .push((old.rule.name.clone(), counters));
             }
+            let new = self
+                .rules
+                .get(&old.rule.name)
+                .map(|r| (r.id, r.rule.capture != old.rule.capture));
+            self.hand_over(&old, new.map(|(id, _)| id));
+            if new.is_some_and(|(_, capture_changed)| capture_changed) {
+                // Recorded as the new version says: new rings (their history starts now).
+                let pids: Vec<u32> = old
+                    .targets
+                    .iter()
+                    .copied()
+                    .filter(|p| self.processes.contains_key(p))
+                    .collect();
+                for pid in pids {
+                    self.reopen_recorder(pid);
+                }
+            }
             self.retire(old);
         }
-        Ok(changes)
+    }
+
+    /// Moves the processes only the kernel's target set knows with `old`'s bit (children
+    /// it followed at fork, during the rescan or of pid-selected targets) to the bit of
+    /// `old`'s new version (`new_id`), or clears it: a freed id must select nothing when
+    /// another rule takes it.
+    fn hand_over(&mut self, old: &ActiveRule, new_id: Option<u32>) {
+        let bit = 1u64 << old.id;
+        let Ok(entries) = self.engine.kernel_targets() else {
+            return;
+        };
+        for (tgid, mask) in entries.into_iter().filter(|(_, m)| m & bit != 0) {
+            let moved = (mask & !bit) | new_id.map_or(0, |id| 1u64 << id);
+            if let Err(e) = self.engine.retarget(tgid, moved) {
+                log::debug!("process {tgid}: {}", ErrorChain(&e));
+            }
+        }
+    }
+
+    /// Closes the recorder `pid` has (its own rings, or its place in per-CPU ones) and
+    /// opens the one its rules now ask for.
+    fn reopen_recorder(&mut self, pid: u32) {
+        let Some(traced) = self.processes.get_mut(&pid) else {
+            return;
+        };
+        traced.recorder = None;
+        let shared = traced.shared.take();
+        traced.filtered = false;
+        traced.inherited = false;
+        traced.recorder_error = None;
+        if let Some(s) = shared.and_then(|at| self.shared.get_mut(at)) {
+            s.recorder.remove_process(pid);
+        }
+        self.early.remove(pid);
+        self.open_recorder_of(pid);
     }
 
     /// Tells the kernel which comms to pre-select at exec: a rule's `comm`, else its
@@ -477,7 +568,7 @@ impl Tracer {
             .filter(|a| {
                 self.backend_of(&a.rule) == BackendRequest::Sampling && self.records_shared(&a.rule)
             })
-            .fold(0, |bits, a| bits | 1u64 << a.id);
+            .fold(self.retiring_shared, |bits, a| bits | 1u64 << a.id);
         if let Err(e) = self.engine.set_shared_record_rules(mask) {
             log::warn!("per-CPU recording: {}", ErrorChain(&e));
         }
@@ -706,6 +797,7 @@ impl Tracer {
 
     fn uninstall(&mut self, name: &str) {
         if let Some(active) = self.rules.remove(name) {
+            self.hand_over(&active, None);
             self.retire(active);
         }
     }
@@ -723,6 +815,10 @@ impl Tracer {
             if let Some(p) = self.processes.get_mut(&pid) {
                 p.mask &= !bit;
             }
+        }
+        // A rule that takes this id later warns anew.
+        for p in self.processes.values_mut() {
+            p.warned_ignored &= !bit;
         }
         self.processes.retain(|_, p| p.mask != 0);
         let processes = &self.processes;
@@ -749,6 +845,8 @@ impl Tracer {
     /// Re-evaluates every process on the machine, and forgets those that are gone.
     pub fn rescan(&mut self) {
         let pids = discovery::scan(&self.proc_root);
+        // Refused processes have no exit event (the kernel reports targets' exits only).
+        self.refused.retain(|p| pids.binary_search(p).is_ok());
         let gone: Vec<u32> = self
             .processes
             .keys()
@@ -819,7 +917,9 @@ impl Tracer {
             // One write: a rule swapped by a reload hands the process over from its old
             // version to its new one at one instant.
             if let Err(e) = self.engine.retarget(pid, mask) {
-                if super::limits::errno_of(&e) == Some(libc::E2BIG) {
+                if super::limits::errno_of(&e) != Some(libc::E2BIG) {
+                    log::warn!("process {pid}: {}", ErrorChain(&e));
+                } else if self.refused.insert(pid) {
                     self.target_set_refused += 1;
                     log::warn!(
                         "process {pid} ({}): not traced: the kernel's target set is full \
@@ -827,8 +927,6 @@ impl Tracer {
                         info.comm,
                         self.engine.max_targets()
                     );
-                } else {
-                    log::warn!("process {pid}: {}", ErrorChain(&e));
                 }
                 return Outcome::Failed;
             }
@@ -905,6 +1003,7 @@ impl Tracer {
     /// Stops tracing `pid`. `kernel_gone`: the kernel already removed its target entry
     /// (exit event).
     pub fn forget(&mut self, pid: u32, kernel_gone: bool) {
+        self.refused.remove(&pid);
         let Some(traced) = self.processes.remove(&pid) else {
             return;
         };
@@ -1208,16 +1307,32 @@ impl Tracer {
                 continue;
             };
             let id = active.id;
+            // The binary is gone or replaced (another inode at the path): nothing left to
+            // retry; a new binary is probed when a process of it shows up.
+            let same = std::fs::metadata(&probe.binary).is_ok_and(|m| (m.dev(), m.ino()) == key);
+            // Its process gone, or running another binary now: the same.
+            let info = probe
+                .pid
+                .map(|pid| self.processes.get(&pid).map(|p| p.info.clone()));
+            let still_runs = match (&info, &active.rule.trigger) {
+                (Some(Some(info)), Trigger::Function(f)) => f
+                    .binary
+                    .clone()
+                    .or_else(|| info.exe_path())
+                    .is_some_and(|b| resolve::in_process_root(info.pid, &b) == probe.binary),
+                (Some(_), _) => false,
+                (None, _) => true,
+            };
+            if !same || !still_runs {
+                active.limited.remove(&key);
+                continue;
+            }
             // Placed: `place_probe` drops the entry; still limited: it puts it back with
             // a new time. Either way it is tried now, not again at the next tick.
             if let Some(l) = active.limited.get_mut(&key) {
                 l.at = Instant::now();
             }
-            if let Some(pid) = probe.pid {
-                let Some(info) = self.processes.get(&pid).map(|p| p.info.clone()) else {
-                    active.limited.remove(&key);
-                    continue;
-                };
+            if let Some(Some(info)) = info {
                 self.probe_binaries(&info, 1 << id, None);
             } else if let Trigger::Function(f) = active.rule.trigger.clone() {
                 let binary = probe.binary;
@@ -1453,7 +1568,14 @@ fn place_probe(
             Err(e) => {
                 let limit = errors.record("probe", &e);
                 let msg = format!("{}", ErrorChain(&e));
-                log::error!(
+                // A retry that fails the same way again is not news.
+                let level = if limit.is_some() && active.limited.contains_key(&key) {
+                    log::Level::Debug
+                } else {
+                    log::Level::Error
+                };
+                log::log!(
+                    level,
                     "rule {}: attaching the uprobe in {} failed: {msg}{}",
                     active.rule.name,
                     binary.display(),
@@ -1501,6 +1623,8 @@ fn place_probe(
             false
         }
     };
+    // Examined for good (placed, or refused for a reason a retry cannot change).
+    active.limited.remove(&key);
     active.binaries.insert(key, placed);
     placed
 }
