@@ -912,7 +912,12 @@ rules:
     );
     let snaps = lookback_tests::agent::read_snapshots(&agent.out().join("usr1"));
     assert_eq!(snaps.len(), 1);
-    assert_eq!(snaps[0].meta.recorder.buffer_size, 512 << 10, "{}", agent.log());
+    assert_eq!(
+        snaps[0].meta.recorder.buffer_size,
+        512 << 10,
+        "{}",
+        agent.log()
+    );
     agent.stop_ok();
 }
 
