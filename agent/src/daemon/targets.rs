@@ -1447,6 +1447,10 @@ impl Tracer {
     /// the process's exec, when known; a probe placed for it now came late.
     fn probe_binaries(&mut self, info: &ProcessInfo, mask: u64, exec_ns: Option<u64>) {
         let pid = info.pid;
+        // Its start time, read before any probe is placed: a short process (one that hit
+        // another rule's trigger and exited) may be gone once the probe is in, and then
+        // nothing tells whether it started after the rule (CI: a late probe not counted).
+        let mut started: Option<Option<u64>> = None;
         for active in self.rules.values_mut() {
             if mask & 1 << active.id == 0 {
                 continue;
@@ -1459,6 +1463,17 @@ impl Tracer {
             };
             let host = resolve::in_process_root(pid, &binary);
             let trigger = f.clone();
+            let started =
+                *started.get_or_insert_with(|| discovery::start_ticks(&self.proc_root, pid));
+            if started.is_none()
+                && exec_ns.is_none()
+                && !self.proc_root.join(pid.to_string()).exists()
+            {
+                // Gone before anything says when it started: whether it ran before its
+                // probe cannot be told, and it needs none now; the binary's next process
+                // places the probe (and is counted when it comes late).
+                return;
+            }
             let at = (host.as_path(), Some(pid));
             let placed = place_probe(&mut self.engine, &mut self.errors, active, at, || {
                 resolve::resolve_for_process(
@@ -1471,9 +1486,7 @@ impl Tracer {
                 continue;
             }
             // Late: the process started after the rule was installed (found by its exec
-            // event, a trigger or a rescan alike), so it ran before its probe. Read only
-            // when a probe was just placed, not for every process looked at.
-            let started = discovery::start_ticks(&self.proc_root, pid);
+            // event, a trigger or a rescan alike), so it ran before its probe.
             if started_after(
                 started,
                 exec_ns,
