@@ -570,8 +570,10 @@ fn triggers_beyond_the_write_queue_are_dropped_and_let_their_process_go() {
             .filter_map(|s| s.time)
             .filter(|&t| t + 10_000_000 >= trigger.trigger_time_ns && t <= trigger.trigger_time_ns)
             .count();
+        // A process left frozen has none; how many a running one has depends on how much
+        // CPU it got meanwhile (CI under load: 13 of a possible 100).
         assert!(
-            recent >= 20,
+            recent >= 1,
             "{path}: {recent} samples in the 10 ms before its trigger"
         );
     }
