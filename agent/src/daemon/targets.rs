@@ -1563,7 +1563,8 @@ fn place_probe(
     if active.binaries.contains_key(&key) {
         return false;
     }
-    let placed = match resolve() {
+    // `limit`: the resource limit that refused it (tried again), if that was why.
+    let (placed, limit) = match resolve() {
         Ok(points) => match engine.attach_probes(active.id, &points) {
             Ok(probes) => {
                 crate::triggers::engine::log_probes(&active.rule.name, &probes);
@@ -1576,7 +1577,7 @@ fn place_probe(
                 }
                 active.probe_error = None;
                 active.probe_error_reason = None;
-                true
+                (true, None)
             }
             Err(e) => {
                 let limit = errors.record("probe", &e);
@@ -1600,17 +1601,7 @@ fn place_probe(
                 );
                 active.probe_error = Some(msg);
                 active.probe_error_reason = Some("attach_failed");
-                if let Some(errno) = limit {
-                    let retry = LimitedProbe {
-                        binary: binary.to_owned(),
-                        pid,
-                        errno,
-                        at: Instant::now(),
-                    };
-                    active.limited.insert(key, retry);
-                    return false;
-                }
-                false
+                (false, limit)
             }
         },
         Err(e) => {
@@ -1622,20 +1613,23 @@ fn place_probe(
             );
             active.probe_error = Some(msg);
             active.probe_error_reason = Some(e.reason());
-            if let Some(errno) = super::limits::resource_errno(&e) {
+            let limit = super::limits::resource_errno(&e);
+            if limit.is_some() {
                 errors.record("probe", &e);
-                let retry = LimitedProbe {
-                    binary: binary.to_owned(),
-                    pid,
-                    errno,
-                    at: Instant::now(),
-                };
-                active.limited.insert(key, retry);
-                return false;
             }
-            false
+            (false, limit)
         }
     };
+    if let Some(errno) = limit {
+        let retry = LimitedProbe {
+            binary: binary.to_owned(),
+            pid,
+            errno,
+            at: Instant::now(),
+        };
+        active.limited.insert(key, retry);
+        return false;
+    }
     // Examined for good (placed, or refused for a reason a retry cannot change).
     active.limited.remove(&key);
     active.binaries.insert(key, placed);
