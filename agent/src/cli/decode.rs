@@ -853,7 +853,7 @@ fn run_stats(
     let started = Instant::now();
     let (counts, parallel) = if threads > 1 {
         let parallel = decode_parallel(trace, image, opts.flow, Split::threads(threads), false);
-        (parallel.counts, Some(parallel.stats))
+        (parallel.counts, Some((parallel.stats, parallel.prepare)))
     } else {
         let mut branches = Branches::new(trace, image, opts.flow);
         while !branches.next_batch().is_empty() {}
@@ -884,11 +884,17 @@ fn run_stats(
     Ok(ExitCode::SUCCESS)
 }
 
-/// How the decode was spread over threads, for `--stats`.
-fn parallel_line(threads: usize, stats: Option<ParallelStats>) -> String {
+/// How the decode was spread over threads, for `--stats`: the pieces, and the time
+/// cutting and seeding took before the workers started (sequential: a many-core
+/// decode's floor).
+fn parallel_line(threads: usize, stats: Option<(ParallelStats, std::time::Duration)>) -> String {
     match stats {
         None => "threads: 1 (sequential)".to_owned(),
-        Some(s) => format!("threads: {threads}, {}", s.describe()),
+        Some((s, prepare)) => format!(
+            "threads: {threads}, {}; cut and seeded in {:.6} s before the workers started",
+            s.describe(),
+            prepare.as_secs_f64()
+        ),
     }
 }
 

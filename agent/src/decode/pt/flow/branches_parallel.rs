@@ -170,6 +170,10 @@ pub struct Parallel {
     pub events: Vec<Vec<BranchEvent>>,
     pub counts: DecodeCounts,
     pub stats: ParallelStats,
+    /// What the calling thread spent before the workers started: finding the PSBs to
+    /// cut at and the time at each (a walk over the timing packets up to the last cut).
+    /// Sequential, so the floor of a decode on many cores.
+    pub prepare: std::time::Duration,
 }
 
 impl Parallel {
@@ -374,14 +378,22 @@ pub fn decode_parallel(
     keep_events: bool,
 ) -> Parallel {
     let mut events = Vec::new();
-    let (counts, stats) = run(trace, image, config, split, keep_events, &mut |chunk| {
-        events.push(chunk);
-        None
-    });
+    let mut prepare = std::time::Duration::ZERO;
+    let (counts, stats) = run(
+        trace,
+        image,
+        config,
+        (split, keep_events, &mut prepare),
+        &mut |chunk| {
+            events.push(chunk);
+            None
+        },
+    );
     Parallel {
         events,
         counts,
         stats,
+        prepare,
     }
 }
 
@@ -397,10 +409,17 @@ pub fn decode_parallel_with(
     split: Split,
     each: &mut dyn FnMut(&[BranchEvent]),
 ) -> (DecodeCounts, ParallelStats) {
-    run(trace, image, config, split, true, &mut |chunk| {
-        each(&chunk);
-        Some(chunk)
-    })
+    let mut prepare = std::time::Duration::ZERO;
+    run(
+        trace,
+        image,
+        config,
+        (split, true, &mut prepare),
+        &mut |chunk| {
+            each(&chunk);
+            Some(chunk)
+        },
+    )
 }
 
 /// What every worker reads.
@@ -430,20 +449,22 @@ type HandOut<'e> = dyn FnMut(Vec<BranchEvent>) -> Option<Vec<BranchEvent>> + 'e;
 
 /// The decode of every piece, with the hand-out in the calling thread: `each` gets the
 /// events a chunk at a time and gives the chunk back to be used again, or keeps it.
+/// `prepare` gets the time spent cutting and seeding before the workers start.
 fn run(
     trace: &[u8],
     image: &dyn ImageProvider,
     config: FlowConfig,
-    split: Split,
-    keep_events: bool,
+    (split, keep_events, prepare): (Split, bool, &mut std::time::Duration),
     each: &mut HandOut<'_>,
 ) -> (DecodeCounts, ParallelStats) {
+    let started = std::time::Instant::now();
     let cuts = if split.threads > 1 || split.pieces == usize::MAX {
         split.cuts(trace)
     } else {
         Vec::new()
     };
     let seeds = evdec_seed::timing_at(trace, &config.events, &cuts);
+    *prepare = started.elapsed();
     let ends: Vec<usize> = cuts.iter().copied().chain([usize::MAX]).collect();
     let job = Job {
         trace,
