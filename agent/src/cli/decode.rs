@@ -851,13 +851,21 @@ fn run_stats(
     crate::decode::pt::flow::insn::build_decoder_tables();
     let tables_time = started.elapsed();
     let started = Instant::now();
-    let (counts, parallel) = if threads > 1 {
+    let (counts, parallel, fast) = if threads > 1 {
         let parallel = decode_parallel(trace, image, opts.flow, Split::threads(threads), false);
-        (parallel.counts, Some((parallel.stats, parallel.prepare)))
+        (
+            parallel.counts,
+            Some((parallel.stats, parallel.prepare)),
+            None,
+        )
     } else {
         let mut branches = Branches::new(trace, image, opts.flow);
         while !branches.next_batch().is_empty() {}
-        (branches.counts().clone(), None)
+        (
+            branches.counts().clone(),
+            None,
+            Some(branches.fast_blocks()),
+        )
     };
     let decode_time = started.elapsed();
     let mut out = stdout();
@@ -874,14 +882,32 @@ fn run_stats(
         result = fmt::Write::write_fmt(
             &mut out,
             format_args!(
-                "{}\ndecoder tables: {:.6} s (built once per process, before the decode's time)\n",
+                "{}{}\ndecoder tables: {:.6} s (built once per process, before the decode's time)\n",
                 parallel_line(threads, parallel),
+                fast_line(fast, counts.blocks),
                 tables_time.as_secs_f64()
             ),
         );
     }
     finish(out, result)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How many blocks the fast path took, for `--stats` on one thread: where the rest
+/// went is where a decode spends its time (events such as TIP.PGD/TIP.PGE, first
+/// visits to code).
+fn fast_line(fast: Option<u64>, blocks: u64) -> String {
+    match fast {
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a percentage for people to read"
+        )]
+        Some(fast) if blocks > 0 => format!(
+            "\nfast path: {fast} of {blocks} blocks ({:.1} %)",
+            fast as f64 * 100.0 / blocks as f64
+        ),
+        _ => String::new(),
+    }
 }
 
 /// How the decode was spread over threads, for `--stats`: the pieces, and the time

@@ -242,6 +242,11 @@ impl<'a> Branches<'a> {
         self
     }
 
+    /// How many of the blocks so far took the fast path (the rest: the general one).
+    pub fn fast_blocks(&self) -> u64 {
+        self.fast_blocks
+    }
+
     /// What was seen so far.
     pub fn counts(&self) -> &DecodeCounts {
         &self.counts

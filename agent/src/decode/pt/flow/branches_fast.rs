@@ -110,6 +110,11 @@ struct Fast {
 
 impl Fast {
     /// The decoder's state, if the fast path can take it from here.
+    ///
+    /// The event layer's `status` is not asked: it says why there is no packet, and the
+    /// fast path needs a packet. With one it is stale (an overflow's restart leaves
+    /// `NoSync` there for the rest of the trace), and testing it kept every block after
+    /// the first overflow off the fast path: 64,000 of mruby's 460,000 blocks.
     fn enter(dec: &BlockDecoder<'_>) -> Option<Self> {
         let ev = &dec.evdec;
         if dec.status.is_err()
@@ -119,7 +124,6 @@ impl Fast {
             || dec.speculative
             || dec.mode == ExecMode::Unknown
             || dec.icnt.is_some_and(|n| n > MAX_ENTRY_ICNT)
-            || ev.status.is_err()
             || !ev.enabled
             || ev.event.is_some()
             || !ev.evq.is_empty()

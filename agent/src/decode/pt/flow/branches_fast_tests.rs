@@ -13,6 +13,7 @@ use super::*;
 use crate::decode::pt::flow::image::Image;
 use crate::decode::pt::packets::cpu::Errata;
 use crate::decode::pt::packets::decoder::PacketDecoder;
+use crate::decode::pt::packets::packet::Packet;
 use crate::decode::pt::tools::encode::{CODE_BASE, SynthProgram, encode};
 use crate::decode::pt::tools::ptxed_opts::PtxedOptions;
 
@@ -209,6 +210,67 @@ fn the_fast_path_matches_the_general_one_on_the_libipt_corpus() {
         return;
     };
     assert!(cases > 100, "only {cases} corpus cases");
+}
+
+/// An overflow early in the trace: the decode after it takes the fast path as before
+/// it. (The event layer's restart after an overflow leaves a stale status behind while
+/// packets flow again; the fast path asked for it and left every later block to the
+/// general path, 64,000 of the real mruby trace's 460,000.)
+#[test]
+fn the_fast_path_goes_on_after_an_overflow() {
+    let (trace, image) = synth(3, 12, 64 * 1024);
+    // After the second PSB+, an OVF and the PSB+'s own FUP: nothing lost, tracing
+    // resumes where it was.
+    let second_psb = trace
+        .windows(PSB.len())
+        .enumerate()
+        .skip(1)
+        .find_map(|(at, w)| (w == PSB).then_some(at))
+        .expect("a second PSB");
+    assert!(second_psb < trace.len() / 8, "PSB at {second_psb}");
+    let packets: Vec<(usize, Packet)> = PacketDecoder::new(&trace, Errata::default())
+        .flatten()
+        .skip_while(|&(at, _)| at < second_psb)
+        .take(8)
+        .collect();
+    let fup = packets
+        .iter()
+        .position(|(_, p)| matches!(p, Packet::Fup(_)))
+        .expect("a FUP in PSB+");
+    let end = packets
+        .iter()
+        .position(|(_, p)| matches!(p, Packet::PsbEnd))
+        .expect("PSBEND");
+    let (fup_bytes, resume) = (
+        &trace[packets[fup].0..packets[fup + 1].0],
+        packets[end + 1].0,
+    );
+    let mut ovf = trace[..resume].to_vec();
+    ovf.extend_from_slice(&[0x02, 0xf3]);
+    ovf.extend_from_slice(fup_bytes);
+    ovf.extend_from_slice(&trace[resume..]);
+    let fast = same(&ovf, &image, FlowConfig::default(), "overflow");
+    let mut branches = Branches::new(&ovf, &image, FlowConfig::default());
+    let events: Vec<BranchEvent> = branches.by_ref().collect();
+    let gaps = events
+        .iter()
+        .filter(|e| e.kind == BranchKind::TraceGap)
+        .count();
+    let errors = events
+        .iter()
+        .filter(|e| e.kind == BranchKind::Error)
+        .count();
+    assert_eq!(
+        (gaps, errors),
+        (1, 0),
+        "one overflow, no errors: {:?}",
+        branches.counts().errors
+    );
+    let blocks = branches.counts().blocks;
+    assert!(
+        fast * 10 > blocks * 9,
+        "only {fast} of {blocks} blocks on the fast path"
+    );
 }
 
 #[test]
