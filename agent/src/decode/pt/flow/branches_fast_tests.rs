@@ -273,6 +273,64 @@ fn the_fast_path_goes_on_after_an_overflow() {
     );
 }
 
+/// Public real KVM-PT traces (nyx-fuzz/libxdc_experiments' `test_data`: a trace and the
+/// pages of code it ran, `PREFIX.addr` one little-endian u64 address per page and
+/// `PREFIX.dump` the pages), kept outside the repository: `LOOKBACK_REAL_TRACES/libxdc`
+/// or `../real-traces/libxdc` beside the workspace. `None` (the test says it skipped)
+/// where they are absent, as in CI without network.
+fn real_kvm_pt_traces() -> Option<Vec<(String, Vec<u8>, Image)>> {
+    let dir = std::env::var_os("LOOKBACK_REAL_TRACES").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../real-traces"),
+        std::path::PathBuf::from,
+    );
+    let mut found = Vec::new();
+    for (name, trace, cache) in [
+        ("mruby", "trace", "data"),
+        ("qemu", "trace1", "page_cache"),
+        ("foo", "trace", "data"),
+    ] {
+        let case = dir.join("libxdc").join(name);
+        let (Ok(trace), Ok(addrs), Ok(pages)) = (
+            fs::read(case.join(trace)),
+            fs::read(case.join(format!("{cache}.addr"))),
+            fs::read(case.join(format!("{cache}.dump"))),
+        ) else {
+            continue;
+        };
+        let mut image = Image::new();
+        for (addr, page) in addrs.chunks_exact(8).zip(pages.chunks(4096)) {
+            let addr = u64::from_le_bytes(addr.try_into().expect("8 bytes"));
+            image.add(name, page.to_vec(), addr);
+        }
+        found.push((name.to_owned(), trace, image));
+    }
+    if found.is_empty() {
+        println!("no real KVM-PT traces under {}: skipped", dir.display());
+        return None;
+    }
+    Some(found)
+}
+
+/// The fast path against the general one on real traces: every event (times and offsets
+/// included) and count the same, and most blocks taken by the fast path (real traces are
+/// where the decode's time goes: TIP.PGD/TIP.PGE every few hundred bytes, an overflow,
+/// PSB+ every few hundred bytes in qemu's).
+#[test]
+fn the_fast_path_matches_the_general_one_on_real_traces() {
+    let Some(traces) = real_kvm_pt_traces() else {
+        return;
+    };
+    for (name, trace, image) in traces {
+        let fast = same(&trace, &image, FlowConfig::default(), &name);
+        let blocks = decode_counts(&trace, &image, FlowConfig::default()).blocks;
+        println!("{name}: {fast} of {blocks} blocks on the fast path");
+        assert!(
+            fast * 5 > blocks * 4,
+            "{name}: only {fast} of {blocks} blocks on the fast path"
+        );
+    }
+}
+
 #[test]
 fn batches_hand_out_the_iterators_events() {
     let (trace, image) = synth(3, 12, 64 * 1024);
