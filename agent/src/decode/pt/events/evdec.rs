@@ -312,6 +312,10 @@ impl<'a> EventDecoder<'a> {
                 Ok((_, Packet::Pad, _)) => {}
                 Ok(read) => {
                     self.packet = Some(read);
+                    // Kept true with a packet in hand too (it is read only without one):
+                    // an overflow's restart left `NoSync` here while packets flowed, and
+                    // the fast path, which asked, stayed off for the rest of the trace.
+                    self.status = Ok(());
                     return;
                 }
                 Err(err) => {
