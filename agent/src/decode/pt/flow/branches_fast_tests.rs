@@ -320,7 +320,7 @@ fn real_kvm_pt_traces() -> Option<Vec<(String, Vec<u8>, Image)>> {
     // with other recordings only, e.g. a perf.data, is a setup the integration tests
     // use: skipped here.)
     assert!(
-        !(named && !dir.is_dir()),
+        !named || dir.is_dir(),
         "LOOKBACK_REAL_TRACES={} is not a directory",
         dir.display()
     );
