@@ -15,11 +15,16 @@
 //! through the flow layer. Both give the same events (`branches_fast_tests.rs` holds
 //! them to it).
 
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
 use super::block::{Block, BlockDecoder, FlowConfig, Status};
-use super::fast_blocks::FastBlocks;
+use super::cache::IpHasher;
+use super::fast_blocks::{FastBlock, FastBlocks};
 use super::image::{Image, ImageProvider};
 use super::insn::{self, Insn, InsnClass, InsnKind};
 use crate::decode::pt::events::event::{Event, EventKind, FlowError};
+use crate::decode::pt::packets::packet::ExecMode;
 
 /// What kind of control transfer a [`BranchEvent`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -125,6 +130,10 @@ impl DecodeCounts {
     }
 }
 
+/// Blocks by (address, mode) for the fast path's walks to a disable.
+pub(crate) type WalkBlocks =
+    HashMap<(u64, ExecMode), Option<FastBlock>, BuildHasherDefault<IpHasher>>;
+
 /// Instructions decoded without trace progress after which the decoder gives up on a
 /// segment (only corrupt traces get there: code that loops without producing trace).
 pub const MAX_STALLED_INSNS: u64 = 1 << 20;
@@ -195,6 +204,9 @@ pub struct Branches<'a> {
     fast: Option<FastBlocks>,
     /// Blocks the fast path decoded.
     fast_blocks: u64,
+    /// Blocks on the way from a traced branch to the branch a TIP.PGD binds to, decoded
+    /// once (`None`: not one the fast path takes); `branches_fast.rs`, `toggle`.
+    walks: WalkBlocks,
     /// The PSB of the last PSB+ status event handled: a parallel decode's checkpoints
     /// come after the PSB+ of the PSB they are for (`branches_parallel.rs`).
     status_psb: Option<usize>,
@@ -229,6 +241,7 @@ impl<'a> Branches<'a> {
             held: None,
             fast: Some(FastBlocks::default()),
             fast_blocks: 0,
+            walks: WalkBlocks::default(),
             status_psb: None,
             last_ip_known: true,
             tainted: false,

@@ -12,7 +12,10 @@
 //! far transfer, a TNT where a TIP is due ...) is left to it whole; when a block's last
 //! TNT bit or its TIP is used and the next event is not a TNT or TIP (PSB+, CBR, MODE,
 //! FUP, OVF, PTWRITE, a timing error ...), the general path fetches that event and ends
-//! the block itself.
+//! the block itself. One exception, the commonest event pair of real traces: a TIP.PGD
+//! with an IP right followed by a TIP.PGE with an IP (code leaving the traced range and
+//! coming back, e.g. through a PLT stub) is taken here ([`toggle`]), by the general
+//! path's rules, where every event has the same time.
 //!
 //! The loop is instruction-bound, so it is shaped for the register allocator: what
 //! changes per block or per trace event (the IP, the TNT word, the trace position, the
@@ -21,7 +24,7 @@
 //! and the clock and the rest of [`Fast`] are touched once per event; all of it is
 //! written back to the decoder when the loop stops.
 
-use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS};
+use super::{BranchEvent, BranchKind, Branches, MAX_STALLED_INSNS, WalkBlocks};
 use crate::decode::pt::events::evdec::apply_timing;
 use crate::decode::pt::events::event::{Event, EventKind};
 use crate::decode::pt::flow::block::{Block, BlockCache, BlockDecoder, RetView};
@@ -324,6 +327,12 @@ struct Tally {
     stalled: (usize, u64),
     /// Events in the batch.
     queued: usize,
+    /// TIP.PGD/TIP.PGE pairs taken here (two flow events and a trace stop and start
+    /// each).
+    toggles: u64,
+    /// Tracing is on as far as reported (`Branches::tracing`): only then does a
+    /// disable report a trace stop (after an error it is off until the next start).
+    tracing: bool,
 }
 
 impl Tally {
@@ -337,6 +346,9 @@ impl Tally {
         {
             counts.branches[kind.index()] += n;
         }
+        counts.events += 2 * self.toggles;
+        counts.branches[BranchKind::TraceStop.index()] += self.toggles;
+        counts.branches[BranchKind::TraceStart.index()] += self.toggles;
         branches.fast_blocks += self.blocks;
         branches.last_ip = self.last_ip;
         branches.last_ip_known |= self.blocks > 0;
@@ -388,6 +400,8 @@ impl Branches<'_> {
             last_ip: self.last_ip,
             stalled: self.stalled,
             queued: self.queue.len,
+            toggles: 0,
+            tracing: self.tracing,
         };
         let dec = &mut self.dec;
         let stop = match (
@@ -408,6 +422,7 @@ impl Branches<'_> {
                     cache: &dec.cache,
                 },
                 dec.retstack.view(),
+                &mut self.walks,
             ),
             _ => Stop::Pause,
         };
@@ -454,6 +469,7 @@ fn run(
     buf: &mut [BranchEvent; BATCH],
     code: Code<'_, '_>,
     retstack: RetView<'_>,
+    walks: &mut WalkBlocks,
 ) -> Stop {
     let mode = fast.mode;
     let mut st = Locals {
@@ -483,6 +499,8 @@ fn run(
         // cost four 528-byte copies per fast run.
         retstack,
         buf,
+        walks,
+        image: code.image,
     };
     let stop = loop {
         // No block count at one offset can reach the stall limit in this round: the
@@ -597,6 +615,8 @@ struct Loops<'r, 't> {
     tally: &'r mut Tally,
     retstack: RetView<'r>,
     buf: &'r mut [BranchEvent; BATCH],
+    walks: &'r mut WalkBlocks,
+    image: &'t dyn ImageProvider,
 }
 
 /// The most blocks at one trace offset in one round of [`blocks`]: the bits of a TNT
@@ -726,6 +746,10 @@ fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: Vi
                 st.insns + u64::from(block.ninsn),
             )
         {
+            if !CHECKED && toggle(st, lp, view, block, (to, kind, keep)) {
+                slot = view.slot_of(st.ip);
+                continue;
+            }
             // The general path fetches the next event, ends the block and counts it.
             st.ip = to;
             return Step::Stop(Stop::HandOver {
@@ -749,6 +773,219 @@ fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: Vi
             to,
         );
     }
+}
+
+/// Blocks [`toggle`] walks at most, and instructions per block it decodes at most.
+const TOGGLE_WALK: usize = 8;
+const TOGGLE_BLOCK: u16 = 256;
+
+/// A TIP.PGD/TIP.PGE pair [`toggle`] can take: where the PGE is and its size, the IPs
+/// tracing stopped for and resumed at, and the last IP after both.
+struct Toggle {
+    at_pge: usize,
+    pge_size: usize,
+    off: u64,
+    on: u64,
+    last_ip: LastIp,
+}
+
+impl Toggle {
+    /// The pair at `at`, if it is one: both with an IP, PADs at most between them, and a
+    /// TNT or a TIP with an IP right after (the fast loop reads on from there).
+    fn at(trace: &[u8], at: usize, fast: &Fast) -> Option<Self> {
+        let errata = fast.timing.errata;
+        let packet = |at: usize| decode_packet(trace, at, errata, BlockContext::None).ok();
+        let leave = packet(at)?;
+        let at_pge = skip_pads(trace, at + leave.size);
+        let back = packet(at_pge)?;
+        let (Packet::TipPgd(leave_ip), Packet::TipPge(back_ip)) = (leave.packet, back.packet)
+        else {
+            return None;
+        };
+        if leave_ip.compression == IpCompression::Suppressed
+            || back_ip.compression == IpCompression::Suppressed
+        {
+            return None;
+        }
+        let mut last_ip = fast.last_ip;
+        last_ip.update(leave_ip);
+        let off = last_ip.ip().ok()?;
+        last_ip.update(back_ip);
+        let on = last_ip.ip().ok()?;
+        match hot_packet(trace, skip_pads(trace, at_pge + back.size)) {
+            Hot::Tnt { .. } => {}
+            Hot::Tip { payload, .. } if payload.compression != IpCompression::Suppressed => {}
+            Hot::Tip { .. } | Hot::Other => return None,
+        }
+        Some(Self {
+            at_pge,
+            pge_size: back.size,
+            off,
+            on,
+            last_ip,
+        })
+    }
+}
+
+/// The blocks from `to` to the branch a disable at `off` binds to (the first that needs
+/// trace, or a direct one to `off`), that branch's block last; `None` where the
+/// general path would do otherwise (`off` inside a block, or reached at a block's start)
+/// or the walk is long or leaves known code.
+fn toggle_walk(
+    view: View<'_>,
+    walks: &mut WalkBlocks,
+    image: &dyn ImageProvider,
+    (to, off, mode): (u64, u64, ExecMode),
+) -> Option<([Option<FastBlock>; TOGGLE_WALK], usize)> {
+    let mut walk = [None; TOGGLE_WALK];
+    let mut ip = to;
+    for (n, step) in walk.iter_mut().enumerate() {
+        if ip == off {
+            return None;
+        }
+        let next = if let Some(next) = view.at(view.slot_of(ip), ip) {
+            *next
+        } else {
+            (*walks
+                .entry((ip, mode))
+                .or_insert_with(|| fast_blocks::resolve_decoded(image, ip, mode, TOGGLE_BLOCK)))?
+        };
+        if (next.ip..=next.end_ip).contains(&off) {
+            return None;
+        }
+        *step = Some(next);
+        if !next.exit.is_direct() || next.target == off {
+            return Some((walk, n + 1));
+        }
+        ip = next.target;
+    }
+    None
+}
+
+/// After `block` used up its trace event with `(to, kind, keep)` its branch: takes a
+/// TIP.PGD with an IP followed by a TIP.PGE with an IP (code leaving the traced range
+/// and coming back: a call through a PLT to a library outside a filter) as the general
+/// path does, and goes on at the PGE's IP with the TNT or TIP after it as the current
+/// event. False, with nothing changed, for anything else (then the general path takes
+/// the block).
+///
+/// The general path's rules, followed here: the disable binds to the first branch after
+/// `to` that needs trace, or to a direct branch whose target is the PGD's IP; the blocks
+/// up to it are walked (their direct calls and jumps reported), the binding branch's own
+/// event is dropped (a call still pushes its return address), then a trace stop from
+/// its address and a trace start at the PGE's IP. Only where every event has the same
+/// time (the clock settled, no other packet between) and the walk is short.
+#[inline(never)]
+fn toggle(
+    st: &mut Locals,
+    lp: &mut Loops<'_, '_>,
+    view: View<'_>,
+    block: &FastBlock,
+    (to, kind, keep): (u64, BranchKind, bool),
+) -> bool {
+    let trace = lp.trace;
+    let fast = &*lp.fast;
+    // Every event here carries the same time: none moved the clock since the last.
+    if !lp.tally.tracing || fast.seen != fast.cur_time || fast.cur_time != fast.now {
+        return false;
+    }
+    let at = if st.ev.tip {
+        skip_pads(trace, st.ev.pos + st.ev.tip_size)
+    } else {
+        st.ev.pos
+    };
+    let Some(Toggle {
+        at_pge,
+        pge_size,
+        off,
+        on,
+        last_ip,
+    }) = Toggle::at(trace, at, fast)
+    else {
+        return false;
+    };
+    let Some((walk, walked)) = toggle_walk(view, lp.walks, lp.image, (to, off, fast.mode)) else {
+        return false;
+    };
+    if st.queued + walked + 3 > BATCH {
+        return false;
+    }
+    // Taken: the block that used the event, then the walk.
+    st.ip = to;
+    st.count(block, true);
+    lp.tally.branches[kind.index()] += u64::from(keep);
+    emit_if(
+        keep,
+        lp.buf,
+        &mut st.queued,
+        &lp.fast.seen,
+        at_pge,
+        kind,
+        block.end_ip,
+        to,
+    );
+    for (i, next) in walk.iter().flatten().enumerate() {
+        st.count(next, false);
+        let call = next.exit == Exit::DirectCall;
+        if (call && next.push_ret) || next.exit == Exit::IndirectCall {
+            lp.retstack.push(next.fall);
+        }
+        if i + 1 == walked {
+            break;
+        }
+        let kind = if call {
+            BranchKind::Call
+        } else {
+            BranchKind::Jump
+        };
+        lp.tally.branches[kind.index()] += 1;
+        emit_if(
+            true,
+            lp.buf,
+            &mut st.queued,
+            &lp.fast.seen,
+            // Where the general path has read to when it reports it: the PGE.
+            at_pge,
+            kind,
+            next.end_ip,
+            next.target,
+        );
+    }
+    emit_if(
+        true,
+        lp.buf,
+        &mut st.queued,
+        &lp.fast.seen,
+        at_pge,
+        BranchKind::TraceStop,
+        st.last_ip,
+        0,
+    );
+    // The PGE as the current event: a TIP the next fetch moves past.
+    lp.fast.last_ip = last_ip;
+    st.ev = Current {
+        bits: on,
+        left: 0,
+        tip: true,
+        tip_size: pge_size,
+        pos: at_pge,
+    };
+    let fetched = fetch(trace, lp.fast, &mut st.ev, st.insns);
+    debug_assert!(fetched, "the event after a TIP.PGE was checked");
+    emit_if(
+        true,
+        lp.buf,
+        &mut st.queued,
+        &lp.fast.seen,
+        st.ev.pos,
+        BranchKind::TraceStart,
+        0,
+        on,
+    );
+    lp.tally.toggles += 1;
+    st.ip = on;
+    st.fresh = true;
+    true
 }
 
 /// How the inner loop of [`run`] ended.

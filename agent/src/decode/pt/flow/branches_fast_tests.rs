@@ -350,6 +350,57 @@ fn the_fast_path_matches_the_general_one_on_real_traces() {
     }
 }
 
+/// Code leaving the traced range through a PLT stub and coming back, as in real
+/// KVM-PT traces: a loop calls 0x1100, whose indirect jump leaves (TIP.PGD to 0x9000),
+/// tracing resumes at the return address (TIP.PGE), and a TNT bit closes the loop. The
+/// fast path takes each disable and enable itself (a trace stop and start, the call
+/// reported, the stub's jump not), with the general path's events, times and offsets;
+/// PADs between the two packets change nothing.
+#[test]
+fn the_fast_path_takes_a_disable_and_enable_through_a_plt_stub() {
+    let mut code = vec![0x90u8; 0x200];
+    // 0x1000: call 0x1100; 0x1005: jne 0x1000; 0x1007: ret; 0x1100: jmp [rip].
+    code[..5].copy_from_slice(&[0xe8, 0xfb, 0, 0, 0]);
+    code[5..7].copy_from_slice(&[0x75, 0xf9]);
+    code[7] = 0xc3;
+    code[0x100..0x106].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    let mut image = Image::new();
+    image.add("plt", code, 0x1000);
+    let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
+    let mut trace = PSB.to_vec();
+    // MODE.Exec 64-bit, FUP 0x1000 (sign-extended 48 bits), PSBEND.
+    trace.extend_from_slice(&[0x99, 0x01, 0x7d]);
+    trace.extend(ip48(0x1000));
+    trace.extend_from_slice(&[0x02, 0x23]);
+    let rounds = 2000;
+    for round in 0..rounds {
+        // TIP.PGD to 0x9000, TIP.PGE at 0x1005 (full IPs), a taken TNT bit.
+        trace.push(0x61);
+        trace.extend(ip48(0x9000));
+        trace.extend(std::iter::repeat_n(0, round % 3));
+        trace.push(0x71);
+        trace.extend(ip48(0x1005));
+        trace.push(0x06);
+    }
+    let (fast, blocks) = same_blocks(&trace, &image, FlowConfig::default(), "plt");
+    let events: Vec<BranchEvent> = Branches::new(&trace, &image, FlowConfig::default()).collect();
+    let count = |kind| events.iter().filter(|e| e.kind == kind).count();
+    assert_eq!(count(BranchKind::TraceStop), rounds);
+    assert_eq!(count(BranchKind::TraceStart), rounds + 1);
+    assert_eq!(count(BranchKind::Error), 0);
+    assert!(count(BranchKind::Call) >= rounds);
+    // The stub's jump out is not reported: the trace stop is.
+    assert!(
+        !events
+            .iter()
+            .any(|e| e.kind == BranchKind::Jump && e.from == 0x1100)
+    );
+    assert!(
+        fast * 10 > blocks * 9,
+        "only {fast} of {blocks} blocks on the fast path"
+    );
+}
+
 #[test]
 fn batches_hand_out_the_iterators_events() {
     let (trace, image) = synth(3, 12, 64 * 1024);

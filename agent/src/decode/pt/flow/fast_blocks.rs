@@ -195,6 +195,58 @@ impl<'a> View<'a> {
     }
 }
 
+/// The block starting at `ip` in `mode`, decoded from the image: for code the general
+/// walk has only gone through with an event due (it fills no cache there), such as the
+/// path from the last traced branch to the one that leaves the traced range. The same
+/// block the cache would give ([`resolve`]): straight-line code in one mapped piece up
+/// to its first near branch; `None` for anything else (a far transfer, PTWRITE, code
+/// that runs past its piece, a run over `max` instructions).
+pub(crate) fn resolve_decoded(
+    image: &dyn ImageProvider,
+    ip: u64,
+    mode: ExecMode,
+    max: u16,
+) -> Option<FastBlock> {
+    let mapping = image.mapping(ip).ok()?;
+    let mut at = ip;
+    let mut ninsn = 0u16;
+    loop {
+        let insn = insn::decode(image, at, mode).ok()?;
+        if insn.truncated || insn.isid != mapping.isid || !mapping.contains(at) {
+            return None;
+        }
+        ninsn += 1;
+        let fall = insn.end();
+        let (exit, push_ret) = match (insn.class, insn.displacement) {
+            (InsnClass::Other, _) if ninsn < max && mapping.contains(fall) => {
+                at = fall;
+                continue;
+            }
+            (InsnClass::CondJump, Some(_)) => (Exit::Cond, false),
+            (InsnClass::Call, Some(disp)) => (Exit::DirectCall, disp != 0),
+            (InsnClass::Jump, Some(_)) => (Exit::DirectJump, false),
+            (InsnClass::Call, None) => (Exit::IndirectCall, false),
+            (InsnClass::Jump, None) => (Exit::IndirectJump, false),
+            (InsnClass::Return, _) => (Exit::Return, false),
+            _ => return None,
+        };
+        return Some(FastBlock {
+            ip,
+            mode,
+            end_ip: at,
+            fall,
+            target: fall.wrapping_add_signed(insn.displacement.unwrap_or(0)),
+            isid: mapping.isid,
+            target_slot: 0,
+            fall_slot: 0,
+            ninsn,
+            size: insn.size,
+            exit,
+            push_ret,
+        });
+    }
+}
+
 /// Slots of a new table; it doubles (up to [`MAX_SLOTS`]) when blocks keep evicting
 /// each other.
 const MIN_SLOTS: usize = 1 << 10;
