@@ -914,16 +914,7 @@ fn toggle(
     st.ip = to;
     st.count(block, true);
     lp.tally.branches[kind.index()] += u64::from(keep);
-    emit_if(
-        keep,
-        lp.buf,
-        &mut st.queued,
-        &lp.fast.seen,
-        at_pge,
-        kind,
-        block.end_ip,
-        to,
-    );
+    emit_one(st, lp, (keep, at_pge), kind, (block.end_ip, to));
     for (i, next) in walk.iter().flatten().enumerate() {
         st.count(next, false);
         let call = next.exit == Exit::DirectCall;
@@ -939,27 +930,15 @@ fn toggle(
             BranchKind::Jump
         };
         lp.tally.branches[kind.index()] += 1;
-        emit_if(
-            true,
-            lp.buf,
-            &mut st.queued,
-            &lp.fast.seen,
-            // Where the general path has read to when it reports it: the PGE.
-            at_pge,
-            kind,
-            next.end_ip,
-            next.target,
-        );
+        // Where the general path has read to when it reports it: the PGE.
+        emit_one(st, lp, (true, at_pge), kind, (next.end_ip, next.target));
     }
-    emit_if(
-        true,
-        lp.buf,
-        &mut st.queued,
-        &lp.fast.seen,
-        at_pge,
+    emit_one(
+        st,
+        lp,
+        (true, at_pge),
         BranchKind::TraceStop,
-        st.last_ip,
-        0,
+        (st.last_ip, 0),
     );
     // The PGE as the current event: a TIP the next fetch moves past.
     lp.fast.last_ip = last_ip;
@@ -972,20 +951,31 @@ fn toggle(
     };
     let fetched = fetch(trace, lp.fast, &mut st.ev, st.insns);
     debug_assert!(fetched, "the event after a TIP.PGE was checked");
-    emit_if(
-        true,
-        lp.buf,
-        &mut st.queued,
-        &lp.fast.seen,
-        st.ev.pos,
-        BranchKind::TraceStart,
-        0,
-        on,
-    );
+    emit_one(st, lp, (true, st.ev.pos), BranchKind::TraceStart, (0, on));
     lp.tally.toggles += 1;
     st.ip = on;
     st.fresh = true;
     true
+}
+
+/// An event of [`toggle`] at trace offset `pos`, kept if `keep`.
+fn emit_one(
+    st: &mut Locals,
+    lp: &mut Loops<'_, '_>,
+    (keep, pos): (bool, usize),
+    kind: BranchKind,
+    (from, to): (u64, u64),
+) {
+    emit_if(
+        keep,
+        lp.buf,
+        &mut st.queued,
+        &lp.fast.seen,
+        pos,
+        kind,
+        from,
+        to,
+    );
 }
 
 /// How the inner loop of [`run`] ended.
