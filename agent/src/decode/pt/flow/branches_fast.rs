@@ -173,11 +173,7 @@ impl Fast {
     /// `insns` is the run's instruction count so far.
     #[inline(never)]
     fn next_event(&mut self, trace: &[u8], insns: u64) -> bool {
-        let mut at = if self.tip {
-            skip_pads(trace, self.pos + self.tip_size)
-        } else {
-            self.pos
-        };
+        let mut at = next_packet(trace, self.tip, self.pos, self.tip_size);
         let mut clock = None;
         // Each round moves on by a packet, so this ends with the trace.
         loop {
@@ -889,11 +885,7 @@ fn toggle(
     if !lp.tally.tracing || fast.seen != fast.cur_time || fast.cur_time != fast.now {
         return false;
     }
-    let at = if st.ev.tip {
-        skip_pads(trace, st.ev.pos + st.ev.tip_size)
-    } else {
-        st.ev.pos
-    };
+    let at = next_packet(trace, st.ev.tip, st.ev.pos, st.ev.tip_size);
     let Some(Toggle {
         at_pge,
         pge_size,
@@ -978,6 +970,21 @@ fn emit_one(
     );
 }
 
+/// Where the packet after the current event starts: a TNT's `pos` is already past it
+/// (and its PADs); a TIP's `pos` is the TIP itself, `tip_size` long.
+#[expect(
+    clippy::inline_always,
+    reason = "on the fast loop's path from one trace event to the next"
+)]
+#[inline(always)]
+fn next_packet(trace: &[u8], tip: bool, pos: usize, tip_size: usize) -> usize {
+    if tip {
+        skip_pads(trace, pos + tip_size)
+    } else {
+        pos
+    }
+}
+
 /// How the inner loop of [`run`] ended.
 enum Step {
     Stop(Stop),
@@ -1004,11 +1011,7 @@ struct Current {
 )]
 #[inline(always)]
 fn fetch(trace: &[u8], fast: &mut Fast, ev: &mut Current, insns: u64) -> bool {
-    let at = if ev.tip {
-        skip_pads(trace, ev.pos + ev.tip_size)
-    } else {
-        ev.pos
-    };
+    let at = next_packet(trace, ev.tip, ev.pos, ev.tip_size);
     match hot_packet(trace, at) {
         Hot::Tnt { bits, count, size } => {
             *ev = Current {
