@@ -11,6 +11,7 @@
 
 use iced_x86::{Code, Decoder, DecoderError, DecoderOptions, Instruction, Mnemonic, Register};
 
+use super::ild;
 use super::image::ImageProvider;
 use crate::decode::pt::events::event::FlowError;
 use crate::decode::pt::packets::packet::ExecMode;
@@ -197,18 +198,31 @@ fn bitness(mode: ExecMode) -> u32 {
 }
 
 /// Size, class, kind and direct displacement of a decoded instruction.
-type Classified = (u8, InsnClass, InsnKind, Option<i64>);
+pub(super) type Classified = (u8, InsnClass, InsnKind, Option<i64>);
 
 /// Why `classify` could not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Undecodable {
+pub(super) enum Undecodable {
     /// The bytes end inside the instruction.
     NeedMore,
     Invalid,
 }
 
 /// Decodes the instruction at the start of `bytes`: size, class, kind, displacement.
+/// The common instructions by our own length decoder ([`ild`]), the others by iced-x86.
 fn classify(bytes: &[u8], ip: u64, mode: ExecMode) -> Result<Classified, Undecodable> {
+    match ild::classify(bytes, ip, mode) {
+        Some(known) => Ok(known),
+        None => classify_iced(bytes, ip, mode),
+    }
+}
+
+/// [`classify`] by iced-x86 alone.
+pub(super) fn classify_iced(
+    bytes: &[u8],
+    ip: u64,
+    mode: ExecMode,
+) -> Result<Classified, Undecodable> {
     if let Some(jmpabs) = jmpabs(bytes, mode) {
         return jmpabs;
     }

@@ -17,6 +17,7 @@ mod fast_blocks;
 mod flow_events;
 mod flow_trailing;
 mod flow_walk;
+mod ild;
 pub mod image;
 pub mod insn;
 mod insn_cache;
