@@ -9,6 +9,7 @@
 //! [`RawSpec`] parses `ptxed --raw FILE[:OFFSET[-END]]:ADDR` arguments.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::decode::pt::packets::cpu::parse_c_uint;
 
@@ -67,6 +68,22 @@ pub struct Image {
     /// Non-overlapping pieces, sorted by address.
     pieces: Vec<Piece>,
     names: Vec<String>,
+    /// The piece the last lookup found.
+    last: LastPiece,
+}
+
+/// The index of the piece the last lookup found: code is read where it was read before
+/// (the next instruction, the same page), and a search of hundreds of pieces (one per
+/// page of a `--raw` page dump) costs ~150 instructions a read. Atomic because the
+/// threads of a parallel decode share the image; relaxed, because any index is only a
+/// guess that the lookup checks.
+#[derive(Debug, Default)]
+struct LastPiece(AtomicUsize);
+
+impl Clone for LastPiece {
+    fn clone(&self) -> Self {
+        Self(AtomicUsize::new(self.0.load(Ordering::Relaxed)))
+    }
 }
 
 impl Image {
@@ -133,9 +150,23 @@ impl Image {
     }
 
     fn piece(&self, addr: u64) -> Option<&Piece> {
-        let index = self.pieces.partition_point(|p| p.begin <= addr);
-        let piece = self.pieces.get(index.checked_sub(1)?)?;
-        (addr < piece.end).then_some(piece)
+        let last = self.last.0.load(Ordering::Relaxed);
+        if let Some(piece) = self.pieces.get(last)
+            && piece.begin <= addr
+            && addr < piece.end
+        {
+            return Some(piece);
+        }
+        let index = self
+            .pieces
+            .partition_point(|p| p.begin <= addr)
+            .checked_sub(1)?;
+        let piece = self.pieces.get(index)?;
+        if addr < piece.end {
+            self.last.0.store(index, Ordering::Relaxed);
+            return Some(piece);
+        }
+        None
     }
 }
 
@@ -269,6 +300,28 @@ mod tests {
         assert_eq!(image.read(0x1010, &mut buf), Err(NoCode { addr: 0x1010 }));
         assert_eq!(image.read(0xfff, &mut buf), Err(NoCode { addr: 0xfff }));
         assert_eq!(image.name(b), Some("b"));
+    }
+
+    /// The last piece found is a guess the lookup checks: a section added or removed
+    /// after a read changes what later reads see, and a copy of the image reads alike.
+    #[test]
+    fn reads_after_the_pieces_change_see_the_change() {
+        let mut image = Image::new();
+        image.add("a", vec![0xaa; 0x100], 0x1000);
+        image.add("c", vec![0xcc; 0x100], 0x3000);
+        let mut buf = [0u8; 1];
+        assert_eq!(image.read(0x1080, &mut buf).map(|_| buf[0]), Ok(0xaa));
+        // A section over the piece the last read found: it now sits at another index.
+        let b = image.add("b", vec![0xbb; 0x10], 0x1080);
+        let (_, map) = image.read(0x1080, &mut buf).unwrap();
+        assert_eq!((map.isid, buf[0]), (b, 0xbb));
+        assert_eq!(image.read(0x1090, &mut buf).map(|_| buf[0]), Ok(0xaa));
+        assert_eq!(image.read(0x3000, &mut buf).map(|_| buf[0]), Ok(0xcc));
+        let copy = image.clone();
+        assert_eq!(copy.read(0x1081, &mut buf).map(|_| buf[0]), Ok(0xbb));
+        image.clear();
+        assert_eq!(image.read(0x3000, &mut buf), Err(NoCode { addr: 0x3000 }));
+        assert_eq!(copy.read(0x3000, &mut buf).map(|_| buf[0]), Ok(0xcc));
     }
 
     #[test]
