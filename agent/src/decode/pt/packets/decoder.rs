@@ -116,7 +116,7 @@ impl<'a> PacketDecoder<'a> {
     /// [`Packet::Pad`]s does (a PAD changes no block context), at a byte compare each.
     pub(crate) fn skip_pads(&mut self) {
         if let Some(pos) = self.pos {
-            self.pos = Some(super::parse_hot::skip_pads(self.trace, pos));
+            self.pos = Some(super::parse_hot::skip_pad_runs(self.trace, pos));
         }
     }
 

@@ -96,6 +96,26 @@ pub(crate) fn skip_pads(trace: &[u8], mut pos: usize) -> usize {
     pos
 }
 
+/// [`skip_pads`] eight bytes at a time, for the event layer: KVM-PT pads its PSB+ with
+/// runs of PADs (a third of qemu's trace), where the fast path sees one or two PADs
+/// between TNTs and TIPs and is quicker byte by byte.
+pub(crate) fn skip_pad_runs(trace: &[u8], mut pos: usize) -> usize {
+    while let Some(word) = trace
+        .get(pos..pos + 8)
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+    {
+        let word = u64::from_le_bytes(word);
+        if word != 0 {
+            return pos + (word.trailing_zeros() / 8) as usize;
+        }
+        pos += 8;
+    }
+    while trace.get(pos) == Some(&0) {
+        pos += 1;
+    }
+    pos
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +180,15 @@ mod tests {
         assert_eq!(skip_pads(&[0, 0, 4], 0), 2);
         assert_eq!(skip_pads(&[4, 0], 1), 2);
         assert_eq!(skip_pads(&[], 0), 0);
+        // Runs of every length, ending at every byte position of a word, or at the end.
+        for len in 0..40 {
+            for start in 0..3 {
+                let mut trace = vec![0u8; start + len];
+                assert_eq!(skip_pad_runs(&trace, start), start + len);
+                trace.extend([0x02, 0x00, 0x00]);
+                assert_eq!(skip_pad_runs(&trace, start), start + len);
+                assert_eq!(skip_pad_runs(&trace, start), skip_pads(&trace, start));
+            }
+        }
     }
 }
