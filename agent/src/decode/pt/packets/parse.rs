@@ -148,6 +148,25 @@ pub struct Decoded {
 
 /// Reads little-endian `len` (≤ 8) bytes; the caller has checked the bounds.
 fn le(bytes: &[u8], at: usize, len: usize) -> u64 {
+    // A word at once where the trace has eight bytes there: IP payloads are read for
+    // every TIP, FUP and TIP.PGE/PGD the event layer decodes.
+    if len <= 8
+        && let Some(word) = bytes
+            .get(at..at + 8)
+            .and_then(|word| <[u8; 8]>::try_from(word).ok())
+    {
+        let word = u64::from_le_bytes(word);
+        return if len == 8 {
+            word
+        } else {
+            word & ((1 << (8 * len)) - 1)
+        };
+    }
+    le_bytewise(bytes, at, len)
+}
+
+/// [`le`] one byte at a time, up to the end of `bytes`.
+fn le_bytewise(bytes: &[u8], at: usize, len: usize) -> u64 {
     bytes
         .iter()
         .skip(at)

@@ -382,3 +382,20 @@ fn random_bytes_never_panic_or_hang() {
         }
     }
 }
+
+/// Payloads read a word at once read as byte by byte: every length, at every position
+/// up to the end of the bytes (where fewer than eight are left).
+#[test]
+fn payloads_read_alike_a_word_or_a_byte_at_a_time() {
+    let bytes: Vec<u8> = (1..=20u8).map(|b| b.wrapping_mul(13)).collect();
+    for at in 0..=bytes.len() {
+        for len in 0..=8 {
+            assert_eq!(
+                le(&bytes, at, len),
+                le_bytewise(&bytes, at, len),
+                "at {at}, {len} bytes"
+            );
+        }
+    }
+    assert_eq!(le(&bytes, 0, 2), 0x1a0d);
+}
