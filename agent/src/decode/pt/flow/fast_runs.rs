@@ -115,7 +115,7 @@ impl Runs {
         if self.slots.is_empty() {
             self.slots = vec![Run::EMPTY; MIN_SLOTS];
         }
-        if self.evictions > self.slots.len() / 2 && self.slots.len() < MAX_SLOTS {
+        if self.evictions > 2 * self.slots.len() && self.slots.len() < MAX_SLOTS {
             self.grow();
         }
         let bits = bits_left(bits, left);
