@@ -864,7 +864,7 @@ fn run_stats(
         (
             branches.counts().clone(),
             None,
-            Some((branches.fast_blocks(), branches.run_blocks())),
+            Some(branches.fast_blocks()),
         )
     };
     let decode_time = started.elapsed();
@@ -893,17 +893,17 @@ fn run_stats(
     Ok(ExitCode::SUCCESS)
 }
 
-/// How many blocks the fast path took, and how many of those as whole runs, for
-/// `--stats` on one thread: where the rest went is where a decode spends its time
-/// (events such as PSB+, first visits to code).
-fn fast_line(fast: Option<(u64, u64)>, blocks: u64) -> String {
+/// How many blocks the fast path took, for `--stats` on one thread: where the rest
+/// went is where a decode spends its time (events such as TIP.PGD/TIP.PGE, first
+/// visits to code).
+fn fast_line(fast: Option<u64>, blocks: u64) -> String {
     match fast {
         #[expect(
             clippy::cast_precision_loss,
             reason = "a percentage for people to read"
         )]
-        Some((fast, runs)) if blocks > 0 => format!(
-            "\nfast path: {fast} of {blocks} blocks ({:.1} %), {runs} of them in runs",
+        Some(fast) if blocks > 0 => format!(
+            "\nfast path: {fast} of {blocks} blocks ({:.1} %)",
             fast as f64 * 100.0 / blocks as f64
         ),
         _ => String::new(),

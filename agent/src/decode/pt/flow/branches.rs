@@ -202,10 +202,8 @@ pub struct Branches<'a> {
     held: Option<(BranchKind, u64, u64)>,
     /// Blocks for the fast path (`branches_fast.rs`); `None` when it is off.
     fast: Option<FastBlocks>,
-    /// Blocks the fast path decoded, and of those, blocks it replayed as runs
-    /// (`fast_runs.rs`).
+    /// Blocks the fast path decoded.
     fast_blocks: u64,
-    run_blocks: u64,
     /// Blocks on the way from a traced branch to the branch a TIP.PGD binds to, decoded
     /// once (`None`: not one the fast path takes); `branches_fast.rs`, `toggle`.
     walks: WalkBlocks,
@@ -243,7 +241,6 @@ impl<'a> Branches<'a> {
             held: None,
             fast: Some(FastBlocks::default()),
             fast_blocks: 0,
-            run_blocks: 0,
             walks: WalkBlocks::default(),
             status_psb: None,
             last_ip_known: true,
@@ -261,12 +258,6 @@ impl<'a> Branches<'a> {
     /// How many of the blocks so far took the fast path (the rest: the general one).
     pub fn fast_blocks(&self) -> u64 {
         self.fast_blocks
-    }
-
-    /// How many of the fast path's blocks it took as whole runs (one lookup for the
-    /// blocks up to a TNT's last bit).
-    pub fn run_blocks(&self) -> u64 {
-        self.run_blocks
     }
 
     /// What was seen so far.

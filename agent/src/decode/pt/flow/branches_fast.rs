@@ -29,7 +29,6 @@ use crate::decode::pt::events::evdec::apply_timing;
 use crate::decode::pt::events::event::{Event, EventKind};
 use crate::decode::pt::flow::block::{Block, BlockCache, BlockDecoder, RetView};
 use crate::decode::pt::flow::fast_blocks::{self, Exit, FastBlock, FastBlocks, View};
-use crate::decode::pt::flow::fast_runs::{RUN_BLOCKS, Run, Runs};
 use crate::decode::pt::flow::image::ImageProvider;
 use crate::decode::pt::flow::insn::InsnClass;
 use crate::decode::pt::packets::last_ip::LastIp;
@@ -327,8 +326,6 @@ struct Tally {
     /// TIP.PGD/TIP.PGE pairs taken here (two flow events and a trace stop and start
     /// each).
     toggles: u64,
-    /// Blocks replayed as runs (of `blocks`).
-    runs: u64,
     /// Tracing is on as far as reported (`Branches::tracing`): only then does a
     /// disable report a trace stop (after an error it is off until the next start).
     tracing: bool,
@@ -349,7 +346,6 @@ impl Tally {
         counts.branches[BranchKind::TraceStop.index()] += self.toggles;
         counts.branches[BranchKind::TraceStart.index()] += self.toggles;
         branches.fast_blocks += self.blocks;
-        branches.run_blocks += self.runs;
         branches.last_ip = self.last_ip;
         branches.last_ip_known |= self.blocks > 0;
         branches.stalled = self.stalled;
@@ -401,7 +397,6 @@ impl Branches<'_> {
             stalled: self.stalled,
             queued: self.queue.len,
             toggles: 0,
-            runs: 0,
             tracing: self.tracing,
         };
         let dec = &mut self.dec;
@@ -507,11 +502,11 @@ fn run(
         // No block count at one offset can reach the stall limit in this round: the
         // loop need not count per block.
         let unchecked = table.stall_free(st.stalled(), PER_OFFSET, MAX_STALLED_INSNS);
-        let (view, runs) = table.view_runs(mode);
+        let view = table.view(mode);
         let ended = if unchecked {
-            blocks::<false>(&mut st, &mut loops, view, runs)
+            blocks::<false>(&mut st, &mut loops, view)
         } else {
-            blocks::<true>(&mut st, &mut loops, view, runs)
+            blocks::<true>(&mut st, &mut loops, view)
         };
         match ended {
             Step::Stop(stop) => break stop,
@@ -637,12 +632,7 @@ const PER_OFFSET: usize = 64 + BATCH;
     clippy::too_many_lines,
     reason = "one loop whose values stay in registers; split up, they were spilled"
 )]
-fn blocks<const CHECKED: bool>(
-    st: &mut Locals,
-    lp: &mut Loops<'_, '_>,
-    view: View<'_>,
-    runs: &mut Runs,
-) -> Step {
+fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: View<'_>) -> Step {
     let trace = lp.trace;
     // The slot of `st.ip`: from the previous block where it knew it (its successors'
     // slots), hashed only after a return or an indirect branch.
@@ -650,18 +640,6 @@ fn blocks<const CHECKED: bool>(
     loop {
         if st.queued >= BATCH {
             return Step::Stop(Stop::Pause);
-        }
-        // The blocks up to the TNT's last bit, whole (unchecked: each block has a bit
-        // or an event, as `PER_OFFSET` counts them).
-        if !CHECKED && st.ev.left > 1 && st.queued + RUN_BLOCKS <= BATCH {
-            let run = match runs.get(st.ip, st.ev.left, st.ev.bits) {
-                Some(run) => Some(run),
-                None => runs.record(view, st.ip, st.ev.left, st.ev.bits),
-            };
-            if let Some(run) = run.filter(|run| run.blocks > 0) {
-                slot = replay(st, lp, run);
-                continue;
-            }
         }
         let Some(block) = view.at(slot, st.ip) else {
             return Step::Miss;
@@ -788,76 +766,6 @@ fn blocks<const CHECKED: bool>(
             st.ev.pos,
             kind,
             block.end_ip,
-            to,
-        );
-    }
-}
-
-/// Takes `run`'s blocks as the loop would one by one (a conditional branch that does
-/// not use the TNT's last bit, a direct jump or call, each): its bits, counts, jumps
-/// and calls, and the return addresses the calls push.
-/// Returns the table slot of the block after it.
-#[expect(
-    clippy::inline_always,
-    reason = "the fast loop's registers hold up only if this is inlined"
-)]
-#[inline(always)]
-fn replay(st: &mut Locals, lp: &mut Loops<'_, '_>, run: &Run) -> usize {
-    st.ev.left -= run.used;
-    // As `Locals::count` at the first block: a stall count starts there.
-    if st.fresh {
-        st.fresh = false;
-        st.mark = st.insns + u64::from(run.first_ninsn) + st.blocks + 1;
-    }
-    st.insns += u64::from(run.ninsn);
-    st.blocks += u64::from(run.blocks);
-    st.last_ip = run.last_ip;
-    st.ip = run.next;
-    lp.tally.runs += u64::from(run.blocks);
-    if run.calls == 0 {
-        lp.tally.branches[BranchKind::Jump.index()] += u64::from(run.jumps);
-        for &(from, to) in run.jump.get(..usize::from(run.jumps)).unwrap_or_default() {
-            emit_if(
-                true,
-                lp.buf,
-                &mut st.queued,
-                &lp.fast.seen,
-                st.ev.pos,
-                BranchKind::Jump,
-                from,
-                to,
-            );
-        }
-    } else {
-        replay_calls(st, lp, run);
-    }
-    usize::from(run.next_slot)
-}
-
-/// [`replay`]'s branches where some are calls.
-#[inline(never)]
-fn replay_calls(st: &mut Locals, lp: &mut Loops<'_, '_>, run: &Run) {
-    let calls = u64::from(run.calls.count_ones());
-    lp.tally.branches[BranchKind::Call.index()] += calls;
-    lp.tally.branches[BranchKind::Jump.index()] += u64::from(run.jumps) - calls;
-    let jumps = run.jump.iter().zip(&run.ret).take(usize::from(run.jumps));
-    for (i, (&(from, to), &ret)) in jumps.enumerate() {
-        let kind = if run.calls >> i & 1 == 1 {
-            if run.pushes >> i & 1 == 1 {
-                lp.retstack.push(ret);
-            }
-            BranchKind::Call
-        } else {
-            BranchKind::Jump
-        };
-        emit_if(
-            true,
-            lp.buf,
-            &mut st.queued,
-            &lp.fast.seen,
-            st.ev.pos,
-            kind,
-            from,
             to,
         );
     }

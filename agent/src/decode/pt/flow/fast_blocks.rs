@@ -11,7 +11,6 @@
 
 use super::block::BlockCache;
 use super::cache::{CacheEntry, Qualifier};
-use super::fast_runs::Runs;
 use super::image::ImageProvider;
 use super::insn::{self, InsnClass};
 use crate::decode::pt::packets::packet::ExecMode;
@@ -175,7 +174,7 @@ pub(crate) struct View<'a> {
 
 impl<'a> View<'a> {
     /// The block at `ip` (in the view's mode), if it was resolved before.
-    #[inline]
+    #[cfg(test)]
     pub fn get(self, ip: u64) -> Option<&'a FastBlock> {
         self.at(self.slot_of(ip), ip)
     }
@@ -267,9 +266,6 @@ pub(crate) struct FastBlocks {
     /// The most instructions of any block in the table: bounds how far a run of
     /// blocks can stall without a look at each one ([`Self::stall_free`]).
     max_ninsn: u16,
-    /// Runs of this table's blocks (emptied with it: their blocks' slots and sizes
-    /// are this table's).
-    runs: Runs,
 }
 
 impl Default for FastBlocks {
@@ -284,7 +280,6 @@ impl Default for FastBlocks {
             shift: 64 - MIN_SLOTS.trailing_zeros(),
             evictions: 0,
             max_ninsn: 0,
-            runs: Runs::default(),
         }
     }
 }
@@ -297,7 +292,6 @@ impl FastBlocks {
             shift: 64 - slots.trailing_zeros(),
             evictions: 0,
             max_ninsn: 0,
-            runs: Runs::default(),
         };
         // Lookups compare addresses only: the slot where EMPTY's own address is looked
         // up gets another address for its empty block, one that is looked up elsewhere.
@@ -320,25 +314,18 @@ impl FastBlocks {
         u16::try_from(self.index(ip)).unwrap_or(u16::MAX)
     }
 
-    /// The table for lookups of blocks in `mode` (emptied if it held another mode's).
-    #[cfg(test)]
-    pub fn view(&mut self, mode: ExecMode) -> View<'_> {
-        self.view_runs(mode).0
-    }
-
-    /// The table for lookups of blocks in `mode` (emptied if it held another mode's),
-    /// and its runs: a loop that holds the view keeps the slots and the shift in
-    /// registers (through `&mut self` they are reloaded after every store).
+    /// The table for lookups of blocks in `mode` (emptied if it held another mode's):
+    /// a loop that holds the view keeps the slots and the shift in registers (through
+    /// `&mut self` they are reloaded after every store).
     #[inline]
-    pub fn view_runs(&mut self, mode: ExecMode) -> (View<'_>, &mut Runs) {
+    pub fn view(&mut self, mode: ExecMode) -> View<'_> {
         if self.mode != mode || self.slots.is_empty() {
             self.empty_for(mode);
         }
-        let view = View {
+        View {
             slots: &self.slots,
             shift: self.shift,
-        };
-        (view, &mut self.runs)
+        }
     }
 
     /// Whether `blocks` blocks from this table, each adding its instructions plus one

@@ -14,7 +14,6 @@ pub mod block;
 pub mod branches;
 pub(crate) mod cache;
 mod fast_blocks;
-mod fast_runs;
 mod flow_events;
 mod flow_trailing;
 mod flow_walk;
