@@ -11,10 +11,6 @@
 //! boundaries match `ptxed --block:show-blocks`). The code walk without events is in
 //! [`super::flow_walk`], event placement after a block in [`super::flow_events`].
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-
-use super::cache::{CacheEntry, IpHasher};
 use super::image::ImageProvider;
 use super::insn::{Insn, InsnClass, MAX_INSN_SIZE};
 use super::insn_cache::InsnCache;
@@ -218,9 +214,7 @@ pub(crate) struct Bound {
     pub syscall: bool,
 }
 
-/// Runs of instructions by where they start: a pure function of the image, filled as the
-/// decode walks code.
-pub(crate) type BlockCache = HashMap<(u64, ExecMode), CacheEntry, BuildHasherDefault<IpHasher>>;
+pub(crate) use super::cache::BlockCache;
 
 /// Decodes a trace into blocks and events.
 pub struct BlockDecoder<'a> {
@@ -273,7 +267,7 @@ impl<'a> BlockDecoder<'a> {
             mode: ExecMode::Unknown,
             enabled: false,
             speculative: false,
-            cache: HashMap::default(),
+            cache: BlockCache::default(),
             insns: InsnCache::default(),
         }
     }
@@ -380,7 +374,7 @@ impl<'a> BlockDecoder<'a> {
             mode: self.mode,
             enabled: self.enabled,
             speculative: self.speculative,
-            cache: HashMap::default(),
+            cache: BlockCache::default(),
             insns: InsnCache::default(),
         }
     }

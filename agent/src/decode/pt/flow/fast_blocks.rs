@@ -102,7 +102,7 @@ pub(crate) fn resolve(
     let mut at = ip;
     let mut ninsn = 0u16;
     for _ in 0..MAX_CHAIN {
-        let entry: CacheEntry = *cache.get(&(at, mode))?;
+        let entry: CacheEntry = cache.get(at, mode)?;
         let point = at.wrapping_add_signed(i64::from(entry.displacement));
         if !mapping.contains(point) {
             return None;

@@ -50,12 +50,12 @@ impl BlockDecoder<'_> {
     fn cache_add(&mut self, ip: u64, entry: CacheEntry) {
         // An unknown mode makes an invalid entry.
         if entry.mode != ExecMode::Unknown {
-            self.cache.insert((ip, entry.mode), entry);
+            self.cache.insert(ip, entry);
         }
     }
 
     fn cache_lookup(&self, ip: u64) -> Option<CacheEntry> {
-        self.cache.get(&(ip, self.mode)).copied()
+        self.cache.get(ip, self.mode)
     }
 
     fn add_decode(&mut self, ip: u64, mode: ExecMode) {
