@@ -248,12 +248,20 @@ impl<'a> Symbolizer<'a> {
                 && let Some(Some(file)) = self.files.get(&(pid, module.clone()))
             {
                 count.file = Some(file.clone());
-                count.build_id = self.maps.get(&pid).and_then(|maps| {
-                    maps.maps
-                        .iter()
-                        .find(|m| &m.path == module)
-                        .and_then(|m| m.build_id.clone())
-                });
+                // From any of the file's maps, else from the file read for the names:
+                // maps rebuilt from the kernel's MMAP records can lack it (CI once
+                // reported a stripped binary's hint with its build-id, and the build-id
+                // itself as null).
+                count.build_id = self
+                    .maps
+                    .get(&pid)
+                    .and_then(|maps| {
+                        maps.maps
+                            .iter()
+                            .filter(|m| &m.path == module)
+                            .find_map(|m| m.build_id.clone())
+                    })
+                    .or_else(|| crate::capture::procmaps::build_id_of(file));
             }
         }
         frame
