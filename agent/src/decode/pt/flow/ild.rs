@@ -105,179 +105,134 @@ const TWO_VALID: [u8; 256] = [
     0x80, 0x33, 0x33, 0x33, 0x33, 0x33, 0x33, 0x03, 0x33, 0x33, 0x33, 0x33, 0x33, 0x33, 0x33, 0xff,
 ];
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "one table, written out as the opcode map reads"
-)]
 const fn one_byte_map(long: bool) -> [Form; 256] {
     use Form::{
-        Bare, Enter, Grp3b, Grp3v, Grp4, Grp5, Grp11b, Grp11v, I8, Iv, Iz, M, MI8, MIz, Moffs,
-        Rel8, Rel32, Ret, RetImm,
+        Bare, Enter, Grp3b, Grp3v, Grp4, Grp5, Grp11b, Grp11v, I8, Iv, Iz, Lea, M, MI8, MIz, Moffs,
+        No, Rel8, Rel32, Ret, RetImm,
     };
-    let mut t = [Form::No; 256];
+    let mut t = [No; 256];
     // ADD, OR, ADC, SBB, AND, SUB, XOR, CMP: r/m forms, then AL/eAX with an immediate.
     let mut op = 0;
     while op < 0x40 {
-        t[op] = M;
-        t[op + 1] = M;
-        t[op + 2] = M;
-        t[op + 3] = M;
-        t[op + 4] = I8;
-        t[op + 5] = Iz;
+        t = filled(
+            t,
+            &[(op, op + 3, M), (op + 4, op + 4, I8), (op + 5, op + 5, Iz)],
+        );
         op += 8;
     }
     if !long {
         // PUSH/POP of segment registers, DAA, DAS, AAA, AAS, INC/DEC r, PUSHA, POPA.
-        let bare: [usize; 14] = [
-            0x06, 0x07, 0x0e, 0x16, 0x17, 0x1e, 0x1f, 0x27, 0x2f, 0x37, 0x3f, 0x60, 0x61, 0x9b,
-        ];
-        let mut i = 0;
-        while i < bare.len() {
-            t[bare[i]] = Bare;
-            i += 1;
-        }
-        let mut op = 0x40;
-        while op < 0x50 {
-            t[op] = Bare;
-            op += 1;
-        }
+        t = filled(
+            t,
+            &[
+                (0x06, 0x07, Bare),
+                (0x0e, 0x0e, Bare),
+                (0x16, 0x17, Bare),
+                (0x1e, 0x1f, Bare),
+                (0x27, 0x27, Bare),
+                (0x2f, 0x2f, Bare),
+                (0x37, 0x37, Bare),
+                (0x3f, 0x3f, Bare),
+                (0x40, 0x4f, Bare),
+                (0x60, 0x61, Bare),
+            ],
+        );
     }
-    let mut op = 0x50;
-    while op < 0x60 {
-        t[op] = Bare;
-        op += 1;
-    }
-    t[0x63] = M;
-    t[0x68] = Iz;
-    t[0x69] = MIz;
-    t[0x6a] = I8;
-    t[0x6b] = MI8;
-    let mut op = 0x6c;
-    while op < 0x70 {
-        t[op] = Bare;
-        op += 1;
-    }
-    let mut op = 0x70;
-    while op < 0x80 {
-        t[op] = Rel8(Rel::Jcc);
-        op += 1;
-    }
-    t[0x80] = MI8;
-    t[0x81] = MIz;
-    t[0x83] = MI8;
-    let mut op = 0x84;
-    while op < 0x8f {
-        t[op] = M;
-        op += 1;
-    }
-    // MOV to and from segment registers: not every register field is one.
-    t[0x8c] = Form::No;
-    t[0x8e] = Form::No;
-    t[0x8d] = Form::Lea;
-    let mut op = 0x90;
-    while op < 0xa0 {
-        t[op] = Bare;
-        op += 1;
-    }
-    t[0x9a] = Form::No;
-    let mut op = 0xa0;
-    while op < 0xa4 {
-        t[op] = Moffs;
-        op += 1;
-    }
-    let mut op = 0xa4;
-    while op < 0xb0 {
-        t[op] = Bare;
-        op += 1;
-    }
-    t[0xa8] = I8;
-    t[0xa9] = Iz;
-    let mut op = 0xb0;
-    while op < 0xb8 {
-        t[op] = I8;
-        t[op + 8] = Iv;
-        op += 1;
-    }
-    t[0xc0] = MI8;
-    t[0xc1] = MI8;
-    t[0xc2] = RetImm;
-    t[0xc3] = Ret;
-    t[0xc6] = Grp11b;
-    t[0xc7] = Grp11v;
-    t[0xc8] = Enter;
-    t[0xc9] = Bare;
-    let mut op = 0xd0;
-    while op < 0xd4 {
-        t[op] = M;
-        op += 1;
-    }
-    t[0xd7] = Bare;
-    t[0xe0] = Rel8(Rel::Loop);
-    t[0xe1] = Rel8(Rel::Loop);
-    t[0xe2] = Rel8(Rel::Loop);
-    t[0xe3] = Rel8(Rel::Jrcxz);
-    let mut op = 0xe4;
-    while op < 0xe8 {
-        t[op] = I8;
-        op += 1;
-    }
-    t[0xe8] = Rel32(Rel::Call);
-    t[0xe9] = Rel32(Rel::Jmp);
-    t[0xeb] = Rel8(Rel::Jmp);
-    let mut op = 0xec;
-    while op < 0xf0 {
-        t[op] = Bare;
-        op += 1;
-    }
-    t[0xf4] = Bare;
-    t[0xf5] = Bare;
-    t[0xf6] = Grp3b;
-    t[0xf7] = Grp3v;
-    let mut op = 0xf8;
-    while op < 0xfe {
-        t[op] = Bare;
-        op += 1;
-    }
-    t[0xfe] = Grp4;
-    t[0xff] = Grp5;
-    t
+    filled(
+        t,
+        &[
+            (0x50, 0x5f, Bare),
+            (0x63, 0x63, M),
+            (0x68, 0x68, Iz),
+            (0x69, 0x69, MIz),
+            (0x6a, 0x6a, I8),
+            (0x6b, 0x6b, MI8),
+            (0x6c, 0x6f, Bare),
+            (0x70, 0x7f, Rel8(Rel::Jcc)),
+            (0x80, 0x80, MI8),
+            (0x81, 0x81, MIz),
+            (0x83, 0x83, MI8),
+            (0x84, 0x8e, M),
+            // MOV to and from segment registers: not every register field is one.
+            (0x8c, 0x8c, No),
+            (0x8d, 0x8d, Lea),
+            (0x8e, 0x8e, No),
+            (0x90, 0x99, Bare),
+            (0x9b, 0x9f, Bare),
+            (0xa0, 0xa3, Moffs),
+            (0xa4, 0xa7, Bare),
+            (0xa8, 0xa8, I8),
+            (0xa9, 0xa9, Iz),
+            (0xaa, 0xaf, Bare),
+            (0xb0, 0xb7, I8),
+            (0xb8, 0xbf, Iv),
+            (0xc0, 0xc1, MI8),
+            (0xc2, 0xc2, RetImm),
+            (0xc3, 0xc3, Ret),
+            (0xc6, 0xc6, Grp11b),
+            (0xc7, 0xc7, Grp11v),
+            (0xc8, 0xc8, Enter),
+            (0xc9, 0xc9, Bare),
+            (0xd0, 0xd3, M),
+            (0xd7, 0xd7, Bare),
+            (0xe0, 0xe2, Rel8(Rel::Loop)),
+            (0xe3, 0xe3, Rel8(Rel::Jrcxz)),
+            (0xe4, 0xe7, I8),
+            (0xe8, 0xe8, Rel32(Rel::Call)),
+            (0xe9, 0xe9, Rel32(Rel::Jmp)),
+            (0xeb, 0xeb, Rel8(Rel::Jmp)),
+            (0xec, 0xef, Bare),
+            (0xf4, 0xf5, Bare),
+            (0xf6, 0xf6, Grp3b),
+            (0xf7, 0xf7, Grp3v),
+            (0xf8, 0xfd, Bare),
+            (0xfe, 0xfe, Grp4),
+            (0xff, 0xff, Grp5),
+        ],
+    )
 }
 
 const fn two_byte_map() -> [Form; 256] {
     use Form::{Bare, Grp8, M, MI8, Rel32};
-    let mut t = [Form::No; 256];
-    // (first, last, form) ranges of the 0F map this decoder takes.
-    let ranges: [(usize, usize, Form); 29] = [
-        (0x10, 0x17, M),
-        (0x0d, 0x0d, M),
-        (0x18, 0x1f, M),
-        (0x28, 0x2f, M),
-        (0x40, 0x4f, M),
-        (0x50, 0x6f, M),
-        (0x70, 0x70, MI8),
-        (0x74, 0x76, M),
-        (0x80, 0x8f, Rel32(Rel::Jcc)),
-        (0x90, 0x9f, M),
-        (0xa2, 0xa2, Bare),
-        (0xa3, 0xa3, M),
-        (0xa4, 0xa4, MI8),
-        (0xa5, 0xa5, M),
-        (0xab, 0xab, M),
-        (0xac, 0xac, MI8),
-        (0xad, 0xad, M),
-        (0xaf, 0xaf, M),
-        (0xb0, 0xb1, M),
-        (0xb3, 0xb3, M),
-        (0xb6, 0xb8, M),
-        (0xba, 0xba, Grp8),
-        (0xbb, 0xbf, M),
-        (0xc0, 0xc1, M),
-        (0xc2, 0xc2, MI8),
-        (0xc3, 0xc3, M),
-        (0xc4, 0xc6, MI8),
-        (0xc8, 0xcf, Bare),
-        (0xd0, 0xfe, M),
-    ];
+    filled(
+        [Form::No; 256],
+        &[
+            (0x0d, 0x0d, M),
+            (0x10, 0x17, M),
+            (0x18, 0x1f, M),
+            (0x28, 0x2f, M),
+            (0x40, 0x4f, M),
+            (0x50, 0x6f, M),
+            (0x70, 0x70, MI8),
+            (0x74, 0x76, M),
+            (0x80, 0x8f, Rel32(Rel::Jcc)),
+            (0x90, 0x9f, M),
+            (0xa2, 0xa2, Bare),
+            (0xa3, 0xa3, M),
+            (0xa4, 0xa4, MI8),
+            (0xa5, 0xa5, M),
+            (0xab, 0xab, M),
+            (0xac, 0xac, MI8),
+            (0xad, 0xad, M),
+            (0xaf, 0xaf, M),
+            (0xb0, 0xb1, M),
+            (0xb3, 0xb3, M),
+            (0xb6, 0xb8, M),
+            (0xba, 0xba, Grp8),
+            (0xbb, 0xbf, M),
+            (0xc0, 0xc1, M),
+            (0xc2, 0xc2, MI8),
+            (0xc3, 0xc3, M),
+            (0xc4, 0xc6, MI8),
+            (0xc8, 0xcf, Bare),
+            (0xd0, 0xfe, M),
+        ],
+    )
+}
+
+/// `t` with each `(first, last, form)` range of opcodes set to its form, in order (a
+/// later range overrides an earlier one).
+const fn filled(mut t: [Form; 256], ranges: &[(usize, usize, Form)]) -> [Form; 256] {
     let mut i = 0;
     while i < ranges.len() {
         let (first, last, form) = ranges[i];
