@@ -113,7 +113,7 @@ impl<'a> PacketDecoder<'a> {
     }
 
     /// Steps over PAD bytes at the current position: what reading them one at a time as
-    /// [`Packet::Pad`]s does (a PAD changes no block context), at a byte compare each.
+    /// [`Packet::Pad`]s does (a PAD changes no block context), eight bytes at a time.
     pub(crate) fn skip_pads(&mut self) {
         if let Some(pos) = self.pos {
             self.pos = Some(super::parse_hot::skip_pad_runs(self.trace, pos));

@@ -110,10 +110,8 @@ pub(crate) fn skip_pad_runs(trace: &[u8], mut pos: usize) -> usize {
         }
         pos += 8;
     }
-    while trace.get(pos) == Some(&0) {
-        pos += 1;
-    }
-    pos
+    // The last bytes, fewer than eight.
+    skip_pads(trace, pos)
 }
 
 #[cfg(test)]
