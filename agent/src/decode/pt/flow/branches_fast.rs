@@ -34,7 +34,9 @@ use crate::decode::pt::flow::insn::InsnClass;
 use crate::decode::pt::packets::last_ip::LastIp;
 use crate::decode::pt::packets::packet::{ExecMode, IpCompression, Packet};
 use crate::decode::pt::packets::parse::{BlockContext, decode_packet};
-use crate::decode::pt::packets::parse_hot::{Hot, hot_packet, skip_pads};
+use crate::decode::pt::packets::parse_hot::{
+    Hot, TIP_PGD, TIP_PGE, hot_packet, ip_packet, skip_pads,
+};
 use crate::decode::pt::timing::time::{Time, TimeCal, TimingConfig};
 
 /// Branch events a fast run produces before handing them out.
@@ -789,15 +791,9 @@ impl Toggle {
     /// The pair at `at`, if it is one: both with an IP, PADs at most between them, and a
     /// TNT or a TIP with an IP right after (the fast loop reads on from there).
     fn at(trace: &[u8], at: usize, fast: &Fast) -> Option<Self> {
-        let errata = fast.timing.errata;
-        let packet = |at: usize| decode_packet(trace, at, errata, BlockContext::None).ok();
-        let leave = packet(at)?;
-        let at_pge = skip_pads(trace, at + leave.size);
-        let back = packet(at_pge)?;
-        let (Packet::TipPgd(leave_ip), Packet::TipPge(back_ip)) = (leave.packet, back.packet)
-        else {
-            return None;
-        };
+        let (leave_ip, leave_size) = ip_packet(trace, at, TIP_PGD)?;
+        let at_pge = skip_pads(trace, at + leave_size);
+        let (back_ip, pge_size) = ip_packet(trace, at_pge, TIP_PGE)?;
         if leave_ip.compression == IpCompression::Suppressed
             || back_ip.compression == IpCompression::Suppressed
         {
@@ -808,14 +804,14 @@ impl Toggle {
         let off = last_ip.ip().ok()?;
         last_ip.update(back_ip);
         let on = last_ip.ip().ok()?;
-        match hot_packet(trace, skip_pads(trace, at_pge + back.size)) {
+        match hot_packet(trace, skip_pads(trace, at_pge + pge_size)) {
             Hot::Tnt { .. } => {}
             Hot::Tip { payload, .. } if payload.compression != IpCompression::Suppressed => {}
             Hot::Tip { .. } | Hot::Other => return None,
         }
         Some(Self {
             at_pge,
-            pge_size: back.size,
+            pge_size,
             off,
             on,
             last_ip,
@@ -824,7 +820,8 @@ impl Toggle {
 }
 
 /// The blocks from `to` to the branch a disable at `off` binds to (the first that needs
-/// trace, or a direct one to `off`), that branch's block last; `None` where the
+/// trace, or a direct one to `off`), that branch's block last, into `walk`: how many;
+/// `None` where the
 /// general path would do otherwise (`off` inside a block, or reached at a block's start)
 /// or the walk is long or leaves known code.
 fn toggle_walk(
@@ -832,8 +829,8 @@ fn toggle_walk(
     walks: &mut WalkBlocks,
     image: &dyn ImageProvider,
     (to, off, mode): (u64, u64, ExecMode),
-) -> Option<([Option<FastBlock>; TOGGLE_WALK], usize)> {
-    let mut walk = [None; TOGGLE_WALK];
+    walk: &mut [Option<FastBlock>; TOGGLE_WALK],
+) -> Option<usize> {
     let mut ip = to;
     for (n, step) in walk.iter_mut().enumerate() {
         if ip == off {
@@ -851,7 +848,7 @@ fn toggle_walk(
         }
         *step = Some(next);
         if !next.exit.is_direct() || next.target == off {
-            return Some((walk, n + 1));
+            return Some(n + 1);
         }
         ip = next.target;
     }
@@ -896,7 +893,10 @@ fn toggle(
     else {
         return false;
     };
-    let Some((walk, walked)) = toggle_walk(view, lp.walks, lp.image, (to, off, fast.mode)) else {
+    // Filled in place: returned, the array was a 400-byte copy per toggle.
+    let mut walk = [None; TOGGLE_WALK];
+    let Some(walked) = toggle_walk(view, lp.walks, lp.image, (to, off, fast.mode), &mut walk)
+    else {
         return false;
     };
     if st.queued + walked + 3 > BATCH {
@@ -1038,6 +1038,9 @@ fn fetch(trace: &[u8], fast: &mut Fast, ev: &mut Current, insns: u64) -> bool {
             };
         }
         Hot::Tip { .. } => return false,
+        // A TIP.PGD (tracing stops: for `toggle` or the general path) is no timing
+        // packet: `Fast::next_event` would decode it whole to say so.
+        Hot::Other if trace.get(at).is_some_and(|&opc| opc & 0x1f == TIP_PGD) => return false,
         Hot::Other => {
             fast.bits = ev.bits;
             fast.left = ev.left;

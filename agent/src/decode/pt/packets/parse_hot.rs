@@ -45,16 +45,45 @@ pub(crate) fn hot_packet(trace: &[u8], pos: usize) -> Hot {
         }
         return Hot::Other;
     }
-    if opc & 0x1f != 0x0d {
+    if opc & 0x1f != TIP {
         return Hot::Other;
     }
-    let Some(compression) = IpCompression::from_bits(opc >> 5) else {
-        return Hot::Other;
-    };
+    match ip_payload(trace, pos, opc) {
+        Some((payload, size)) => Hot::Tip { payload, size },
+        None => Hot::Other,
+    }
+}
+
+/// The low five bits of a TIP's header byte (the top three give the IP compression).
+pub(crate) const TIP: u8 = 0x0d;
+/// ... of a TIP.PGE's.
+pub(crate) const TIP_PGE: u8 = 0x11;
+/// ... of a TIP.PGD's.
+pub(crate) const TIP_PGD: u8 = 0x01;
+
+/// Reads the packet at `pos` if it is the IP packet whose header byte has `code` in its
+/// low five bits ([`TIP`], [`TIP_PGE`], [`TIP_PGD`]): its payload and size; `None` for
+/// any other packet, a reserved compression, or a truncated one (as the general decoder
+/// reads it; `ip_packets_decode_as_the_general_decoder_does`).
+#[inline]
+pub(crate) fn ip_packet(trace: &[u8], pos: usize, code: u8) -> Option<(IpPayload, usize)> {
+    let &opc = trace.get(pos)?;
+    if opc & 0x1f != code {
+        return None;
+    }
+    ip_payload(trace, pos, opc)
+}
+
+/// The payload and size of the IP packet at `pos`, whose header byte is `opc`.
+#[expect(
+    clippy::inline_always,
+    reason = "part of `hot_packet`, which the fast loop keeps its registers around"
+)]
+#[inline(always)]
+fn ip_payload(trace: &[u8], pos: usize, opc: u8) -> Option<(IpPayload, usize)> {
+    let compression = IpCompression::from_bits(opc >> 5)?;
     let len = compression.payload_len();
-    let Some(bytes) = trace.get(pos + 1..pos.saturating_add(1 + len)) else {
-        return Hot::Other;
-    };
+    let bytes = trace.get(pos + 1..pos.saturating_add(1 + len))?;
     // One 8-byte load where the trace goes on that far (a copy of `len` bytes was a
     // memcpy call per TIP).
     let ip = match trace
@@ -67,10 +96,7 @@ pub(crate) fn hot_packet(trace: &[u8], pos: usize) -> Hot {
         }
         _ => bytes.iter().rev().fold(0, |ip, &b| ip << 8 | u64::from(b)),
     };
-    Hot::Tip {
-        payload: IpPayload { compression, ip },
-        size: 1 + len,
-    }
+    Some((IpPayload { compression, ip }, 1 + len))
 }
 
 /// A TNT payload ends with a stop bit; the bits below it are the outcomes.
@@ -170,6 +196,42 @@ mod tests {
         }
         for bytes in &cases {
             assert_eq!(hot_packet(bytes, 0), general(bytes), "{bytes:02x?}");
+        }
+    }
+
+    #[test]
+    fn ip_packets_decode_as_the_general_decoder_does() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for first in 0..=255u8 {
+            for len in 0..12 {
+                let mut bytes = vec![first];
+                bytes.extend((1..len).map(|_| next().to_le_bytes()[0]));
+                let general = decode_packet(&bytes, 0, Errata::default(), BlockContext::None)
+                    .ok()
+                    .map(|d| (d.packet, d.size));
+                for (code, make) in [
+                    (TIP, Packet::Tip as fn(IpPayload) -> Packet),
+                    (TIP_PGE, Packet::TipPge),
+                    (TIP_PGD, Packet::TipPgd),
+                ] {
+                    let want = general.filter(|(p, _)| {
+                        std::mem::discriminant(p)
+                            == std::mem::discriminant(&make(IpPayload {
+                                compression: IpCompression::Suppressed,
+                                ip: 0,
+                            }))
+                    });
+                    let got =
+                        ip_packet(&bytes, 0, code).map(|(payload, size)| (make(payload), size));
+                    assert_eq!(got, want, "{bytes:02x?} as {code:#x}");
+                }
+            }
         }
     }
 
