@@ -864,7 +864,7 @@ fn run_stats(
         (
             branches.counts().clone(),
             None,
-            Some(branches.fast_blocks()),
+            Some((branches.fast_blocks(), branches.quiet_psbs())),
         )
     };
     let decode_time = started.elapsed();
@@ -896,16 +896,24 @@ fn run_stats(
 /// How many blocks the fast path took, for `--stats` on one thread: where the rest
 /// went is where a decode spends its time (events such as TIP.PGD/TIP.PGE, first
 /// visits to code).
-fn fast_line(fast: Option<u64>, blocks: u64) -> String {
+/// The PSB+ headers taken whole while tracing was off follow, where there were any.
+fn fast_line(fast: Option<(u64, u64)>, blocks: u64) -> String {
     match fast {
         #[expect(
             clippy::cast_precision_loss,
             reason = "a percentage for people to read"
         )]
-        Some(fast) if blocks > 0 => format!(
-            "\nfast path: {fast} of {blocks} blocks ({:.1} %)",
-            fast as f64 * 100.0 / blocks as f64
-        ),
+        Some((fast, quiet)) if blocks > 0 => {
+            let quiet = if quiet > 0 {
+                format!("; {quiet} PSB+ headers taken whole while tracing was off")
+            } else {
+                String::new()
+            };
+            format!(
+                "\nfast path: {fast} of {blocks} blocks ({:.1} %){quiet}",
+                fast as f64 * 100.0 / blocks as f64
+            )
+        }
         _ => String::new(),
     }
 }

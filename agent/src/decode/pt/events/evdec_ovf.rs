@@ -11,6 +11,9 @@ use super::evdec::{EventDecoder, Read, Step, apply_timing, has_ip, read_packet};
 use super::event::{Event, EventKind, FlowError, binding};
 use crate::decode::pt::packets::decoder::PacketDecoder;
 use crate::decode::pt::packets::packet::{self, IpPayload, Packet};
+use crate::decode::pt::packets::parse::Decoded;
+use crate::decode::pt::packets::parse_hot::skip_pad_runs;
+use crate::decode::pt::packets::sync::is_psb;
 use crate::decode::pt::timing::time::{Time, TimeCal};
 
 /// The PSB+ FUP, if the header that `pkt` is in has one (`None`: PSBEND or OVF first).
@@ -74,6 +77,46 @@ fn is_timing(packet: &Packet) -> bool {
             | Packet::Mtc { .. }
             | Packet::Cyc { .. }
     )
+}
+
+/// The most status events of a quiet PSB+ ([`EventDecoder::quiet_psb`]; the queue
+/// holds 14).
+pub(crate) const QUIET_MAX: usize = 8;
+
+/// The status events of a quiet PSB+, in the order the general path publishes them
+/// ([`EventDecoder::quiet_psb`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QuietPsb {
+    kinds: [EventKind; QUIET_MAX],
+    len: usize,
+    /// The time and flags every one of them has.
+    time: Event,
+}
+
+impl Default for QuietPsb {
+    fn default() -> Self {
+        Self {
+            kinds: [EventKind::Ignore; QUIET_MAX],
+            len: 0,
+            time: Event::new(EventKind::Ignore),
+        }
+    }
+}
+
+impl QuietPsb {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The `i`-th event, as `decode_psbend` publishes it.
+    pub fn event(&self, i: usize) -> Option<Event> {
+        let kind = *self.kinds.get(..self.len)?.get(i)?;
+        Some(Event {
+            kind,
+            ip_suppressed: !matches!(kind, EventKind::Cbr { .. }),
+            ..self.time
+        })
+    }
 }
 
 /// A read-ahead position the decoder may resume from.
@@ -186,6 +229,113 @@ impl<'a> EventDecoder<'a> {
                 _ => return Err(FlowError::BadContext),
             }
         }
+    }
+
+    /// The next PSB+ whole, where it is a quiet one, into `out`: the same status
+    /// events, time and position as [`Self::decode_psb`] and the
+    /// [`Self::decode_psbend`]s that publish them would give, without the queue. False
+    /// (nothing changed) unless the current packet is the PSBEND of a header whose
+    /// events are all taken, PADs at most lead to a PSB, and its header holds only
+    /// MODE.TSX, PIP, VMCS, CBR, timing packets and PADs (no FUP: tracing stays off; no
+    /// MODE.EXEC, MNT or OVF), at most [`QUIET_MAX`] events, and every packet reads and
+    /// times as the general path would have it (the same packet reader and clock).
+    ///
+    /// Why: a KVM-PT trace writes a PSB+ every few hundred bytes while tracing is off
+    /// (qemu's real trace: 13,000 of them between TIP.PGD and TIP.PGE), and published
+    /// one by one through the queue and the flow layer they were a quarter of its
+    /// decode. For `Branches`' quiet stretches (`branches_idle.rs`).
+    pub(crate) fn quiet_psb(&mut self, out: &mut QuietPsb) -> bool {
+        if !matches!(self.packet, Some((_, Packet::PsbEnd, _)))
+            || self.event.is_some()
+            || !self.evq.is_empty()
+        {
+            return false;
+        }
+        // A look at the bytes first: most calls are at the end of a quiet stretch.
+        let trace = self.pkt.trace();
+        let next = skip_pad_runs(trace, self.pkt.position());
+        if !trace.get(next..).is_some_and(is_psb) {
+            return false;
+        }
+        let mut pkt = self.pkt.clone();
+        pkt.seek(next);
+        if !matches!(
+            pkt.next_decoded(),
+            Some(Ok((
+                _,
+                Decoded {
+                    packet: Packet::Psb,
+                    ..
+                }
+            )))
+        ) {
+            return false;
+        }
+        let (mut time, mut tcal) = (self.time, self.tcal);
+        // The enabled/disabled status first, as `decode_psb` queues it.
+        out.kinds[0] = EventKind::Disabled { ip: 0 };
+        out.len = 1;
+        let end = loop {
+            pkt.skip_pads();
+            // (BBP, BIP and BEP, which `read_packet` puts back, end the batch too.)
+            let Some(Ok((offset, Decoded { packet, size }))) = pkt.next_decoded() else {
+                return false;
+            };
+            let kind = match packet {
+                Packet::ModeTsx(tsx) => EventKind::Tsx {
+                    speculative: tsx.intx,
+                    aborted: tsx.abrt,
+                    ip: 0,
+                },
+                Packet::Pip(pip) => EventKind::AsyncPaging {
+                    cr3: pip.cr3,
+                    non_root: pip.nr,
+                    ip: 0,
+                },
+                Packet::Vmcs { base } => EventKind::AsyncVmcs { base, ip: 0 },
+                Packet::Cbr { ratio } => {
+                    if apply_timing(&mut time, &mut tcal, &self.config.timing, &packet, true)
+                        .is_err()
+                    {
+                        return false;
+                    }
+                    EventKind::Cbr { ratio }
+                }
+                packet if is_timing(&packet) => {
+                    if apply_timing(&mut time, &mut tcal, &self.config.timing, &packet, true)
+                        .is_err()
+                    {
+                        return false;
+                    }
+                    continue;
+                }
+                Packet::Pad | Packet::Corrupted => continue,
+                Packet::PsbEnd => break (offset, packet, size),
+                _ => return false,
+            };
+            let Some(slot) = out.kinds.get_mut(out.len) else {
+                return false;
+            };
+            *slot = kind;
+            out.len += 1;
+        };
+        // As `decode_psb` then the `decode_psbend`s leave it.
+        self.psb_timing = (self.time, self.tcal);
+        self.ip.reset();
+        self.enabled = false;
+        self.time = time;
+        self.tcal = tcal;
+        self.pkt = pkt;
+        self.packet = Some(end);
+        self.status = Ok(());
+        self.bound = false;
+        // Every event has the time after the header (`decode_psbend` sets it). Tracing
+        // is off: the disable is without an IP (PSBEND), and the events with an IP
+        // field have none (the last IP was reset); a CBR has no IP.
+        out.time = Event::new(EventKind::Ignore);
+        out.time.status_update = true;
+        self.set_time(&mut out.time);
+        true
     }
 
     fn header_fup(&mut self, payload: IpPayload) -> Result<(), FlowError> {

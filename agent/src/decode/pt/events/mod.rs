@@ -11,6 +11,6 @@
 pub mod evdec;
 mod evdec_cfe;
 mod evdec_ip;
-mod evdec_ovf;
+pub(crate) mod evdec_ovf;
 pub(crate) mod evdec_seed;
 pub mod event;

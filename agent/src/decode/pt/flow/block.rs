@@ -449,11 +449,7 @@ impl<'a> BlockDecoder<'a> {
 
     /// Moves on to the next event, remembering the current one's time.
     pub(crate) fn fetch_event(&mut self) -> Result<(), FlowError> {
-        self.tsc = self.event.tsc;
-        self.has_tsc = self.event.has_tsc;
-        self.lost_mtc = self.event.lost_mtc;
-        self.lost_cyc = self.event.lost_cyc;
-        self.update_trig_anchor()?;
+        self.leave_event()?;
         match self.evdec.next_event() {
             Ok(event) => self.event = event,
             Err(err) => {
@@ -462,6 +458,18 @@ impl<'a> BlockDecoder<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Moves past the current event: its time counts as seen, and it may anchor the
+    /// instruction count of later TRIG packets. The first half of [`Self::fetch_event`]
+    /// (also run by the quiet PSB+ batches of `branches_idle.rs`, whose next event
+    /// comes from the batch).
+    pub(crate) fn leave_event(&mut self) -> Result<(), FlowError> {
+        self.tsc = self.event.tsc;
+        self.has_tsc = self.event.has_tsc;
+        self.lost_mtc = self.event.lost_mtc;
+        self.lost_cyc = self.event.lost_cyc;
+        self.update_trig_anchor()
     }
 
     /// Events at known IPs anchor the instruction count of later TRIG packets.

@@ -23,6 +23,7 @@ use super::cache::IpHasher;
 use super::fast_blocks::{FastBlock, FastBlocks};
 use super::image::{Image, ImageProvider};
 use super::insn::{self, Insn, InsnClass, InsnKind};
+use crate::decode::pt::events::evdec_ovf::QuietPsb;
 use crate::decode::pt::events::event::{Event, EventKind, FlowError};
 use crate::decode::pt::packets::packet::ExecMode;
 
@@ -210,6 +211,10 @@ pub struct Branches<'a> {
     /// The PSB of the last PSB+ status event handled: a parallel decode's checkpoints
     /// come after the PSB+ of the PSB they are for (`branches_parallel.rs`).
     status_psb: Option<usize>,
+    /// The last quiet PSB+ read (`branches_idle.rs`), kept here to be filled in place.
+    quiet: QuietPsb,
+    /// PSB+ headers the quiet path took whole.
+    quiet_psbs: u64,
     /// `last_ip` is the last block's: false for a parallel worker before its first block.
     last_ip_known: bool,
     /// A trace stop took `last_ip` while it was not known (a parallel worker's events
@@ -243,6 +248,8 @@ impl<'a> Branches<'a> {
             fast_blocks: 0,
             walks: WalkBlocks::default(),
             status_psb: None,
+            quiet: QuietPsb::default(),
+            quiet_psbs: 0,
             last_ip_known: true,
             tainted: false,
         }
@@ -258,6 +265,12 @@ impl<'a> Branches<'a> {
     /// How many of the blocks so far took the fast path (the rest: the general one).
     pub fn fast_blocks(&self) -> u64 {
         self.fast_blocks
+    }
+
+    /// How many PSB+ headers were taken whole while tracing was off (the rest of the
+    /// events went one at a time).
+    pub fn quiet_psbs(&self) -> u64 {
+        self.quiet_psbs
     }
 
     /// What was seen so far.
@@ -331,24 +344,7 @@ impl<'a> Branches<'a> {
         if status.event_pending {
             match self.dec.next_event() {
                 Ok((event, status)) => {
-                    self.counts.events += 1;
-                    if event.status_update {
-                        // The return stack starts empty at each PSB, as Linux perf's
-                        // decoder has it: the processor compresses no return whose call
-                        // came before a PSB. So a decode started at a PSB is in the
-                        // state a decode from the start is in there (parallel decode).
-                        self.dec.retstack.clear();
-                        self.status_psb = Some(self.dec.sync_offset());
-                    }
-                    if let Some((kind, from, to)) = self.held.take()
-                        && !matches!(
-                            event.kind,
-                            EventKind::Disabled { .. } | EventKind::AsyncDisabled { .. }
-                        )
-                    {
-                        self.push(kind, from, to);
-                    }
-                    self.on_event(&event);
+                    self.took_event(&event);
                     self.state = State::Running(status);
                 }
                 Err(FlowError::Eos) => self.state = State::Done,
@@ -363,6 +359,28 @@ impl<'a> Branches<'a> {
         let offset = self.dec.offset();
         let (block, result) = self.dec.next_block();
         self.finish_block(offset, &block, result);
+    }
+
+    /// Counts an event the decoder applied and reports what it means for the branches.
+    fn took_event(&mut self, event: &Event) {
+        self.counts.events += 1;
+        if event.status_update {
+            // The return stack starts empty at each PSB, as Linux perf's decoder has
+            // it: the processor compresses no return whose call came before a PSB. So a
+            // decode started at a PSB is in the state a decode from the start is in
+            // there (parallel decode).
+            self.dec.retstack.clear();
+            self.status_psb = Some(self.dec.sync_offset());
+        }
+        if let Some((kind, from, to)) = self.held.take()
+            && !matches!(
+                event.kind,
+                EventKind::Disabled { .. } | EventKind::AsyncDisabled { .. }
+            )
+        {
+            self.push(kind, from, to);
+        }
+        self.on_event(event);
     }
 
     /// Counts a block that started at trace offset `offset`, reports its branch and
@@ -548,6 +566,9 @@ impl Branches<'_> {
             State::Done => return false,
             State::Sync => self.sync(),
             State::Running(status) => {
+                if status.event_pending && self.run_idle() {
+                    return true;
+                }
                 if status.event_pending || status.eos || !self.run_fast() {
                     self.step(status);
                 }
@@ -618,6 +639,9 @@ impl Iterator for BlockInsns<'_> {
 
 #[path = "branches_fast.rs"]
 mod fast;
+
+#[path = "branches_idle.rs"]
+mod idle;
 
 #[path = "branches_parallel.rs"]
 mod parallel;

@@ -401,6 +401,87 @@ fn the_fast_path_takes_a_disable_and_enable_through_a_plt_stub() {
     );
 }
 
+/// Stretches of PSB+ headers while tracing is off (KVM-PT writes them every few
+/// hundred bytes): the quiet path takes them a header at a time, with the general
+/// path's events, times, offsets and counts, and leaves to it the headers it does not
+/// take (a MODE.EXEC in one, the first after a disable, a header with a FUP).
+#[test]
+fn quiet_psb_headers_go_as_the_general_path_takes_them() {
+    let mut code = vec![0x90u8; 0x200];
+    // 0x1000: call 0x1100; 0x1005: jne 0x1000; 0x1007: ret; 0x1100: jmp [rip].
+    code[..5].copy_from_slice(&[0xe8, 0xfb, 0, 0, 0]);
+    code[5..7].copy_from_slice(&[0x75, 0xf9]);
+    code[7] = 0xc3;
+    code[0x100..0x106].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    let mut image = Image::new();
+    image.add("plt", code, 0x1000);
+    let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
+    let mut rng = Rng(0x51_7c_c1_b7_27_22_0a_95);
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&[0x99, 0x01, 0x7d]);
+    trace.extend(ip48(0x1000));
+    trace.extend_from_slice(&[0x02, 0x23]);
+    let mut headers = 0;
+    let mut tsc = 0x1000u64;
+    for round in 0..300u64 {
+        // Tracing leaves through the stub ...
+        trace.push(0x61);
+        trace.extend(ip48(0x9000));
+        // ... and stays off for a few PSB+.
+        for _ in 0..=(rng.next() % 4) {
+            trace.extend(std::iter::repeat_n(0, (rng.next() % 12) as usize));
+            trace.extend_from_slice(&PSB);
+            let mut fields: Vec<Vec<u8>> = vec![
+                vec![0x99, 0x20 | u8::from(round.is_multiple_of(5))],
+                [&[0x02, 0x43][..], &ip48(0x48c9_0000 >> 4 | 1)].concat(),
+                vec![0x02, 0xc8, 0xee, 0x56, 0x3b, 0, 0],
+                vec![0x02, 0x03, 26 + (round % 3) as u8, 0],
+            ];
+            if rng.next().is_multiple_of(3) {
+                // Time moves on in the header.
+                tsc += 1 + (rng.next() % 5000);
+                fields.push([&[0x19][..], &tsc.to_le_bytes()[..7]].concat());
+            }
+            match rng.next() % 10 {
+                // Not quiet: left to the general path.
+                0 => fields.push(vec![0x99, 0x01]),
+                1 => fields.push([&[0x02, 0xc3, 0x88][..], &[7; 8][..]].concat()),
+                _ => {}
+            }
+            for field in fields {
+                trace.extend(field);
+                trace.extend(std::iter::repeat_n(0, (rng.next() % 3) as usize));
+            }
+            trace.extend_from_slice(&[0x02, 0x23]);
+            headers += 1;
+        }
+        // Back at the return address; a taken TNT bit closes the loop.
+        trace.extend_from_slice(&[0x02, 0x43]);
+        trace.extend(ip48(0x48c9_1000 >> 4 | 1));
+        trace.extend_from_slice(&[0x99, 0x01, 0x71]);
+        trace.extend(ip48(0x1005));
+        trace.push(0x06);
+    }
+    let config = FlowConfig::default();
+    same(&trace, &image, config, "quiet psb");
+    let mut branches = Branches::new(&trace, &image, config);
+    let events: Vec<BranchEvent> = branches.by_ref().collect();
+    let count = |kind| events.iter().filter(|e| e.kind == kind).count();
+    assert_eq!(count(BranchKind::Error), 0);
+    assert_eq!(count(BranchKind::TraceStop), 300);
+    assert!(
+        events.iter().any(|e| e.has_tsc),
+        "the headers' TSCs reach the events"
+    );
+    // The first header after each disable goes the general way (its pending event is
+    // the disable itself), and so do the ones with a MODE.EXEC or an MNT.
+    let quiet = branches.quiet_psbs();
+    assert!(
+        quiet * 10 > (headers - 300) * 6,
+        "only {quiet} of {headers} headers taken quietly"
+    );
+}
+
 #[test]
 fn batches_hand_out_the_iterators_events() {
     let (trace, image) = synth(3, 12, 64 * 1024);

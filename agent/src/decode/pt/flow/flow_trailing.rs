@@ -220,6 +220,18 @@ impl BlockDecoder<'_> {
         if let EventKind::Tnt { size, .. } = self.event.kind {
             return self.tick_event(size);
         }
+        self.apply_event()?;
+        let event = self.event;
+        self.fetch_event()?;
+        let status = self.proceed_trailing_event(None)?;
+        Ok((event, status))
+    }
+
+    /// What the pending event (not a TNT) does to the decoder: tracing on or off, a new
+    /// IP, execution mode, TSX state, core:bus ratio; an error where it does not fit.
+    /// The first half of [`Self::next_event`], also run by the product path's quiet
+    /// PSB+ batches (`branches_idle.rs`).
+    pub(crate) fn apply_event(&mut self) -> Result<(), FlowError> {
         let ip_matches = |ev: &Event, ip: u64, current: u64| ev.ip_suppressed || ip == current;
         let ev = self.event;
         let ev = &ev;
@@ -308,10 +320,7 @@ impl BlockDecoder<'_> {
             }
             _ => {}
         }
-        let event = self.event;
-        self.fetch_event()?;
-        let status = self.proceed_trailing_event(None)?;
-        Ok((event, status))
+        Ok(())
     }
 
     /// A tick event at the first used bit of a TNT that came with new time.
