@@ -267,7 +267,7 @@ impl<'a> BlockDecoder<'a> {
             mode: ExecMode::Unknown,
             enabled: false,
             speculative: false,
-            cache: BlockCache::default(),
+            cache: BlockCache::for_trace(trace.len()),
             insns: InsnCache::default(),
         }
     }
