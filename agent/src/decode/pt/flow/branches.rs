@@ -244,7 +244,7 @@ impl<'a> Branches<'a> {
             tracing: false,
             last_ip: 0,
             held: None,
-            fast: Some(FastBlocks::default()),
+            fast: Some(FastBlocks::for_trace(trace.len())),
             fast_blocks: 0,
             walks: WalkBlocks::default(),
             status_psb: None,
