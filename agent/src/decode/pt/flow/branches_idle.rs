@@ -31,6 +31,10 @@ impl Branches<'_> {
         if dec.status.is_err() || dec.enabled || dec.postponed.is_some() || !quiet(&dec.event) {
             return false;
         }
+        // The header is read before the pending event is applied (the general path
+        // applies it first): the same, since applying a quiet event with tracing off
+        // cannot fail (a disable's status update, IP checks that pass on a suppressed
+        // IP, a ratio) and touches no state of the event layer's.
         if !dec.evdec.quiet_psb(&mut self.quiet) {
             return false;
         }
