@@ -350,6 +350,19 @@ fn the_fast_path_matches_the_general_one_on_real_traces() {
     }
 }
 
+/// A loop through a PLT stub: 0x1000: call 0x1100; 0x1005: jne 0x1000; 0x1007: ret;
+/// 0x1100: jmp [rip] (out of the traced code).
+fn plt_loop() -> Image {
+    let mut code = vec![0x90u8; 0x200];
+    code[..5].copy_from_slice(&[0xe8, 0xfb, 0, 0, 0]);
+    code[5..7].copy_from_slice(&[0x75, 0xf9]);
+    code[7] = 0xc3;
+    code[0x100..0x106].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    let mut image = Image::new();
+    image.add("plt", code, 0x1000);
+    image
+}
+
 /// Code leaving the traced range through a PLT stub and coming back, as in real
 /// KVM-PT traces: a loop calls 0x1100, whose indirect jump leaves (TIP.PGD to 0x9000),
 /// tracing resumes at the return address (TIP.PGE), and a TNT bit closes the loop. The
@@ -358,14 +371,7 @@ fn the_fast_path_matches_the_general_one_on_real_traces() {
 /// PADs between the two packets change nothing.
 #[test]
 fn the_fast_path_takes_a_disable_and_enable_through_a_plt_stub() {
-    let mut code = vec![0x90u8; 0x200];
-    // 0x1000: call 0x1100; 0x1005: jne 0x1000; 0x1007: ret; 0x1100: jmp [rip].
-    code[..5].copy_from_slice(&[0xe8, 0xfb, 0, 0, 0]);
-    code[5..7].copy_from_slice(&[0x75, 0xf9]);
-    code[7] = 0xc3;
-    code[0x100..0x106].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
-    let mut image = Image::new();
-    image.add("plt", code, 0x1000);
+    let image = plt_loop();
     let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
     let mut trace = PSB.to_vec();
     // MODE.Exec 64-bit, FUP 0x1000 (sign-extended 48 bits), PSBEND.
@@ -407,14 +413,7 @@ fn the_fast_path_takes_a_disable_and_enable_through_a_plt_stub() {
 /// take (a MODE.EXEC in one, the first after a disable, a header with a FUP).
 #[test]
 fn quiet_psb_headers_go_as_the_general_path_takes_them() {
-    let mut code = vec![0x90u8; 0x200];
-    // 0x1000: call 0x1100; 0x1005: jne 0x1000; 0x1007: ret; 0x1100: jmp [rip].
-    code[..5].copy_from_slice(&[0xe8, 0xfb, 0, 0, 0]);
-    code[5..7].copy_from_slice(&[0x75, 0xf9]);
-    code[7] = 0xc3;
-    code[0x100..0x106].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
-    let mut image = Image::new();
-    image.add("plt", code, 0x1000);
+    let image = plt_loop();
     let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
     let mut rng = Rng(0x51_7c_c1_b7_27_22_0a_95);
     let mut trace = PSB.to_vec();

@@ -414,6 +414,23 @@ mod tests {
         }
     }
 
+    /// Inserts `count` blocks 16 bytes apart four times over, each found right after;
+    /// their addresses.
+    fn evict_repeatedly(table: &mut FastBlocks, count: usize) -> Vec<u64> {
+        let ips: Vec<u64> = (0..count as u64).map(|i| 0x40_0000 + 16 * i).collect();
+        for _ in 0..4 {
+            for &ip in &ips {
+                table.insert(FastBlock {
+                    ninsn: 1,
+                    target: ip + 0x1000,
+                    ..block(ip, ExecMode::Bits64)
+                });
+                assert!(table.view(ExecMode::Bits64).get(ip).is_some());
+            }
+        }
+        ips
+    }
+
     #[test]
     fn a_table_holds_one_mode_at_a_time() {
         let mut table = FastBlocks::default();
@@ -451,18 +468,7 @@ mod tests {
             assert_eq!(table.slots.len(), first, "{len} bytes");
         }
         let mut table = FastBlocks::for_trace(208);
-        let ips: Vec<u64> = (0..4 * SHORT_SLOTS as u64)
-            .map(|i| 0x40_0000 + 16 * i)
-            .collect();
-        for _ in 0..4 {
-            for &ip in &ips {
-                table.insert(FastBlock {
-                    ninsn: 1,
-                    ..block(ip, ExecMode::Bits64)
-                });
-                assert!(table.view(ExecMode::Bits64).get(ip).is_some());
-            }
-        }
+        evict_repeatedly(&mut table, 4 * SHORT_SLOTS);
         assert!(
             table.slots.len() > SHORT_SLOTS,
             "it grew: {}",
@@ -493,19 +499,7 @@ mod tests {
     #[test]
     fn the_table_grows_when_blocks_keep_evicting_each_other_and_slots_follow() {
         let mut table = FastBlocks::default();
-        let ips: Vec<u64> = (0..4 * MIN_SLOTS as u64)
-            .map(|i| 0x40_0000 + 16 * i)
-            .collect();
-        for _ in 0..4 {
-            for &ip in &ips {
-                table.insert(FastBlock {
-                    ninsn: 1,
-                    target: ip + 0x1000,
-                    ..block(ip, ExecMode::Bits64)
-                });
-                assert!(table.view(ExecMode::Bits64).get(ip).is_some());
-            }
-        }
+        let ips = evict_repeatedly(&mut table, 4 * MIN_SLOTS);
         assert!(table.slots.len() > MIN_SLOTS);
         let view = table.view(ExecMode::Bits64);
         let found: Vec<&FastBlock> = ips.iter().filter_map(|&ip| view.get(ip)).collect();
