@@ -35,7 +35,7 @@ use crate::decode::pt::packets::last_ip::LastIp;
 use crate::decode::pt::packets::packet::{ExecMode, IpCompression, Packet};
 use crate::decode::pt::packets::parse::{BlockContext, decode_packet};
 use crate::decode::pt::packets::parse_hot::{
-    Hot, TIP_PGD, TIP_PGE, hot_packet, ip_packet, skip_pads,
+    Hot, TIP_PGD, TIP_PGE, hot_packet, ip_packet, skip_pad_runs, skip_pads,
 };
 use crate::decode::pt::timing::time::{Time, TimeCal, TimingConfig};
 
@@ -792,7 +792,8 @@ impl Toggle {
     /// TNT or a TIP with an IP right after (the fast loop reads on from there).
     fn at(trace: &[u8], at: usize, fast: &Fast) -> Option<Self> {
         let (leave_ip, leave_size) = ip_packet(trace, at, TIP_PGD)?;
-        let at_pge = skip_pads(trace, at + leave_size);
+        // KVM-PT pads between the two (mruby: nine PADs a pair): a word at a time.
+        let at_pge = skip_pad_runs(trace, at + leave_size);
         let (back_ip, pge_size) = ip_packet(trace, at_pge, TIP_PGE)?;
         if leave_ip.compression == IpCompression::Suppressed
             || back_ip.compression == IpCompression::Suppressed
