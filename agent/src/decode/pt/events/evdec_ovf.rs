@@ -79,6 +79,27 @@ fn is_timing(packet: &Packet) -> bool {
     )
 }
 
+/// The status event a PSB+ header packet restates (TSX state, CR3, VMCS, core:bus ratio),
+/// without its IP; `None` for other packets. For [`EventDecoder::decode_psb`] and
+/// [`EventDecoder::quiet_psb`] alike.
+fn header_status(packet: &Packet) -> Option<EventKind> {
+    Some(match *packet {
+        Packet::ModeTsx(tsx) => EventKind::Tsx {
+            speculative: tsx.intx,
+            aborted: tsx.abrt,
+            ip: 0,
+        },
+        Packet::Pip(pip) => EventKind::AsyncPaging {
+            cr3: pip.cr3,
+            non_root: pip.nr,
+            ip: 0,
+        },
+        Packet::Vmcs { base } => EventKind::AsyncVmcs { base, ip: 0 },
+        Packet::Cbr { ratio } => EventKind::Cbr { ratio },
+        _ => return None,
+    })
+}
+
 /// The most status events of a quiet PSB+ ([`EventDecoder::quiet_psb`]; the queue
 /// holds 14).
 pub(crate) const QUIET_MAX: usize = 8;
@@ -154,48 +175,24 @@ impl<'a> EventDecoder<'a> {
             match packet {
                 Packet::Fup(ip) => self.header_fup(ip)?,
                 Packet::ModeExec(mode) => self.header_mode_exec(mode)?,
-                Packet::ModeTsx(tsx) => {
-                    self.evq.push(
-                        binding::PSBEND,
-                        Self::status_event(EventKind::Tsx {
-                            speculative: tsx.intx,
-                            aborted: tsx.abrt,
-                            ip: 0,
-                        }),
-                    )?;
-                }
-                Packet::Pip(pip) => {
-                    self.evq.push(
-                        binding::PSBEND,
-                        Self::status_event(EventKind::AsyncPaging {
-                            cr3: pip.cr3,
-                            non_root: pip.nr,
-                            ip: 0,
-                        }),
-                    )?;
-                }
-                Packet::Vmcs { base } => {
-                    self.evq.push(
-                        binding::PSBEND,
-                        Self::status_event(EventKind::AsyncVmcs { base, ip: 0 }),
-                    )?;
+                Packet::ModeTsx(_)
+                | Packet::Pip(_)
+                | Packet::Vmcs { .. }
+                | Packet::Cbr { .. }
+                | Packet::Tsc { .. }
+                | Packet::Tma { .. }
+                | Packet::Mtc { .. }
+                | Packet::Cyc { .. } => {
+                    if is_timing(&packet) {
+                        self.apply_timing(&packet, true)?;
+                    }
+                    if let Some(kind) = header_status(&packet) {
+                        self.evq.push(binding::PSBEND, Self::status_event(kind))?;
+                    }
                 }
                 Packet::Mnt { payload } => {
                     self.evq
                         .enqueue(binding::PSBEND, EventKind::Mnt { payload })?;
-                }
-                Packet::Cbr { ratio } => {
-                    self.apply_timing(&packet, true)?;
-                    self.evq.push(
-                        binding::PSBEND,
-                        Self::status_event(EventKind::Cbr { ratio }),
-                    )?;
-                }
-                Packet::Tsc { .. }
-                | Packet::Tma { .. }
-                | Packet::Mtc { .. }
-                | Packet::Cyc { .. } => {
-                    self.apply_timing(&packet, true)?;
                 }
                 Packet::PsbEnd => {
                     let enabled = self.enabled;
@@ -281,37 +278,19 @@ impl<'a> EventDecoder<'a> {
             let Some(Ok((offset, Decoded { packet, size }))) = pkt.next_decoded() else {
                 return false;
             };
+            if is_timing(&packet)
+                && apply_timing(&mut time, &mut tcal, &self.config.timing, &packet, true).is_err()
+            {
+                return false;
+            }
             let kind = match packet {
-                Packet::ModeTsx(tsx) => EventKind::Tsx {
-                    speculative: tsx.intx,
-                    aborted: tsx.abrt,
-                    ip: 0,
-                },
-                Packet::Pip(pip) => EventKind::AsyncPaging {
-                    cr3: pip.cr3,
-                    non_root: pip.nr,
-                    ip: 0,
-                },
-                Packet::Vmcs { base } => EventKind::AsyncVmcs { base, ip: 0 },
-                Packet::Cbr { ratio } => {
-                    if apply_timing(&mut time, &mut tcal, &self.config.timing, &packet, true)
-                        .is_err()
-                    {
-                        return false;
-                    }
-                    EventKind::Cbr { ratio }
-                }
-                packet if is_timing(&packet) => {
-                    if apply_timing(&mut time, &mut tcal, &self.config.timing, &packet, true)
-                        .is_err()
-                    {
-                        return false;
-                    }
-                    continue;
-                }
-                Packet::Pad | Packet::Corrupted => continue,
                 Packet::PsbEnd => break (offset, packet, size),
-                _ => return false,
+                Packet::Pad | Packet::Corrupted => continue,
+                _ => match header_status(&packet) {
+                    Some(kind) => kind,
+                    None if is_timing(&packet) => continue,
+                    None => return false,
+                },
             };
             let Some(slot) = out.kinds.get_mut(out.len) else {
                 return false;
