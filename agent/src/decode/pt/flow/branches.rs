@@ -146,6 +146,8 @@ struct Queue {
     buf: Vec<BranchEvent>,
     head: usize,
     len: usize,
+    /// The fast path's batch is the full one (`branches_fast.rs`): it starts short.
+    full_batch: bool,
 }
 
 impl Queue {

@@ -42,6 +42,13 @@ use crate::decode::pt::timing::time::{Time, TimeCal, TimingConfig};
 /// Branch events a fast run produces before handing them out.
 const BATCH: usize = 1024;
 
+/// The batch a decode starts with: the first fast run that fills more than half of it
+/// makes the batch [`BATCH`]. Why: the buffer is written whole when it is made, and 1 Ki
+/// events are 12 fresh pages (~40 µs of page faults on a VM), most of a short trace's
+/// decode. Two sizes, each a constant in its copy of the loop: a batch length read at
+/// run time cost the loop 2 % more instructions.
+pub(super) const FIRST_BATCH: usize = 64;
+
 /// The largest instruction count a fast run starts from: it adds at most
 /// [`MAX_STALLED_INSNS`] plus a block before the count starts over, so it cannot overflow.
 const MAX_ENTRY_ICNT: u32 = u32::MAX - (1 << 22);
@@ -388,8 +395,10 @@ impl Branches<'_> {
         else {
             return false;
         };
-        if self.queue.buf.len() < BATCH {
-            self.queue.buf.resize(BATCH, NO_EVENT);
+        let full = self.queue.full_batch;
+        let cap = if full { BATCH } else { FIRST_BATCH };
+        if self.queue.buf.len() < cap {
+            self.queue.buf.resize(cap, NO_EVENT);
         }
         let mut tally = Tally {
             blocks: 0,
@@ -402,29 +411,40 @@ impl Branches<'_> {
             tracing: self.tracing,
         };
         let dec = &mut self.dec;
-        let stop = match (
-            self.fast.as_mut(),
-            self.queue
-                .buf
-                .get_mut(..BATCH)
-                .and_then(|b| b.try_into().ok()),
-        ) {
-            (Some(table), Some(buf)) => run(
-                &mut fast,
-                &mut tally,
-                table,
-                buf,
-                Code {
-                    trace: dec.evdec.pkt.trace(),
-                    image: dec.image,
-                    cache: &dec.cache,
-                },
-                dec.retstack.view(),
-                &mut self.walks,
-            ),
-            _ => Stop::Pause,
+        let code = Code {
+            trace: dec.evdec.pkt.trace(),
+            image: dec.image,
+            cache: &dec.cache,
+        };
+        let retstack = dec.retstack.view();
+        let buf = &mut self.queue.buf;
+        let stop = match self.fast.as_mut() {
+            Some(table) if full => batch::<BATCH>(buf).map_or(Stop::Pause, |buf| {
+                run(
+                    &mut fast,
+                    &mut tally,
+                    table,
+                    buf,
+                    code,
+                    retstack,
+                    &mut self.walks,
+                )
+            }),
+            Some(table) => batch::<FIRST_BATCH>(buf).map_or(Stop::Pause, |buf| {
+                run(
+                    &mut fast,
+                    &mut tally,
+                    table,
+                    buf,
+                    code,
+                    retstack,
+                    &mut self.walks,
+                )
+            }),
+            None => Stop::Pause,
         };
         let progressed = tally.blocks > 0;
+        self.queue.full_batch |= tally.queued * 2 > cap;
         tally.store(self);
         match stop {
             Stop::HandOver { offset, block } => {
@@ -456,15 +476,20 @@ impl Branches<'_> {
     }
 }
 
+/// The first `N` slots of the event buffer, as the fast loop takes them.
+fn batch<const N: usize>(buf: &mut [BranchEvent]) -> Option<&mut [BranchEvent; N]> {
+    buf.get_mut(..N).and_then(|b| b.try_into().ok())
+}
+
 /// The fast loop: blocks to branch events in `buf` until the batch is full or the
 /// general path is needed. What changes per block or per trace event is in locals
 /// (registers, mostly); the clock and the rest of [`Fast`] are touched per event only.
 #[inline(never)]
-fn run(
+fn run<const N: usize>(
     fast: &mut Fast,
     tally: &mut Tally,
     table: &mut FastBlocks,
-    buf: &mut [BranchEvent; BATCH],
+    buf: &mut [BranchEvent; N],
     code: Code<'_, '_>,
     retstack: RetView<'_>,
     walks: &mut WalkBlocks,
@@ -506,9 +531,9 @@ fn run(
         let unchecked = table.stall_free(st.stalled(), PER_OFFSET, MAX_STALLED_INSNS);
         let view = table.view(mode);
         let ended = if unchecked {
-            blocks::<false>(&mut st, &mut loops, view)
+            blocks::<false, N>(&mut st, &mut loops, view)
         } else {
-            blocks::<true>(&mut st, &mut loops, view)
+            blocks::<true, N>(&mut st, &mut loops, view)
         };
         match ended {
             Step::Stop(stop) => break stop,
@@ -607,12 +632,12 @@ struct Code<'a, 'c> {
 }
 
 /// What the fast loop works on besides its locals.
-struct Loops<'r, 't> {
+struct Loops<'r, 't, const N: usize> {
     trace: &'t [u8],
     fast: &'r mut Fast,
     tally: &'r mut Tally,
     retstack: RetView<'r>,
-    buf: &'r mut [BranchEvent; BATCH],
+    buf: &'r mut [BranchEvent; N],
     walks: &'r mut WalkBlocks,
     image: &'t dyn ImageProvider,
 }
@@ -634,13 +659,17 @@ const PER_OFFSET: usize = 64 + BATCH;
     clippy::too_many_lines,
     reason = "one loop whose values stay in registers; split up, they were spilled"
 )]
-fn blocks<const CHECKED: bool>(st: &mut Locals, lp: &mut Loops<'_, '_>, view: View<'_>) -> Step {
+fn blocks<const CHECKED: bool, const N: usize>(
+    st: &mut Locals,
+    lp: &mut Loops<'_, '_, N>,
+    view: View<'_>,
+) -> Step {
     let trace = lp.trace;
     // The slot of `st.ip`: from the previous block where it knew it (its successors'
     // slots), hashed only after a return or an indirect branch.
     let mut slot = view.slot_of(st.ip);
     loop {
-        if st.queued >= BATCH {
+        if st.queued >= N {
             return Step::Stop(Stop::Pause);
         }
         let Some(block) = view.at(slot, st.ip) else {
@@ -870,9 +899,9 @@ fn toggle_walk(
 /// its address and a trace start at the PGE's IP. Only where every event has the same
 /// time (the clock settled, no other packet between) and the walk is short.
 #[inline(never)]
-fn toggle(
+fn toggle<const N: usize>(
     st: &mut Locals,
-    lp: &mut Loops<'_, '_>,
+    lp: &mut Loops<'_, '_, N>,
     view: View<'_>,
     block: &FastBlock,
     (to, kind, keep): (u64, BranchKind, bool),
@@ -900,7 +929,7 @@ fn toggle(
     else {
         return false;
     };
-    if st.queued + walked + 3 > BATCH {
+    if st.queued + walked + 3 > N {
         return false;
     }
     // Taken: the block that used the event, then the walk.
@@ -952,9 +981,9 @@ fn toggle(
 }
 
 /// An event of [`toggle`] at trace offset `pos`, kept if `keep`.
-fn emit_one(
+fn emit_one<const N: usize>(
     st: &mut Locals,
-    lp: &mut Loops<'_, '_>,
+    lp: &mut Loops<'_, '_, N>,
     (keep, pos): (bool, usize),
     kind: BranchKind,
     (from, to): (u64, u64),
@@ -1077,9 +1106,9 @@ fn fetch(trace: &[u8], fast: &mut Fast, ev: &mut Current, insns: u64) -> bool {
     clippy::too_many_arguments,
     reason = "the event's fields, from the fast loop's registers"
 )]
-fn emit_if(
+fn emit_if<const N: usize>(
     keep: bool,
-    buf: &mut [BranchEvent; BATCH],
+    buf: &mut [BranchEvent; N],
     queued: &mut usize,
     seen: &Stamp,
     pos: usize,

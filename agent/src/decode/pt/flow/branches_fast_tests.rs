@@ -488,15 +488,23 @@ fn batches_hand_out_the_iterators_events() {
         Branches::new(&trace, &image, FlowConfig::default()).collect();
     let mut branches = Branches::new(&trace, &image, FlowConfig::default());
     let mut batched = Vec::new();
+    let mut sizes = Vec::new();
     loop {
         let batch = branches.next_batch();
         if batch.is_empty() {
             break;
         }
+        sizes.push(batch.len());
         batched.extend_from_slice(batch);
     }
     assert_eq!(batched, one_by_one);
     assert!(branches.next().is_none());
+    // The batch starts short (the general path may add a few events to a fast run's)
+    // and takes its full size once a fast run fills more than half of it.
+    let short = fast::FIRST_BATCH;
+    let first_long = sizes.iter().find(|&&n| n > short / 2);
+    assert!(first_long.is_some_and(|&n| n < 2 * short), "{sizes:?}");
+    assert!(sizes.iter().any(|&n| n >= 16 * short), "{sizes:?}");
 }
 
 /// Code that never needs the trace again (direct jumps and calls in a loop) stalls the
