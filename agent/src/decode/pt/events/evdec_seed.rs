@@ -15,7 +15,7 @@
 use super::evdec::{EventConfig, apply_timing};
 use crate::decode::pt::packets::packet::Packet;
 use crate::decode::pt::packets::parse::{BlockContext, decode_packet};
-use crate::decode::pt::packets::parse_hot::{Hot, hot_packet, skip_pads};
+use crate::decode::pt::packets::parse_hot::{Hot, hot_packet, skip_one_byte_packets, skip_pads};
 use crate::decode::pt::packets::sync;
 use crate::decode::pt::timing::time::{Time, TimeCal};
 
@@ -34,7 +34,12 @@ pub(crate) fn timing_at(
     let mut in_psb = false;
     let mut next = 0;
     while next < psbs.len() {
-        pos = skip_pads(trace, pos);
+        // (PSBs, whose header is 0x02, stop the skip.)
+        pos = if block == BlockContext::None {
+            skip_one_byte_packets(trace, pos)
+        } else {
+            skip_pads(trace, pos)
+        };
         while psbs.get(next).is_some_and(|&psb| psb < pos) {
             next += 1;
         }
