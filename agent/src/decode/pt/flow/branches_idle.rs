@@ -18,7 +18,8 @@
 //! comes from them, only state: the return stack emptied, the time, the core:bus ratio.
 
 use super::{Branches, State};
-use crate::decode::pt::events::event::{Event, EventKind};
+use crate::decode::pt::events::event::{Event, EventKind, FlowError};
+use crate::decode::pt::flow::block::Status;
 
 impl Branches<'_> {
     /// Takes the next quiet PSB+ if the decoder stands before one; false (nothing
@@ -50,7 +51,7 @@ impl Branches<'_> {
                 let applied = self.dec.event;
                 self.dec.leave_event()?;
                 self.dec.event = next;
-                let status = self.dec.proceed_trailing_event(None)?;
+                let status = self.trailing_quiet()?;
                 Ok((applied, status))
             });
             match result {
@@ -66,6 +67,28 @@ impl Branches<'_> {
             }
         }
         true
+    }
+}
+
+impl Branches<'_> {
+    /// `proceed_trailing_event(None)` for the decoder's event, which comes from a quiet
+    /// header: with tracing off and no instruction postponed, a quiet event binds at
+    /// once (a disable's status update; TSX, paging and VMCS status with a suppressed
+    /// IP; a ratio), and nothing changes. Why: the general call was a third of the
+    /// quiet path's per-event cost (qemu's real trace: 56,000 events, 4.6 M
+    /// instructions). Debug builds check the answer against the general call.
+    fn trailing_quiet(&mut self) -> Result<Status, FlowError> {
+        let dec = &mut self.dec;
+        if !quiet(&dec.event) || dec.postponed.is_some() || dec.enabled || dec.status.is_err() {
+            return dec.proceed_trailing_event(None);
+        }
+        let pending = dec.status_flags(true);
+        #[cfg(debug_assertions)]
+        {
+            let general = dec.proceed_trailing_event(None);
+            debug_assert_eq!(general, Ok(pending), "{:?}", dec.event);
+        }
+        Ok(pending)
     }
 }
 
