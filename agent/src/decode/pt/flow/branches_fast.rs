@@ -424,28 +424,21 @@ impl Branches<'_> {
         let retstack = dec.retstack.view();
         let buf = &mut self.queue.buf;
         let stop = match self.fast.as_mut() {
-            Some(table) if full => batch::<BATCH>(buf).map_or(Stop::Pause, |buf| {
-                run(
+            Some(table) => {
+                let with = (
                     &mut fast,
                     &mut tally,
                     table,
-                    buf,
                     code,
                     retstack,
                     &mut self.walks,
-                )
-            }),
-            Some(table) => batch::<FIRST_BATCH>(buf).map_or(Stop::Pause, |buf| {
-                run(
-                    &mut fast,
-                    &mut tally,
-                    table,
-                    buf,
-                    code,
-                    retstack,
-                    &mut self.walks,
-                )
-            }),
+                );
+                if full {
+                    run_in::<BATCH>(buf, with)
+                } else {
+                    run_in::<FIRST_BATCH>(buf, with)
+                }
+            }
             None => Stop::Pause,
         };
         let progressed = tally.blocks > 0;
@@ -481,9 +474,25 @@ impl Branches<'_> {
     }
 }
 
-/// The first `N` slots of the event buffer, as the fast loop takes them.
-fn batch<const N: usize>(buf: &mut [BranchEvent]) -> Option<&mut [BranchEvent; N]> {
-    buf.get_mut(..N).and_then(|b| b.try_into().ok())
+/// What a fast run works with besides its batch.
+type With<'r, 'a, 'c> = (
+    &'r mut Fast,
+    &'r mut Tally,
+    &'r mut FastBlocks,
+    Code<'a, 'c>,
+    RetView<'r>,
+    &'r mut WalkBlocks,
+);
+
+/// [`run`] with the first `N` slots of the event buffer as its batch.
+fn run_in<const N: usize>(
+    buf: &mut [BranchEvent],
+    (fast, tally, table, code, retstack, walks): With<'_, '_, '_>,
+) -> Stop {
+    match buf.get_mut(..N).and_then(|b| b.try_into().ok()) {
+        Some(buf) => run::<N>(fast, tally, table, buf, code, retstack, walks),
+        None => Stop::Pause,
+    }
 }
 
 /// The fast loop: blocks to branch events in `buf` until the batch is full or the

@@ -288,12 +288,13 @@ mod tests {
             }
             pos
         };
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        // A linear congruential generator, its high bits taken.
+        let mut state = 1u64;
         let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            state >> 33
         };
         for round in 0..2000 {
             let len = usize::try_from(next() % 40).unwrap_or(0);
