@@ -18,42 +18,28 @@ use super::insn::{self, Insn};
 use crate::decode::pt::events::event::FlowError;
 use crate::decode::pt::packets::packet::ExecMode;
 
-/// Slots of the memo (a power of two): 256 instructions, about 14 KiB. 1 Ki, 4 Ki and
-/// 16 Ki slots decode the large real traces alike (1 Ki spared qemu's only 0.3 % of its
-/// instructions).
+/// Slots of the memo (a power of two): 256 instructions, about 12 KiB. Every slot is
+/// written when the memo is made, so its pages are a fixed cost of each decode (~3 µs a
+/// page fault on a VM): 1 Ki slots cost the 208-byte real icelake trace a third of its
+/// decode and spared qemu's only 0.3 % of its instructions (1 Ki, 4 Ki and 16 Ki slots decode
+/// the large real traces alike).
 const SLOTS: usize = 1 << 8;
-
-/// Slots of a new memo, and the misses after which it takes [`SLOTS`]. Why: every slot
-/// is written when the memo is made, and its pages are a fixed cost of each decode (~3 µs
-/// a page fault on a VM); a short trace decodes a few hundred instructions at most.
-const FIRST_SLOTS: usize = 1 << 4;
-const GROW_AFTER: u32 = 32;
 
 /// Decoded instructions by (address, mode).
 #[derive(Debug, Clone)]
 pub(crate) struct InsnCache {
     slots: Box<[Option<Insn>]>,
-    /// `64 - log2(slots)`: the hash bits above it pick the slot.
-    shift: u32,
-    /// Decodes so far while the memo is small.
-    misses: u32,
 }
 
 impl Default for InsnCache {
     fn default() -> Self {
-        Self::with_slots(FIRST_SLOTS)
+        Self {
+            slots: vec![None; SLOTS].into_boxed_slice(),
+        }
     }
 }
 
 impl InsnCache {
-    fn with_slots(slots: usize) -> Self {
-        Self {
-            slots: vec![None; slots].into_boxed_slice(),
-            shift: 64 - slots.trailing_zeros(),
-            misses: 0,
-        }
-    }
-
     /// The instruction at `ip` in `mode`, decoded from `image` unless it is in the memo.
     #[inline]
     pub(crate) fn decode(
@@ -62,10 +48,7 @@ impl InsnCache {
         ip: u64,
         mode: ExecMode,
     ) -> Result<Insn, FlowError> {
-        let Some(slot) = self.slots.get_mut(slot_of(ip, self.shift)) else {
-            // (Not reached: the shift leaves an index into the slots.)
-            return insn::decode(image, ip, mode);
-        };
+        let slot = &mut self.slots[slot_of(ip)];
         if let Some(insn) = slot
             && insn.ip == ip
             && insn.mode == mode
@@ -74,19 +57,7 @@ impl InsnCache {
         }
         let insn = insn::decode(image, ip, mode)?;
         *slot = Some(insn);
-        if self.shift > 64 - SLOTS.trailing_zeros() {
-            self.count_miss();
-        }
         Ok(insn)
-    }
-
-    /// Counts a decode of the small memo, which takes [`SLOTS`] after [`GROW_AFTER`].
-    #[cold]
-    fn count_miss(&mut self) {
-        self.misses += 1;
-        if self.misses >= GROW_AFTER {
-            *self = Self::with_slots(SLOTS);
-        }
     }
 
     /// Forgets every instruction (the image changed).
@@ -95,12 +66,11 @@ impl InsnCache {
     }
 }
 
-/// The slot of `ip` for a memo of `64 - shift` address bits: the address bits mixed by
-/// one multiply, the top bits taken.
+/// The slot of `ip`: the address bits mixed by one multiply, the top bits taken.
 #[inline]
-fn slot_of(ip: u64, shift: u32) -> usize {
-    let hash = ip.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift;
-    // In range: the shift leaves log2(slots) bits.
+fn slot_of(ip: u64) -> usize {
+    let hash = ip.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SLOTS.trailing_zeros());
+    // In range: the shift leaves log2(SLOTS) bits.
     usize::try_from(hash).unwrap_or(0)
 }
 
@@ -148,40 +118,12 @@ mod tests {
         let mut memo = InsnCache::default();
         let a = 0x1000;
         let b = (a + 1..0x11000)
-            .find(|&ip| slot_of(ip, memo.shift) == slot_of(a, memo.shift))
-            .expect("two addresses in 64 KiB share one of 16 slots");
+            .find(|&ip| slot_of(ip) == slot_of(a))
+            .expect("two addresses in 64 KiB share one of 1 Ki slots");
         for ip in [a, b, a, b] {
             assert_eq!(memo.decode(&image, ip, ExecMode::Bits64).unwrap().ip, ip);
         }
         // Errors are not kept: unmapped stays unmapped, and the slot keeps its entry.
         assert!(memo.decode(&image, 0x9_0000, ExecMode::Bits64).is_err());
-    }
-
-    #[test]
-    fn the_memo_grows_after_its_first_misses_and_answers_as_the_decode() {
-        // 1 Ki single-byte nops, then a ret.
-        let mut code = vec![0x90; 0x400];
-        code.push(0xc3);
-        let mut image = Image::new();
-        image.add("a", code, 0x1000);
-        let mut memo = InsnCache::default();
-        assert_eq!(memo.slots.len(), FIRST_SLOTS);
-        let expect = |ip| insn::decode(&image, ip, ExecMode::Bits64).unwrap();
-        for round in 0..2 {
-            for ip in (0x1000..=0x1400).rev() {
-                assert_eq!(
-                    memo.decode(&image, ip, ExecMode::Bits64).unwrap(),
-                    expect(ip),
-                    "round {round}, {ip:#x}"
-                );
-            }
-            assert_eq!(memo.slots.len(), SLOTS);
-        }
-        // Every slot it holds is its address's.
-        for (at, insn) in memo.slots.iter().enumerate() {
-            if let Some(insn) = insn {
-                assert_eq!(slot_of(insn.ip, memo.shift), at);
-            }
-        }
     }
 }
