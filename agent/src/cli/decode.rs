@@ -20,7 +20,7 @@ use std::fs;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Args;
@@ -542,7 +542,7 @@ fn write_snapshot(
     snap: &crate::snapshot::Snapshot,
     out: &Path,
     args: &DecodeArgs,
-    read_time: std::time::Duration,
+    read_time: Duration,
     about: Option<String>,
 ) -> CliResult {
     let stats = args.stats;
@@ -855,7 +855,7 @@ fn run_stats(
         let parallel = decode_parallel(trace, image, opts.flow, Split::threads(threads), false);
         (
             parallel.counts,
-            Some((parallel.stats, parallel.prepare)),
+            Some((parallel.stats, parallel.prepare, parallel.seeding)),
             None,
         )
     } else {
@@ -918,22 +918,23 @@ fn fast_line(fast: Option<(u64, u64)>, blocks: u64) -> String {
     }
 }
 
-/// How the decode was spread over threads, for `--stats`: the pieces, and the time
-/// cutting and seeding took before the workers started (sequential: a many-core
-/// decode's floor).
-fn parallel_line(threads: usize, stats: Option<(ParallelStats, std::time::Duration)>) -> String {
+/// How the decode was spread over threads, for `--stats`: the pieces, the time cutting
+/// took before the workers started (sequential: a many-core decode's floor) and the
+/// timing scan after, beside them (a piece's worker waits for its cut's time).
+fn parallel_line(threads: usize, stats: Option<(ParallelStats, Duration, Duration)>) -> String {
     match stats {
         None => "threads: 1 (sequential)".to_owned(),
-        Some((s, prepare)) => format!(
-            "threads: {threads}, {}; cut and seeded in {:.6} s before the workers started",
+        Some((s, cut, seeding)) => format!(
+            "threads: {threads}, {}; cut in {:.6} s before the workers started, seeded in {:.6} s beside them",
             s.describe(),
-            prepare.as_secs_f64()
+            cut.as_secs_f64(),
+            seeding.as_secs_f64()
         ),
     }
 }
 
 /// The separate packet pass of `--packet-stats`: counts by packet kind, errors, time.
-type PacketPass<'a> = (&'a [(&'static str, u64)], u64, std::time::Duration);
+type PacketPass<'a> = (&'a [(&'static str, u64)], u64, Duration);
 
 /// `--stats`' report. `packets`: the packet pass, `None` when it did not run.
 #[expect(
@@ -945,7 +946,7 @@ fn write_stats(
     bytes: usize,
     packets: Option<PacketPass<'_>>,
     counts: &DecodeCounts,
-    decode_time: std::time::Duration,
+    decode_time: Duration,
 ) -> fmt::Result {
     let mb = bytes as f64 / 1e6;
     let rate = |secs: f64| if secs > 0.0 { mb / secs } else { 0.0 };
@@ -1065,14 +1066,7 @@ mod tests {
             for _ in b.by_ref() {}
             b.counts().clone()
         };
-        write_stats(
-            &mut text,
-            trace.len(),
-            None,
-            &counts,
-            std::time::Duration::ZERO,
-        )
-        .unwrap();
+        write_stats(&mut text, trace.len(), None, &counts, Duration::ZERO).unwrap();
         assert!(
             text.contains("insn: ") && counts.errors.is_empty(),
             "{text}"
@@ -1081,15 +1075,8 @@ mod tests {
         assert!(!text.contains("packets"), "{text}");
         let mut with = String::new();
         let kinds = [("psb", 2), ("tnt", 5)];
-        let pass = Some((&kinds[..], 0, std::time::Duration::from_millis(1)));
-        write_stats(
-            &mut with,
-            trace.len(),
-            pass,
-            &counts,
-            std::time::Duration::ZERO,
-        )
-        .unwrap();
+        let pass = Some((&kinds[..], 0, Duration::from_millis(1)));
+        write_stats(&mut with, trace.len(), pass, &counts, Duration::ZERO).unwrap();
         assert!(
             with.contains("packets: 7 (0 errors)") && with.contains("M packets/s"),
             "{with}"

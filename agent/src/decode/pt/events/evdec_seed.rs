@@ -19,16 +19,35 @@ use crate::decode::pt::packets::parse_hot::{Hot, hot_packet, skip_one_byte_packe
 use crate::decode::pt::packets::sync;
 use crate::decode::pt::timing::time::{Time, TimeCal};
 
-/// What the event decoder's time is at each of `psbs` in a decode from the start.
-pub(crate) fn timing_at(
+/// A seed: the event decoder's time and calibration at a PSB.
+pub(crate) type Seed = Option<(Time, TimeCal)>;
+
+/// What the event decoder's time is at each of `psbs` in a decode from the start, given
+/// to `each` with the PSB's index as soon as the scan has passed it (every index once,
+/// in order): the parallel decode's workers start while the scan goes on.
+pub(crate) fn timing_each(
     trace: &[u8],
     config: &EventConfig,
     psbs: &[usize],
-) -> Vec<Option<(Time, TimeCal)>> {
-    let mut seeds = vec![None; psbs.len()];
-    let Some(mut pos) = sync::find_psb_forward(trace, 0) else {
-        return seeds;
-    };
+    each: &mut dyn FnMut(usize, Seed),
+) {
+    let mut next = 0;
+    if let Some(pos) = sync::find_psb_forward(trace, 0) {
+        next = scan(trace, config, psbs, pos, each);
+    }
+    for i in next..psbs.len() {
+        each(i, None);
+    }
+}
+
+/// [`timing_each`] from the first PSB at `pos`; how many of `psbs` it gave out.
+fn scan(
+    trace: &[u8],
+    config: &EventConfig,
+    psbs: &[usize],
+    mut pos: usize,
+    each: &mut dyn FnMut(usize, Seed),
+) -> usize {
     let (mut time, mut tcal) = (Time::new(), TimeCal::new());
     let mut block = BlockContext::None;
     let mut in_psb = false;
@@ -41,12 +60,11 @@ pub(crate) fn timing_at(
             skip_pads(trace, pos)
         };
         while psbs.get(next).is_some_and(|&psb| psb < pos) {
+            each(next, None);
             next += 1;
         }
         if psbs.get(next) == Some(&pos) {
-            if let Some(seed) = seeds.get_mut(next) {
-                *seed = Some((time, tcal));
-            }
+            each(next, Some((time, tcal)));
             next += 1;
         }
         if block == BlockContext::None {
@@ -96,5 +114,57 @@ pub(crate) fn timing_at(
         block = block.after(&packet);
         pos += decoded.size;
     }
-    seeds
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every cut is given out once, in order, as the scan passes it: a PSB at a packet
+    /// boundary with the time so far, one inside a packet or after a timing error or
+    /// past the end as unknown.
+    #[test]
+    fn every_cut_is_given_out_once_in_order() {
+        let psb: Vec<u8> = [0x02, 0x82].repeat(8);
+        let psbend = [0x02, 0x23];
+        // PSB+ | TNTs, PADs | PSB+ | a TSC, TNTs | PSB+ (at the end)
+        let mut trace = psb.clone();
+        trace.extend_from_slice(&psbend);
+        trace.extend_from_slice(&[0x06, 0x00, 0x0a, 0x00, 0x00, 0x04]);
+        let second = trace.len();
+        trace.extend_from_slice(&psb);
+        trace.extend_from_slice(&psbend);
+        let tsc = trace.len();
+        trace.extend_from_slice(&[0x19, 1, 0, 0, 0, 0, 0, 0]);
+        trace.extend_from_slice(&[0x06, 0x06, 0x00]);
+        let third = trace.len();
+        trace.extend_from_slice(&psb);
+        trace.extend_from_slice(&psbend);
+        let cuts = [second, tsc + 1, third, trace.len() + 10];
+        let mut given = Vec::new();
+        timing_each(&trace, &EventConfig::default(), &cuts, &mut |i, seed| {
+            given.push((i, seed.is_some()));
+        });
+        assert_eq!(given, [(0, true), (1, false), (2, true), (3, false)]);
+        // The time at the third PSB has the TSC; at the second, none yet.
+        let mut seeds = vec![None; cuts.len()];
+        timing_each(&trace, &EventConfig::default(), &cuts, &mut |i, seed| {
+            seeds[i] = seed;
+        });
+        let (at_second, at_third) = (seeds[0], seeds[2]);
+        assert_ne!(at_second, at_third);
+        assert_eq!(at_second, Some((Time::new(), TimeCal::new())));
+        // No PSB at all: every cut unknown.
+        let mut none = Vec::new();
+        timing_each(
+            &[0x06; 64],
+            &EventConfig::default(),
+            &cuts,
+            &mut |i, seed| {
+                none.push((i, seed.is_some()));
+            },
+        );
+        assert_eq!(none, [(0, false), (1, false), (2, false), (3, false)]);
+    }
 }

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
 use super::{BranchEvent, Branches, DecodeCounts, State};
-use crate::decode::pt::events::evdec_seed;
+use crate::decode::pt::events::evdec_seed::{self, Seed};
 use crate::decode::pt::flow::block::{BlockDecoder, FlowConfig};
 use crate::decode::pt::flow::image::ImageProvider;
 use crate::decode::pt::packets::sync;
@@ -171,9 +171,11 @@ pub struct Parallel {
     pub counts: DecodeCounts,
     pub stats: ParallelStats,
     /// What the calling thread spent before the workers started: finding the PSBs to
-    /// cut at and the time at each (a walk over the timing packets up to the last cut).
-    /// Sequential, so the floor of a decode on many cores.
+    /// cut at. Sequential, so the floor of a decode on many cores.
     pub prepare: std::time::Duration,
+    /// What it spent after, beside the workers: the time at each cut (a walk over the
+    /// timing packets up to the last cut), which a piece's worker waits for.
+    pub seeding: std::time::Duration,
 }
 
 impl Parallel {
@@ -378,7 +380,7 @@ pub fn decode_parallel(
     keep_events: bool,
 ) -> Parallel {
     let mut events = Vec::new();
-    let mut prepare = std::time::Duration::ZERO;
+    let mut prepare = Prepare::default();
     let (counts, stats) = run(
         trace,
         image,
@@ -393,7 +395,8 @@ pub fn decode_parallel(
         events,
         counts,
         stats,
-        prepare,
+        prepare: prepare.cut,
+        seeding: prepare.seed,
     }
 }
 
@@ -409,7 +412,7 @@ pub fn decode_parallel_with(
     split: Split,
     each: &mut dyn FnMut(&[BranchEvent]),
 ) -> (DecodeCounts, ParallelStats) {
-    let mut prepare = std::time::Duration::ZERO;
+    let mut prepare = Prepare::default();
     run(
         trace,
         image,
@@ -428,7 +431,7 @@ struct Job<'a> {
     image: &'a dyn ImageProvider,
     config: FlowConfig,
     cuts: Vec<usize>,
-    seeds: Vec<Option<(Time, TimeCal)>>,
+    seeds: Seeds,
     /// Piece i ends at the checkpoint for `ends[i]` (`usize::MAX`: the end of the trace).
     ends: Vec<usize>,
     keep_events: bool,
@@ -447,14 +450,84 @@ struct Queue<'a> {
 /// What takes a chunk of events; it gives the chunk back to be used again, or keeps it.
 type HandOut<'e> = dyn FnMut(Vec<BranchEvent>) -> Option<Vec<BranchEvent>> + 'e;
 
+/// The time at each cut, published by the calling thread as its scan passes the cut:
+/// piece `i`'s worker waits for cut `i - 1`'s only, and the first piece's for none, so
+/// the scan runs beside the decode instead of before it (qemu's real trace, 2 threads:
+/// 2 ms that every worker waited for).
+struct Seeds {
+    /// `None` until published.
+    known: Mutex<Vec<Option<Seed>>>,
+    published: Condvar,
+}
+
+impl Seeds {
+    fn new(cuts: usize) -> Self {
+        Self {
+            known: Mutex::new(vec![None; cuts]),
+            published: Condvar::new(),
+        }
+    }
+
+    fn put(&self, i: usize, seed: Seed) {
+        if let Some(slot) = lock_seeds(&self.known).get_mut(i) {
+            *slot = Some(seed);
+        }
+        self.published.notify_all();
+    }
+
+    /// The seed of cut `i`, once published.
+    fn wait(&self, i: usize) -> Seed {
+        let mut known = lock_seeds(&self.known);
+        loop {
+            match known.get(i) {
+                Some(Some(seed)) => return *seed,
+                Some(None) => {
+                    known = self
+                        .published
+                        .wait(known)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                None => return None,
+            }
+        }
+    }
+}
+
+fn lock_seeds(known: &Mutex<Vec<Option<Seed>>>) -> std::sync::MutexGuard<'_, Vec<Option<Seed>>> {
+    known.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Publishes every seed the scan did not (it panicked) as unknown, so that no worker
+/// waits forever.
+struct SeedsDone<'s>(&'s Seeds);
+
+impl Drop for SeedsDone<'_> {
+    fn drop(&mut self) {
+        for slot in lock_seeds(&self.0.known).iter_mut() {
+            slot.get_or_insert(None);
+        }
+        self.0.published.notify_all();
+    }
+}
+
+/// Where a parallel decode's calling thread spent its time besides the hand-out.
+#[derive(Debug, Default)]
+struct Prepare {
+    /// Cutting, before the workers start.
+    cut: std::time::Duration,
+    /// The timing scan, beside them.
+    seed: std::time::Duration,
+}
+
 /// The decode of every piece, with the hand-out in the calling thread: `each` gets the
 /// events a chunk at a time and gives the chunk back to be used again, or keeps it.
-/// `prepare` gets the time spent cutting and seeding before the workers start.
+/// `prepare` gets the time spent cutting before the workers start and seeding beside
+/// them.
 fn run(
     trace: &[u8],
     image: &dyn ImageProvider,
     config: FlowConfig,
-    (split, keep_events, prepare): (Split, bool, &mut std::time::Duration),
+    (split, keep_events, prepare): (Split, bool, &mut Prepare),
     each: &mut HandOut<'_>,
 ) -> (DecodeCounts, ParallelStats) {
     let started = std::time::Instant::now();
@@ -463,15 +536,14 @@ fn run(
     } else {
         Vec::new()
     };
-    let seeds = evdec_seed::timing_at(trace, &config.events, &cuts);
-    *prepare = started.elapsed();
+    prepare.cut = started.elapsed();
     let ends: Vec<usize> = cuts.iter().copied().chain([usize::MAX]).collect();
     let job = Job {
         trace,
         image,
         config,
+        seeds: Seeds::new(cuts.len()),
         cuts,
-        seeds,
         ends,
         keep_events,
         pool: Pool::default(),
@@ -525,6 +597,14 @@ fn run(
             queue: &queue,
             changed: &changed,
         };
+        let seeding = std::time::Instant::now();
+        {
+            let done = SeedsDone(&job.seeds);
+            evdec_seed::timing_each(trace, &config.events, &job.cuts, &mut |i, seed| {
+                done.0.put(i, seed);
+            });
+        }
+        prepare.seed = seeding.elapsed();
         let mut stitch = Stitch::new(&job, pieces);
         for i in 0..pieces {
             let piece = {
@@ -600,7 +680,7 @@ fn decode_piece<'a>(job: &Job<'a>, i: usize) -> Piece<'a> {
     let (mut branches, start) = match i.checked_sub(1).and_then(|c| job.cuts.get(c)) {
         None => (Branches::new(trace, image, config), None),
         Some(&cut) => {
-            let seed = job.seeds.get(i - 1).copied().flatten();
+            let seed = job.seeds.wait(i - 1);
             let mut branches = Branches::worker(trace, image, config, cut, seed);
             if !branches.run_to(cut, &mut Sink::Drop) {
                 return Piece::none();
