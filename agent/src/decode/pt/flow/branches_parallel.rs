@@ -196,19 +196,14 @@ struct Pool(Mutex<Vec<Vec<BranchEvent>>>);
 
 impl Pool {
     fn get(&self) -> Vec<BranchEvent> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.0)
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(CHUNK))
     }
 
     fn put(&self, mut chunk: Vec<BranchEvent>) {
         chunk.clear();
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(chunk);
+        lock(&self.0).push(chunk);
     }
 }
 
@@ -469,7 +464,7 @@ impl Seeds {
     }
 
     fn put(&self, i: usize, seed: Seed) {
-        if let Some(slot) = lock_seeds(&self.known).get_mut(i) {
+        if let Some(slot) = lock(&self.known).get_mut(i) {
             *slot = Some(seed);
         }
         self.published.notify_all();
@@ -477,7 +472,7 @@ impl Seeds {
 
     /// The seed of cut `i`, once published.
     fn wait(&self, i: usize) -> Seed {
-        let mut known = lock_seeds(&self.known);
+        let mut known = lock(&self.known);
         loop {
             match known.get(i) {
                 Some(Some(seed)) => return *seed,
@@ -493,17 +488,13 @@ impl Seeds {
     }
 }
 
-fn lock_seeds(known: &Mutex<Vec<Option<Seed>>>) -> std::sync::MutexGuard<'_, Vec<Option<Seed>>> {
-    known.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Publishes every seed the scan did not (it panicked) as unknown, so that no worker
 /// waits forever.
 struct SeedsDone<'s>(&'s Seeds);
 
 impl Drop for SeedsDone<'_> {
     fn drop(&mut self) {
-        for slot in lock_seeds(&self.0.known).iter_mut() {
+        for slot in lock(&self.0.known).iter_mut() {
             slot.get_or_insert(None);
         }
         self.0.published.notify_all();
@@ -624,8 +615,10 @@ fn run(
     })
 }
 
-fn lock<'q, 'a>(queue: &'q Mutex<Queue<'a>>) -> std::sync::MutexGuard<'q, Queue<'a>> {
-    queue.lock().unwrap_or_else(PoisonError::into_inner)
+/// `mutex` locked, whether or not a thread panicked holding it (each use leaves its
+/// data whole between steps).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Puts a worker's piece (or, if the worker failed, an empty one) in the queue.
