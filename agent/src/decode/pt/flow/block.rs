@@ -244,6 +244,8 @@ pub struct BlockDecoder<'a> {
     /// Decoded instructions, for the walks that go one at a time (also a pure function
     /// of the image).
     pub(crate) insns: InsnCache,
+    /// The instructions of the run the cache fill is decoding (kept to be reused).
+    pub(crate) fill_ips: Vec<u64>,
 }
 
 impl<'a> BlockDecoder<'a> {
@@ -269,6 +271,7 @@ impl<'a> BlockDecoder<'a> {
             speculative: false,
             cache: BlockCache::for_trace(trace.len()),
             insns: InsnCache::default(),
+            fill_ips: Vec::new(),
         }
     }
 
@@ -376,6 +379,7 @@ impl<'a> BlockDecoder<'a> {
             speculative: self.speculative,
             cache: BlockCache::default(),
             insns: InsnCache::default(),
+            fill_ips: Vec::new(),
         }
     }
 

@@ -79,3 +79,36 @@ fn missing_code_is_reported_at_its_address_and_trace_offset() {
     // As in libipt, the offset is that of the next packet to read (after the TNT).
     assert_eq!(out, "[1c, 1000: error: no memory mapped at this address]\n");
 }
+
+#[test]
+fn a_walk_into_the_middle_of_cached_code_goes_on_through_its_direct_call() {
+    // 0x1000: nop; 0x1001: nop; 0x1002: call 0x1010; 0x1007: jne 0x1001; 0x1009: jmp rax;
+    // 0x1010: ret.
+    let mut code = vec![0x90; 0x11];
+    code[2..11].copy_from_slice(&[0xe8, 0x09, 0, 0, 0, 0x75, 0xf8, 0xff, 0xe0]);
+    code[0x10] = 0xc3;
+    // TNT.8 taken (ret), taken (jne), taken (ret), not taken (jne); TIP.PGD without IP.
+    let lines = run(&code, &[0x3c, 0x01], &["--block:show-blocks"]);
+    let blocks: Vec<Vec<&str>> = lines
+        .split(|l| l == "[block]")
+        .map(|b| b.iter().map(|l| &l[l.len() - 4..]).collect())
+        .filter(|b: &Vec<&str>| !b.is_empty())
+        .collect();
+    // The first walk decodes the code and ends its block at the call, as libipt's does
+    // when it fills its cache. The walk back into the middle, at 0x1001, finds the code
+    // cached and goes on through the call to the return, as libipt's does: libipt has
+    // an entry for every instruction it decoded, this cache only for the call it
+    // stopped at, and the walk must not tell the two apart.
+    assert_eq!(
+        blocks,
+        [
+            vec!["1000", "1001", "1002"],
+            vec!["1010"],
+            vec!["1007"],
+            vec!["1001", "1002", "1010"],
+            vec!["1007"],
+            vec!["1009", "led]"],
+        ],
+        "{lines:?}"
+    );
+}

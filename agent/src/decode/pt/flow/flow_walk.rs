@@ -8,7 +8,8 @@
 //! it is to the next decision point and what kind of point that is ([`CacheEntry`]);
 //! later walks jump there directly. The cache follows libipt's block cache, including
 //! where it ends blocks (after direct calls and backward jumps while filling), so block
-//! boundaries match Intel's `ptxed`.
+//! boundaries match Intel's `ptxed`; unlike libipt's, it keeps entries only where a run
+//! starts and ends ([`BlockDecoder::fill_cache`] says why).
 
 use super::block::{Block, BlockDecoder};
 use super::cache::{CacheEntry, Qualifier};
@@ -19,6 +20,52 @@ use crate::decode::pt::packets::packet::ExecMode;
 
 /// Steps one fill of the cache may take before it leaves a trampoline.
 const FILL_STEPS: usize = 0x400;
+
+/// How a walk goes on after [`BlockDecoder::fill_cache`]'s run.
+enum Then {
+    /// The block ends where the run did.
+    Done,
+    /// The run ended at an instruction that needs trace.
+    Trace(Insn),
+    /// The run reached code the cache knows: walk on from there.
+    Cached,
+}
+
+/// The entry of the instruction at `ip`, whose successor at `next` has `below`: the
+/// same point one instruction further, or a trampoline to `next` where that does not fit
+/// the entry's fields (`true`); `None` where the point is outside `mapping` (a split
+/// section: the run is not cached across it).
+fn joined(ip: u64, next: u64, below: CacheEntry, mapping: Mapping) -> Option<(CacheEntry, bool)> {
+    let point = next.wrapping_add_signed(i64::from(below.displacement));
+    if !mapping.contains(point) {
+        return None;
+    }
+    let displacement = point.wrapping_sub(ip).cast_signed();
+    Some(
+        match (below.ninsn.checked_add(1), i16::try_from(displacement)) {
+            (Some(ninsn), Ok(displacement)) => (
+                CacheEntry {
+                    displacement,
+                    ninsn,
+                    ..below
+                },
+                false,
+            ),
+            _ => (trampoline(ip, next, below.mode), true),
+        },
+    )
+}
+
+/// An entry that just moves on to the next instruction `next`.
+fn trampoline(ip: u64, next: u64, mode: ExecMode) -> CacheEntry {
+    match i16::try_from(next.wrapping_sub(ip).cast_signed()) {
+        Ok(displacement) => CacheEntry {
+            displacement,
+            ..CacheEntry::at_point(mode, Qualifier::Again, 0)
+        },
+        Err(_) => CacheEntry::at_point(mode, Qualifier::Decode, 0),
+    }
+}
 
 impl BlockDecoder<'_> {
     /// Proceeds past a cached near direct call or jump at `self.ip`; true when the
@@ -56,22 +103,6 @@ impl BlockDecoder<'_> {
 
     fn cache_lookup(&self, ip: u64) -> Option<CacheEntry> {
         self.cache.get(ip, self.mode)
-    }
-
-    fn add_decode(&mut self, ip: u64, mode: ExecMode) {
-        self.cache_add(ip, CacheEntry::at_point(mode, Qualifier::Decode, 0));
-    }
-
-    /// An entry that just moves on to the next instruction `next`.
-    fn add_trampoline(&mut self, ip: u64, next: u64, mode: ExecMode) {
-        let entry = match i16::try_from(next.wrapping_sub(ip).cast_signed()) {
-            Ok(displacement) => CacheEntry {
-                displacement,
-                ..CacheEntry::at_point(mode, Qualifier::Again, 0)
-            },
-            Err(_) => CacheEntry::at_point(mode, Qualifier::Decode, 0),
-        };
-        self.cache_add(ip, entry);
     }
 
     /// Proceeds to the next decision point, using the cache where the code is mapped.
@@ -112,7 +143,7 @@ impl BlockDecoder<'_> {
     fn proceed_cached(&mut self, block: &mut Block, mapping: Mapping) -> Result<(), FlowError> {
         loop {
             let Some(entry) = self.cache_lookup(self.ip) else {
-                return self.fill_cache(block, mapping, FILL_STEPS);
+                return self.fill_cache(block, mapping);
             };
             let next = self.ip.wrapping_add_signed(i64::from(entry.displacement));
             // The section was split underneath us: walk slowly to its end.
@@ -213,106 +244,133 @@ impl BlockDecoder<'_> {
         }
     }
 
-    /// Decodes the next instruction, fills the cache from there (recursively, up to
-    /// `steps` instructions) and adds an entry for this one on the way back.
-    fn fill_cache(
+    /// Decodes from `self.ip` to the next point the walk needs trace or stops at (or
+    /// to code the cache knows), adds the cache entries of that run, then goes on as
+    /// the entry it reached says.
+    ///
+    /// libipt fills recursively: each instruction decoded, the rest of the run filled,
+    /// then the instruction's entry made from its successor's, looked up again. Here the
+    /// run is decoded forward into [`BlockDecoder::fill_ips`] and the entries made
+    /// backward from the one in hand: one lookup an instruction instead of two, no
+    /// recursion. Why entries go only to the run's first instruction and to the points
+    /// it ends at (a decision point, a direct call or backward jump, a trampoline):
+    /// an entry in the middle of a run is read again only where a later walk starts
+    /// there (a loop's head, a jump into the run), and that walk decodes the few
+    /// instructions to the next entry again; libipt's entry for every instruction cost
+    /// ~90 instructions each and most of the table's page faults. The walks are the
+    /// same: every point where filling ends a block but the cached walk does not (a
+    /// direct call, a backward jump) has its entry, so a walk that decodes again reaches
+    /// it cached, as a walk from an entry would.
+    fn fill_cache(&mut self, block: &mut Block, mapping: Mapping) -> Result<(), FlowError> {
+        let mut ips = std::mem::take(&mut self.fill_ips);
+        ips.clear();
+        let then = self.fill_run(block, mapping, &mut ips);
+        self.fill_ips = ips;
+        match then? {
+            Then::Done => Ok(()),
+            Then::Trace(insn) => self.proceed_with_trace(&insn),
+            Then::Cached => self.proceed_cached(block, mapping),
+        }
+    }
+
+    /// [`Self::fill_cache`]'s run: decodes it, adds its entries, and says how the walk
+    /// goes on.
+    fn fill_run(
         &mut self,
         block: &mut Block,
         mapping: Mapping,
-        steps: usize,
-    ) -> Result<(), FlowError> {
-        let Some(insn) = self.proceed_one_insn(block)? else {
-            return Ok(());
-        };
-        let next = match insn.next_ip() {
-            Ok(next) => next,
-            Err(FlowError::BadQuery) => {
-                let qualifier = match insn.class {
-                    _ if block.truncated => Qualifier::Decode,
-                    InsnClass::Jump | InsnClass::Call if insn.displacement.is_some() => {
-                        return Err(FlowError::Internal);
+        ips: &mut Vec<u64>,
+    ) -> Result<Then, FlowError> {
+        // Forward: the run's instructions, up to the entry its last one gets.
+        let (last, then) = loop {
+            let Some(insn) = self.proceed_one_insn(block)? else {
+                return Ok(Then::Done);
+            };
+            ips.push(insn.ip);
+            let next = match insn.next_ip() {
+                Ok(next) => next,
+                Err(FlowError::BadQuery) => {
+                    let qualifier = match insn.class {
+                        _ if block.truncated => Qualifier::Decode,
+                        InsnClass::Jump | InsnClass::Call if insn.displacement.is_some() => {
+                            return Err(FlowError::Internal);
+                        }
+                        InsnClass::Call => Qualifier::IndirectCall,
+                        InsnClass::Return => Qualifier::Return,
+                        InsnClass::CondJump => Qualifier::Cond,
+                        InsnClass::Jump
+                        | InsnClass::FarCall
+                        | InsnClass::FarReturn
+                        | InsnClass::FarJump
+                        | InsnClass::Indirect => Qualifier::Indirect,
+                        InsnClass::PtWrite | InsnClass::Unknown | InsnClass::Other => {
+                            return Err(FlowError::Internal);
+                        }
+                    };
+                    break (CacheEntry::for_insn(&insn, qualifier), Then::Trace(insn));
+                }
+                Err(err) => return Err(err),
+            };
+            self.ip = next;
+            // Stop at direct calls (the call stack needs them) and backward jumps, when
+            // leaving the section, and after a truncated instruction.
+            let stop = match insn.class {
+                InsnClass::Call => true,
+                InsnClass::Jump => {
+                    insn.displacement.is_some_and(|d| d < 0) || self.config.end_on_jump
+                }
+                _ => false,
+            };
+            if stop || !mapping.contains(next) || block.truncated {
+                let entry = match insn.class {
+                    InsnClass::Call if !block.truncated && insn.displacement.is_some() => {
+                        CacheEntry::for_insn(&insn, Qualifier::DirectCall)
                     }
-                    InsnClass::Call => Qualifier::IndirectCall,
-                    InsnClass::Return => Qualifier::Return,
-                    InsnClass::CondJump => Qualifier::Cond,
-                    InsnClass::Jump
-                    | InsnClass::FarCall
-                    | InsnClass::FarReturn
-                    | InsnClass::FarJump
-                    | InsnClass::Indirect => Qualifier::Indirect,
-                    InsnClass::PtWrite | InsnClass::Unknown | InsnClass::Other => {
-                        return Err(FlowError::Internal);
+                    InsnClass::Jump if !block.truncated && insn.displacement.is_some() => {
+                        CacheEntry::for_insn(&insn, Qualifier::DirectJump)
                     }
+                    _ => CacheEntry::at_point(insn.mode, Qualifier::Decode, 0),
                 };
-                self.cache_add(insn.ip, CacheEntry::for_insn(&insn, qualifier));
-                return self.proceed_with_trace(&insn);
+                break (entry, Then::Done);
             }
-            Err(err) => return Err(err),
-        };
-        self.ip = next;
-        // Stop at direct calls (the call stack needs them) and backward jumps, when
-        // leaving the section, and after a truncated instruction.
-        let stop = match insn.class {
-            InsnClass::Call => true,
-            InsnClass::Jump => insn.displacement.is_some_and(|d| d < 0) || self.config.end_on_jump,
-            _ => false,
-        };
-        if stop || !mapping.contains(next) || block.truncated {
-            match insn.class {
-                InsnClass::Call if !block.truncated && insn.displacement.is_some() => {
-                    self.cache_add(insn.ip, CacheEntry::for_insn(&insn, Qualifier::DirectCall));
+            if let Some(entry) = self.cache_lookup(next) {
+                if entry.mode != insn.mode {
+                    return Err(FlowError::Internal);
                 }
-                InsnClass::Jump if !block.truncated && insn.displacement.is_some() => {
-                    self.cache_add(insn.ip, CacheEntry::for_insn(&insn, Qualifier::DirectJump));
-                }
-                _ => self.add_decode(insn.ip, insn.mode),
+                // A split section: don't cache across it, take the slow path to its end.
+                let Some((entry, trampoline)) = joined(insn.ip, next, entry, mapping) else {
+                    return Ok(Then::Done);
+                };
+                // After a trampoline the next walk goes on; this one ends here.
+                break (entry, if trampoline { Then::Done } else { Then::Cached });
             }
-            return Ok(());
-        }
-        let mut entry = self.cache_lookup(next);
-        let filled = entry.is_none();
-        if filled {
-            let steps = steps - 1;
-            if steps == 0 {
-                self.add_trampoline(insn.ip, next, insn.mode);
-                return Ok(());
+            if ips.len() == FILL_STEPS {
+                break (trampoline(insn.ip, next, insn.mode), Then::Done);
             }
-            self.fill_cache(block, mapping, steps)?;
-            entry = self.cache_lookup(next);
-        }
-        // Most likely the block ran full before the next instruction.
-        let Some(entry) = entry else {
-            return Ok(());
         };
-        if entry.mode != insn.mode {
+        // Backward: each instruction's entry from its successor's.
+        let Some((&bottom, above)) = ips.split_last() else {
             return Err(FlowError::Internal);
-        }
-        let point = next.wrapping_add_signed(i64::from(entry.displacement));
-        // A split section: don't cache across it, take the slow path to its end.
-        if !mapping.contains(point) {
-            return Ok(());
-        }
-        let displacement = point.wrapping_sub(insn.ip).cast_signed();
-        // When a field overflows, go there through a trampoline to the next one.
-        let (Some(ninsn), Ok(displacement)) =
-            (entry.ninsn.checked_add(1), i16::try_from(displacement))
-        else {
-            self.add_trampoline(insn.ip, next, insn.mode);
-            return Ok(());
         };
-        self.cache_add(
-            insn.ip,
-            CacheEntry {
-                displacement,
-                ninsn,
-                ..entry
-            },
-        );
-        // Filling may have extended the block already.
-        if filled {
-            return Ok(());
+        let mut below = Some(last).filter(|e| e.mode != ExecMode::Unknown);
+        let mut next = bottom;
+        let keep_last = !matches!(then, Then::Cached);
+        if keep_last || above.is_empty() {
+            self.cache_add(bottom, last);
         }
-        self.proceed_cached(block, mapping)
+        for (depth, &ip) in above.iter().enumerate().rev() {
+            // An entry of an unknown mode is not kept, nor any made from it.
+            let Some(entry) = below else { break };
+            let Some((entry, trampoline)) = joined(ip, next, entry, mapping) else {
+                break;
+            };
+            if depth == 0 || trampoline {
+                self.cache_add(ip, entry);
+            }
+            below = Some(entry).filter(|e| e.mode != ExecMode::Unknown);
+            next = ip;
+        }
+        Ok(then)
     }
 
     /// The instruction at `ip` runs past its section: take it whole from the image and
