@@ -12,7 +12,7 @@
 //! [`super::flow_walk`], event placement after a block in [`super::flow_events`].
 
 use super::image::ImageProvider;
-use super::insn::{Insn, InsnClass, MAX_INSN_SIZE};
+use super::insn::{self, Insn, InsnClass, MAX_INSN_SIZE, Undecodable};
 use super::insn_cache::InsnCache;
 use crate::decode::pt::events::evdec::{EventConfig, EventDecoder};
 use crate::decode::pt::events::event::{Event, EventKind, FlowError};
@@ -619,6 +619,67 @@ impl<'a> BlockDecoder<'a> {
             return Ok(None);
         }
         let insn = self.insns.decode(self.image, self.ip, self.mode)?;
+        self.add_insn(block, insn)
+    }
+
+    /// [`Self::proceed_one_insn`] with the instruction decoded from `code` (the bytes
+    /// of a piece of section `isid`, from the address given with them) where it lies
+    /// whole in them: for the cache fill, which decodes runs of code not seen before,
+    /// so that the memo of decoded instructions (missed there) and the image's lookup
+    /// and copy are left out. The same instruction, block and decoder state.
+    #[inline]
+    pub(crate) fn fill_one_insn(
+        &mut self,
+        block: &mut Block,
+        code: Option<(u64, &[u8])>,
+        isid: u32,
+    ) -> Result<Option<Insn>, FlowError> {
+        let Some((begin, bytes)) = code else {
+            return self.proceed_one_insn(block);
+        };
+        if block.ninsn == u16::MAX || block.truncated {
+            return Ok(None);
+        }
+        let ip = self.ip;
+        let Some(at) = usize::try_from(ip.wrapping_sub(begin))
+            .ok()
+            .filter(|&at| at < bytes.len())
+        else {
+            return self.proceed_one_insn(block);
+        };
+        let avail = &bytes[at..bytes.len().min(at + MAX_INSN_SIZE)];
+        let (size, class, kind, displacement) = match insn::classify(avail, ip, self.mode) {
+            Ok(classified) => classified,
+            // Into the next piece: read as the walk does.
+            Err(Undecodable::NeedMore) => return self.proceed_one_insn(block),
+            Err(Undecodable::Invalid) => return Err(FlowError::BadInsn),
+        };
+        // A fixed-size copy where the piece goes on (a copy of `avail.len()` bytes is a
+        // call to memcpy).
+        let raw = if let Some(whole) = avail.first_chunk::<MAX_INSN_SIZE>() {
+            *whole
+        } else {
+            let mut raw = [0u8; MAX_INSN_SIZE];
+            raw[..avail.len()].copy_from_slice(avail);
+            raw
+        };
+        let insn = Insn {
+            ip,
+            mode: self.mode,
+            size,
+            raw,
+            class,
+            kind,
+            displacement,
+            isid,
+            truncated: false,
+        };
+        self.add_insn(block, insn)
+    }
+
+    /// Adds the decoded `insn` at `self.ip` to `block` ([`Self::proceed_one_insn`]).
+    #[inline]
+    fn add_insn(&mut self, block: &mut Block, insn: Insn) -> Result<Option<Insn>, FlowError> {
         if insn.isid != block.isid {
             if block.ninsn != 0 {
                 return Ok(None);

@@ -112,3 +112,52 @@ fn a_walk_into_the_middle_of_cached_code_goes_on_through_its_direct_call() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn the_fill_decodes_from_lent_bytes_as_the_walk_decodes_from_the_image() {
+    use crate::decode::pt::flow::block::{Block, BlockDecoder, FlowConfig};
+    use crate::decode::pt::flow::image::ImageProvider;
+    use crate::decode::pt::packets::packet::ExecMode;
+    // Real code (this test's own executable) and bytes no compiler writes, in two
+    // pieces, so that instructions run into the next piece and off the end.
+    let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    let mut bytes = exe[exe.len() / 2..][..0x800].to_vec();
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    bytes.extend((0..0x100).map(|_| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (seed >> 56) as u8
+    }));
+    let mut image = Image::new();
+    let first = image.add("a", bytes[..0x500].to_vec(), 0x1000);
+    image.add("b", bytes[0x500..].to_vec(), 0x1500);
+    let (mut taken, mut straddled, mut compared) = (0, 0, 0);
+    for mode in [ExecMode::Bits64, ExecMode::Bits32] {
+        for at in 0..0x500u64 {
+            let ip = 0x1000 + at;
+            let decoder = || {
+                let mut decoder = BlockDecoder::new(&[], &image, FlowConfig::default());
+                (decoder.ip, decoder.mode, decoder.icnt) = (ip, mode, Some(7));
+                decoder
+            };
+            let (mut lean, mut walk) = (decoder(), decoder());
+            let (mut lean_block, mut walk_block) = (Block::default(), Block::default());
+            let code = image.code(ip);
+            assert_eq!(
+                code.map(|(begin, b)| (begin, b.len())),
+                Some((0x1000, 0x500))
+            );
+            let got = lean.fill_one_insn(&mut lean_block, code, first);
+            let want = walk.proceed_one_insn(&mut walk_block);
+            assert_eq!(got, want, "{mode:?} at {ip:#x}");
+            assert_eq!(lean_block, walk_block, "{mode:?} at {ip:#x}");
+            assert_eq!(lean.icnt, walk.icnt);
+            assert!(lean.retstack.same_as(&walk.retstack));
+            taken += usize::from(matches!(got, Ok(Some(insn)) if !insn.truncated));
+            straddled += usize::from(matches!(got, Ok(Some(insn)) if insn.truncated));
+            compared += 1;
+        }
+    }
+    // Most offsets decode, and some instructions straddle the pieces.
+    assert!(taken * 2 > compared, "{taken} of {compared}");
+    assert!(straddled > 0);
+}

@@ -281,9 +281,14 @@ impl BlockDecoder<'_> {
         mapping: Mapping,
         ips: &mut Vec<u64>,
     ) -> Result<Then, FlowError> {
-        // Forward: the run's instructions, up to the entry its last one gets.
+        // Forward: the run's instructions, up to the entry its last one gets. Every one
+        // is in `mapping`, so its bytes are lent once.
+        let image = self.image;
+        let code = image.code(self.ip).filter(|&(begin, bytes)| {
+            begin == mapping.begin && mapping.end - begin == bytes.len() as u64
+        });
         let (last, then) = loop {
-            let Some(insn) = self.proceed_one_insn(block)? else {
+            let Some(insn) = self.fill_one_insn(block, code, mapping.isid)? else {
                 return Ok(Then::Done);
             };
             ips.push(insn.ip);

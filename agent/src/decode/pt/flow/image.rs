@@ -49,6 +49,15 @@ pub trait ImageProvider: Sync {
     fn mapping(&self, addr: u64) -> Result<Mapping, NoCode> {
         self.read(addr, &mut [0u8; 1]).map(|(_, mapping)| mapping)
     }
+
+    /// The bytes of the mapped piece `addr` is in, and the address of the first: lent,
+    /// for the walk that decodes a run of code it has not seen (a copy and a lookup an
+    /// instruction were a third of that walk). `None` where the provider cannot lend
+    /// them (the walk then reads).
+    fn code(&self, addr: u64) -> Option<(u64, &[u8])> {
+        let _ = addr;
+        None
+    }
 }
 
 /// One contiguous mapped piece of a section.
@@ -171,6 +180,15 @@ impl Image {
 }
 
 impl ImageProvider for Image {
+    fn code(&self, addr: u64) -> Option<(u64, &[u8])> {
+        let piece = self.piece(addr)?;
+        let len = usize::try_from(piece.end - piece.begin).ok()?;
+        let bytes = piece
+            .bytes
+            .get(piece.offset..piece.offset.checked_add(len)?)?;
+        Some((piece.begin, bytes))
+    }
+
     fn mapping(&self, addr: u64) -> Result<Mapping, NoCode> {
         let piece = self.piece(addr).ok_or(NoCode { addr })?;
         Ok(Mapping {
@@ -209,6 +227,10 @@ impl<T: ImageProvider + ?Sized> ImageProvider for &T {
 
     fn mapping(&self, addr: u64) -> Result<Mapping, NoCode> {
         (**self).mapping(addr)
+    }
+
+    fn code(&self, addr: u64) -> Option<(u64, &[u8])> {
+        (**self).code(addr)
     }
 }
 

@@ -210,7 +210,8 @@ pub(super) enum Undecodable {
 
 /// Decodes the instruction at the start of `bytes`: size, class, kind, displacement.
 /// The common instructions by our own length decoder ([`ild`]), the others by iced-x86.
-fn classify(bytes: &[u8], ip: u64, mode: ExecMode) -> Result<Classified, Undecodable> {
+#[inline]
+pub(super) fn classify(bytes: &[u8], ip: u64, mode: ExecMode) -> Result<Classified, Undecodable> {
     match ild::classify(bytes, ip, mode) {
         Some(known) => Ok(known),
         None => classify_iced(bytes, ip, mode),
