@@ -619,70 +619,84 @@ impl<'a> BlockDecoder<'a> {
             return Ok(None);
         }
         let insn = self.insns.decode(self.image, self.ip, self.mode)?;
-        self.add_insn(block, insn)
+        Ok(self.add_insn(block, &insn)?.then_some(insn))
     }
 
     /// [`Self::proceed_one_insn`] with the instruction decoded from `code` (the bytes
     /// of a piece of section `isid`, from the address given with them) where it lies
     /// whole in them: for the cache fill, which decodes runs of code not seen before,
     /// so that the memo of decoded instructions (missed there) and the image's lookup
-    /// and copy are left out. The same instruction, block and decoder state.
+    /// and copy are left out. The same instruction (into `insn`, true; false where
+    /// `proceed_one_insn` gives none), block and decoder state. Written in place: the
+    /// 56-byte instruction returned in an `Option` was copied twice an instruction.
     #[inline]
     pub(crate) fn fill_one_insn(
         &mut self,
         block: &mut Block,
         code: Option<(u64, &[u8])>,
         isid: u32,
-    ) -> Result<Option<Insn>, FlowError> {
+        insn: &mut Insn,
+    ) -> Result<bool, FlowError> {
         let Some((begin, bytes)) = code else {
-            return self.proceed_one_insn(block);
+            return self.proceed_one_insn_into(block, insn);
         };
         if block.ninsn == u16::MAX || block.truncated {
-            return Ok(None);
+            return Ok(false);
         }
         let ip = self.ip;
         let Some(at) = usize::try_from(ip.wrapping_sub(begin))
             .ok()
             .filter(|&at| at < bytes.len())
         else {
-            return self.proceed_one_insn(block);
+            return self.proceed_one_insn_into(block, insn);
         };
         let avail = &bytes[at..bytes.len().min(at + MAX_INSN_SIZE)];
         let (size, class, kind, displacement) = match insn::classify(avail, ip, self.mode) {
             Ok(classified) => classified,
             // Into the next piece: read as the walk does.
-            Err(Undecodable::NeedMore) => return self.proceed_one_insn(block),
+            Err(Undecodable::NeedMore) => return self.proceed_one_insn_into(block, insn),
             Err(Undecodable::Invalid) => return Err(FlowError::BadInsn),
         };
         // A fixed-size copy where the piece goes on (a copy of `avail.len()` bytes is a
         // call to memcpy).
-        let raw = if let Some(whole) = avail.first_chunk::<MAX_INSN_SIZE>() {
-            *whole
+        if let Some(whole) = avail.first_chunk::<MAX_INSN_SIZE>() {
+            insn.raw = *whole;
         } else {
-            let mut raw = [0u8; MAX_INSN_SIZE];
-            raw[..avail.len()].copy_from_slice(avail);
-            raw
-        };
-        let insn = Insn {
-            ip,
-            mode: self.mode,
-            size,
-            raw,
-            class,
-            kind,
-            displacement,
-            isid,
-            truncated: false,
-        };
+            insn.raw = [0u8; MAX_INSN_SIZE];
+            insn.raw[..avail.len()].copy_from_slice(avail);
+        }
+        insn.ip = ip;
+        insn.mode = self.mode;
+        insn.size = size;
+        insn.class = class;
+        insn.kind = kind;
+        insn.displacement = displacement;
+        insn.isid = isid;
+        insn.truncated = false;
         self.add_insn(block, insn)
     }
 
-    /// Adds the decoded `insn` at `self.ip` to `block` ([`Self::proceed_one_insn`]).
+    fn proceed_one_insn_into(
+        &mut self,
+        block: &mut Block,
+        insn: &mut Insn,
+    ) -> Result<bool, FlowError> {
+        Ok(match self.proceed_one_insn(block)? {
+            Some(one) => {
+                *insn = one;
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Adds the decoded `insn` at `self.ip` to `block` ([`Self::proceed_one_insn`]);
+    /// false where it does not fit.
     #[inline]
-    fn add_insn(&mut self, block: &mut Block, insn: Insn) -> Result<Option<Insn>, FlowError> {
+    fn add_insn(&mut self, block: &mut Block, insn: &Insn) -> Result<bool, FlowError> {
         if insn.isid != block.isid {
             if block.ninsn != 0 {
-                return Ok(None);
+                return Ok(false);
             }
             block.isid = insn.isid;
         }
@@ -691,14 +705,14 @@ impl<'a> BlockDecoder<'a> {
             block.raw = insn.raw;
             block.truncated = true;
         }
-        self.log_call(&insn);
+        self.log_call(insn);
         block.class = insn.class;
         block.end_ip = insn.ip;
         block.ninsn += 1;
         if let Some(icnt) = &mut self.icnt {
             *icnt = icnt.checked_add(1).ok_or(FlowError::Overflow)?;
         }
-        Ok(Some(insn))
+        Ok(true)
     }
 
     /// Remembers a near call's return address (not for calls to the next instruction,

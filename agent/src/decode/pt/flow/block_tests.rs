@@ -117,6 +117,7 @@ fn a_walk_into_the_middle_of_cached_code_goes_on_through_its_direct_call() {
 fn the_fill_decodes_from_lent_bytes_as_the_walk_decodes_from_the_image() {
     use crate::decode::pt::flow::block::{Block, BlockDecoder, FlowConfig};
     use crate::decode::pt::flow::image::ImageProvider;
+    use crate::decode::pt::flow::insn::Insn;
     use crate::decode::pt::packets::packet::ExecMode;
     // Real code (this test's own executable) and bytes no compiler writes, in two
     // pieces, so that instructions run into the next piece and off the end.
@@ -146,7 +147,10 @@ fn the_fill_decodes_from_lent_bytes_as_the_walk_decodes_from_the_image() {
                 code.map(|(begin, b)| (begin, b.len())),
                 Some((0x1000, 0x500))
             );
-            let got = lean.fill_one_insn(&mut lean_block, code, first);
+            let mut lean_insn = Insn::NONE;
+            let got = lean
+                .fill_one_insn(&mut lean_block, code, first, &mut lean_insn)
+                .map(|decoded| decoded.then_some(lean_insn));
             let want = walk.proceed_one_insn(&mut walk_block);
             assert_eq!(got, want, "{mode:?} at {ip:#x}");
             assert_eq!(lean_block, walk_block, "{mode:?} at {ip:#x}");

@@ -98,11 +98,16 @@ pub(crate) fn resolve(
     ip: u64,
     mode: ExecMode,
 ) -> Option<FastBlock> {
+    // The cache first: code seen for the first time (no entry) is the common miss, and
+    // the image's lookup costs more.
+    let mut entry: CacheEntry = cache.get(ip, mode)?;
     let mapping = image.mapping(ip).ok()?;
     let mut at = ip;
     let mut ninsn = 0u16;
-    for _ in 0..MAX_CHAIN {
-        let entry: CacheEntry = cache.get(at, mode)?;
+    for chained in 0..MAX_CHAIN {
+        if chained > 0 {
+            entry = cache.get(at, mode)?;
+        }
         let point = at.wrapping_add_signed(i64::from(entry.displacement));
         if !mapping.contains(point) {
             return None;

@@ -287,10 +287,11 @@ impl BlockDecoder<'_> {
         let code = image.code(self.ip).filter(|&(begin, bytes)| {
             begin == mapping.begin && mapping.end - begin == bytes.len() as u64
         });
+        let mut insn = Insn::NONE;
         let (last, then) = loop {
-            let Some(insn) = self.fill_one_insn(block, code, mapping.isid)? else {
+            if !self.fill_one_insn(block, code, mapping.isid, &mut insn)? {
                 return Ok(Then::Done);
-            };
+            }
             ips.push(insn.ip);
             let next = match insn.next_ip() {
                 Ok(next) => next,

@@ -102,6 +102,19 @@ pub struct Insn {
 }
 
 impl Insn {
+    /// No instruction: a place to decode one into.
+    pub(crate) const NONE: Self = Self {
+        ip: 0,
+        mode: ExecMode::Unknown,
+        size: 0,
+        raw: [0; MAX_INSN_SIZE],
+        class: InsnClass::Unknown,
+        kind: InsnKind::Other,
+        displacement: None,
+        isid: 0,
+        truncated: false,
+    };
+
     /// The instruction's bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.raw[..usize::from(self.size).min(MAX_INSN_SIZE)]
