@@ -397,6 +397,13 @@ impl Branches<'_> {
         if self.fast.is_none() {
             return false;
         }
+        // Code not walked before (no cache entry where the next block starts, so none
+        // the table can take): a run would stop at its first block and leave it to the
+        // general path, which fills the cache. It is left to it here, without a run's
+        // start and end (foo: 2,710 runs before, 419 now).
+        if self.held.is_none() && self.dec.cache.get(self.dec.ip, self.dec.mode).is_none() {
+            return false;
+        }
         let Some(mut fast) = Fast::enter(&self.dec) else {
             return false;
         };
