@@ -110,15 +110,17 @@ const NO_DISP: i32 = i32::MIN;
 
 /// Trace bytes per block cache entry a decode is sized for at its start, and the most
 /// entries it is sized for (it grows past them as it must).
-const TRACE_BYTES_PER_ENTRY: usize = 64;
+const TRACE_BYTES_PER_ENTRY: usize = 16;
 const PRESIZED_ENTRIES: usize = 14 * 1024;
 
 impl BlockCache {
-    /// A cache sized for a trace of `len` bytes: a real trace's walk visits about an
-    /// instruction per 50 bytes at first (mruby's 713 KB: 14,000), and a table grown
-    /// from empty rehashed 14 times on the way (1.6 % of that decode). Capped, since the
-    /// code, not the trace, bounds it; small for short traces, whose tables are fresh
-    /// pages (~3 µs each on a VM).
+    /// A cache sized for a trace of `len` bytes. Since entries are kept only where
+    /// runs of code start and end, a short trace that is mostly first visits makes one
+    /// per 7 to 18 trace bytes (foo's 29 KB: 4,400; Unzip 17 B, avscript_32 18 B);
+    /// longer traces go round their code again (mruby 111 B, qemu 380 B). Capped, since
+    /// the code, not the trace, bounds it. Each page of the table is a page fault
+    /// (~3 µs on a VM), so a table sized too small pays twice: for the tables it
+    /// outgrows and for the moves.
     pub(crate) fn for_trace(len: usize) -> Self {
         let entries = (len / TRACE_BYTES_PER_ENTRY).min(PRESIZED_ENTRIES);
         Self {
@@ -135,10 +137,10 @@ impl BlockCache {
 
     pub(crate) fn insert(&mut self, ip: u64, entry: CacheEntry) {
         if self.entries.len() == self.entries.capacity() {
-            // Four times larger at a time, not twice: a short trace visits much of its
-            // code first (foo's 29 KB: 6,700 entries), and each growth moves every
-            // entry (foo: 3 % of its decode, doubling).
-            self.entries.reserve(3 * self.entries.len().max(16));
+            // Twice as large: four times was fewer moves when the table started at
+            // an entry per 64 trace bytes, but its last growth could leave foo's 4,400
+            // entries in 16 Ki buckets, 64 pages where 32 hold them.
+            self.entries.reserve(self.entries.len().max(16));
         }
         self.entries.insert(ip, pack(entry));
     }
