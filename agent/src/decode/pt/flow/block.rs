@@ -659,20 +659,24 @@ impl<'a> BlockDecoder<'a> {
         };
         // A fixed-size copy where the piece goes on (a copy of `avail.len()` bytes is a
         // call to memcpy).
-        if let Some(whole) = avail.first_chunk::<MAX_INSN_SIZE>() {
-            insn.raw = *whole;
+        let raw = if let Some(whole) = avail.first_chunk::<MAX_INSN_SIZE>() {
+            *whole
         } else {
-            insn.raw = [0u8; MAX_INSN_SIZE];
-            insn.raw[..avail.len()].copy_from_slice(avail);
-        }
-        insn.ip = ip;
-        insn.mode = self.mode;
-        insn.size = size;
-        insn.class = class;
-        insn.kind = kind;
-        insn.displacement = displacement;
-        insn.isid = isid;
-        insn.truncated = false;
+            let mut raw = [0u8; MAX_INSN_SIZE];
+            raw[..avail.len()].copy_from_slice(avail);
+            raw
+        };
+        *insn = Insn {
+            ip,
+            mode: self.mode,
+            size,
+            raw,
+            class,
+            kind,
+            displacement,
+            isid,
+            truncated: false,
+        };
         self.add_insn(block, insn)
     }
 
