@@ -116,8 +116,8 @@ const PRESIZED_ENTRIES: usize = 14 * 1024;
 impl BlockCache {
     /// A cache sized for a trace of `len` bytes. Since entries are kept only where
     /// runs of code start and end, a short trace that is mostly first visits makes one
-    /// per 7 to 18 trace bytes (foo's 29 KB: 4,400; Unzip 17 B, avscript_32 18 B);
-    /// longer traces go round their code again (mruby 111 B, qemu 380 B). Capped, since
+    /// per 7 to 18 trace bytes (foo: 4,400 entries in 29 KB; Unzip: one per 17 B);
+    /// longer traces go round their code again (mruby: 111 B, qemu: 380 B). Capped, since
     /// the code, not the trace, bounds it. Each page of the table is a page fault
     /// (~3 µs on a VM), so a table sized too small pays twice: for the tables it
     /// outgrows and for the moves.
