@@ -104,10 +104,7 @@ pub(crate) fn resolve(
     let mapping = image.mapping(ip).ok()?;
     let mut at = ip;
     let mut ninsn = 0u16;
-    for chained in 0..MAX_CHAIN {
-        if chained > 0 {
-            entry = cache.get(at, mode)?;
-        }
+    for _ in 0..MAX_CHAIN {
         let point = at.wrapping_add_signed(i64::from(entry.displacement));
         if !mapping.contains(point) {
             return None;
@@ -132,6 +129,7 @@ pub(crate) fn resolve(
         match entry.qualifier {
             Qualifier::Again => {
                 at = point;
+                entry = cache.get(at, mode)?;
                 continue;
             }
             Qualifier::Cond if sized && entry.disp.is_some() => {
