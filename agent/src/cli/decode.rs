@@ -920,12 +920,13 @@ fn fast_line(fast: Option<(u64, u64)>, blocks: u64) -> String {
 
 /// How the decode was spread over threads, for `--stats`: the pieces, the time cutting
 /// took before the workers started (sequential: a many-core decode's floor) and the
-/// timing scan after, beside them (a piece's worker waits for its cut's time).
+/// timing scan the workers ran, in all (each before the piece that needed its cut's
+/// time).
 fn parallel_line(threads: usize, stats: Option<(ParallelStats, Duration, Duration)>) -> String {
     match stats {
         None => "threads: 1 (sequential)".to_owned(),
         Some((s, cut, seeding)) => format!(
-            "threads: {threads}, {}; cut in {:.6} s before the workers started, seeded in {:.6} s beside them",
+            "threads: {threads}, {}; cut in {:.6} s before the workers started, seeded in {:.6} s in the workers",
             s.describe(),
             cut.as_secs_f64(),
             seeding.as_secs_f64()

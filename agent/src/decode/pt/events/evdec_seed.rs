@@ -1,9 +1,10 @@
 //! The time a decode from the start of a trace has at chosen PSBs, without decoding it.
 //!
-//! In: a trace, its [`EventConfig`] and PSB offsets (ascending). Out: for each offset,
-//! the [`Time`] and [`TimeCal`] the event decoder holds when it reaches that PSB, or
-//! `None` where this pass cannot tell (the offset is not a packet boundary of the walk,
-//! or a packet or timing error came first: the decoder's recovery from one resets time).
+//! In: a trace, its [`EventConfig`] and PSB offsets (ascending). Out: for each offset
+//! asked for ([`TimingScan::seed`]), the [`Time`] and [`TimeCal`] the event decoder
+//! holds when it reaches that PSB, or `None` where this pass cannot tell (the offset is
+//! not a packet boundary of the walk, or a packet or timing error came first: the
+//! decoder's recovery from one resets time). The scan goes only as far as asked.
 //!
 //! Why: a parallel decode's worker starts at a PSB, whose PSB+ restates everything but
 //! the time (MTC and CYC count from the last TSC, the calibration from the whole trace
@@ -22,110 +23,139 @@ use crate::decode::pt::timing::time::{Time, TimeCal};
 /// A seed: the event decoder's time and calibration at a PSB.
 pub(crate) type Seed = Option<(Time, TimeCal)>;
 
-/// What the event decoder's time is at each of `psbs` in a decode from the start, given
-/// to `each` with the PSB's index as soon as the scan has passed it (every index once,
-/// in order): the parallel decode's workers start while the scan goes on.
-pub(crate) fn timing_each(
-    trace: &[u8],
-    config: &EventConfig,
-    psbs: &[usize],
-    each: &mut dyn FnMut(usize, Seed),
-) {
-    let mut next = 0;
-    if let Some(pos) = sync::find_psb_forward(trace, 0) {
-        next = scan(trace, config, psbs, pos, each);
-    }
-    for i in next..psbs.len() {
-        each(i, None);
-    }
+/// The scan, as far as it has gone: it goes on only as far as a seed asked for needs,
+/// so that the parallel decode's workers run it between their pieces (each part once)
+/// instead of a thread of its own competing with them for the cores.
+pub(crate) struct TimingScan<'a> {
+    trace: &'a [u8],
+    config: EventConfig,
+    /// The PSBs to give seeds for, ascending.
+    psbs: Vec<usize>,
+    /// The seeds of the PSBs the scan has passed, in order.
+    seeds: Vec<Seed>,
+    /// Where the scan reads next; `None` once it has ended (no PSB, or no PSB to go on
+    /// at after an error): every PSB not passed is unknown.
+    pos: Option<usize>,
+    time: Time,
+    tcal: TimeCal,
+    block: BlockContext,
+    in_psb: bool,
 }
 
-/// [`timing_each`] from the first PSB at `pos`; how many of `psbs` it gave out.
-fn scan(
-    trace: &[u8],
-    config: &EventConfig,
-    psbs: &[usize],
-    mut pos: usize,
-    each: &mut dyn FnMut(usize, Seed),
-) -> usize {
-    let (mut time, mut tcal) = (Time::new(), TimeCal::new());
-    let mut block = BlockContext::None;
-    let mut in_psb = false;
-    let mut next = 0;
-    while next < psbs.len() {
-        // (PSBs, whose header is 0x02, stop the skip.)
-        pos = if block == BlockContext::None {
-            skip_one_byte_packets(trace, pos)
-        } else {
-            skip_pads(trace, pos)
-        };
-        while psbs.get(next).is_some_and(|&psb| psb < pos) {
-            each(next, None);
-            next += 1;
+impl<'a> TimingScan<'a> {
+    /// A scan of `trace` for the time at each of `psbs` (ascending), not started yet.
+    pub(crate) fn new(trace: &'a [u8], config: EventConfig, psbs: Vec<usize>) -> Self {
+        Self {
+            trace,
+            config,
+            seeds: Vec::with_capacity(psbs.len()),
+            psbs,
+            pos: sync::find_psb_forward(trace, 0),
+            time: Time::new(),
+            tcal: TimeCal::new(),
+            block: BlockContext::None,
+            in_psb: false,
         }
-        if psbs.get(next) == Some(&pos) {
-            each(next, Some((time, tcal)));
-            next += 1;
-        }
-        if block == BlockContext::None {
-            match hot_packet(trace, pos) {
-                Hot::Tnt { size, .. } | Hot::Tip { size, .. } => {
-                    pos += size;
-                    continue;
-                }
-                Hot::Other => {}
-            }
-        }
-        let Ok(decoded) = decode_packet(trace, pos, config.errata(), block) else {
-            // The decoder synchronizes at the next PSB, with fresh time.
-            let Some(psb) = sync::find_psb_forward(trace, pos + 1) else {
-                break;
-            };
-            (pos, block, in_psb) = (psb, BlockContext::None, false);
-            (time, tcal) = (Time::new(), TimeCal::new());
-            continue;
-        };
-        let packet = decoded.packet;
-        match packet {
-            Packet::Psb => in_psb = true,
-            Packet::PsbEnd => in_psb = false,
-            // The overflow decoder starts over, keeping time (and, on request, the
-            // calibration).
-            Packet::Ovf => {
-                in_psb = false;
-                if config.keep_tcal_on_ovf {
-                    tcal.update_ovf();
-                } else {
-                    tcal = TimeCal::new();
-                }
-            }
-            // A timing error makes the decoder recover in ways this pass cannot follow.
-            Packet::Tsc { .. }
-            | Packet::Tma { .. }
-            | Packet::Mtc { .. }
-            | Packet::Cyc { .. }
-            | Packet::Cbr { .. }
-                if apply_timing(&mut time, &mut tcal, &config.timing, &packet, in_psb).is_err() =>
-            {
-                break;
-            }
-            _ => {}
-        }
-        block = block.after(&packet);
-        pos += decoded.size;
     }
-    next
+
+    /// The event decoder's time at `psbs[i]` in a decode from the start (`None`:
+    /// unknown), scanning on to it if the scan has not passed it yet.
+    pub(crate) fn seed(&mut self, i: usize) -> Seed {
+        if self.seeds.len() <= i && i < self.psbs.len() && !self.scan_past(i) {
+            // The scan ended: every PSB it did not pass is unknown.
+            self.pos = None;
+            self.seeds.resize(self.psbs.len(), None);
+        }
+        self.seeds.get(i).copied().flatten()
+    }
+
+    /// Scans on until `psbs[i]` has its seed; false if the scan ended first. The state
+    /// in locals while it runs, as one loop (kept in registers).
+    fn scan_past(&mut self, i: usize) -> bool {
+        let (trace, config) = (self.trace, &self.config);
+        let Some(mut pos) = self.pos else {
+            return false;
+        };
+        let (mut time, mut tcal) = (self.time, self.tcal);
+        let (mut block, mut in_psb) = (self.block, self.in_psb);
+        let psbs = self.psbs.as_slice();
+        let seeds = &mut self.seeds;
+        while seeds.len() <= i {
+            // (PSBs, whose header is 0x02, stop the skip.)
+            pos = if block == BlockContext::None {
+                skip_one_byte_packets(trace, pos)
+            } else {
+                skip_pads(trace, pos)
+            };
+            while psbs.get(seeds.len()).is_some_and(|&psb| psb < pos) {
+                seeds.push(None);
+            }
+            if psbs.get(seeds.len()) == Some(&pos) {
+                seeds.push(Some((time, tcal)));
+            }
+            if block == BlockContext::None {
+                match hot_packet(trace, pos) {
+                    Hot::Tnt { size, .. } | Hot::Tip { size, .. } => {
+                        pos += size;
+                        continue;
+                    }
+                    Hot::Other => {}
+                }
+            }
+            let Ok(decoded) = decode_packet(trace, pos, config.errata(), block) else {
+                // The decoder synchronizes at the next PSB, with fresh time.
+                let Some(psb) = sync::find_psb_forward(trace, pos + 1) else {
+                    return false;
+                };
+                (pos, block, in_psb) = (psb, BlockContext::None, false);
+                (time, tcal) = (Time::new(), TimeCal::new());
+                continue;
+            };
+            let packet = decoded.packet;
+            match packet {
+                Packet::Psb => in_psb = true,
+                Packet::PsbEnd => in_psb = false,
+                // The overflow decoder starts over, keeping time (and, on request, the
+                // calibration).
+                Packet::Ovf => {
+                    in_psb = false;
+                    if config.keep_tcal_on_ovf {
+                        tcal.update_ovf();
+                    } else {
+                        tcal = TimeCal::new();
+                    }
+                }
+                // A timing error makes the decoder recover in ways this pass cannot
+                // follow.
+                Packet::Tsc { .. }
+                | Packet::Tma { .. }
+                | Packet::Mtc { .. }
+                | Packet::Cyc { .. }
+                | Packet::Cbr { .. }
+                    if apply_timing(&mut time, &mut tcal, &config.timing, &packet, in_psb)
+                        .is_err() =>
+                {
+                    return false;
+                }
+                _ => {}
+            }
+            block = block.after(&packet);
+            pos += decoded.size;
+        }
+        self.pos = Some(pos);
+        (self.time, self.tcal, self.block, self.in_psb) = (time, tcal, block, in_psb);
+        true
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every cut is given out once, in order, as the scan passes it: a PSB at a packet
-    /// boundary with the time so far, one inside a packet or after a timing error or
-    /// past the end as unknown.
+    /// A PSB at a packet boundary gets the time so far, one inside a packet or after a
+    /// timing error or past the end none; in whatever order the seeds are asked for.
     #[test]
-    fn every_cut_is_given_out_once_in_order() {
+    fn each_cut_gets_the_time_so_far_in_whatever_order_it_is_asked() {
         let psb: Vec<u8> = [0x02, 0x82].repeat(8);
         let psbend = [0x02, 0x23];
         // PSB+ | TNTs, PADs | PSB+ | a TSC, TNTs | PSB+ (at the end)
@@ -142,29 +172,26 @@ mod tests {
         trace.extend_from_slice(&psb);
         trace.extend_from_slice(&psbend);
         let cuts = [second, tsc + 1, third, trace.len() + 10];
-        let mut given = Vec::new();
-        timing_each(&trace, &EventConfig::default(), &cuts, &mut |i, seed| {
-            given.push((i, seed.is_some()));
-        });
-        assert_eq!(given, [(0, true), (1, false), (2, true), (3, false)]);
+        let seeds = |asked: &[usize]| {
+            let mut scan = TimingScan::new(&trace, EventConfig::default(), cuts.to_vec());
+            let mut seeds = vec![None; cuts.len()];
+            for &i in asked {
+                seeds[i] = scan.seed(i);
+            }
+            seeds
+        };
+        let all = seeds(&[0, 1, 2, 3]);
+        let known: Vec<bool> = all.iter().map(Option::is_some).collect();
+        assert_eq!(known, [true, false, true, false]);
+        // Asked out of order, or for a later one first: the same seeds.
+        assert_eq!(seeds(&[2, 0, 3, 1]), all);
+        assert_eq!(seeds(&[3, 2, 1, 0]), all);
         // The time at the third PSB has the TSC; at the second, none yet.
-        let mut seeds = vec![None; cuts.len()];
-        timing_each(&trace, &EventConfig::default(), &cuts, &mut |i, seed| {
-            seeds[i] = seed;
-        });
-        let (at_second, at_third) = (seeds[0], seeds[2]);
+        let (at_second, at_third) = (all[0], all[2]);
         assert_ne!(at_second, at_third);
         assert_eq!(at_second, Some((Time::new(), TimeCal::new())));
         // No PSB at all: every cut unknown.
-        let mut none = Vec::new();
-        timing_each(
-            &[0x06; 64],
-            &EventConfig::default(),
-            &cuts,
-            &mut |i, seed| {
-                none.push((i, seed.is_some()));
-            },
-        );
-        assert_eq!(none, [(0, false), (1, false), (2, false), (3, false)]);
+        let mut scan = TimingScan::new(&[0x06; 64], EventConfig::default(), cuts.to_vec());
+        assert!((0..cuts.len()).all(|i| scan.seed(i).is_none()));
     }
 }

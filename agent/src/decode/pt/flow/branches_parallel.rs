@@ -26,13 +26,17 @@
 //! whether tracing is on; the return stack starts empty at each PSB (see
 //! [`Branches::step`]); the time comes from the seed.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
-use super::{BranchEvent, Branches, DecodeCounts, State};
-use crate::decode::pt::events::evdec_seed::{self, Seed};
+use super::{BranchEvent, Branches, DecodeCounts, State, WalkBlocks};
+use crate::decode::pt::events::evdec::EventConfig;
+use crate::decode::pt::events::evdec_seed::{Seed, TimingScan};
 use crate::decode::pt::flow::block::{BlockDecoder, FlowConfig};
+use crate::decode::pt::flow::cache::BlockCache;
+use crate::decode::pt::flow::fast_blocks::FastBlocks;
 use crate::decode::pt::flow::image::ImageProvider;
+use crate::decode::pt::flow::insn_cache::InsnCache;
 use crate::decode::pt::packets::sync;
 use crate::decode::pt::timing::time::{Time, TimeCal};
 
@@ -173,8 +177,8 @@ pub struct Parallel {
     /// What the calling thread spent before the workers started: finding the PSBs to
     /// cut at. Sequential, so the floor of a decode on many cores.
     pub prepare: std::time::Duration,
-    /// What it spent after, beside the workers: the time at each cut (a walk over the
-    /// timing packets up to the last cut), which a piece's worker waits for.
+    /// What the workers spent, in all, on the time at each cut (a walk over the timing
+    /// packets up to the last cut), each before the piece that needed it.
     pub seeding: std::time::Duration,
 }
 
@@ -307,16 +311,71 @@ struct Piece<'a> {
     tainted: bool,
 }
 
+/// What a worker's decoder learned of the code and the buffers it filled, handed to the
+/// next piece its thread decodes.
+///
+/// Why: a piece's decoder starting cold decodes every block it meets for the first time
+/// again and writes fresh pages (qemu's real trace, 4 pieces on 2 threads: about 2 ms of
+/// CPU time over a 23 ms sequential decode). These are pure functions of the image, which every
+/// piece shares, as the sequential decoder keeps them over the whole trace; they change
+/// how fast a decode is, never what it gives.
+struct Learned {
+    cache: BlockCache,
+    insns: InsnCache,
+    fill_ips: Vec<u64>,
+    fast: Option<FastBlocks>,
+    walks: WalkBlocks,
+    /// The event batch (emptied at every checkpoint) and whether it is full-sized.
+    batch: (Vec<BranchEvent>, bool),
+}
+
 impl<'a> Branches<'a> {
-    /// A parallel worker: synchronized at the PSB at `offset` with `timing`.
+    /// Takes what this decoder learned, leaving it cold (a decoder the stitch uses to
+    /// decode a piece again only decodes slower).
+    fn take_learned(&mut self) -> Learned {
+        Learned {
+            cache: std::mem::replace(&mut self.dec.cache, BlockCache::for_trace(0)),
+            insns: std::mem::take(&mut self.dec.insns),
+            fill_ips: std::mem::take(&mut self.dec.fill_ips),
+            fast: self
+                .fast
+                .as_mut()
+                .map(|fast| std::mem::replace(fast, FastBlocks::for_trace(0))),
+            walks: std::mem::take(&mut self.walks),
+            batch: (
+                std::mem::take(&mut self.queue.buf),
+                std::mem::take(&mut self.queue.full_batch),
+            ),
+        }
+    }
+
+    /// Goes on with what another decoder of the same image learned.
+    fn learn(&mut self, learned: Learned) {
+        self.dec.cache = learned.cache;
+        self.dec.insns = learned.insns;
+        self.dec.fill_ips = learned.fill_ips;
+        if let (Some(fast), Some(learned)) = (self.fast.as_mut(), learned.fast) {
+            *fast = learned;
+        }
+        self.walks = learned.walks;
+        (self.queue.buf, self.queue.full_batch) = learned.batch;
+        self.queue.clear();
+    }
+
+    /// A parallel worker: synchronized at the PSB at `offset` with `timing`, with what
+    /// the thread's last piece learned.
     fn worker(
         trace: &'a [u8],
         image: &'a dyn ImageProvider,
         config: FlowConfig,
         offset: usize,
         timing: Option<(Time, TimeCal)>,
+        learned: Option<Learned>,
     ) -> Self {
         let mut branches = Self::new(trace, image, config);
+        if let Some(learned) = learned {
+            branches.learn(learned);
+        }
         branches.last_ip_known = false;
         branches.state = match branches.dec.sync_set_timed(offset, timing) {
             Ok(status) => State::Running(status),
@@ -426,7 +485,7 @@ struct Job<'a> {
     image: &'a dyn ImageProvider,
     config: FlowConfig,
     cuts: Vec<usize>,
-    seeds: Seeds,
+    seeds: Seeds<'a>,
     /// Piece i ends at the checkpoint for `ends[i]` (`usize::MAX`: the end of the trace).
     ends: Vec<usize>,
     keep_events: bool,
@@ -445,75 +504,49 @@ struct Queue<'a> {
 /// What takes a chunk of events; it gives the chunk back to be used again, or keeps it.
 type HandOut<'e> = dyn FnMut(Vec<BranchEvent>) -> Option<Vec<BranchEvent>> + 'e;
 
-/// The time at each cut, published by the calling thread as its scan passes the cut:
-/// piece `i`'s worker waits for cut `i - 1`'s only, and the first piece's for none, so
-/// the scan runs beside the decode instead of before it (qemu's real trace, 2 threads:
-/// 2 ms that every worker waited for).
-struct Seeds {
-    /// `None` until published.
-    known: Mutex<Vec<Option<Seed>>>,
-    published: Condvar,
+/// The time at each cut, from one scan of the timing packets that the workers take on
+/// as far as the piece they start needs (each part of it once).
+///
+/// Why the workers: the scan in a thread of its own competed with them for the cores
+/// until it ended (qemu's real trace on 2 cores: 3–7 ms of 16–22), and the hand-out,
+/// which ran it, was late for the first pieces while workers waited for it.
+struct Seeds<'a> {
+    scan: Mutex<TimingScan<'a>>,
+    /// Nanoseconds the workers spent scanning, in all.
+    spent: AtomicU64,
 }
 
-impl Seeds {
-    fn new(cuts: usize) -> Self {
+impl<'a> Seeds<'a> {
+    fn new(trace: &'a [u8], config: EventConfig, cuts: Vec<usize>) -> Self {
         Self {
-            known: Mutex::new(vec![None; cuts]),
-            published: Condvar::new(),
+            scan: Mutex::new(TimingScan::new(trace, config, cuts)),
+            spent: AtomicU64::new(0),
         }
     }
 
-    fn put(&self, i: usize, seed: Seed) {
-        if let Some(slot) = lock(&self.known).get_mut(i) {
-            *slot = Some(seed);
-        }
-        self.published.notify_all();
-    }
-
-    /// The seed of cut `i`, once published.
-    fn wait(&self, i: usize) -> Seed {
-        let mut known = lock(&self.known);
-        loop {
-            match known.get(i) {
-                Some(Some(seed)) => return *seed,
-                Some(None) => {
-                    known = self
-                        .published
-                        .wait(known)
-                        .unwrap_or_else(PoisonError::into_inner);
-                }
-                None => return None,
-            }
-        }
+    /// The seed of cut `i`, scanning on to it if no worker has yet.
+    fn get(&self, i: usize) -> Seed {
+        let mut scan = lock(&self.scan);
+        let started = std::time::Instant::now();
+        let seed = scan.seed(i);
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.spent.fetch_add(nanos, Ordering::Relaxed);
+        seed
     }
 }
 
-/// Publishes every seed the scan did not (it panicked) as unknown, so that no worker
-/// waits forever.
-struct SeedsDone<'s>(&'s Seeds);
-
-impl Drop for SeedsDone<'_> {
-    fn drop(&mut self) {
-        for slot in lock(&self.0.known).iter_mut() {
-            slot.get_or_insert(None);
-        }
-        self.0.published.notify_all();
-    }
-}
-
-/// Where a parallel decode's calling thread spent its time besides the hand-out.
+/// Where a parallel decode spent its time besides the pieces' decode and the hand-out.
 #[derive(Debug, Default)]
 struct Prepare {
     /// Cutting, before the workers start.
     cut: std::time::Duration,
-    /// The timing scan, beside them.
+    /// The timing scan, in the workers (all of them together).
     seed: std::time::Duration,
 }
 
 /// The decode of every piece, with the hand-out in the calling thread: `each` gets the
 /// events a chunk at a time and gives the chunk back to be used again, or keeps it.
-/// `prepare` gets the time spent cutting before the workers start and seeding beside
-/// them.
+/// `prepare` gets the time spent cutting before the workers start and seeding in them.
 fn run(
     trace: &[u8],
     image: &dyn ImageProvider,
@@ -533,7 +566,7 @@ fn run(
         trace,
         image,
         config,
-        seeds: Seeds::new(cuts.len()),
+        seeds: Seeds::new(trace, config.events, cuts.clone()),
         cuts,
         ends,
         keep_events,
@@ -549,14 +582,17 @@ fn run(
     let changed = Condvar::new();
     let next = AtomicUsize::new(0);
     let work = || {
+        let mut learned = None;
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             if i >= pieces {
                 break;
             }
-            // No more than `threads` pieces ahead of the hand-out.
+            // Kept events: no more than `threads` pieces ahead of the hand-out (their
+            // memory). Counted ones keep nothing: a worker whose piece ended before the
+            // one before it goes on instead of waiting.
             let mut q = lock(&queue);
-            while i >= q.consumed + threads && !q.stop {
+            while keep_events && i >= q.consumed + threads && !q.stop {
                 q = changed.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
             if q.stop {
@@ -571,13 +607,13 @@ fn run(
                 i,
                 piece: None,
             };
-            done.piece = Some(decode_piece(&job, i));
+            done.piece = Some(decode_piece(&job, i, &mut learned));
         }
     };
     if pieces == 1 {
         // Nothing to cut (a short trace): no threads, no waiting.
         let mut stitch = Stitch::new(&job, pieces);
-        stitch.add(0, decode_piece(&job, 0), each);
+        stitch.add(0, decode_piece(&job, 0, &mut None), each);
         return (stitch.counts, stitch.stats);
     }
     std::thread::scope(|scope| {
@@ -588,14 +624,6 @@ fn run(
             queue: &queue,
             changed: &changed,
         };
-        let seeding = std::time::Instant::now();
-        {
-            let done = SeedsDone(&job.seeds);
-            evdec_seed::timing_each(trace, &config.events, &job.cuts, &mut |i, seed| {
-                done.0.put(i, seed);
-            });
-        }
-        prepare.seed = seeding.elapsed();
         let mut stitch = Stitch::new(&job, pieces);
         for i in 0..pieces {
             let piece = {
@@ -611,6 +639,7 @@ fn run(
             lock(&queue).consumed = i + 1;
             changed.notify_all();
         }
+        prepare.seed = std::time::Duration::from_nanos(job.seeds.spent.load(Ordering::Relaxed));
         (stitch.counts, stitch.stats)
     })
 }
@@ -665,17 +694,25 @@ impl Piece<'_> {
     }
 }
 
-/// Decodes piece `i`.
-fn decode_piece<'a>(job: &Job<'a>, i: usize) -> Piece<'a> {
+/// Decodes piece `i`, starting with what the thread's last piece learned (`learned`),
+/// and leaves there what this one learned.
+fn decode_piece<'a>(job: &Job<'a>, i: usize, learned: &mut Option<Learned>) -> Piece<'a> {
     let (trace, image, config) = (job.trace, job.image, job.config);
     let end = job.ends.get(i).copied().unwrap_or(usize::MAX);
     let mut events = Vec::new();
     let (mut branches, start) = match i.checked_sub(1).and_then(|c| job.cuts.get(c)) {
-        None => (Branches::new(trace, image, config), None),
+        None => {
+            let mut branches = Branches::new(trace, image, config);
+            if let Some(learned) = learned.take() {
+                branches.learn(learned);
+            }
+            (branches, None)
+        }
         Some(&cut) => {
-            let seed = job.seeds.wait(i - 1);
-            let mut branches = Branches::worker(trace, image, config, cut, seed);
+            let seed = job.seeds.get(i - 1);
+            let mut branches = Branches::worker(trace, image, config, cut, seed, learned.take());
             if !branches.run_to(cut, &mut Sink::Drop) {
+                *learned = Some(branches.take_learned());
                 return Piece::none();
             }
             branches.take_counts();
@@ -695,6 +732,7 @@ fn decode_piece<'a>(job: &Job<'a>, i: usize) -> Piece<'a> {
     let more = branches.run_to(end, &mut sink);
     let counts = branches.take_counts();
     let tainted = branches.tainted;
+    *learned = Some(branches.take_learned());
     Piece {
         start,
         events,
