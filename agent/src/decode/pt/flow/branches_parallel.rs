@@ -31,7 +31,7 @@ use std::sync::{Condvar, Mutex, PoisonError};
 
 use super::{BranchEvent, Branches, DecodeCounts, State, WalkBlocks};
 use crate::decode::pt::events::evdec::EventConfig;
-use crate::decode::pt::events::evdec_seed::{Seed, TimingScan};
+use crate::decode::pt::events::evdec_seed::{self, Seed, TimingScan};
 use crate::decode::pt::flow::block::{BlockDecoder, FlowConfig};
 use crate::decode::pt::flow::cache::BlockCache;
 use crate::decode::pt::flow::fast_blocks::FastBlocks;
@@ -511,24 +511,35 @@ type HandOut<'e> = dyn FnMut(Vec<BranchEvent>) -> Option<Vec<BranchEvent>> + 'e;
 /// until it ended (qemu's real trace on 2 cores: 3–7 ms of 16–22), and the hand-out,
 /// which ran it, was late for the first pieces while workers waited for it.
 struct Seeds<'a> {
+    trace: &'a [u8],
+    config: EventConfig,
+    cuts: Vec<usize>,
     scan: Mutex<TimingScan<'a>>,
-    /// Nanoseconds the workers spent scanning, in all.
+    /// Nanoseconds the workers spent on seeds (scanning, or waiting for the scan), in all.
     spent: AtomicU64,
 }
 
 impl<'a> Seeds<'a> {
     fn new(trace: &'a [u8], config: EventConfig, cuts: Vec<usize>) -> Self {
         Self {
-            scan: Mutex::new(TimingScan::new(trace, config, cuts)),
+            trace,
+            config,
+            scan: Mutex::new(TimingScan::new(trace, config, cuts.clone())),
+            cuts,
             spent: AtomicU64::new(0),
         }
     }
 
-    /// The seed of cut `i`, scanning on to it if no worker has yet.
+    /// The seed of cut `i`: from the trace just before it where that tells
+    /// ([`evdec_seed::local_seed`]), else from the scan from the start, which goes on to
+    /// it if no worker has taken it that far yet.
     fn get(&self, i: usize) -> Seed {
-        let mut scan = lock(&self.scan);
         let started = std::time::Instant::now();
-        let seed = scan.seed(i);
+        let local = self
+            .cuts
+            .get(i)
+            .and_then(|&cut| evdec_seed::local_seed(self.trace, self.config, cut));
+        let seed = local.unwrap_or_else(|| lock(&self.scan).seed(i));
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.spent.fetch_add(nanos, Ordering::Relaxed);
         seed
