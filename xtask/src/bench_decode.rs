@@ -96,6 +96,7 @@ fn throughput(env: &BuildEnv, synth: &Path) -> Result<()> {
             &bin,
             &pt,
             &[format!("{}:0:0:0x400000", code.display())],
+            REPS,
         )?),
         None => None,
     };
@@ -126,6 +127,7 @@ fn shaped(env: &BuildEnv, dir: &Path, code: &Path, raw: &str) -> Result<()> {
                 bin,
                 &pt,
                 &[format!("{}:0:0:0x400000", code.display())],
+                REPS,
             )?),
             None => None,
         };
@@ -447,11 +449,11 @@ fn command_exists(name: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// libipt's best of [`REPS`] runs of `bin` ([`libipt_ref`]) over `pt` with code
+/// libipt's best of `reps` runs of `bin` ([`libipt_ref`]) over `pt` with code
 /// `sections` (`FILE:OFFSET:SIZE:ADDR`).
-pub(crate) fn libipt(bin: &Path, pt: &Path, sections: &[String]) -> Result<Reference> {
+pub(crate) fn libipt(bin: &Path, pt: &Path, sections: &[String], reps: usize) -> Result<Reference> {
     let mut best: Option<Reference> = None;
-    for _ in 0..REPS {
+    for _ in 0..reps {
         let text = output(Command::new(bin).arg(pt).args(sections))?;
         let mut r = Reference::default();
         for line in text.lines() {
