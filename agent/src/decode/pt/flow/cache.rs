@@ -102,6 +102,8 @@ impl CacheEntry {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct BlockCache {
     entries: HashMap<u64, u64, BuildHasherDefault<IpHasher>>,
+    /// The entries the table is made for at the first insert ([`Self::for_trace`]).
+    presized: usize,
 }
 
 /// A branch displacement the packed entry cannot hold: stored as none (the walk then
@@ -120,11 +122,13 @@ impl BlockCache {
     /// longer traces go round their code again (mruby: 111 B, qemu: 380 B). Capped, since
     /// the code, not the trace, bounds it. Each page of the table is a page fault
     /// (~3 µs on a VM), so a table sized too small pays twice: for the tables it
-    /// outgrows and for the moves.
+    /// outgrows and for the moves. Made at the first insert, not here: a parallel
+    /// decode's piece that goes on with another's cache (`branches_parallel.rs`) never
+    /// fills this one.
     pub(crate) fn for_trace(len: usize) -> Self {
-        let entries = (len / TRACE_BYTES_PER_ENTRY).min(PRESIZED_ENTRIES);
         Self {
-            entries: HashMap::with_capacity_and_hasher(entries, BuildHasherDefault::default()),
+            entries: HashMap::default(),
+            presized: (len / TRACE_BYTES_PER_ENTRY).min(PRESIZED_ENTRIES),
         }
     }
 
@@ -137,10 +141,16 @@ impl BlockCache {
 
     pub(crate) fn insert(&mut self, ip: u64, entry: CacheEntry) {
         if self.entries.len() == self.entries.capacity() {
-            // Twice as large: four times was fewer moves when the table started at
-            // an entry per 64 trace bytes, but its last growth could leave foo's 4,400
-            // entries in 16 Ki buckets, 64 pages where 32 hold them.
-            self.entries.reserve(self.entries.len().max(16));
+            // The first table as presized; then twice as large: four times was fewer
+            // moves when the table started at an entry per 64 trace bytes, but its last
+            // growth could leave foo's 4,400 entries in 16 Ki buckets, 64 pages where 32
+            // hold them.
+            let first = if self.entries.capacity() == 0 {
+                self.presized
+            } else {
+                0
+            };
+            self.entries.reserve(self.entries.len().max(first).max(16));
         }
         self.entries.insert(ip, pack(entry));
     }
