@@ -60,15 +60,17 @@ pub struct Split {
 }
 
 impl Split {
-    /// One piece per thread, none under 64 KiB (a worker's decode starts with cold
-    /// caches, so fewer, larger pieces are faster), and up to two per thread where each
-    /// has 512 KiB ([`Split::balance_bytes`]; on the real qemu KVM-PT trace, 2 MiB on 2
-    /// cores: 22.5 → 19.9 ms; on mruby, 0.7 MiB, 4 pieces were 12 % slower than 2).
+    /// One piece per thread, none under 16 KiB (each thread's first piece starts with
+    /// cold caches: a trace much shorter is decoded faster whole; the real avscript_32
+    /// trace, 96 KiB, on 2 cores in 2 pieces: 3.21 → 2.59 ms best of 31, where 64 KiB
+    /// kept it whole), and up to two per thread where each has 512 KiB
+    /// ([`Split::balance_bytes`]; on the real qemu KVM-PT trace, 2 MiB on 2 cores: 22.5 →
+    /// 19.9 ms; on mruby, 0.7 MiB, 4 pieces were 7–12 % slower than 2).
     pub fn threads(threads: usize) -> Self {
         Self {
             threads: threads.max(1),
             pieces: threads.max(1),
-            min_bytes: 64 << 10,
+            min_bytes: 16 << 10,
             max_bytes: usize::MAX,
             balance_bytes: 512 << 10,
         }
