@@ -61,7 +61,7 @@ pub struct Split {
 
 impl Split {
     /// One piece per thread, none under 16 KiB (each thread's first piece starts with
-    /// cold caches: a trace much shorter is decoded faster whole; the real avscript_32
+    /// cold caches: a trace much shorter is decoded faster whole; the real `avscript_32`
     /// trace, 96 KiB, on 2 cores in 2 pieces: 3.21 → 2.59 ms best of 31, where 64 KiB
     /// kept it whole), and up to two per thread where each has 512 KiB
     /// ([`Split::balance_bytes`]; on the real qemu KVM-PT trace, 2 MiB on 2 cores: 22.5 →
