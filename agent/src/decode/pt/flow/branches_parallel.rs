@@ -515,7 +515,6 @@ type HandOut<'e> = dyn FnMut(Vec<BranchEvent>) -> Option<Vec<BranchEvent>> + 'e;
 struct Seeds<'a> {
     trace: &'a [u8],
     config: EventConfig,
-    cuts: Vec<usize>,
     scan: Mutex<TimingScan<'a>>,
     /// Nanoseconds the workers spent on seeds (scanning, or waiting for the scan), in all.
     spent: AtomicU64,
@@ -526,22 +525,18 @@ impl<'a> Seeds<'a> {
         Self {
             trace,
             config,
-            scan: Mutex::new(TimingScan::new(trace, config, cuts.clone())),
-            cuts,
+            scan: Mutex::new(TimingScan::new(trace, config, cuts)),
             spent: AtomicU64::new(0),
         }
     }
 
-    /// The seed of cut `i`: from the trace just before it where that tells
+    /// The seed of cut `i` (at `cut`): from the trace just before it where that tells
     /// ([`evdec_seed::local_seed`]), else from the scan from the start, which goes on to
     /// it if no worker has taken it that far yet.
-    fn get(&self, i: usize) -> Seed {
+    fn get(&self, i: usize, cut: usize) -> Seed {
         let started = std::time::Instant::now();
-        let local = self
-            .cuts
-            .get(i)
-            .and_then(|&cut| evdec_seed::local_seed(self.trace, self.config, cut));
-        let seed = local.unwrap_or_else(|| lock(&self.scan).seed(i));
+        let seed = evdec_seed::local_seed(self.trace, self.config, cut)
+            .unwrap_or_else(|| lock(&self.scan).seed(i));
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.spent.fetch_add(nanos, Ordering::Relaxed);
         seed
@@ -722,7 +717,7 @@ fn decode_piece<'a>(job: &Job<'a>, i: usize, learned: &mut Option<Learned>) -> P
             (branches, None)
         }
         Some(&cut) => {
-            let seed = job.seeds.get(i - 1);
+            let seed = job.seeds.get(i - 1, cut);
             let mut branches = Branches::worker(trace, image, config, cut, seed, learned.take());
             if !branches.run_to(cut, &mut Sink::Drop) {
                 *learned = Some(branches.take_learned());

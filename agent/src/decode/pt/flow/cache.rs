@@ -145,12 +145,12 @@ impl BlockCache {
             // moves when the table started at an entry per 64 trace bytes, but its last
             // growth could leave foo's 4,400 entries in 16 Ki buckets, 64 pages where 32
             // hold them.
-            let first = if self.entries.capacity() == 0 {
+            let more = if self.entries.capacity() == 0 {
                 self.presized
             } else {
-                0
+                self.entries.len()
             };
-            self.entries.reserve(self.entries.len().max(first).max(16));
+            self.entries.reserve(more.max(16));
         }
         self.entries.insert(ip, pack(entry));
     }
