@@ -397,16 +397,15 @@ impl Branches<'_> {
         if self.fast.is_none() {
             return false;
         }
-        // Code not walked before (no cache entry where the next block starts, so none
-        // the table can take): a run would stop at its first block and leave it to the
-        // general path, which fills the cache. It is left to it here, without a run's
-        // start and end (foo: 2,710 runs before, 419 now).
-        if self.held.is_none() && self.dec.cache.get(self.dec.ip, self.dec.mode).is_none() {
-            return false;
-        }
         let Some(mut fast) = Fast::enter(&self.dec) else {
             return false;
         };
+        // A block the table cannot take (nor resolve: a far transfer, code that leaves
+        // its piece) would stop a run at its first block and leave it to the general
+        // path: left to it here, without a run's start and end (~500 instructions).
+        if self.held.is_none() && !self.first_block_ready() {
+            return false;
+        }
         let full = self.queue.full_batch;
         let cap = if full { BATCH } else { FIRST_BATCH };
         if self.queue.buf.len() < cap {
@@ -426,7 +425,7 @@ impl Branches<'_> {
         let code = Code {
             trace: dec.evdec.pkt.trace(),
             image: dec.image,
-            cache: &dec.cache,
+            cache: &mut dec.cache,
         };
         let retstack = dec.retstack.view();
         let buf = &mut self.queue.buf;
@@ -463,6 +462,26 @@ impl Branches<'_> {
                 true
             }
             Stop::Pause => false,
+        }
+    }
+
+    /// Whether the fast table holds the block at the decoder's IP, resolving it (from
+    /// the cache, or decoded on a first visit) into the table if not.
+    fn first_block_ready(&mut self) -> bool {
+        let (ip, mode) = (self.dec.ip, self.dec.mode);
+        let Some(table) = self.fast.as_mut() else {
+            return false;
+        };
+        let view = table.view(mode);
+        if view.at(view.slot_of(ip), ip).is_some() {
+            return true;
+        }
+        match fast_blocks::resolve(self.image, &mut self.dec.cache, ip, mode) {
+            Some(block) => {
+                table.insert(block);
+                true
+            }
+            None => false,
         }
     }
 
@@ -515,6 +534,11 @@ fn run<const N: usize>(
     retstack: RetView<'_>,
     walks: &mut WalkBlocks,
 ) -> Stop {
+    let Code {
+        trace,
+        image,
+        cache,
+    } = code;
     let mode = fast.mode;
     let mut st = Locals {
         ip: fast.ip,
@@ -535,7 +559,7 @@ fn run<const N: usize>(
     };
     let mut resolved = None;
     let mut loops = Loops {
-        trace: code.trace,
+        trace,
         fast,
         tally,
         // Top and length in the loop's own frame (a view): through a `&mut RetStack`
@@ -544,7 +568,7 @@ fn run<const N: usize>(
         retstack,
         buf,
         walks,
-        image: code.image,
+        image,
     };
     let stop = loop {
         // No block count at one offset can reach the stall limit in this round: the
@@ -562,7 +586,7 @@ fn run<const N: usize>(
             // not resolve (or, which cannot happen, is not found after) is the general
             // path's.
             Step::Miss if resolved == Some(st.ip) => break Stop::Pause,
-            Step::Miss => match fast_blocks::resolve(code.image, code.cache, st.ip, mode) {
+            Step::Miss => match fast_blocks::resolve(image, cache, st.ip, mode) {
                 Some(block) => {
                     table.insert(block);
                     resolved = Some(st.ip);
@@ -644,12 +668,12 @@ impl Locals {
 }
 
 /// What the fast loop reads besides the trace position: the trace, the image and the
-/// block cache (borrowed apart from the return stack, which the loop changes).
-#[derive(Clone, Copy)]
+/// block cache (borrowed apart from the return stack, which the loop changes; a first
+/// visit adds to the cache).
 struct Code<'a, 'c> {
     trace: &'a [u8],
     image: &'a dyn ImageProvider,
-    cache: &'c BlockCache,
+    cache: &'c mut BlockCache,
 }
 
 /// What the fast loop works on besides its locals.

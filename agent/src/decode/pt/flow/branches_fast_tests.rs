@@ -573,3 +573,35 @@ fn the_fast_path_stalls_where_the_general_one_does() {
         assert!(!errors.is_empty(), "{what}: no stall reported");
     }
 }
+
+/// Straight-line code first walked from its middle, then from its start: the general
+/// walk's fill joins the entry the first walk left and, where that entry holds 255
+/// instructions, ends the block there (the joined run would not fit an entry). The fast
+/// path's first-visit decode must give the same blocks: it takes only blocks short
+/// enough that no entry inside them can be that long.
+#[test]
+fn a_first_visit_through_code_walked_from_its_middle_ends_where_the_general_walk_does() {
+    // 0x1000: jmp rax; 0x1002: 300 nops; jmp 0x1000.
+    let mut code = vec![0xff, 0xe0];
+    code.extend_from_slice(&[0x90; 300]);
+    code.push(0xe9);
+    let back = -i32::try_from(code.len() + 4).unwrap_or(0);
+    code.extend_from_slice(&back.to_le_bytes());
+    let mut image = Image::new();
+    image.add("nops", code, 0x1000);
+    // PSB+ (64-bit, FUP at 0x1000); TIPs to 0x1030 (254 nops and the jmp from there),
+    // to 0x1002 (the run's start) and to 0x1030 again, twice over.
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    for _ in 0..2 {
+        trace.extend_from_slice(&[0x2d, 0x30, 0x10, 0x2d, 0x02, 0x10]);
+    }
+    trace.extend_from_slice(&PSB);
+    let (_, blocks) = same_blocks(
+        &trace,
+        &image,
+        FlowConfig::default(),
+        "nops from the middle",
+    );
+    assert!(blocks >= 8, "{blocks} blocks");
+}

@@ -70,6 +70,36 @@ pub(crate) struct FastBlock {
 }
 
 impl FastBlock {
+    /// The cache entry the general walk's fill leaves at the block's start: one run to
+    /// the branch and what the branch is. `None` where an entry cannot hold the block
+    /// (over 255 instructions or 32 KiB) or the branch's size (8 bytes or more: the
+    /// walk would decode it again, and [`resolve`] leaves such blocks to it).
+    fn entry(&self) -> Option<CacheEntry> {
+        let qualifier = match self.exit {
+            Exit::Cond => Qualifier::Cond,
+            Exit::DirectCall => Qualifier::DirectCall,
+            Exit::DirectJump => Qualifier::DirectJump,
+            Exit::Return => Qualifier::Return,
+            Exit::IndirectCall => Qualifier::IndirectCall,
+            Exit::IndirectJump => Qualifier::Indirect,
+        };
+        let direct = matches!(self.exit, Exit::Cond | Exit::DirectCall | Exit::DirectJump);
+        let disp = if direct {
+            Some(i32::try_from(self.target.wrapping_sub(self.fall).cast_signed()).ok()?)
+        } else {
+            None
+        };
+        (self.size < 8).then_some(())?;
+        Some(CacheEntry {
+            displacement: i16::try_from(self.end_ip.wrapping_sub(self.ip).cast_signed()).ok()?,
+            ninsn: u8::try_from(self.ninsn).ok()?,
+            mode: self.mode,
+            qualifier,
+            isize: self.size,
+            disp,
+        })
+    }
+
     /// An unused slot. Its address is looked up in another slot, which holds no such
     /// empty block ([`FastBlocks::with_slots`]), so that it matches no lookup.
     const EMPTY: Self = Self {
@@ -91,16 +121,44 @@ impl FastBlock {
 /// Cache runs one block may chain before it is left to the general walk.
 const MAX_CHAIN: usize = 256;
 
-/// The block starting at `ip` in `mode`, if the cache holds all of it.
+/// The most instructions of a block [`resolve`] decodes from the image; a longer one is
+/// the general walk's. Why 255: the general walk's first visit is one run up to the
+/// block's branch only where no entry it joins on the way splits it. Its fill ends a
+/// block after 1,024 instructions (`FILL_STEPS`), and where it joins an entry of 255
+/// instructions that the joined run would overflow (an entry made by an earlier walk
+/// that started inside this run); an entry inside a block of at most 255 instructions
+/// holds fewer, so up to there the walk's block is the decoded run whatever the cache
+/// holds (`a_first_visit_through_code_walked_from_its_middle_ends_where_the_general_walk_does`
+/// fails at 1,024).
+const FIRST_VISIT_MAX: u16 = u8::MAX as u16;
+
+/// The block starting at `ip` in `mode`: from the cache if it holds all of it; where it
+/// holds nothing at `ip` (code seen for the first time), decoded from the image
+/// ([`resolve_decoded`]).
+///
+/// Why decoded here and not left to the general walk: a first visit there cost ~330
+/// instructions an instruction (the length decoder ~130, the walk that fills the cache
+/// and its entries ~200) and ~220 a block to resolve and insert it after; that was half
+/// of a 29 KB real trace's decode (foo: 2,559 first visits, 9,565 instructions). Here
+/// it is the length decoder and a short loop. The cache is not filled: the general walk
+/// fills it where it goes itself (a block with an event inside, a hand-over), except
+/// for the one entry a fill would leave where the block starts ([`FastBlock::entry`]):
+/// without it, a block that a busy table evicts was decoded again at its next visit
+/// (qemu's trace: 5× the length decoder's work).
 pub(crate) fn resolve(
     image: &dyn ImageProvider,
-    cache: &BlockCache,
+    cache: &mut BlockCache,
     ip: u64,
     mode: ExecMode,
 ) -> Option<FastBlock> {
-    // The cache first: code seen for the first time (no entry) is the common miss, and
-    // the image's lookup costs more.
-    let mut entry: CacheEntry = cache.get(ip, mode)?;
+    // The cache first: the image's lookup costs more.
+    let Some(mut entry) = cache.get(ip, mode) else {
+        let block = resolve_decoded(image, ip, mode, FIRST_VISIT_MAX)?;
+        if let Some(entry) = block.entry() {
+            cache.insert(ip, entry);
+        }
+        return Some(block);
+    };
     let mapping = image.mapping(ip).ok()?;
     let mut at = ip;
     let mut ninsn = 0u16;
@@ -198,12 +256,13 @@ impl<'a> View<'a> {
     }
 }
 
-/// The block starting at `ip` in `mode`, decoded from the image: for code the general
-/// walk has only gone through with an event due (it fills no cache there), such as the
-/// path from the last traced branch to the one that leaves the traced range. The same
-/// block the cache would give ([`resolve`]): straight-line code in one mapped piece up
-/// to its first near branch; `None` for anything else (a far transfer, PTWRITE, code
-/// that runs past its piece, a run over `max` instructions).
+/// The block starting at `ip` in `mode`, decoded from the image: for code seen for the
+/// first time ([`resolve`]) and for code the general walk has only gone through with an
+/// event due (it fills no cache there), such as the path from the last traced branch to
+/// the one that leaves the traced range. The same block the cache would give:
+/// straight-line code in one mapped piece up to its first near branch; `None` for
+/// anything else (a far transfer, PTWRITE, code that runs past its piece, a run over
+/// `max` instructions).
 pub(crate) fn resolve_decoded(
     image: &dyn ImageProvider,
     ip: u64,
@@ -211,16 +270,18 @@ pub(crate) fn resolve_decoded(
     max: u16,
 ) -> Option<FastBlock> {
     let mapping = image.mapping(ip).ok()?;
+    // The piece's bytes, lent where the image can (as the general walk's fill): no
+    // lookup and copy an instruction.
+    let code = image.code(ip).filter(|&(begin, bytes)| {
+        begin == mapping.begin && mapping.end - begin == bytes.len() as u64
+    });
     let mut at = ip;
     let mut ninsn = 0u16;
     loop {
-        let insn = insn::decode(image, at, mode).ok()?;
-        if insn.truncated || insn.isid != mapping.isid || !mapping.contains(at) {
-            return None;
-        }
+        let (size, class, displacement) = decoded_at(image, code, at, mode)?;
         ninsn += 1;
-        let fall = insn.end();
-        let (exit, push_ret) = match (insn.class, insn.displacement) {
+        let fall = at.wrapping_add(u64::from(size));
+        let (exit, push_ret) = match (class, displacement) {
             (InsnClass::Other, _) if ninsn < max && mapping.contains(fall) => {
                 at = fall;
                 continue;
@@ -238,16 +299,36 @@ pub(crate) fn resolve_decoded(
             mode,
             end_ip: at,
             fall,
-            target: fall.wrapping_add_signed(insn.displacement.unwrap_or(0)),
+            target: fall.wrapping_add_signed(displacement.unwrap_or(0)),
             isid: mapping.isid,
             target_slot: 0,
             fall_slot: 0,
             ninsn,
-            size: insn.size,
+            size,
             exit,
             push_ret,
         });
     }
+}
+
+/// The size, class and branch displacement of the instruction at `at`, which lies in
+/// the piece whose bytes are `code` (where lent); `None` where it runs past the piece or
+/// is not an instruction.
+fn decoded_at(
+    image: &dyn ImageProvider,
+    code: Option<(u64, &[u8])>,
+    at: u64,
+    mode: ExecMode,
+) -> Option<(u8, InsnClass, Option<i64>)> {
+    let Some((begin, bytes)) = code else {
+        let insn = insn::decode(image, at, mode).ok()?;
+        return (!insn.truncated).then_some((insn.size, insn.class, insn.displacement));
+    };
+    let rest = bytes.get(usize::try_from(at.wrapping_sub(begin)).ok()?..)?;
+    let avail = rest.get(..insn::MAX_INSN_SIZE).unwrap_or(rest);
+    // Too few bytes left: the instruction runs past the piece (truncated).
+    let (size, class, _, displacement) = insn::classify(avail, at, mode).ok()?;
+    Some((size, class, displacement))
 }
 
 /// Slots of a new table; it doubles (up to [`MAX_SLOTS`]) when blocks keep evicting
