@@ -274,7 +274,20 @@ impl Prefixes {
 
 /// Size, class, kind and displacement of the instruction at the start of `bytes`, where
 /// this decoder knows it; `None` leaves it to iced-x86.
+#[inline]
 pub(super) fn classify(bytes: &[u8], ip: u64, mode: ExecMode) -> Option<Classified> {
+    if mode == ExecMode::Bits64
+        && let Some(common) = classify_common(bytes)
+    {
+        return Some(common);
+    }
+    classify_general(bytes, ip, mode)
+}
+
+/// [`classify`] for every form this decoder knows (prefixes, 32-bit code, the 0F map,
+/// the groups).
+#[inline(never)]
+fn classify_general(bytes: &[u8], ip: u64, mode: ExecMode) -> Option<Classified> {
     let long = match mode {
         ExecMode::Bits64 => true,
         // Above this, a 32-bit IP wraps inside the instruction.
@@ -298,6 +311,129 @@ pub(super) fn classify(bytes: &[u8], ip: u64, mode: ExecMode) -> Option<Classifi
         target.wrapping_sub(next).cast_signed()
     });
     Some((size, class, kind, displacement))
+}
+
+/// The operand bytes after a one-byte opcode of 64-bit code without legacy prefixes,
+/// as [`Form`] gives them ([`COMMON`]): only the forms whose length needs nothing but a
+/// `ModRM` and REX.W.
+mod common {
+    /// Not taken here: [`super::classify`]'s general path decides.
+    pub const NO: u8 = 0;
+    pub const BARE: u8 = 1;
+    pub const M: u8 = 2;
+    pub const M_I8: u8 = 3;
+    pub const M_I32: u8 = 4;
+    pub const I8: u8 = 5;
+    pub const I32: u8 = 6;
+    /// MOV r, imm: 64 bits with REX.W, else 32.
+    pub const IV: u8 = 7;
+    /// LEA: a `ModRM` with a memory operand.
+    pub const LEA: u8 = 8;
+}
+
+/// [`ONE`]'s forms as [`common`] codes (the branches, groups and rarer forms are not).
+const COMMON: [u8; 256] = common_map();
+
+const fn common_map() -> [u8; 256] {
+    let mut t = [common::NO; 256];
+    let mut op = 0;
+    while op < 256 {
+        t[op] = match ONE[op] {
+            Form::Bare => common::BARE,
+            Form::M => common::M,
+            Form::MI8 => common::M_I8,
+            Form::MIz => common::M_I32,
+            Form::I8 => common::I8,
+            Form::Iz => common::I32,
+            Form::Iv => common::IV,
+            Form::Lea => common::LEA,
+            _ => common::NO,
+        };
+        op += 1;
+    }
+    t
+}
+
+/// [`classify`] for what compilers emit most, in 64-bit code: no legacy prefix, maybe
+/// REX, a one-byte opcode of a plain form, a near relative branch (Jcc, JMP, CALL, the
+/// 0F Jcc), RET, or an FF group instruction; `None` for anything else (the general path
+/// then decides, as before). Why: a first visit of code decodes every instruction once,
+/// and the general path's prefix loop, form dispatch and checks cost ~125 instructions
+/// an instruction (callgrind, foo's trace), most of a short trace's first visits.
+#[inline(never)]
+fn classify_common(bytes: &[u8]) -> Option<Classified> {
+    let b0 = *bytes.first()?;
+    let (rex_w, at) = if b0 & 0xf0 == 0x40 {
+        (b0 & 0x08 != 0, 1)
+    } else {
+        (false, 0)
+    };
+    let op = *bytes.get(at)?;
+    let at = at + 1;
+    let (operands, kind, disp) = match COMMON[usize::from(op)] {
+        common::NO => match op {
+            0x70..=0x7f | 0xeb => {
+                let disp = i64::from(i8::from_le_bytes([*bytes.get(at)?]));
+                let kind = if op == 0xeb {
+                    (InsnClass::Jump, InsnKind::JmpDirect)
+                } else {
+                    (InsnClass::CondJump, InsnKind::Jcc)
+                };
+                (1, kind, Some(disp))
+            }
+            0xe8 | 0xe9 => {
+                let kind = if op == 0xe8 {
+                    (InsnClass::Call, InsnKind::CallDirect)
+                } else {
+                    (InsnClass::Jump, InsnKind::JmpDirect)
+                };
+                (4, kind, Some(rel32(bytes, at)?))
+            }
+            0xc3 => (0, (InsnClass::Return, InsnKind::Ret), None),
+            0x0f => match *bytes.get(at)? {
+                0x80..=0x8f => (
+                    5,
+                    (InsnClass::CondJump, InsnKind::Jcc),
+                    Some(rel32(bytes, at + 1)?),
+                ),
+                _ => return None,
+            },
+            0xff => {
+                let kind = match *bytes.get(at)? >> 3 & 7 {
+                    0 | 1 | 6 => OTHER,
+                    2 => (InsnClass::Call, InsnKind::CallIndirect),
+                    4 => (InsnClass::Jump, InsnKind::JmpIndirect),
+                    _ => return None,
+                };
+                (modrm_len(bytes, at)?, kind, None)
+            }
+            _ => return None,
+        },
+        common::BARE => (0, OTHER, None),
+        common::M => (modrm_len(bytes, at)?, OTHER, None),
+        common::M_I8 => (modrm_len(bytes, at)? + 1, OTHER, None),
+        common::M_I32 => (modrm_len(bytes, at)? + 4, OTHER, None),
+        common::I8 => (1, OTHER, None),
+        common::I32 => (4, OTHER, None),
+        common::IV => (if rex_w { 8 } else { 4 }, OTHER, None),
+        _ if *bytes.get(at)? >> 6 != 3 => (modrm_len(bytes, at)?, OTHER, None),
+        _ => return None,
+    };
+    let size = at + operands;
+    if size > bytes.len() {
+        return None;
+    }
+    // (At most 1 + 1 + 5 + 8 bytes: within MAX_INSN_SIZE.)
+    let size = u8::try_from(size).ok()?;
+    Some((size, kind.0, kind.1, disp))
+}
+
+/// The 32-bit displacement at `at`, sign-extended.
+fn rel32(bytes: &[u8], at: usize) -> Option<i64> {
+    let raw = bytes.get(at..at + 4)?;
+    Some(i64::from(i32::from_le_bytes([
+        raw[0], raw[1], raw[2], raw[3],
+    ])))
 }
 
 /// The prefixes and where the opcode is; `None` for more than four legacy prefixes, a
@@ -407,11 +543,7 @@ fn operands(bytes: &[u8], at: usize, form: Form, pre: Prefixes, long: bool) -> O
             let disp = i64::from(i8::from_le_bytes([*bytes.get(at)?]));
             (1, rel_kind(rel), Some(disp))
         }
-        Form::Rel32(rel) => {
-            let raw = bytes.get(at..at + 4)?;
-            let disp = i64::from(i32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]));
-            (4, rel_kind(rel), Some(disp))
-        }
+        Form::Rel32(rel) => (4, rel_kind(rel), Some(rel32(bytes, at)?)),
     })
 }
 
