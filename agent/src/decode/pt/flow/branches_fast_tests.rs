@@ -71,6 +71,39 @@ fn the_fast_path_matches_the_general_one_on_encoded_traces() {
     }
 }
 
+/// An image that reads but does not lend its bytes (as an image provider without
+/// `code` does): the first visits' decode reads each instruction instead.
+struct ReadOnly<'a>(&'a Image);
+
+impl ImageProvider for ReadOnly<'_> {
+    fn read(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+    ) -> Result<
+        (usize, crate::decode::pt::flow::image::Mapping),
+        crate::decode::pt::flow::image::NoCode,
+    > {
+        self.0.read(addr, buf)
+    }
+}
+
+#[test]
+fn the_fast_path_matches_the_general_one_where_the_image_does_not_lend_its_bytes() {
+    for seed in 1..6 {
+        let (trace, image) = synth(seed, 2 + usize::try_from(seed).unwrap_or(0) * 4, 16 * 1024);
+        let read_only = ReadOnly(&image);
+        assert!(read_only.code(CODE_BASE).is_none());
+        let fast = same(
+            &trace,
+            &read_only,
+            FlowConfig::default(),
+            &format!("seed {seed}, read only"),
+        );
+        assert!(fast > 500, "seed {seed}: only {fast} fast blocks");
+    }
+}
+
 /// `trace` with other packets inserted at random packet boundaries after the first PSB+:
 /// timing packets and PADs (which the fast path reads too), MODE.Exec and CBR (which it
 /// leaves to the general path), and junk.
