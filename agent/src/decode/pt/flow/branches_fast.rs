@@ -390,7 +390,8 @@ const NO_EVENT: BranchEvent = BranchEvent {
 
 impl Branches<'_> {
     /// Decodes blocks on the fast path while it can; false if it could not take even
-    /// one (then nothing changed).
+    /// one (then no event and none of the decode's state changed; the fast table and
+    /// the block cache may hold the block at the decoder's IP now).
     pub(super) fn run_fast(&mut self) -> bool {
         // (Not through `Option::then` and `flatten`: each moved the 268-byte state
         // once more, a memcpy call per run.)
@@ -914,9 +915,9 @@ fn toggle_walk(
         let next = if let Some(next) = view.at(view.slot_of(ip), ip) {
             *next
         } else {
-            (*walks
-                .entry((ip, mode))
-                .or_insert_with(|| fast_blocks::resolve_decoded(image, ip, mode, TOGGLE_BLOCK)))?
+            (*walks.entry((ip, mode)).or_insert_with(|| {
+                fast_blocks::resolve_decoded(image, ip, mode, TOGGLE_BLOCK, None)
+            }))?
         };
         if (next.ip..=next.end_ip).contains(&off) {
             return None;

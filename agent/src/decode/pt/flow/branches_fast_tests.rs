@@ -638,3 +638,57 @@ fn a_first_visit_through_code_walked_from_its_middle_ends_where_the_general_walk
     );
     assert!(blocks >= 8, "{blocks} blocks");
 }
+
+/// A first visit's block ending in a branch of 8 bytes (an indirect jump through a
+/// table with REX and SIB), then a walk into the code before it: the entry the first
+/// visit leaves is the general walk's (its branch size too long for an entry, kept as
+/// none), so the later walk joins it alike. Found in review: an entry left out there
+/// let the fast path's later walk go on where the general one ends its block.
+#[test]
+fn a_first_visit_ending_in_a_long_branch_leaves_the_general_walks_entry() {
+    // 0x1000: jmp rax; 0x1002: 264 nops; 0x110a: jmp [r8*8+0x1000] (8 bytes).
+    let mut code = vec![0xff, 0xe0];
+    code.extend_from_slice(&[0x90; 264]);
+    code.extend_from_slice(&[0x42, 0xff, 0x24, 0xc5, 0x00, 0x10, 0x00, 0x00]);
+    let mut image = Image::new();
+    image.add("nops", code, 0x1000);
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    // TIPs: to 0x100c (254 nops and the jump), to 0x1000, to 0x1002 (the run's start),
+    // to 0x1000; twice over.
+    for _ in 0..2 {
+        trace.extend_from_slice(&[
+            0x2d, 0x0c, 0x10, 0x2d, 0x00, 0x10, 0x2d, 0x02, 0x10, 0x2d, 0x00, 0x10,
+        ]);
+    }
+    trace.extend_from_slice(&PSB);
+    let (_, blocks) = same_blocks(&trace, &image, FlowConfig::default(), "8-byte branch");
+    assert!(blocks >= 8, "{blocks} blocks");
+}
+
+/// Straight-line code longer than a fill's step limit (1,123 instructions): the fill
+/// ends the first walk's block after 1,024 and leaves an entry that goes on to the next
+/// instruction; a first visit whose block holds that entry, then a walk from just
+/// before it, end their blocks where the general walk does. Found in review: the
+/// first visit's entry (one run to the branch) let the later walk's fill overflow
+/// where the general one's did not.
+#[test]
+fn a_first_visit_over_an_entry_left_at_the_step_limit_is_the_general_walks() {
+    // 0x1000: jmp rax; 0x1002..0x1465: 1,123 nops; 0x1465: jmp rax.
+    let mut code = vec![0xff, 0xe0];
+    code.extend_from_slice(&[0x90; 0x1465 - 0x1002]);
+    code.extend_from_slice(&[0xff, 0xe0]);
+    let mut image = Image::new();
+    image.add("nops", code, 0x1000);
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    // From the run's start (the fill stops at its limit), from 0x1367 (254 nops and
+    // the jump), from 0x135d (ten more), each back through 0x1000.
+    for to in [0x1002u16, 0x1367, 0x135d] {
+        let [lo, hi] = to.to_le_bytes();
+        trace.extend_from_slice(&[0x2d, lo, hi, 0x2d, 0x00, 0x10]);
+    }
+    trace.extend_from_slice(&PSB);
+    let (_, blocks) = same_blocks(&trace, &image, FlowConfig::default(), "step limit inside");
+    assert!(blocks >= 7, "{blocks} blocks");
+}

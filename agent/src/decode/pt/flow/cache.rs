@@ -104,6 +104,10 @@ pub(crate) struct BlockCache {
     entries: HashMap<u64, u64, BuildHasherDefault<IpHasher>>,
     /// The entries the table is made for at the first insert ([`Self::for_trace`]).
     presized: usize,
+    /// A fill has ended a run of straight-line code at its step limit: the cache may
+    /// hold entries that go on to the next instruction (`Qualifier::Again`) inside
+    /// straight-line code ([`Self::note_step_limit`]).
+    step_limited: bool,
 }
 
 /// A branch displacement the packed entry cannot hold: stored as none (the walk then
@@ -129,7 +133,22 @@ impl BlockCache {
         Self {
             entries: HashMap::default(),
             presized: (len / TRACE_BYTES_PER_ENTRY).min(PRESIZED_ENTRIES),
+            step_limited: false,
         }
+    }
+
+    /// Notes that a fill stopped at its step limit and left an entry that goes on
+    /// inside straight-line code. Why: a fill that later joins such an entry leaves a
+    /// different entry where it starts than one run to the branch, so the fast path's
+    /// first visits ([`super::fast_blocks::resolve`]) then look for entries inside the
+    /// blocks they decode.
+    pub(crate) fn note_step_limit(&mut self) {
+        self.step_limited = true;
+    }
+
+    /// Whether a fill ever stopped at its step limit since the cache was made or cleared.
+    pub(crate) fn step_limited(&self) -> bool {
+        self.step_limited
     }
 
     /// The entry for `ip` in `mode`, if one is cached.
@@ -157,6 +176,7 @@ impl BlockCache {
 
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
+        self.step_limited = false;
     }
 }
 

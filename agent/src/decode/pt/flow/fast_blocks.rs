@@ -71,9 +71,10 @@ pub(crate) struct FastBlock {
 
 impl FastBlock {
     /// The cache entry the general walk's fill leaves at the block's start: one run to
-    /// the branch and what the branch is. `None` where an entry cannot hold the block
-    /// (over 255 instructions or 32 KiB) or the branch's size (8 bytes or more: the
-    /// walk would decode it again, and [`resolve`] leaves such blocks to it).
+    /// the branch and what the branch is, as `CacheEntry::for_insn` makes it (a size of
+    /// 8 bytes or more kept as 0, a displacement beyond 32 bits as none) and the fill's
+    /// backward pass extends it. `None` where an entry cannot hold the block (over 255
+    /// instructions or 32 KiB; [`resolve`] decodes none such).
     fn entry(&self) -> Option<CacheEntry> {
         let qualifier = match self.exit {
             Exit::Cond => Qualifier::Cond,
@@ -84,19 +85,15 @@ impl FastBlock {
             Exit::IndirectJump => Qualifier::Indirect,
         };
         let direct = matches!(self.exit, Exit::Cond | Exit::DirectCall | Exit::DirectJump);
-        let disp = if direct {
-            Some(i32::try_from(self.target.wrapping_sub(self.fall).cast_signed()).ok()?)
-        } else {
-            None
-        };
-        (self.size < 8).then_some(())?;
         Some(CacheEntry {
             displacement: i16::try_from(self.end_ip.wrapping_sub(self.ip).cast_signed()).ok()?,
             ninsn: u8::try_from(self.ninsn).ok()?,
             mode: self.mode,
             qualifier,
-            isize: self.size,
-            disp,
+            isize: if self.size < 8 { self.size } else { 0 },
+            disp: direct
+                .then(|| i32::try_from(self.target.wrapping_sub(self.fall).cast_signed()).ok())
+                .flatten(),
         })
     }
 
@@ -129,7 +126,10 @@ const MAX_CHAIN: usize = 256;
 /// that started inside this run); an entry inside a block of at most 255 instructions
 /// holds fewer, so up to there the walk's block is the decoded run whatever the cache
 /// holds (`a_first_visit_through_code_walked_from_its_middle_ends_where_the_general_walk_does`
-/// fails at 1,024).
+/// fails at 1,024). Except an entry a fill left at its step limit, which goes on to the
+/// next instruction: a fill joining it leaves another entry at the block's start than
+/// one run to the branch. The cache says when it may hold one
+/// ([`BlockCache::step_limited`]); then a block with an entry inside is the walk's.
 const FIRST_VISIT_MAX: u16 = u8::MAX as u16;
 
 /// The block starting at `ip` in `mode`: from the cache if it holds all of it; where it
@@ -153,10 +153,9 @@ pub(crate) fn resolve(
 ) -> Option<FastBlock> {
     // The cache first: the image's lookup costs more.
     let Some(mut entry) = cache.get(ip, mode) else {
-        let block = resolve_decoded(image, ip, mode, FIRST_VISIT_MAX)?;
-        if let Some(entry) = block.entry() {
-            cache.insert(ip, entry);
-        }
+        let inside = cache.step_limited().then_some(&*cache);
+        let block = resolve_decoded(image, ip, mode, FIRST_VISIT_MAX, inside)?;
+        cache.insert(ip, block.entry()?);
         return Some(block);
     };
     let mapping = image.mapping(ip).ok()?;
@@ -262,12 +261,14 @@ impl<'a> View<'a> {
 /// the one that leaves the traced range. The same block the cache would give:
 /// straight-line code in one mapped piece up to its first near branch; `None` for
 /// anything else (a far transfer, PTWRITE, code that runs past its piece, a run over
-/// `max` instructions).
+/// `max` instructions). With `inside`, also `None` where that cache holds an entry at
+/// one of the block's instructions after its first.
 pub(crate) fn resolve_decoded(
     image: &dyn ImageProvider,
     ip: u64,
     mode: ExecMode,
     max: u16,
+    inside: Option<&BlockCache>,
 ) -> Option<FastBlock> {
     let mapping = image.mapping(ip).ok()?;
     // The piece's bytes, lent where the image can (as the general walk's fill): no
@@ -278,7 +279,10 @@ pub(crate) fn resolve_decoded(
     let mut at = ip;
     let mut ninsn = 0u16;
     loop {
-        let (size, class, displacement) = decoded_at(image, code, at, mode)?;
+        if at != ip && inside.is_some_and(|cache| cache.get(at, mode).is_some()) {
+            return None;
+        }
+        let (size, class, displacement) = decoded_at(image, (code, mapping.isid), at, mode)?;
         ninsn += 1;
         let fall = at.wrapping_add(u64::from(size));
         let (exit, push_ret) = match (class, displacement) {
@@ -316,13 +320,17 @@ pub(crate) fn resolve_decoded(
 /// is not an instruction.
 fn decoded_at(
     image: &dyn ImageProvider,
-    code: Option<(u64, &[u8])>,
+    (code, isid): (Option<(u64, &[u8])>, u32),
     at: u64,
     mode: ExecMode,
 ) -> Option<(u8, InsnClass, Option<i64>)> {
     let Some((begin, bytes)) = code else {
         let insn = insn::decode(image, at, mode).ok()?;
-        return (!insn.truncated).then_some((insn.size, insn.class, insn.displacement));
+        return (!insn.truncated && insn.isid == isid).then_some((
+            insn.size,
+            insn.class,
+            insn.displacement,
+        ));
     };
     let rest = bytes.get(usize::try_from(at.wrapping_sub(begin)).ok()?..)?;
     let avail = rest.get(..insn::MAX_INSN_SIZE).unwrap_or(rest);

@@ -351,6 +351,7 @@ impl BlockDecoder<'_> {
                 break (entry, if trampoline { Then::Done } else { Then::Cached });
             }
             if ips.len() == FILL_STEPS {
+                self.cache.note_step_limit();
                 break (trampoline(insn.ip, next, insn.mode), Then::Done);
             }
         };
