@@ -692,3 +692,65 @@ fn a_first_visit_over_an_entry_left_at_the_step_limit_is_the_general_walks() {
     let (_, blocks) = same_blocks(&trace, &image, FlowConfig::default(), "step limit inside");
     assert!(blocks >= 7, "{blocks} blocks");
 }
+
+/// Runs of straight-line code from one instruction to more than a fill's step limit,
+/// each ending in an indirect jump (2 or 8 bytes), entered by TIPs at random
+/// instructions, over and over: first visits from the middle of code walked before,
+/// from before entries other walks left, over entries left at the step limit. The fast
+/// path gives the general path's events and counts, blocks included, on every seed.
+#[test]
+fn first_visits_at_random_places_in_long_runs_are_the_general_walks() {
+    for seed in 1..=24u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        // 0x1000: jmp rax (the FUP's block), then the runs.
+        let mut code = vec![0xff, 0xe0];
+        // Where a TIP may go: every nop and every run's jump; and each jump's place.
+        let mut places = Vec::new();
+        let mut jumps = Vec::new();
+        while code.len() < 0x6000 {
+            let nops = match rng.next() % 4 {
+                0 => 1 + rng.next() % 8,
+                1 => 200 + rng.next() % 120,
+                2 => 900 + rng.next() % 400,
+                _ => 1 + rng.next() % 300,
+            };
+            for _ in 0..nops {
+                places.push(0x1000 + code.len() as u64);
+                code.push(0x90);
+            }
+            jumps.push(places.len());
+            places.push(0x1000 + code.len() as u64);
+            if rng.next() % 2 == 0 {
+                code.extend_from_slice(&[0xff, 0xe0]);
+            } else {
+                code.extend_from_slice(&[0x42, 0xff, 0x24, 0xc5, 0x00, 0x10, 0x00, 0x00]);
+            }
+        }
+        let mut image = Image::new();
+        image.add("runs", code, 0x1000);
+        let mut trace = PSB.to_vec();
+        trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+        for _ in 0..400 {
+            // Anywhere, or where a block of exactly 255 instructions starts (the most an
+            // entry holds), or a few instructions before that.
+            let jump = jumps[(rng.next() % jumps.len() as u64) as usize];
+            let at = match rng.next() % 4 {
+                0 | 1 => (rng.next() % places.len() as u64) as usize,
+                2 => jump.saturating_sub(254),
+                _ => jump.saturating_sub(254 + (rng.next() % 12) as usize),
+            };
+            let to = places[at];
+            let [lo, hi, ..] = to.to_le_bytes();
+            trace.extend_from_slice(&[0x2d, lo, hi]);
+        }
+        trace.extend_from_slice(&PSB);
+        let (fast, blocks) = same_blocks(
+            &trace,
+            &image,
+            FlowConfig::default(),
+            &format!("seed {seed}"),
+        );
+        assert!(blocks >= 400, "seed {seed}: {blocks} blocks");
+        assert!(fast > 0, "seed {seed}: no fast blocks");
+    }
+}
