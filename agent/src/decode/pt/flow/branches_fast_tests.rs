@@ -720,7 +720,7 @@ fn first_visits_at_random_places_in_long_runs_are_the_general_walks() {
             }
             jumps.push(places.len());
             places.push(0x1000 + code.len() as u64);
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 code.extend_from_slice(&[0xff, 0xe0]);
             } else {
                 code.extend_from_slice(&[0x42, 0xff, 0x24, 0xc5, 0x00, 0x10, 0x00, 0x00]);
