@@ -754,3 +754,28 @@ fn first_visits_at_random_places_in_long_runs_are_the_general_walks() {
         assert!(fast > 0, "seed {seed}: no fast blocks");
     }
 }
+
+/// A first visit's block, then a fill that reaches its branch through code that
+/// overlaps the block's (a jump into the middle of an instruction) exactly at the
+/// fill's step limit: the general walk's fill joins the entry the branch got at the
+/// first visit, so the first visit leaves that entry too. Found in a second review:
+/// without it the later fill stopped at its limit and made one block more.
+#[test]
+fn a_fill_reaching_a_first_visits_branch_through_overlapping_code_joins_it() {
+    // 0x1000: jmp rax; 0x1002: 1,023 nops; 0x1401: cmp al, 0x90 (from 0x1402: a nop);
+    // 0x1403: jmp rax.
+    let mut code = vec![0xff, 0xe0];
+    code.extend_from_slice(&[0x90; 1023]);
+    code.extend_from_slice(&[0x3c, 0x90, 0xff, 0xe0]);
+    let mut image = Image::new();
+    image.add("overlap", code, 0x1000);
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    // TIPs: to 0x1402 (a nop inside the cmp, then the jump), to 0x1002, to 0x1000.
+    for _ in 0..2 {
+        trace.extend_from_slice(&[0x2d, 0x02, 0x14, 0x2d, 0x02, 0x10, 0x2d, 0x00, 0x10]);
+    }
+    trace.extend_from_slice(&PSB);
+    let (fast, blocks) = same_blocks(&trace, &image, FlowConfig::default(), "overlap");
+    assert!(fast > 0, "{fast} fast blocks of {blocks}");
+}

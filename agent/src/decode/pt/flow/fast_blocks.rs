@@ -142,7 +142,8 @@ const FIRST_VISIT_MAX: u16 = u8::MAX as u16;
 /// of a 29 KB real trace's decode (foo: 2,559 first visits, 9,565 instructions). Here
 /// it is the length decoder and a short loop. The cache is not filled: the general walk
 /// fills it where it goes itself (a block with an event inside, a hand-over), except
-/// for the one entry a fill would leave where the block starts ([`FastBlock::entry`]):
+/// for the entries a fill would leave where the block starts ([`FastBlock::entry`]) and
+/// at its branch:
 /// without it, a block that a busy table evicts was decoded again at its next visit
 /// (qemu's trace: 5× the length decoder's work).
 pub(crate) fn resolve(
@@ -155,7 +156,21 @@ pub(crate) fn resolve(
     let Some(mut entry) = cache.get(ip, mode) else {
         let inside = cache.step_limited().then_some(&*cache);
         let block = resolve_decoded(image, ip, mode, FIRST_VISIT_MAX, inside)?;
-        cache.insert(ip, block.entry()?);
+        let entry = block.entry()?;
+        // The fill keeps the branch's own entry too: a later fill reaching the branch
+        // from code that overlaps this block's (a jump into an instruction's middle)
+        // joins it there, instead of running on to its step limit.
+        if block.end_ip != ip {
+            cache.insert(
+                block.end_ip,
+                CacheEntry {
+                    displacement: 0,
+                    ninsn: 1,
+                    ..entry
+                },
+            );
+        }
+        cache.insert(ip, entry);
         return Some(block);
     };
     let mapping = image.mapping(ip).ok()?;
