@@ -49,6 +49,14 @@ fn same_blocks(
     (fast.fast_blocks, fast.counts.blocks)
 }
 
+/// A PSB+ that starts tracing 64-bit code at 0x1000 (MODE.Exec, FUP, PSBEND): the start
+/// of the hand-made traces below, whose TIPs then give the low two bytes of an address.
+fn at_0x1000() -> Vec<u8> {
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    trace
+}
+
 pub(super) fn synth(seed: u64, functions: usize, size: usize) -> (Vec<u8>, Image) {
     let program = SynthProgram::generate(seed, functions);
     let encoded = encode(&program, seed, size, true);
@@ -172,8 +180,7 @@ fn the_fast_path_matches_the_general_one_on_random_traces() {
     for round in 0..300 {
         let mut image = Image::new();
         image.add("random", random_code(&mut rng), 0x1000);
-        let mut trace = PSB.to_vec();
-        trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+        let mut trace = at_0x1000();
         // Mostly TNT and TIP into the code, so that blocks come round again.
         for _ in 0..300 {
             match rng.next() % 10 {
@@ -548,8 +555,7 @@ fn batches_hand_out_the_iterators_events() {
 fn the_fast_path_stalls_where_the_general_one_does() {
     // PSB+ with MODE.Exec (64-bit) and a FUP to 0x1000.
     let start = |tail: &[u8]| {
-        let mut trace = PSB.to_vec();
-        trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+        let mut trace = at_0x1000();
         trace.extend_from_slice(tail);
         trace.extend_from_slice(&PSB);
         trace
@@ -624,8 +630,7 @@ fn a_first_visit_through_code_walked_from_its_middle_ends_where_the_general_walk
     image.add("nops", code, 0x1000);
     // PSB+ (64-bit, FUP at 0x1000); TIPs to 0x1030 (254 nops and the jmp from there),
     // to 0x1002 (the run's start) and to 0x1030 again, twice over.
-    let mut trace = PSB.to_vec();
-    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    let mut trace = at_0x1000();
     for _ in 0..2 {
         trace.extend_from_slice(&[0x2d, 0x30, 0x10, 0x2d, 0x02, 0x10]);
     }
@@ -652,8 +657,7 @@ fn a_first_visit_ending_in_a_long_branch_leaves_the_general_walks_entry() {
     code.extend_from_slice(&[0x42, 0xff, 0x24, 0xc5, 0x00, 0x10, 0x00, 0x00]);
     let mut image = Image::new();
     image.add("nops", code, 0x1000);
-    let mut trace = PSB.to_vec();
-    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    let mut trace = at_0x1000();
     // TIPs: to 0x100c (254 nops and the jump), to 0x1000, to 0x1002 (the run's start),
     // to 0x1000; twice over.
     for _ in 0..2 {
@@ -680,8 +684,7 @@ fn a_first_visit_over_an_entry_left_at_the_step_limit_is_the_general_walks() {
     code.extend_from_slice(&[0xff, 0xe0]);
     let mut image = Image::new();
     image.add("nops", code, 0x1000);
-    let mut trace = PSB.to_vec();
-    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    let mut trace = at_0x1000();
     // From the run's start (the fill stops at its limit), from 0x1367 (254 nops and
     // the jump), from 0x135d (ten more), each back through 0x1000.
     for to in [0x1002u16, 0x1367, 0x135d] {
@@ -728,8 +731,7 @@ fn first_visits_at_random_places_in_long_runs_are_the_general_walks() {
         }
         let mut image = Image::new();
         image.add("runs", code, 0x1000);
-        let mut trace = PSB.to_vec();
-        trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+        let mut trace = at_0x1000();
         for _ in 0..400 {
             // Anywhere, or where a block of exactly 255 instructions starts (the most an
             // entry holds), or a few instructions before that.
@@ -769,8 +771,7 @@ fn a_fill_reaching_a_first_visits_branch_through_overlapping_code_joins_it() {
     code.extend_from_slice(&[0x3c, 0x90, 0xff, 0xe0]);
     let mut image = Image::new();
     image.add("overlap", code, 0x1000);
-    let mut trace = PSB.to_vec();
-    trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
+    let mut trace = at_0x1000();
     // TIPs: to 0x1402 (a nop inside the cmp, then the jump), to 0x1002, to 0x1000.
     for _ in 0..2 {
         trace.extend_from_slice(&[0x2d, 0x02, 0x14, 0x2d, 0x02, 0x10, 0x2d, 0x00, 0x10]);
