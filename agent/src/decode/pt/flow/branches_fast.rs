@@ -474,16 +474,8 @@ impl Branches<'_> {
             return false;
         };
         let view = table.view(mode);
-        if view.at(view.slot_of(ip), ip).is_some() {
-            return true;
-        }
-        match fast_blocks::resolve(self.image, &mut self.dec.cache, ip, mode) {
-            Some(block) => {
-                table.insert(block);
-                true
-            }
-            None => false,
-        }
+        view.at(view.slot_of(ip), ip).is_some()
+            || table.resolve(self.image, &mut self.dec.cache, ip, mode)
     }
 
     /// Ends `block` on the general path after its trace event was used up.
@@ -587,13 +579,8 @@ fn run<const N: usize>(
             // not resolve (or, which cannot happen, is not found after) is the general
             // path's.
             Step::Miss if resolved == Some(st.ip) => break Stop::Pause,
-            Step::Miss => match fast_blocks::resolve(image, cache, st.ip, mode) {
-                Some(block) => {
-                    table.insert(block);
-                    resolved = Some(st.ip);
-                }
-                None => break Stop::Pause,
-            },
+            Step::Miss if table.resolve(image, cache, st.ip, mode) => resolved = Some(st.ip),
+            Step::Miss => break Stop::Pause,
         }
     };
     let Loops {

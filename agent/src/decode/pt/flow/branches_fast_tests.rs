@@ -65,18 +65,29 @@ pub(super) fn synth(seed: u64, functions: usize, size: usize) -> (Vec<u8>, Image
     (encoded.trace, image)
 }
 
-#[test]
-fn the_fast_path_matches_the_general_one_on_encoded_traces() {
-    for seed in 1..12 {
-        let (trace, image) = synth(seed, 2 + usize::try_from(seed).unwrap_or(0) * 4, 32 * 1024);
+/// [`same`] on encoded traces of `size` bytes for each seed, through `provider` (made
+/// from the seed's image); each takes the fast path for more than `min_fast` blocks.
+fn same_on_encoded(
+    seeds: std::ops::Range<u64>,
+    size: usize,
+    provider: fn(&Image) -> Box<dyn ImageProvider + '_>,
+    min_fast: u64,
+) {
+    for seed in seeds {
+        let (trace, image) = synth(seed, 2 + usize::try_from(seed).unwrap_or(0) * 4, size);
         let fast = same(
             &trace,
-            &image,
+            provider(&image).as_ref(),
             FlowConfig::default(),
             &format!("seed {seed}"),
         );
-        assert!(fast > 1000, "seed {seed}: only {fast} fast blocks");
+        assert!(fast > min_fast, "seed {seed}: only {fast} fast blocks");
     }
+}
+
+#[test]
+fn the_fast_path_matches_the_general_one_on_encoded_traces() {
+    same_on_encoded(1..12, 32 * 1024, |image| Box::new(image), 1000);
 }
 
 /// An image that reads but does not lend its bytes (as an image provider without
@@ -98,18 +109,9 @@ impl ImageProvider for ReadOnly<'_> {
 
 #[test]
 fn the_fast_path_matches_the_general_one_where_the_image_does_not_lend_its_bytes() {
-    for seed in 1..6 {
-        let (trace, image) = synth(seed, 2 + usize::try_from(seed).unwrap_or(0) * 4, 16 * 1024);
-        let read_only = ReadOnly(&image);
-        assert!(read_only.code(CODE_BASE).is_none());
-        let fast = same(
-            &trace,
-            &read_only,
-            FlowConfig::default(),
-            &format!("seed {seed}, read only"),
-        );
-        assert!(fast > 500, "seed {seed}: only {fast} fast blocks");
-    }
+    let (_, image) = synth(1, 6, 1024);
+    assert!(image.code(CODE_BASE).is_some() && ReadOnly(&image).code(CODE_BASE).is_none());
+    same_on_encoded(1..6, 16 * 1024, |image| Box::new(ReadOnly(image)), 500);
 }
 
 /// `trace` with other packets inserted at random packet boundaries after the first PSB+:

@@ -476,6 +476,20 @@ impl FastBlocks {
         self.mode = mode;
     }
 
+    /// Resolves the block at `ip` ([`resolve`]) into the table; false where it does
+    /// not resolve.
+    pub fn resolve(
+        &mut self,
+        image: &dyn ImageProvider,
+        cache: &mut BlockCache,
+        ip: u64,
+        mode: ExecMode,
+    ) -> bool {
+        resolve(image, cache, ip, mode)
+            .map(|block| self.insert(block))
+            .is_some()
+    }
+
     /// Adds a block (emptying the table first if it held another mode's); it can be
     /// found right after (`view`).
     pub fn insert(&mut self, block: FastBlock) {
