@@ -128,6 +128,9 @@ fn the_fill_decodes_from_lent_bytes_as_the_walk_decodes_from_the_image() {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
         (seed >> 56) as u8
     }));
+    // One instruction that surely straddles them, whatever the executable's bytes:
+    // movabs rax, imm64 (10 bytes) starting 2 bytes before the second piece.
+    bytes[0x4fe..0x500].copy_from_slice(&[0x48, 0xb8]);
     let mut image = Image::new();
     let first = image.add("a", bytes[..0x500].to_vec(), 0x1000);
     image.add("b", bytes[0x500..].to_vec(), 0x1500);

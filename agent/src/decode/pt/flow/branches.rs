@@ -23,6 +23,7 @@ use super::cache::IpHasher;
 use super::fast_blocks::{FastBlock, FastBlocks};
 use super::image::{Image, ImageProvider};
 use super::insn::{self, Insn, InsnClass, InsnKind};
+use super::loop_runs::LoopRuns;
 use crate::decode::pt::events::evdec_ovf::QuietPsb;
 use crate::decode::pt::events::event::{Event, EventKind, FlowError};
 use crate::decode::pt::packets::packet::ExecMode;
@@ -205,6 +206,8 @@ pub struct Branches<'a> {
     held: Option<(BranchKind, u64, u64)>,
     /// Blocks for the fast path (`branches_fast.rs`); `None` when it is off.
     fast: Option<FastBlocks>,
+    /// The loop run the fast path replays (`loop_runs.rs`).
+    loops: LoopRuns,
     /// Blocks the fast path decoded.
     fast_blocks: u64,
     /// Blocks on the way from a traced branch to the branch a TIP.PGD binds to, decoded
@@ -247,6 +250,7 @@ impl<'a> Branches<'a> {
             last_ip: 0,
             held: None,
             fast: Some(FastBlocks::for_trace(trace.len())),
+            loops: LoopRuns::default(),
             fast_blocks: 0,
             walks: WalkBlocks::default(),
             status_psb: None,
@@ -267,6 +271,12 @@ impl<'a> Branches<'a> {
     /// How many of the blocks so far took the fast path (the rest: the general one).
     pub fn fast_blocks(&self) -> u64 {
         self.fast_blocks
+    }
+
+    /// How many of the fast path's blocks were taken in loop runs (`loop_runs.rs`).
+    #[cfg(test)]
+    pub(crate) fn loop_blocks(&self) -> u64 {
+        self.loops.replayed
     }
 
     /// How many PSB+ headers were taken whole while tracing was off (the rest of the

@@ -31,6 +31,7 @@ use crate::decode::pt::flow::block::{Block, BlockCache, BlockDecoder, RetView};
 use crate::decode::pt::flow::fast_blocks::{self, Exit, FastBlock, FastBlocks, View};
 use crate::decode::pt::flow::image::ImageProvider;
 use crate::decode::pt::flow::insn::InsnClass;
+use crate::decode::pt::flow::loop_runs::{self, LoopRun, LoopRuns, RUN_EVENTS};
 use crate::decode::pt::packets::last_ip::LastIp;
 use crate::decode::pt::packets::packet::{ExecMode, IpCompression, Packet};
 use crate::decode::pt::packets::parse::{BlockContext, decode_packet};
@@ -435,7 +436,7 @@ impl Branches<'_> {
                 let with = (
                     &mut fast,
                     &mut tally,
-                    table,
+                    (table, &mut self.loops),
                     code,
                     retstack,
                     &mut self.walks,
@@ -497,7 +498,7 @@ impl Branches<'_> {
 type With<'r, 'a, 'c> = (
     &'r mut Fast,
     &'r mut Tally,
-    &'r mut FastBlocks,
+    (&'r mut FastBlocks, &'r mut LoopRuns),
     Code<'a, 'c>,
     RetView<'r>,
     &'r mut WalkBlocks,
@@ -521,7 +522,7 @@ fn run_in<const N: usize>(
 fn run<const N: usize>(
     fast: &mut Fast,
     tally: &mut Tally,
-    table: &mut FastBlocks,
+    (table, loops_held): (&mut FastBlocks, &mut LoopRuns),
     buf: &mut [BranchEvent; N],
     code: Code<'_, '_>,
     retstack: RetView<'_>,
@@ -533,6 +534,7 @@ fn run<const N: usize>(
         cache,
     } = code;
     let mode = fast.mode;
+    loops_held.use_mode(mode);
     let mut st = Locals {
         ip: fast.ip,
         ev: Current {
@@ -562,11 +564,16 @@ fn run<const N: usize>(
         buf,
         walks,
         image,
+        held: loops_held,
     };
     let stop = loop {
         // No block count at one offset can reach the stall limit in this round: the
         // loop need not count per block.
-        let unchecked = table.stall_free(st.stalled(), PER_OFFSET, MAX_STALLED_INSNS);
+        let unchecked = table.stall_free(
+            st.stalled(),
+            (PER_OFFSET, loops.held.max_ninsn()),
+            MAX_STALLED_INSNS,
+        );
         let view = table.view(mode);
         let ended = if unchecked {
             blocks::<false, N>(&mut st, &mut loops, view)
@@ -673,6 +680,7 @@ struct Loops<'r, 't, const N: usize> {
     buf: &'r mut [BranchEvent; N],
     walks: &'r mut WalkBlocks,
     image: &'t dyn ImageProvider,
+    held: &'r mut LoopRuns,
 }
 
 /// The most blocks at one trace offset in one round of [`blocks`]: the bits of a TNT
@@ -832,7 +840,115 @@ fn blocks<const CHECKED: bool, const N: usize>(
             block.end_ip,
             to,
         );
+        // A new TNT: where it repeats the last one (a loop), its blocks whole.
+        if !CHECKED
+            && used
+            && let Some(key) = loop_runs::key(st.ev.bits, st.ev.left)
+        {
+            let held = lp.held.holds(st.ip, key)
+                || (lp.held.seen == (st.ip, key)
+                    && lp.held.hold(view, (st.ip, st.ev.bits, st.ev.left), key));
+            if !held {
+                lp.held.seen = (st.ip, key);
+            } else if replay_loop(st, lp) {
+                slot = view.slot_of(st.ip);
+            }
+        }
     }
+}
+
+/// Takes the held loop run ([`LoopRun`]) for as long as the trace repeats it (each run
+/// that uses up its TNT starts the next one): whether it took any.
+#[inline(never)]
+fn replay_loop<const N: usize>(st: &mut Locals, lp: &mut Loops<'_, '_, N>) -> bool {
+    let mut any = false;
+    while let Some(key) = loop_runs::key(st.ev.bits, st.ev.left) {
+        let run = &lp.held.run;
+        if run.ip != st.ip
+            || run.key != key
+            || !replay(st, (lp.trace, lp.fast, lp.buf, &mut lp.tally.branches), run)
+        {
+            break;
+        }
+        any = true;
+        let full = run.full;
+        lp.held.replayed += u64::from(run.blocks);
+        if !full {
+            break;
+        }
+    }
+    any
+}
+
+/// Takes `run` (at the loop's IP, with its TNT outcomes) as the loop would take its
+/// blocks one by one: the same events, counts, trace event and position after; false
+/// (nothing changed) where the batch has no room for [`RUN_EVENTS`] more events, or the
+/// run is full and the next event is not one the loop reads (then the loop takes the
+/// blocks, as it would have). A full run's last block used the TNT's last outcome: the
+/// next event is fetched here, as the loop fetches it. All [`RUN_EVENTS`] events are
+/// written (without a branch on how many are kept, which the CPU cannot predict), and
+/// the run's are counted.
+#[expect(
+    clippy::inline_always,
+    reason = "one copy per call site, with the state in registers"
+)]
+#[inline(always)]
+fn replay<const N: usize>(
+    st: &mut Locals,
+    (trace, fast, buf, branches): (&[u8], &mut Fast, &mut [BranchEvent; N], &mut [u64; 3]),
+    run: &LoopRun,
+) -> bool {
+    let Some(slots) = buf
+        .get_mut(st.queued..st.queued + RUN_EVENTS)
+        .and_then(|s| <&mut [BranchEvent; RUN_EVENTS]>::try_from(s).ok())
+    else {
+        return false;
+    };
+    // The time and place of the blocks' events (the fetch moves both on).
+    let (offset, seen) = (st.ev.pos, fast.seen);
+    let insns = st.insns + u64::from(run.insns);
+    if run.full && !fetch(trace, fast, &mut st.ev, insns) {
+        return false;
+    }
+    for (slot, &(from, to)) in slots.iter_mut().zip(&run.events) {
+        *slot = BranchEvent {
+            kind: BranchKind::Jump,
+            from,
+            to,
+            tsc: seen.tsc,
+            has_tsc: seen.has_tsc,
+            offset,
+            error: None,
+        };
+    }
+    let jumps = usize::from(run.jumps);
+    if run.full {
+        // The last block's jump is reported as the loop reports the branch that used
+        // up its event: with the next event's place and the time seen by then.
+        if run.last_jump
+            && let Some(last) = slots.get_mut(jumps.wrapping_sub(1))
+        {
+            last.offset = st.ev.pos;
+            last.tsc = fast.seen.tsc;
+            last.has_tsc = fast.seen.has_tsc;
+        }
+        // As `Locals::count` for a block that used up its event: the count starts over.
+        st.fresh = true;
+    } else {
+        // As `Locals::count` for each block: the first at this offset sets the mark.
+        if st.fresh {
+            st.fresh = false;
+            st.mark = st.insns + u64::from(run.first_ninsn) + st.blocks + 1;
+        }
+        st.ev.left -= run.used;
+    }
+    st.queued += jumps;
+    branches[BranchKind::Jump.index()] += u64::from(run.jumps);
+    st.insns = insns;
+    st.blocks += u64::from(run.blocks);
+    st.last_ip = run.last_ip;
+    st.ip = run.to;
+    true
 }
 
 /// Blocks [`toggle`] walks at most, and instructions per block it decodes at most.

@@ -782,3 +782,148 @@ fn a_fill_reaching_a_first_visits_branch_through_overlapping_code_joins_it() {
     let (fast, blocks) = same_blocks(&trace, &image, FlowConfig::default(), "overlap");
     assert!(fast > 0, "{fast} fast blocks of {blocks}");
 }
+
+/// A loop the trace's bits steer: 0x1000: nop; jne 0x1000; nop; jne 0x1000; jmp 0x1000.
+fn steered_loop() -> Image {
+    let mut image = Image::new();
+    image.add(
+        "loop",
+        vec![0x90, 0x75, 0xfd, 0x90, 0x75, 0xfa, 0xeb, 0xf8],
+        0x1000,
+    );
+    image
+}
+
+/// `trace` (from [`at_0x1000`]) ended with a PSB, decoded both ways; how many blocks
+/// took the fast path, and how many of them came in loop runs.
+fn same_with_loops(trace: &[u8], image: &Image, what: &str) -> (u64, u64) {
+    let mut trace = trace.to_vec();
+    trace.extend_from_slice(&PSB);
+    let fast = same(&trace, image, FlowConfig::default(), what);
+    let mut branches = Branches::new(&trace, image, FlowConfig::default());
+    branches.by_ref().for_each(drop);
+    (fast, branches.loop_blocks())
+}
+
+/// TNT packets that repeat the one before at the same IP (a loop) are taken whole
+/// (`loop_runs.rs`) with the events, times, offsets and counts of the blocks one by one:
+/// short and long TNTs, repeats of one packet and of patterns longer than one, runs
+/// with more taken jumps than a run holds (a long TNT's: the loop takes the rest), with
+/// timing packets and PADs between the packets, and over batch boundaries (thousands of
+/// jumps). The third field: the least share of the fast blocks, in percent, that loop
+/// runs take where the packets repeat.
+#[test]
+fn loops_are_taken_whole_as_their_blocks_one_by_one() {
+    let image = steered_loop();
+    let mut rng = Rng(0x9d_31_0c_44_52_7e_b1_63);
+    let long_tnt = |bits: u64| {
+        // 47 outcomes under a stop bit: 0x02 0xa3, then six bytes.
+        let mut packet = vec![0x02, 0xa3];
+        packet.extend_from_slice(&((bits & ((1 << 47) - 1)) | 1 << 47).to_le_bytes()[..6]);
+        packet
+    };
+    let cases: Vec<(&str, Vec<u8>, u64)> = vec![
+        ("all taken", vec![0xfe; 3000], 50),
+        ("one pattern", vec![0xb6; 3000], 50),
+        ("two patterns", [0xb6, 0xda].repeat(1500), 0),
+        (
+            "patterns with breaks",
+            (0..3000)
+                .map(|i| if i % 50 == 49 { 0xaa } else { 0xd6 })
+                .collect(),
+            50,
+        ),
+        ("short TNTs", [0x0e, 0x0e, 0x0e, 0x16].repeat(800), 0),
+        ("long TNTs", long_tnt(u64::MAX).repeat(300), 10),
+        (
+            "long TNTs, one pattern",
+            long_tnt(0x5555_5555_5555).repeat(300),
+            10,
+        ),
+        (
+            "random",
+            (0..3000)
+                .map(|_| (rng.next() as u8 | 0x80) & 0xfe)
+                .collect(),
+            0,
+        ),
+    ];
+    for (what, tnts, share) in cases {
+        let mut trace = at_0x1000();
+        trace.extend_from_slice(&tnts);
+        let (fast, looped) = same_with_loops(&trace, &image, what);
+        assert!(fast > 1000, "{what}: only {fast} fast blocks");
+        assert!(
+            looped * 100 >= fast * share,
+            "{what}: {looped} of {fast} blocks in loop runs"
+        );
+        let interrupted = with_interruptions(&trace, &mut rng, 3);
+        let what = format!("{what}, interrupted");
+        same_with_loops(&interrupted, &image, &what);
+    }
+}
+
+/// A loop run ends where the loop needs more than its bits: at a call (0x1004, to a
+/// return the next bit takes), the fast loop takes the rest of the TNT block by block;
+/// where a TNT it would use up is followed by a disable (TIP.PGD), it takes that TNT's
+/// blocks itself too (the disable is the general path's).
+#[test]
+fn a_loop_run_leaves_calls_and_disables_to_the_loop() {
+    // 0x1000: jne 0x1004; nop; nop; 0x1004: call 0x1100; 0x1009: jne 0x1000;
+    // 0x100b: jmp 0x1000; 0x1100: ret.
+    let mut code = vec![0x90u8; 0x101];
+    code[..0x0d].copy_from_slice(&[
+        0x75, 0x02, 0x90, 0x90, 0xe8, 0xf7, 0x00, 0x00, 0x00, 0x75, 0xf5, 0xeb, 0xf3,
+    ]);
+    code[0x100] = 0xc3;
+    let mut image = Image::new();
+    image.add("calls", code, 0x1000);
+    let mut trace = at_0x1000();
+    trace.extend(std::iter::repeat_n(0xfe, 3000));
+    let (fast, looped) = same_with_loops(&trace, &image, "call in the loop");
+    assert!(fast > 1000, "only {fast} fast blocks");
+    assert!(looped > 100, "{looped} blocks in loop runs");
+    // The steered loop, disabled after a run of repeats: TIP.PGD with no IP.
+    let image = steered_loop();
+    let mut trace = at_0x1000();
+    for _ in 0..200 {
+        trace.extend(std::iter::repeat_n(0xfe, 20));
+        trace.push(0x01);
+        // TIP.PGE at 0x1000 (two IP bytes).
+        trace.extend_from_slice(&[0x31, 0x00, 0x10]);
+    }
+    let (_, looped) = same_with_loops(&trace, &image, "disabled after repeats");
+    assert!(looped > 1000, "{looped} blocks in loop runs");
+}
+
+/// A partial loop run (a taken branch and more direct jumps than a run reports) counts
+/// toward the stall limit as its blocks would one by one: the code stalls right after
+/// it (`jmp .`), and the stall is reported after the same events. The run is held at
+/// the second time its TNT starts at 0x1000: after the first stall, the decoder goes on
+/// at the next PSB.
+#[test]
+fn a_partial_loop_run_counts_toward_a_stall_as_its_blocks() {
+    // 0x1000: jne 0x1010; 0x1002: jmp 0x1000; 0x1010..0x101c: jmp +0 (six);
+    // 0x101c: jmp .
+    let mut code = vec![0x90u8; 0x1e];
+    code[..4].copy_from_slice(&[0x75, 0x0e, 0xeb, 0xfc]);
+    for at in (0x10..0x1c).step_by(2) {
+        code[at..at + 2].copy_from_slice(&[0xeb, 0x00]);
+    }
+    code[0x1c..].copy_from_slice(&[0xeb, 0xfe]);
+    let mut image = Image::new();
+    image.add("stall", code, 0x1000);
+    // Two not-taken bits (round the loop), then taken: into the jumps and the stall.
+    let mut trace = Vec::new();
+    for _ in 0..4 {
+        trace.extend(at_0x1000());
+        trace.extend_from_slice(&[0x08, 0x0e]);
+    }
+    let (fast, looped) = same_with_loops(&trace, &image, "stall after a partial run");
+    assert!(fast > 500, "only {fast} fast blocks");
+    assert!(looped > 0, "no loop run");
+    let errors = Branches::new(&trace, &image, FlowConfig::default())
+        .filter(|e| e.kind == BranchKind::Error)
+        .count();
+    assert!(errors >= 2, "{errors} stalls reported");
+}

@@ -455,10 +455,11 @@ impl FastBlocks {
         }
     }
 
-    /// Whether `blocks` blocks from this table, each adding its instructions plus one
-    /// to a stall count of `stalled`, stay within `limit`.
-    pub fn stall_free(&self, stalled: u64, blocks: usize, limit: u64) -> bool {
-        let per_block = u64::from(self.max_ninsn) + 1;
+    /// Whether `blocks` blocks from this table or with at most `other` instructions
+    /// each (a loop run's: `LoopRuns`), each adding its instructions plus one to a
+    /// stall count of `stalled`, stay within `limit`.
+    pub fn stall_free(&self, stalled: u64, (blocks, other): (usize, u16), limit: u64) -> bool {
+        let per_block = u64::from(self.max_ninsn.max(other)) + 1;
         u64::try_from(blocks)
             .ok()
             .and_then(|n| n.checked_mul(per_block))

@@ -21,3 +21,4 @@ mod ild;
 pub mod image;
 pub mod insn;
 mod insn_cache;
+mod loop_runs;
