@@ -864,7 +864,11 @@ fn run_stats(
         (
             branches.counts().clone(),
             None,
-            Some((branches.fast_blocks(), branches.quiet_psbs())),
+            Some((
+                branches.fast_blocks(),
+                branches.loop_blocks(),
+                branches.quiet_psbs(),
+            )),
         )
     };
     let decode_time = started.elapsed();
@@ -895,22 +899,23 @@ fn run_stats(
 
 /// How many blocks the fast path took, for `--stats` on one thread: where the rest
 /// went is where a decode spends its time (events such as TIP.PGD/TIP.PGE, first
-/// visits to code).
-/// The PSB+ headers taken whole while tracing was off follow, where there were any.
-fn fast_line(fast: Option<(u64, u64)>, blocks: u64) -> String {
+/// visits to code); how many of them it took in loop runs (a TNT repeating the one
+/// before, its blocks taken whole). The PSB+ headers taken whole while tracing was off
+/// follow, where there were any.
+fn fast_line(fast: Option<(u64, u64, u64)>, blocks: u64) -> String {
     match fast {
         #[expect(
             clippy::cast_precision_loss,
             reason = "a percentage for people to read"
         )]
-        Some((fast, quiet)) if blocks > 0 => {
+        Some((fast, looped, quiet)) if blocks > 0 => {
             let quiet = if quiet > 0 {
                 format!("; {quiet} PSB+ headers taken whole while tracing was off")
             } else {
                 String::new()
             };
             format!(
-                "\nfast path: {fast} of {blocks} blocks ({:.1} %){quiet}",
+                "\nfast path: {fast} of {blocks} blocks ({:.1} %), {looped} of them in loop runs{quiet}",
                 fast as f64 * 100.0 / blocks as f64
             )
         }
@@ -1011,6 +1016,21 @@ mod tests {
     struct Wrapper {
         #[command(flatten)]
         args: DecodeArgs,
+    }
+
+    #[test]
+    fn the_fast_line_says_how_many_blocks_came_in_loop_runs() {
+        assert_eq!(
+            fast_line(Some((900, 600, 0)), 1000),
+            "\nfast path: 900 of 1000 blocks (90.0 %), 600 of them in loop runs"
+        );
+        assert!(
+            fast_line(Some((9, 0, 3)), 10).ends_with(
+                "0 of them in loop runs; 3 PSB+ headers taken whole while tracing was off"
+            )
+        );
+        assert_eq!(fast_line(Some((0, 0, 0)), 0), "");
+        assert_eq!(fast_line(None, 10), "");
     }
 
     #[test]

@@ -274,8 +274,7 @@ impl<'a> Branches<'a> {
     }
 
     /// How many of the fast path's blocks were taken in loop runs (`loop_runs.rs`).
-    #[cfg(test)]
-    pub(crate) fn loop_blocks(&self) -> u64 {
+    pub fn loop_blocks(&self) -> u64 {
         self.loops.replayed
     }
 
