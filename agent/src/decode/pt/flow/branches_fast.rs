@@ -932,15 +932,18 @@ fn replay<const N: usize>(
             last.tsc = fast.seen.tsc;
             last.has_tsc = fast.seen.has_tsc;
         }
-        // As `Locals::count` for a block that used up its event: the count starts over.
-        st.fresh = true;
     } else {
-        // As `Locals::count` for each block: the first at this offset sets the mark.
-        if st.fresh {
-            st.fresh = false;
-            st.mark = st.insns + u64::from(run.first_ninsn) + st.blocks + 1;
-        }
         st.ev.left -= run.used;
+    }
+    // As `Locals::count` for each block: the first at this offset sets the mark; a last
+    // block whose event was followed at a new offset starts the count over (a TIP right
+    // after the TNT is at the TNT's offset: the count goes on).
+    if st.fresh {
+        st.fresh = false;
+        st.mark = st.insns + u64::from(run.first_ninsn) + st.blocks + 1;
+    }
+    if run.full && st.ev.pos != offset {
+        st.fresh = true;
     }
     st.queued += jumps;
     branches[BranchKind::Jump.index()] += u64::from(run.jumps);

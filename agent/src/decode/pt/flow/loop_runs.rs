@@ -24,7 +24,8 @@ use crate::decode::pt::packets::packet::ExecMode;
 /// Taken jumps a run reports at most (a one-block loop body taken six times: qemu's
 /// commonest run).
 pub(crate) const RUN_EVENTS: usize = 6;
-/// Blocks a run walks at most (direct jumps take no outcome: a loop of them ends here).
+/// Blocks a run walks at most: never reached (47 outcomes and [`RUN_EVENTS`] direct
+/// jumps at most), a bound on the walk whatever the blocks.
 const RUN_BLOCKS: u8 = 64;
 /// The most outcomes of a TNT packet (a long TNT has 47).
 const MAX_OUTCOMES: u8 = 47;
