@@ -27,7 +27,7 @@ use crate::{
     rules::{self, Rule, RuleSet, Trigger},
     triggers::{
         EngineRule, TriggerEngine, TriggerError,
-        engine::{FrozenProcesses, kernel_freeze},
+        engine::{AttachedProbe, FrozenProcesses, kernel_freeze},
         resolve::{self, ResolveError},
     },
 };
@@ -1535,6 +1535,26 @@ fn open_recorder(
     })
 }
 
+/// What [`place_probe`] attaches probes with: the trigger engine (a unit test gives one
+/// that must not be reached).
+trait AttachProbes {
+    fn attach(
+        &mut self,
+        id: u32,
+        points: &[resolve::ProbePoint],
+    ) -> Result<Vec<AttachedProbe>, TriggerError>;
+}
+
+impl AttachProbes for TriggerEngine {
+    fn attach(
+        &mut self,
+        id: u32,
+        points: &[resolve::ProbePoint],
+    ) -> Result<Vec<AttachedProbe>, TriggerError> {
+        self.attach_probes(id, points)
+    }
+}
+
 /// Whether a recorder open that failed with `errno` for a process whose traced ancestor
 /// has a recorder of its own means the process is recorded already: Intel PT is an
 /// exclusive PMU (`PERF_PMU_CAP_EXCLUSIVE`), and the kernel's
@@ -1548,9 +1568,14 @@ fn inherits_instead(errno: Option<i32>, ancestor_recorded: bool) -> bool {
 /// Resolves and attaches the rule's probe for `binary` (placed for process `pid`, or at
 /// install) once per inode; an attach that fails is counted in `errors`. A failure on a
 /// resource limit leaves the binary unexamined and in the rule's `limited` probes, tried
-/// again by [`Tracer::retry_recorders`]. Returns whether probes were placed by this call.
+/// again by [`Tracer::retry_recorders`]. So does a failure because process `pid` went
+/// away while its probe was being placed (its `/proc` entry, through which the binary
+/// is read and probed, is gone): that says nothing of the binary, whose next process
+/// places the probe. Before, the binary was marked examined and the rule had no probe
+/// for good (CI, under load: a 2 ms process exited between its exec event and the
+/// attach). Returns whether probes were placed by this call.
 fn place_probe(
-    engine: &mut TriggerEngine,
+    engine: &mut impl AttachProbes,
     errors: &mut ErrorTally,
     active: &mut ActiveRule,
     (binary, pid): (&Path, Option<u32>),
@@ -1563,9 +1588,12 @@ fn place_probe(
     if active.binaries.contains_key(&key) {
         return false;
     }
+    // The process is gone, not the binary: nothing learned (see above).
+    let vanished =
+        |no_process: bool| pid.is_some() && (no_process || std::fs::metadata(binary).is_err());
     // `limit`: the resource limit that refused it (tried again), if that was why.
     let (placed, limit) = match resolve() {
-        Ok(points) => match engine.attach_probes(active.id, &points) {
+        Ok(points) => match engine.attach(active.id, &points) {
             Ok(probes) => {
                 crate::triggers::engine::log_probes(&active.rule.name, &probes);
                 if active.limited.remove(&key).is_some() {
@@ -1578,6 +1606,17 @@ fn place_probe(
                 active.probe_error = None;
                 active.probe_error_reason = None;
                 (true, None)
+            }
+            Err(e) if vanished(false) => {
+                log::info!(
+                    "rule {}: process {} exited while its probe in {} was attached ({}); \
+                     the binary's next process places it",
+                    active.rule.name,
+                    pid.unwrap_or(0),
+                    binary.display(),
+                    ErrorChain(&e)
+                );
+                return false;
             }
             Err(e) => {
                 let limit = errors.record("probe", &e);
@@ -1604,6 +1643,16 @@ fn place_probe(
                 (false, limit)
             }
         },
+        Err(e) if vanished(matches!(e, ResolveError::NoProcess { .. })) => {
+            log::info!(
+                "rule {}: process {} exited while its probe in {} was resolved ({e}); the \
+                 binary's next process places it",
+                active.rule.name,
+                pid.unwrap_or(0),
+                binary.display()
+            );
+            return false;
+        }
         Err(e) => {
             let msg = e.to_string();
             log::error!(
@@ -1717,7 +1766,11 @@ fn pt_rings_per_process<'a>(rules: impl Iterator<Item = (&'a Rule, BackendReques
 
 #[cfg(test)]
 mod tests {
-    use super::{inherits_instead, pause_sources, pt_rings_per_process, started_after};
+    use super::{
+        ActiveRule, AttachProbes, AttachedProbe, BTreeMap, BTreeSet, ErrorTally, Path,
+        ResolveError, TriggerError, inherits_instead, pause_sources, place_probe,
+        pt_rings_per_process, resolve, started_after,
+    };
     use crate::capture::BackendRequest;
 
     #[test]
@@ -1822,5 +1875,83 @@ rules:
             1,
         ));
         assert!(pause_sources(with_post.iter()).is_empty());
+    }
+
+    /// Attaches nothing: the cases below fail before an attach.
+    struct NoAttach;
+
+    impl AttachProbes for NoAttach {
+        fn attach(
+            &mut self,
+            _: u32,
+            _: &[resolve::ProbePoint],
+        ) -> Result<Vec<AttachedProbe>, TriggerError> {
+            panic!("no attach expected")
+        }
+    }
+
+    /// A process that exits while its probe is being placed (its `/proc/PID/root` path
+    /// gone by the time the binary is resolved) leaves the binary unexamined, for its
+    /// next process; a binary that truly lacks the symbol is examined for good. CI, under
+    /// load: a 2 ms process exited between its exec event and the attach, and the rule
+    /// had no probe for any later process of the binary.
+    #[test]
+    fn a_process_gone_while_its_probe_is_placed_leaves_the_binary_to_the_next() {
+        let rule = rules(
+            "version: 1
+rules:
+  - name: f
+    target: { comm: app }
+    trigger: { function: { symbol: lb_work } }
+",
+        )
+        .remove(0);
+        let mut active = ActiveRule {
+            rule,
+            id: 0,
+            targets: BTreeSet::new(),
+            binaries: BTreeMap::new(),
+            limited: BTreeMap::new(),
+            probe_error: None,
+            probe_error_reason: None,
+            installed_ticks: None,
+            installed_ns: 0,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir.path().join("app");
+        std::fs::write(&binary, b"not an ELF").unwrap();
+        let mut errors = ErrorTally::default();
+        let place = |active: &mut ActiveRule, errors: &mut ErrorTally, gone: bool| {
+            place_probe(&mut NoAttach, errors, active, (&binary, Some(4242)), || {
+                if gone {
+                    // The process exits: its path through /proc goes with it.
+                    std::fs::remove_file(&binary).unwrap();
+                    Err(ResolveError::NoProcess { pid: 4242 })
+                } else {
+                    Err(ResolveError::NoSymbol {
+                        symbol: "lb_work".into(),
+                        path: binary.clone(),
+                        symbols: String::new(),
+                        hint: String::new(),
+                    })
+                }
+            })
+        };
+        assert!(!place(&mut active, &mut errors, true));
+        assert!(
+            active.binaries.is_empty(),
+            "examined: {:?}",
+            active.binaries
+        );
+        assert_eq!(
+            active.probe_error, None,
+            "a vanished process is no probe error"
+        );
+        // The binary's next process: a real answer, kept.
+        std::fs::write(&binary, b"not an ELF").unwrap();
+        assert!(!place(&mut active, &mut errors, false));
+        assert_eq!(active.binaries.len(), 1);
+        assert!(active.probe_error.is_some());
+        assert!(Path::new(&binary).exists());
     }
 }
