@@ -863,11 +863,11 @@ fn blocks<const CHECKED: bool, const N: usize>(
 fn replay_loop<const N: usize>(st: &mut Locals, lp: &mut Loops<'_, '_, N>) -> bool {
     let mut any = false;
     while let Some(key) = loop_runs::key(st.ev.bits, st.ev.left) {
+        if !lp.held.holds(st.ip, key) {
+            break;
+        }
         let run = &lp.held.run;
-        if run.ip != st.ip
-            || run.key != key
-            || !replay(st, (lp.trace, lp.fast, lp.buf, &mut lp.tally.branches), run)
-        {
+        if !replay(st, (lp.trace, lp.fast, lp.buf, &mut lp.tally.branches), run) {
             break;
         }
         any = true;
