@@ -229,14 +229,18 @@ fn the_kernel_stops_sampling_at_the_trigger_and_resumes_after_the_snapshot() {
     );
 }
 
-/// Triggers closer together than a trace file takes to write (60 ms apart; decoding,
-/// symbolizing and writing one takes 60–250 ms here): each snapshot is still copied and its
-/// process unfrozen right after its own trigger, the files being written in the
+/// Triggers closer together than a trace file takes to write (150 ms apart; the first
+/// file, symbols loaded cold, takes 300 ms to seconds here): each snapshot is still copied
+/// and its process unfrozen right after its own trigger, the files being written in the
 /// background. So every snapshot found its own kernel freeze mark (none fell back to the
 /// rings' pause, as when a trigger found its process still frozen for the previous one),
 /// none holds a sample after it, each but the first holds samples recorded after the
 /// previous freeze, no trigger was dropped, and the files and `--json` lines come in
 /// trigger order.
+///
+/// The spacing leaves the event loop time to copy the rings: with both CPUs busy the copy
+/// (8 MiB) and the unfreeze took 30–115 ms after the trigger, and at 60 ms apart (CI) a
+/// trigger could find its process still frozen for the one before.
 #[test]
 fn triggers_closer_than_a_trace_write_are_each_frozen_in_the_kernel() {
     const SNAPSHOTS: usize = 4;
@@ -248,9 +252,9 @@ fn triggers_closer_than_a_trace_write_are_each_frozen_in_the_kernel() {
             "--max-snapshots",
             "4",
             "--trigger",
-            "func:lb_spin>30ms",
+            "func:lb_spin>100ms",
         ],
-        &["spinbg", "60", "6", "600"],
+        &["spinbg", "150", "6", "1200"],
         &[("RUST_LOG", "lookback::cli::record=debug")],
     );
     let log = String::from_utf8_lossy(&out.stderr);
@@ -258,6 +262,14 @@ fn triggers_closer_than_a_trace_write_are_each_frozen_in_the_kernel() {
         log.matches("frozen in the kernel at Some(").count(),
         SNAPSHOTS,
         "every snapshot found its own kernel mark:\n{log}"
+    );
+    // The case this is about happened: a snapshot was taken while an earlier one was
+    // still being written.
+    assert!(
+        log.lines().any(|l| l.contains("snapshot ")
+            && l.contains(" being written")
+            && !l.contains("; 0 being written")),
+        "no snapshot overlapped the write of another:\n{log}"
     );
     assert!(!log.contains("trigger dropped"), "{log}");
     let mut previous_freeze = None;
