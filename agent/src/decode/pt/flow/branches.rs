@@ -132,9 +132,14 @@ impl DecodeCounts {
     }
 }
 
-/// Blocks by (address, mode) for the fast path's walks to a disable.
-pub(crate) type WalkBlocks =
-    HashMap<(u64, ExecMode), Option<FastBlock>, BuildHasherDefault<IpHasher>>;
+/// Blocks by (address, mode) for the fast path's walks to a disable, and the last such
+/// walk whole (`branches_fast.rs`, `toggle`): a loop that calls out of the traced range
+/// disables at the same branch from the same place every time round.
+#[derive(Debug, Default)]
+pub(crate) struct WalkBlocks {
+    pub(crate) blocks: HashMap<(u64, ExecMode), Option<FastBlock>, BuildHasherDefault<IpHasher>>,
+    pub(crate) last: Option<fast::LastWalk>,
+}
 
 /// Instructions decoded without trace progress after which the decoder gives up on a
 /// segment (only corrupt traces get there: code that loops without producing trace).

@@ -449,6 +449,73 @@ fn the_fast_path_takes_a_disable_and_enable_through_a_plt_stub() {
     );
 }
 
+/// Two PLT stubs in one loop, each leaving the traced code: the fast path keeps the last
+/// walk to a disable and takes it again when the next toggle has the same start, disable
+/// IP and mode. Toggles here repeat one stub a random number of times, then go through the
+/// other (whose walk is longer: a direct jump, reported, before its indirect one), with
+/// one of two disable IPs at random: every event, time, offset and count must still be the
+/// general path's, so a walk taken for the wrong toggle shows.
+///
+/// 0x1000: call 0x1100; 0x1005: jne 0x1000; 0x1007: call 0x1120; 0x100c: jne 0x1000;
+/// 0x100e: ret; 0x1100: jmp [rip]; 0x1120: jmp 0x1140; 0x1140: jmp [rip].
+#[test]
+fn toggles_through_two_stubs_take_each_its_own_walk() {
+    let mut code = vec![0x90u8; 0x200];
+    code[..5].copy_from_slice(&[0xe8, 0xfb, 0, 0, 0]);
+    code[5..7].copy_from_slice(&[0x75, 0xf9]);
+    code[7..12].copy_from_slice(&[0xe8, 0x14, 0x01, 0, 0]);
+    code[12..14].copy_from_slice(&[0x75, 0xf2]);
+    code[14] = 0xc3;
+    code[0x100..0x106].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    code[0x120..0x125].copy_from_slice(&[0xe9, 0x1b, 0, 0, 0]);
+    code[0x140..0x146].copy_from_slice(&[0xff, 0x25, 0, 0, 0, 0]);
+    let mut image = Image::new();
+    image.add("stubs", code, 0x1000);
+    let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
+    let mut rng = Rng(0x2f_6b_93_0c_d4_71_5e_a8);
+    let mut trace = PSB.to_vec();
+    trace.extend_from_slice(&[0x99, 0x01, 0x7d]);
+    trace.extend(ip48(0x1000));
+    trace.extend_from_slice(&[0x02, 0x23]);
+    let toggle = |trace: &mut Vec<u8>, rng: &mut Rng, back: u64, taken: bool| {
+        trace.push(0x61);
+        trace.extend(ip48(if rng.next().is_multiple_of(4) {
+            0xa000
+        } else {
+            0x9000
+        }));
+        trace.extend(std::iter::repeat_n(0, (rng.next() % 3) as usize));
+        trace.push(0x71);
+        trace.extend(ip48(back));
+        trace.push(if taken { 0x06 } else { 0x04 });
+    };
+    let (mut stub_a, mut stub_b) = (0, 0);
+    for _ in 0..500 {
+        let repeats = 1 + rng.next() % 4;
+        for n in 0..repeats {
+            toggle(&mut trace, &mut rng, 0x1005, n + 1 < repeats);
+            stub_a += 1;
+        }
+        toggle(&mut trace, &mut rng, 0x100c, true);
+        stub_b += 1;
+    }
+    let (fast, blocks) = same_blocks(&trace, &image, FlowConfig::default(), "two stubs");
+    let events: Vec<BranchEvent> = Branches::new(&trace, &image, FlowConfig::default()).collect();
+    let count = |kind| events.iter().filter(|e| e.kind == kind).count();
+    assert_eq!(count(BranchKind::TraceStop), stub_a + stub_b);
+    assert_eq!(count(BranchKind::Error), 0);
+    // Stub B's direct jump is reported once per pass; stub A has none.
+    let jumps = events
+        .iter()
+        .filter(|e| e.kind == BranchKind::Jump && e.from == 0x1120)
+        .count();
+    assert_eq!(jumps, stub_b);
+    assert!(
+        fast * 10 > blocks * 9,
+        "only {fast} of {blocks} blocks on the fast path"
+    );
+}
+
 /// Stretches of PSB+ headers while tracing is off (KVM-PT writes them every few
 /// hundred bytes): the quiet path takes them a header at a time, with the general
 /// path's events, times, offsets and counts, and leaves to it the headers it does not
