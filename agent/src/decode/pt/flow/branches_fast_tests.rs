@@ -49,8 +49,9 @@ fn same_blocks(
     (fast.fast_blocks, fast.counts.blocks)
 }
 
-/// A PSB+ that starts tracing 64-bit code at 0x1000 (MODE.Exec, FUP, PSBEND): the start
-/// of the hand-made traces below, whose TIPs then give the low two bytes of an address.
+/// A PSB+ that starts tracing 64-bit code at 0x1000 (MODE.Exec, FUP with the IP in full,
+/// PSBEND): the start of the hand-made traces below, whose TIPs then give the low two
+/// bytes of an address or a full one.
 fn at_0x1000() -> Vec<u8> {
     let mut trace = PSB.to_vec();
     trace.extend_from_slice(&[0x99, 0x01, 0x7d, 0x00, 0x10, 0, 0, 0, 0, 0x02, 0x23]);
@@ -415,11 +416,7 @@ fn plt_loop() -> Image {
 fn the_fast_path_takes_a_disable_and_enable_through_a_plt_stub() {
     let image = plt_loop();
     let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
-    let mut trace = PSB.to_vec();
-    // MODE.Exec 64-bit, FUP 0x1000 (sign-extended 48 bits), PSBEND.
-    trace.extend_from_slice(&[0x99, 0x01, 0x7d]);
-    trace.extend(ip48(0x1000));
-    trace.extend_from_slice(&[0x02, 0x23]);
+    let mut trace = at_0x1000();
     let rounds = 2000;
     for round in 0..rounds {
         // TIP.PGD to 0x9000, TIP.PGE at 0x1005 (full IPs), a taken TNT bit.
@@ -473,10 +470,7 @@ fn toggles_through_two_stubs_take_each_its_own_walk() {
     image.add("stubs", code, 0x1000);
     let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
     let mut rng = Rng(0x2f_6b_93_0c_d4_71_5e_a8);
-    let mut trace = PSB.to_vec();
-    trace.extend_from_slice(&[0x99, 0x01, 0x7d]);
-    trace.extend(ip48(0x1000));
-    trace.extend_from_slice(&[0x02, 0x23]);
+    let mut trace = at_0x1000();
     let toggle = |trace: &mut Vec<u8>, rng: &mut Rng, back: u64, taken: bool| {
         trace.push(0x61);
         trace.extend(ip48(if rng.next().is_multiple_of(4) {
@@ -525,10 +519,7 @@ fn quiet_psb_headers_go_as_the_general_path_takes_them() {
     let image = plt_loop();
     let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
     let mut rng = Rng(0x51_7c_c1_b7_27_22_0a_95);
-    let mut trace = PSB.to_vec();
-    trace.extend_from_slice(&[0x99, 0x01, 0x7d]);
-    trace.extend(ip48(0x1000));
-    trace.extend_from_slice(&[0x02, 0x23]);
+    let mut trace = at_0x1000();
     let mut headers = 0;
     let mut tsc = 0x1000u64;
     for round in 0..300u64 {
