@@ -130,7 +130,8 @@ pub fn test(env: &BuildEnv, extra: &[String]) -> Result<()> {
 }
 
 /// Runs each of `failed` (integration tests) once more, alone; returns those that passed.
-/// None when there are more than [`MAX_RERUNS`], or one is not in a known target.
+/// None when there are more than [`MAX_RERUNS`], or one is not in a known target: then
+/// the run fails as it stands.
 fn rerun_alone(env: &BuildEnv, failed: &[Failed]) -> Vec<Failed> {
     if failed.is_empty() || failed.len() > MAX_RERUNS {
         return Vec::new();

@@ -956,6 +956,7 @@ fn replay<const N: usize>(
 
 /// Blocks [`toggle`] walks at most, and instructions per block it decodes at most.
 const TOGGLE_WALK: usize = 8;
+const TOGGLE_BLOCK: u16 = 256;
 
 /// The last walk [`toggle`] took: from `to` to the branch a disable at `off` binds to, in
 /// `mode` (its key), `walked` blocks of `walk`. The walk is a pure function of the key
@@ -967,7 +968,6 @@ pub(crate) struct LastWalk {
     walked: usize,
     walk: [Option<FastBlock>; TOGGLE_WALK],
 }
-const TOGGLE_BLOCK: u16 = 256;
 
 /// A TIP.PGD/TIP.PGE pair [`toggle`] can take: where the PGE is and its size, the IPs
 /// tracing stopped for and resumed at, and the last IP after both.
