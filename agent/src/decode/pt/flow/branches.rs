@@ -132,13 +132,14 @@ impl DecodeCounts {
     }
 }
 
-/// Blocks by (address, mode) for the fast path's walks to a disable, and the last such
-/// walk whole (`branches_fast.rs`, `toggle`): a loop that calls out of the traced range
-/// disables at the same branch from the same place every time round.
+/// Blocks by (address, mode) for the fast path's walks to a disable, and the walks
+/// themselves whole (`branches_fast.rs`, `toggle`): a loop that calls out of the traced
+/// range disables at the same branch from the same place every time round.
 #[derive(Debug, Default)]
 pub(crate) struct WalkBlocks {
     pub(crate) blocks: HashMap<(u64, ExecMode), Option<FastBlock>, BuildHasherDefault<IpHasher>>,
-    pub(crate) last: Option<fast::LastWalk>,
+    /// Walks taken, direct-mapped by their key (`fast::walk_slot`), made at the first.
+    pub(crate) walks: Vec<Option<fast::KeptWalk>>,
 }
 
 /// Instructions decoded without trace progress after which the decoder gives up on a

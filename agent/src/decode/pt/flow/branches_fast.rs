@@ -958,15 +958,56 @@ fn replay<const N: usize>(
 const TOGGLE_WALK: usize = 8;
 const TOGGLE_BLOCK: u16 = 256;
 
-/// The last walk [`toggle`] took: from `to` to the branch a disable at `off` binds to, in
+/// A walk [`toggle`] took: from `to` to the branch a disable at `off` binds to, in
 /// `mode` (its key), `walked` blocks of `walk`. The walk is a pure function of the key
 /// and the image (as [`WalkBlocks`]' blocks are), so a toggle with the same key takes it
-/// without walking: 61 % of a real KVM-PT trace's toggles (mruby) repeat the one before.
-#[derive(Debug)]
-pub(crate) struct LastWalk {
+/// without walking. Kept in a direct-mapped table of [`WALK_SLOTS`]: 61 % of a real
+/// KVM-PT trace's toggles (mruby) repeat the one before, 94 % one of the 64 kept.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeptWalk {
     key: (u64, u64, ExecMode),
     walked: usize,
     walk: [Option<FastBlock>; TOGGLE_WALK],
+}
+
+/// Walks kept, direct-mapped by key (~420 bytes each: 7 pages, made at the first toggle).
+const WALK_SLOTS: usize = 64;
+
+/// The slot of the walk for `key` among [`WALK_SLOTS`] (the hash's top six bits).
+pub(super) fn walk_slot((to, off, _): (u64, u64, ExecMode)) -> usize {
+    let hash = (to ^ off.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    usize::try_from(hash >> 58).unwrap_or(0)
+}
+
+impl WalkBlocks {
+    /// How many blocks the walk kept in `slot` has, if it is the walk for `key`.
+    fn kept(&self, slot: usize, key: (u64, u64, ExecMode)) -> Option<usize> {
+        match self.walks.get(slot) {
+            Some(Some(kept)) if kept.key == key => Some(kept.walked),
+            _ => None,
+        }
+    }
+
+    /// Keeps `walk` in `slot` (the table is made at the first walk kept).
+    fn keep(&mut self, slot: usize, walk: &KeptWalk) {
+        if self.walks.is_empty() {
+            self.walks = vec![None; WALK_SLOTS];
+        }
+        if let Some(entry) = self.walks.get_mut(slot) {
+            *entry = Some(*walk);
+        }
+    }
+
+    /// Block `i` of the walk kept in `slot`.
+    fn step(&self, slot: usize, i: usize) -> Option<FastBlock> {
+        self.walks
+            .get(slot)?
+            .as_ref()?
+            .walk
+            .get(i)
+            .copied()
+            .flatten()
+    }
 }
 
 /// A TIP.PGD/TIP.PGE pair [`toggle`] can take: where the PGE is and its size, the IPs
@@ -1087,17 +1128,17 @@ fn toggle<const N: usize>(
         return false;
     };
     let key = (to, off, fast.mode);
-    let walked = match &lp.walks.last {
-        Some(last) if last.key == key => last.walked,
-        _ => {
-            // Filled in place: returned, the array was a 400-byte copy per toggle.
-            let mut walk = [None; TOGGLE_WALK];
-            let Some(walked) = toggle_walk(view, lp.walks, lp.image, key, &mut walk) else {
-                return false;
-            };
-            lp.walks.last = Some(LastWalk { key, walked, walk });
-            walked
-        }
+    let slot = walk_slot(key);
+    let walked = if let Some(walked) = lp.walks.kept(slot, key) {
+        walked
+    } else {
+        // Filled in place: returned, the array was a 400-byte copy per toggle.
+        let mut walk = [None; TOGGLE_WALK];
+        let Some(walked) = toggle_walk(view, lp.walks, lp.image, key, &mut walk) else {
+            return false;
+        };
+        lp.walks.keep(slot, &KeptWalk { key, walked, walk });
+        walked
     };
     if st.queued + walked + 3 > N {
         return false;
@@ -1108,7 +1149,7 @@ fn toggle<const N: usize>(
     lp.tally.branches[kind.index()] += u64::from(keep);
     emit_one(st, lp, (keep, at_pge), kind, (block.end_ip, to));
     for i in 0..walked {
-        let Some(next) = lp.walks.last.as_ref().and_then(|last| last.walk[i]) else {
+        let Some(next) = lp.walks.step(slot, i) else {
             break;
         };
         let next = &next;

@@ -13,7 +13,7 @@ use super::*;
 use crate::decode::pt::flow::image::Image;
 use crate::decode::pt::packets::cpu::Errata;
 use crate::decode::pt::packets::decoder::PacketDecoder;
-use crate::decode::pt::packets::packet::Packet;
+use crate::decode::pt::packets::packet::{ExecMode, Packet};
 use crate::decode::pt::tools::encode::{CODE_BASE, SynthProgram, encode};
 use crate::decode::pt::tools::ptxed_opts::PtxedOptions;
 
@@ -446,12 +446,13 @@ fn the_fast_path_takes_a_disable_and_enable_through_a_plt_stub() {
     );
 }
 
-/// Two PLT stubs in one loop, each leaving the traced code: the fast path keeps the last
-/// walk to a disable and takes it again when the next toggle has the same start, disable
-/// IP and mode. Toggles here repeat one stub a random number of times, then go through the
+/// Two PLT stubs in one loop, each leaving the traced code: the fast path keeps its walks
+/// to a disable and takes one again when a later toggle has the same start, disable IP
+/// and mode. Toggles here repeat one stub a random number of times, then go through the
 /// other (whose walk is longer: a direct jump, reported, before its indirect one), with
-/// one of two disable IPs at random: every event, time, offset and count must still be the
-/// general path's, so a walk taken for the wrong toggle shows.
+/// one of three disable IPs at random (one the direct jump's target, which ends stub B's
+/// walk there): every event, time, offset and count must still be the general path's, so
+/// a walk taken for the wrong toggle shows.
 ///
 /// 0x1000: call 0x1100; 0x1005: jne 0x1000; 0x1007: call 0x1120; 0x100c: jne 0x1000;
 /// 0x100e: ret; 0x1100: jmp [rip]; 0x1120: jmp 0x1140; 0x1140: jmp [rip].
@@ -471,26 +472,39 @@ fn toggles_through_two_stubs_take_each_its_own_walk() {
     let ip48 = |ip: u64| ip.to_le_bytes()[..6].to_vec();
     let mut rng = Rng(0x2f_6b_93_0c_d4_71_5e_a8);
     let mut trace = at_0x1000();
+    // The disable's IP: outside the code, or stub B's direct jump's target (then the
+    // disable binds to that jump, whose event is dropped: a one-block walk instead of
+    // two, so a walk taken again for another disable IP shows). Returns it. One of the
+    // IPs outside has its walk from stub B (from 0x1007, after the `jne` not taken) in
+    // the same slot of the kept walks as the target's: only the key tells them apart.
+    let slot = |off| fast::walk_slot((0x1007, off, ExecMode::Bits64));
+    let Some(twin) = (0xa000..0xb000).find(|&off| slot(off) == slot(0x1140)) else {
+        panic!("no IP whose walk shares the slot");
+    };
     let toggle = |trace: &mut Vec<u8>, rng: &mut Rng, back: u64, taken: bool| {
+        let off = match rng.next() % 4 {
+            0 => twin,
+            1 => 0x1140,
+            _ => 0x9000,
+        };
         trace.push(0x61);
-        trace.extend(ip48(if rng.next().is_multiple_of(4) {
-            0xa000
-        } else {
-            0x9000
-        }));
+        trace.extend(ip48(off));
         trace.extend(std::iter::repeat_n(0, (rng.next() % 3) as usize));
         trace.push(0x71);
         trace.extend(ip48(back));
         trace.push(if taken { 0x06 } else { 0x04 });
+        off
     };
-    let (mut stub_a, mut stub_b) = (0, 0);
+    let (mut stub_a, mut stub_b, mut b_jumps) = (0, 0, 0);
     for _ in 0..500 {
         let repeats = 1 + rng.next() % 4;
         for n in 0..repeats {
             toggle(&mut trace, &mut rng, 0x1005, n + 1 < repeats);
             stub_a += 1;
         }
-        toggle(&mut trace, &mut rng, 0x100c, true);
+        if toggle(&mut trace, &mut rng, 0x100c, true) != 0x1140 {
+            b_jumps += 1;
+        }
         stub_b += 1;
     }
     let (fast, blocks) = same_blocks(&trace, &image, FlowConfig::default(), "two stubs");
@@ -498,12 +512,13 @@ fn toggles_through_two_stubs_take_each_its_own_walk() {
     let count = |kind| events.iter().filter(|e| e.kind == kind).count();
     assert_eq!(count(BranchKind::TraceStop), stub_a + stub_b);
     assert_eq!(count(BranchKind::Error), 0);
-    // Stub B's direct jump is reported once per pass; stub A has none.
+    // Stub B's direct jump is reported once per pass it does not end; stub A has none.
     let jumps = events
         .iter()
         .filter(|e| e.kind == BranchKind::Jump && e.from == 0x1120)
         .count();
-    assert_eq!(jumps, stub_b);
+    assert_eq!(jumps, b_jumps);
+    assert!(b_jumps > 0 && b_jumps < stub_b, "{b_jumps} of {stub_b}");
     assert!(
         fast * 10 > blocks * 9,
         "only {fast} of {blocks} blocks on the fast path"
