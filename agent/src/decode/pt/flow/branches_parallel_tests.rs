@@ -4,7 +4,7 @@
 //! libipt corpus; and most pieces taken from their worker where nothing is wrong.
 
 use super::fast_tests::{for_each_corpus_case, synth, with_interruptions};
-use super::parallel::{ParallelStats, Split, decode_parallel};
+use super::parallel::{ParallelStats, Split, decode_parallel, decode_parallel_with};
 use super::tests::{PSB, Rng, random_code, random_packet};
 use super::*;
 
@@ -143,4 +143,42 @@ fn the_parallel_decode_is_the_sequential_one_on_the_libipt_corpus() {
         return;
     };
     assert!(cases > 100, "only {cases} corpus cases");
+}
+
+/// A decode that hands its events out while later pieces decode (the timeline stages'
+/// way) keeps at most one piece per thread taken and not handed out: their events are
+/// the memory it holds (a worker that took the next piece without waiting for room
+/// goes past it whenever the hand-out is behind). Each run: the same events as the
+/// sequential decode, in order.
+#[test]
+fn a_streaming_decode_keeps_at_most_a_piece_per_thread_ahead_of_the_hand_out() {
+    for seed in 1..13 {
+        let (trace, image) = synth(seed, 6, 96 * 1024);
+        let expected: Vec<BranchEvent> =
+            Branches::new(&trace, &image, FlowConfig::default()).collect();
+        for threads in [1, 2, 3] {
+            // (One thread cuts only where told to cut at every PSB.)
+            let split = Split {
+                threads,
+                pieces: if threads == 1 { usize::MAX } else { 12 },
+                min_bytes: 0,
+                max_bytes: usize::MAX,
+                balance_bytes: 0,
+            };
+            let mut got = Vec::new();
+            let (_, stats) = decode_parallel_with(
+                &trace,
+                &image,
+                FlowConfig::default(),
+                split,
+                &mut |events| got.extend_from_slice(events),
+            );
+            assert!(stats.pieces > 8, "seed {seed}: {stats:?}");
+            assert!(
+                (1..=threads).contains(&stats.most_ahead),
+                "seed {seed}, {threads} threads: {stats:?}"
+            );
+            assert!(got == expected, "seed {seed}, {threads} threads");
+        }
+    }
 }
