@@ -14,6 +14,7 @@ use crate::decode::pt::packets::decoder::PacketDecoder;
 use crate::decode::pt::packets::last_ip::{LastIp, LastIpError};
 use crate::decode::pt::packets::packet::{self, IpCompression, IpPayload, ModeExec, Packet};
 use crate::decode::pt::packets::parse::{self, PacketError};
+use crate::decode::pt::packets::parse_hot::{Hot, hot_packet, skip_pad_runs};
 use crate::decode::pt::timing::time::{Time, TimeCal, TimeError, TimingConfig};
 
 /// How the event layer decodes.
@@ -325,6 +326,36 @@ impl<'a> EventDecoder<'a> {
                 }
             }
         }
+    }
+
+    /// Steps over the TNT packet in hand and the TNTs (and PADs) right after it without an
+    /// event each, for a caller that would drop their events unread: the flow layer's
+    /// resync after an error (`flow_trailing.rs`), which reads on to an event with an IP
+    /// (real traces: ~70 events a resync, most of them TNTs, each ~250 instructions
+    /// through this layer and the flow layer's). The same as decoding them: a TNT moves
+    /// no clock and no IP, and the next packet is read as `fetch_packet` reads it. Not
+    /// while tracing is off, where a TNT is an error the decode reports. (Not inlined:
+    /// it is on the error path only.)
+    #[inline(never)]
+    pub(crate) fn skip_tnt_run(&mut self) {
+        let Some((offset, Packet::Tnt8(_) | Packet::Tnt64(_), size)) = self.packet else {
+            return;
+        };
+        if !self.enabled {
+            return;
+        }
+        let trace = self.pkt.trace();
+        let mut at = offset + size;
+        loop {
+            at = skip_pad_runs(trace, at);
+            match hot_packet(trace, at) {
+                Hot::Tnt { size, .. } => at += size,
+                Hot::Tip { .. } | Hot::Other => break,
+            }
+        }
+        // (A TNT leaves no block context: none to keep.)
+        self.pkt.seek(at);
+        self.fetch_packet();
     }
 
     /// Finishes a handler that produced `event`: publish it and move to the next packet.

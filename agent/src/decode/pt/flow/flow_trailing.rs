@@ -479,6 +479,8 @@ impl BlockDecoder<'_> {
                     self.ip = ip.unwrap_or(0);
                     return Ok(pending(self));
                 }
+                // The TNTs after it are dropped too: past them at once.
+                EventKind::Tnt { .. } => self.evdec.skip_tnt_run(),
                 _ => {}
             }
             self.fetch_event()?;
