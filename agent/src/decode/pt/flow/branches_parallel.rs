@@ -585,58 +585,37 @@ fn run(
         pool: Pool::default(),
     };
     let pieces = job.ends.len();
-    let threads = split.threads.min(pieces).max(1);
-    let queue = Mutex::new(Queue {
-        pieces: (0..pieces).map(|_| None).collect(),
-        consumed: 0,
-        stop: false,
-    });
-    let changed = Condvar::new();
-    let next = AtomicUsize::new(0);
-    let ahead = AtomicUsize::new(0);
-    let board = Board {
-        queue: &queue,
-        changed: &changed,
-        next: &next,
-        ahead: &ahead,
-        pieces,
-        threads,
-        keep_events,
-    };
-    let work = || {
-        let mut learned = None;
-        while let Some(i) = board.claim() {
-            board.decode(&job, i, &mut learned);
-        }
-    };
     if pieces == 1 {
         // Nothing to cut (a short trace): no threads, no waiting.
         let mut stitch = Stitch::new(&job, pieces);
         stitch.add(0, decode_piece(&job, 0, &mut None), each);
         return (stitch.counts, stitch.stats);
     }
+    let board = Board::new(pieces, split.threads.min(pieces).max(1), keep_events);
+    let work = || {
+        let mut learned = None;
+        while let Some(i) = board.claim() {
+            board.decode(&job, i, &mut learned);
+        }
+    };
     std::thread::scope(|scope| {
         // The calling thread only hands out. (Tried: it decoded too while the piece it
         // hands out next was not ready, with a worker fewer. Faster at real-time
         // priority, but without it the new worker often shared the caller's CPU for a
         // while: qemu's real trace on 2 cores, median of 25 runs 8.2 → 9.9 ms.)
-        for _ in 0..threads {
+        for _ in 0..board.threads {
             scope.spawn(work);
         }
-        let _stop = Stop {
-            queue: &queue,
-            changed: &changed,
-        };
+        let _stop = Stop(&board);
         let mut stitch = Stitch::new(&job, pieces);
         for i in 0..pieces {
             let piece = board.take(i);
             stitch.add(i, piece, each);
-            lock(&queue).consumed = i + 1;
-            changed.notify_all();
+            board.handed_out(i);
         }
         prepare.seed = std::time::Duration::from_nanos(job.seeds.spent.load(Ordering::Relaxed));
         let stats = ParallelStats {
-            most_ahead: ahead.load(Ordering::Relaxed),
+            most_ahead: board.ahead.load(Ordering::Relaxed),
             ..stitch.stats
         };
         (stitch.counts, stats)
@@ -645,17 +624,33 @@ fn run(
 
 /// What the threads of a parallel decode share: the decoded pieces, the next piece no
 /// thread took, and the most pieces taken ahead of the hand-out.
-struct Board<'q, 'a> {
-    queue: &'q Mutex<Queue<'a>>,
-    changed: &'q Condvar,
-    next: &'q AtomicUsize,
-    ahead: &'q AtomicUsize,
+struct Board<'a> {
+    queue: Mutex<Queue<'a>>,
+    changed: Condvar,
+    next: AtomicUsize,
+    ahead: AtomicUsize,
     pieces: usize,
     threads: usize,
     keep_events: bool,
 }
 
-impl<'a> Board<'_, 'a> {
+impl<'a> Board<'a> {
+    fn new(pieces: usize, threads: usize, keep_events: bool) -> Self {
+        Self {
+            queue: Mutex::new(Queue {
+                pieces: (0..pieces).map(|_| None).collect(),
+                consumed: 0,
+                stop: false,
+            }),
+            changed: Condvar::new(),
+            next: AtomicUsize::new(0),
+            ahead: AtomicUsize::new(0),
+            pieces,
+            threads,
+            keep_events,
+        }
+    }
+
     /// A worker's next piece, `None` when there is none left or the hand-out stopped.
     /// Kept events: no more than `threads` pieces ahead of the hand-out (their memory).
     /// Counted ones keep nothing: a worker whose piece ended before the one before it
@@ -665,7 +660,7 @@ impl<'a> Board<'_, 'a> {
         if i >= self.pieces {
             return None;
         }
-        let mut q = lock(self.queue);
+        let mut q = lock(&self.queue);
         while self.keep_events && i >= q.consumed + self.threads && !q.stop {
             q = self.changed.wait(q).unwrap_or_else(PoisonError::into_inner);
         }
@@ -681,8 +676,7 @@ impl<'a> Board<'_, 'a> {
     /// there: the decoder before it decodes the piece again.
     fn decode(&self, job: &Job<'a>, i: usize, learned: &mut Option<Learned>) {
         let mut done = Done {
-            queue: self.queue,
-            changed: self.changed,
+            board: self,
             i,
             piece: None,
         };
@@ -691,13 +685,19 @@ impl<'a> Board<'_, 'a> {
 
     /// The hand-out's piece `i`, once a worker decoded it.
     fn take(&self, i: usize) -> Piece<'a> {
-        let mut q = lock(self.queue);
+        let mut q = lock(&self.queue);
         loop {
             if let Some(piece) = q.pieces.get_mut(i).and_then(Option::take) {
                 return piece;
             }
             q = self.changed.wait(q).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Piece `i` is stitched and its memory given back: workers waiting for room go on.
+    fn handed_out(&self, i: usize) {
+        lock(&self.queue).consumed = i + 1;
+        self.changed.notify_all();
     }
 }
 
@@ -709,8 +709,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Puts a worker's piece (or, if the worker failed, an empty one) in the queue.
 struct Done<'q, 'a> {
-    queue: &'q Mutex<Queue<'a>>,
-    changed: &'q Condvar,
+    board: &'q Board<'a>,
     i: usize,
     piece: Option<Piece<'a>>,
 }
@@ -718,23 +717,20 @@ struct Done<'q, 'a> {
 impl Drop for Done<'_, '_> {
     fn drop(&mut self) {
         let piece = self.piece.take().unwrap_or_else(Piece::none);
-        if let Some(slot) = lock(self.queue).pieces.get_mut(self.i) {
+        if let Some(slot) = lock(&self.board.queue).pieces.get_mut(self.i) {
             *slot = Some(piece);
         }
-        self.changed.notify_all();
+        self.board.changed.notify_all();
     }
 }
 
 /// Stops the workers when the hand-out ends, however it ends.
-struct Stop<'q, 'a> {
-    queue: &'q Mutex<Queue<'a>>,
-    changed: &'q Condvar,
-}
+struct Stop<'q, 'a>(&'q Board<'a>);
 
 impl Drop for Stop<'_, '_> {
     fn drop(&mut self) {
-        lock(self.queue).stop = true;
-        self.changed.notify_all();
+        lock(&self.0.queue).stop = true;
+        self.0.changed.notify_all();
     }
 }
 
