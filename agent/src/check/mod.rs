@@ -28,7 +28,7 @@ pub use pmu::{
 };
 #[cfg(test)]
 pub(crate) use pmu::{INTEL_PT_FORMAT, write_intel_pt_fixture};
-pub use privileges::Capabilities;
+pub use privileges::{Capabilities, own_capabilities};
 pub use tracefs::{MOUNT_FIX, TracefsReport};
 pub use uprobe::{TargetError, UprobesReport, libc_from_maps, symbol_file_offset};
 
@@ -191,7 +191,11 @@ pub struct MachineReport {
     /// (how syscall and signal triggers hook in; needs no tracefs).
     pub raw_tracepoints: Probe,
     pub tracefs: TracefsReport,
+    /// A uprobe perf event (the `uprobe` PMU): `CAP_SYS_ADMIN` since Linux 6.16.
     pub uprobes: UprobesReport,
+    /// A BPF `uprobe_multi` link (Linux 6.6): `CAP_BPF` + `CAP_PERFMON`. Function rules
+    /// take this path when it works.
+    pub uprobe_multi: Probe,
     /// Whether this kernel turns a uprobe on a 5-byte NOP into a call (x86-64, Linux ≥ 6.18):
     /// ~0.35 µs per hit instead of a ~7 µs trap. Decided from the version and architecture;
     /// each attached probe's kind is reported by `run`/`attach` (`probe_kind`).
@@ -212,13 +216,86 @@ pub struct MachineReport {
     pub auto_backend_reason: String,
     /// The event the sampling backend would use (also set when `auto` picks intel-pt).
     pub sampling_event: Option<SamplingEvent>,
-    /// BPF loads, ring buffers work, raw tracepoints attach and uprobes open: every trigger
-    /// kind (function, syscall, signal) can be installed.
+    /// Which rule kinds this process, with its own capabilities, can install.
+    pub rule_kinds: RuleKinds,
+    /// Every rule kind (function, syscall, signal) can be installed.
     pub bpf_triggers_usable: bool,
     /// `auto_backend` is set.
     pub backend_usable: bool,
     /// `bpf_triggers_usable && backend_usable`: `lookback check` exits 0.
     pub ok: bool,
+}
+
+/// Whether each kind of rule can be installed by this process, as it runs now (its
+/// capabilities, this kernel): ✓ with the way it is installed, or ✗ with why not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RuleKinds {
+    /// `trigger.function`: uprobes through a `uprobe_multi` link, else a perf event.
+    pub function: Probe,
+    /// `trigger.syscall`: raw tracepoints `sys_enter`/`sys_exit`.
+    pub syscall: Probe,
+    /// `trigger.signal`: raw tracepoint `signal_generate`.
+    pub signal: Probe,
+}
+
+impl RuleKinds {
+    /// From the probes of the pieces each kind needs.
+    pub fn judge(
+        bpf: &Probe,
+        ringbuf: &Probe,
+        raw_tracepoints: &Probe,
+        uprobes: &Probe,
+        uprobe_multi: &Probe,
+    ) -> Self {
+        let base = [("BPF program load", bpf), ("ring buffer", ringbuf)]
+            .into_iter()
+            .find(|(_, p)| !p.ok)
+            .map(|(what, p)| {
+                Probe::fail(format!(
+                    "{what}: {}",
+                    p.reason.as_deref().unwrap_or("failed")
+                ))
+            });
+        let tracepoint = |detail: &str| {
+            base.clone().unwrap_or_else(|| {
+                if raw_tracepoints.ok {
+                    Probe::pass(detail)
+                } else {
+                    Probe::fail(format!(
+                        "raw tracepoints: {}",
+                        raw_tracepoints.reason.as_deref().unwrap_or("failed")
+                    ))
+                }
+            })
+        };
+        let function = base.clone().unwrap_or_else(|| {
+            if uprobe_multi.ok {
+                Probe::pass("uprobes through uprobe_multi links (CAP_BPF + CAP_PERFMON)")
+            } else if uprobes.ok {
+                Probe::pass("uprobes through perf events")
+            } else {
+                Probe::fail(format!(
+                    "no uprobe can be placed: uprobe_multi link: {}; uprobe perf event: {}",
+                    uprobe_multi.reason.as_deref().unwrap_or("failed"),
+                    uprobes.reason.as_deref().unwrap_or("failed"),
+                ))
+                .with_fix(
+                    "Linux 6.6+ with CAP_BPF and CAP_PERFMON (uprobe_multi links), or \
+                     CAP_SYS_ADMIN (uprobe perf events)",
+                )
+            }
+        });
+        Self {
+            function,
+            syscall: tracepoint("raw tracepoints sys_enter, sys_exit"),
+            signal: tracepoint("raw tracepoint signal_generate"),
+        }
+    }
+
+    /// All three kinds can be installed.
+    pub fn all(&self) -> bool {
+        self.function.ok && self.syscall.ok && self.signal.ok
+    }
 }
 
 /// Probes the live machine.
@@ -236,6 +313,14 @@ pub fn probe_at(paths: &Paths) -> MachineReport {
     let raw_tracepoints = bpf::probe_raw_tracepoints();
     let tracefs = tracefs::probe(paths);
     let uprobes = uprobe::probe(paths);
+    let uprobe_multi = uprobe::probe_multi(paths);
+    let rule_kinds = RuleKinds::judge(
+        &bpf,
+        &ringbuf,
+        &raw_tracepoints,
+        &uprobes.status,
+        &uprobe_multi,
+    );
     let uprobe_nop5_optimization = nop5_optimization(&kernel);
     let perf_event_paranoid = privileges::read_perf_event_paranoid(paths);
     let capabilities = privileges::read_capabilities(paths);
@@ -245,7 +330,7 @@ pub fn probe_at(paths: &Paths) -> MachineReport {
     let hardware_pmu = pmu::probe_hardware_cycles();
     let software_clock = pmu::probe_cpu_clock();
     let choice = choose_backend(&intel_pt, &hardware_pmu, &software_clock);
-    let bpf_triggers_usable = bpf.ok && ringbuf.ok && raw_tracepoints.ok && uprobes.status.ok;
+    let bpf_triggers_usable = rule_kinds.all();
     let backend_usable = choice.backend.is_some();
     MachineReport {
         kernel,
@@ -255,6 +340,7 @@ pub fn probe_at(paths: &Paths) -> MachineReport {
         raw_tracepoints,
         tracefs,
         uprobes,
+        uprobe_multi,
         uprobe_nop5_optimization,
         perf_event_paranoid,
         capabilities,
@@ -266,6 +352,7 @@ pub fn probe_at(paths: &Paths) -> MachineReport {
         auto_backend: choice.backend,
         auto_backend_reason: choice.reason,
         sampling_event: choice.sampling_event,
+        rule_kinds,
         bpf_triggers_usable,
         backend_usable,
         ok: bpf_triggers_usable && backend_usable,
@@ -294,6 +381,11 @@ pub fn nop5_optimization(kernel: &KernelInfo) -> Probe {
             "kernel older than {UPROBE_NOP5_VERSION}: every uprobe is a trap (~7 µs per hit)"
         )),
     }
+}
+
+/// A uprobe perf event on `getpid` in this process's libc (what `uprobes` reports).
+pub fn probe_uprobe_perf_event() -> Probe {
+    uprobe::probe(&Paths::default()).status
 }
 
 /// Only the capture-backend probes (`intel_pt`, cycles, cpu-clock; no BPF): what
@@ -475,6 +567,8 @@ mod tests {
             "ringbuf",
             "tracefs",
             "uprobes",
+            "uprobe_multi",
+            "rule_kinds",
             "perf_event_paranoid",
             "capabilities",
             "intel_pt",
@@ -491,6 +585,61 @@ mod tests {
             report.ok,
             report.bpf_triggers_usable && report.backend_usable
         );
+    }
+}
+
+#[cfg(test)]
+mod rule_kind_tests {
+    use super::{Probe, RuleKinds};
+
+    #[test]
+    fn function_rules_take_a_multi_link_when_the_perf_uprobe_is_refused() {
+        let ok = Probe::pass("ok");
+        let refused = Probe::fail("uprobe: perf_event_open failed: Permission denied");
+        let kinds = RuleKinds::judge(&ok, &ok, &ok, &refused, &ok);
+        assert!(kinds.all());
+        assert!(
+            kinds
+                .function
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.contains("uprobe_multi")),
+            "{kinds:?}"
+        );
+    }
+
+    #[test]
+    fn function_rules_fail_when_neither_path_works_and_say_what_would() {
+        let ok = Probe::pass("ok");
+        let kinds = RuleKinds::judge(&ok, &ok, &ok, &Probe::fail("EACCES"), &Probe::fail("EPERM"));
+        assert!(!kinds.function.ok && kinds.syscall.ok && kinds.signal.ok);
+        let reason = kinds.function.reason.expect("reason");
+        assert!(
+            reason.contains("EACCES") && reason.contains("EPERM"),
+            "{reason}"
+        );
+        assert!(
+            kinds
+                .function
+                .fix
+                .is_some_and(|f| f.contains("CAP_SYS_ADMIN"))
+        );
+    }
+
+    #[test]
+    fn nothing_works_without_bpf() {
+        let ok = Probe::pass("ok");
+        let kinds = RuleKinds::judge(&Probe::fail("EPERM"), &ok, &ok, &ok, &ok);
+        for kind in [&kinds.function, &kinds.syscall, &kinds.signal] {
+            assert!(!kind.ok);
+            assert!(
+                kind.reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("BPF program load"))
+            );
+        }
+        let kinds = RuleKinds::judge(&ok, &ok, &Probe::fail("no"), &ok, &ok);
+        assert!(kinds.function.ok && !kinds.syscall.ok && !kinds.signal.ok);
     }
 }
 

@@ -6,10 +6,13 @@ use serde::Serialize;
 use super::Paths;
 
 /// Capability numbers (`linux/capability.h`).
+const CAP_DAC_READ_SEARCH: u32 = 2;
+const CAP_IPC_LOCK: u32 = 14;
 const CAP_SYS_PTRACE: u32 = 19;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
+const CAP_CHECKPOINT_RESTORE: u32 = 40;
 
 /// The effective privileges of this process.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -28,6 +31,13 @@ pub struct Capabilities {
     pub cap_bpf: bool,
     pub cap_perfmon: bool,
     pub cap_sys_ptrace: bool,
+    /// Read files and search directories whatever their modes (targets' files inside
+    /// containers, through `/proc/PID/root`).
+    pub cap_dac_read_search: bool,
+    /// Lock perf ring memory beyond `kernel.perf_event_mlock_kb`.
+    pub cap_ipc_lock: bool,
+    /// Open `/proc/PID/map_files/` (the very file a process mapped, even deleted).
+    pub cap_checkpoint_restore: bool,
 }
 
 impl Capabilities {
@@ -54,8 +64,16 @@ impl Capabilities {
             cap_bpf: has(CAP_BPF),
             cap_perfmon: has(CAP_PERFMON),
             cap_sys_ptrace: has(CAP_SYS_PTRACE),
+            cap_dac_read_search: has(CAP_DAC_READ_SEARCH),
+            cap_ipc_lock: has(CAP_IPC_LOCK),
+            cap_checkpoint_restore: has(CAP_CHECKPOINT_RESTORE),
         }
     }
+}
+
+/// This process's own effective capabilities (`/proc/self/status`).
+pub fn own_capabilities() -> Capabilities {
+    read_capabilities(&Paths::default())
 }
 
 pub(super) fn read_capabilities(paths: &Paths) -> Capabilities {
@@ -90,6 +108,16 @@ mod tests {
         assert_eq!(caps.euid, Some(0));
         assert_eq!(caps.cap_eff.as_deref(), Some("000001fffeffffff"));
         assert!(caps.cap_sys_admin && caps.cap_bpf && caps.cap_perfmon && caps.cap_sys_ptrace);
+    }
+
+    #[test]
+    fn the_daemonsets_set() {
+        // BPF PERFMON SYS_PTRACE DAC_READ_SEARCH IPC_LOCK, as `setpriv` leaves it.
+        let status = "Uid:\t0\t0\t0\t0\nCapEff:\t000000c000084004\n";
+        let caps = Capabilities::parse_status(status);
+        assert!(caps.cap_bpf && caps.cap_perfmon && caps.cap_sys_ptrace);
+        assert!(caps.cap_dac_read_search && caps.cap_ipc_lock);
+        assert!(!caps.cap_sys_admin && !caps.cap_checkpoint_restore);
     }
 
     #[test]

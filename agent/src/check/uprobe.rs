@@ -1,6 +1,9 @@
 //! uprobes: the `uprobe` PMU in sysfs (Linux 4.17), then a real uprobe and uretprobe on
 //! `getpid` in the libc this process has mapped (or in the executable itself when it is
-//! static), enabled around one call to `getpid` to see it fire.
+//! static), enabled around one call to `getpid` to see it fire; and a BPF `uprobe_multi`
+//! link on the same function (Linux 6.6), the path function rules take when a uprobe perf
+//! event is refused (it needs `CAP_SYS_ADMIN` since Linux 6.16; the link needs only
+//! `CAP_BPF` and `CAP_PERFMON`).
 
 use std::{
     ffi::CString,
@@ -13,6 +16,7 @@ use serde::Serialize;
 use super::{Paths, Probe, error_chain, pmu};
 use crate::sys::{
     SyscallError,
+    bpf::{self, ATTACH_TRACE_UPROBE_MULTI, ProgType, RETURN_ZERO},
     perf::{self, Target, UprobeSpec},
 };
 
@@ -175,7 +179,10 @@ pub(super) fn probe(paths: &Paths) -> UprobesReport {
         Err(err) => {
             report.status = Probe::syscall_failed(&format!("uprobe on {target}"), &err);
             if matches!(err.errno(), Some(libc::EPERM | libc::EACCES)) {
-                report.status = report.status.with_fix("run as root (or grant CAP_PERFMON)");
+                report.status = report.status.with_detail(
+                    "a uprobe perf event needs CAP_SYS_ADMIN since Linux 6.16 (CAP_PERFMON \
+                     before); function rules use uprobe_multi links instead where they work",
+                );
             }
             return report;
         }
@@ -197,6 +204,51 @@ pub(super) fn probe(paths: &Paths) -> UprobesReport {
         "uprobe PMU type {pmu_type}; {ret} on {target} opened; fired {hits}× on one call"
     ));
     report
+}
+
+/// A `uprobe_multi` link of `r0 = 0; exit` on `getpid` in this process's libc, for this
+/// process only, removed at once: whether function probes can be placed the way that
+/// needs only `CAP_BPF` and `CAP_PERFMON`.
+pub(super) fn probe_multi(paths: &Paths) -> Probe {
+    let (path, offset) = match find_target(paths) {
+        Ok(target) => target,
+        Err(err) => return Probe::fail(format!("no function to probe: {}", error_chain(&err))),
+    };
+    let target = format!("{}:{SYMBOL}+{offset:#x}", path.display());
+    let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
+        return Probe::fail(format!("path contains a NUL byte: {}", path.display()));
+    };
+    let prog = match bpf::load_program_for(
+        ProgType::Kprobe,
+        ATTACH_TRACE_UPROBE_MULTI,
+        &RETURN_ZERO,
+        c"GPL",
+        "lb_check_umulti",
+        None,
+    ) {
+        Ok(prog) => prog,
+        Err(err) => {
+            let probe = Probe::syscall_failed("a uprobe_multi program", &err);
+            return if err.errno() == Some(libc::EINVAL) {
+                probe.with_detail("uprobe_multi links need Linux 6.6 or newer")
+            } else {
+                probe
+            };
+        }
+    };
+    match bpf::uprobe_multi_link(
+        prog.as_fd(),
+        &c_path,
+        &[offset],
+        &[0],
+        0,
+        Some(std::process::id()),
+    ) {
+        Ok(_link) => Probe::pass(format!(
+            "uprobe_multi link on {target} created (needs CAP_BPF + CAP_PERFMON)"
+        )),
+        Err(err) => Probe::syscall_failed(&format!("uprobe_multi link on {target}"), &err),
+    }
 }
 
 #[cfg(test)]

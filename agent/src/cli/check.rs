@@ -65,6 +65,9 @@ fn privileges(report: &MachineReport) -> Probe {
         (caps.cap_bpf, "CAP_BPF"),
         (caps.cap_perfmon, "CAP_PERFMON"),
         (caps.cap_sys_ptrace, "CAP_SYS_PTRACE"),
+        (caps.cap_dac_read_search, "CAP_DAC_READ_SEARCH"),
+        (caps.cap_ipc_lock, "CAP_IPC_LOCK"),
+        (caps.cap_checkpoint_restore, "CAP_CHECKPOINT_RESTORE"),
     ]
     .into_iter()
     .filter_map(|(has, name)| has.then_some(name))
@@ -144,6 +147,7 @@ pub fn render(report: &MachineReport) -> String {
     row(&mut out, "raw tracepoints", &report.raw_tracepoints);
     row(&mut out, "tracefs", &report.tracefs.status);
     row(&mut out, "uprobes", &report.uprobes.status);
+    row(&mut out, "uprobe_multi", &report.uprobe_multi);
     row(
         &mut out,
         "uprobe NOP5 opt",
@@ -155,10 +159,15 @@ pub fn render(report: &MachineReport) -> String {
     row(&mut out, "hardware PMU", &report.hardware_pmu);
     row(&mut out, "cpu-clock", &report.software_clock);
     let _ = writeln!(out);
+    let _ = writeln!(out, "rule kinds, with this process's own privileges:");
+    row(&mut out, "function", &report.rule_kinds.function);
+    row(&mut out, "syscall", &report.rule_kinds.syscall);
+    row(&mut out, "signal", &report.rule_kinds.signal);
+    let _ = writeln!(out);
     let triggers = if report.bpf_triggers_usable {
         "usable (function, syscall and signal triggers)"
     } else {
-        "NOT usable: see the ✗ rows for bpf, ringbuf, raw tracepoints, uprobes"
+        "NOT usable for every rule kind: see the ✗ rows above"
     };
     let _ = writeln!(out, "BPF triggers: {triggers}");
     let backend = report.auto_backend.map_or("none", check::Backend::as_str);

@@ -236,12 +236,13 @@ fn histogram_vec(
 }
 
 /// The `reason` values of `lookback_rule_probe_errors`.
-pub const PROBE_ERROR_REASONS: [&str; 5] = [
+pub const PROBE_ERROR_REASONS: [&str; 6] = [
     "symbol_not_found",
     "ambiguous_symbol",
     "too_many_functions",
     "binary_unreadable",
     "attach_failed",
+    "capability",
 ];
 
 /// `lookback_rule_probe_errors` (extension).
@@ -250,7 +251,8 @@ fn probe_errors_gauge(r: &Registry) -> Result<IntGaugeVec, MetricsError> {
         r,
         "lookback_rule_probe_errors",
         "1 while a function rule's probe could not be placed, by reason: symbol_not_found, \
-         ambiguous_symbol, too_many_functions, binary_unreadable, attach_failed; the full \
+         ambiguous_symbol, too_many_functions, binary_unreadable, attach_failed, capability \
+         (the agent's privileges cannot place it); the full \
          text (candidates, debug files looked for) is in the log and /readyz (extension).",
         &["rule", "reason"],
     )

@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod output;
 pub mod pipeline;
 pub mod pod_targets;
+pub mod privileges;
 pub mod readiness;
 pub mod retention;
 pub mod selected;
@@ -274,7 +275,17 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     } else {
         None
     };
+    if std::env::var_os("LOOKBACK_UPROBE_ATTACH").is_some_and(|v| v == "perf-event") {
+        engine.use_perf_event_probes("not used (LOOKBACK_UPROBE_ATTACH=perf-event)");
+    }
+    let assessment = privileges::assess(
+        engine.attach_path(),
+        &check::own_capabilities(),
+        check::probe_uprobe_perf_event,
+    );
+    assessment.log();
     let mut tracer = Tracer::new(engine, opts.proc_root.clone(), auto, early);
+    tracer.set_function_probes(assessment.function.map(|_| ()));
     let mut pods = start_pods(&opts, &rules, &mut tracer);
     let (mut pipeline, mut due) = Pipeline::new(&opts, Arc::clone(&metrics));
     let changes = tracer.apply_rules(&rules)?;

@@ -203,6 +203,9 @@ pub struct Tracer {
     shared_failure: Option<RecorderFailure>,
     /// The processes each rule selected lately, gone ones included (`capture.peers`).
     selected: super::selected::Selected,
+    /// Whether this process's privileges can place function probes; `Err`: why not
+    /// (`daemon::privileges`), each function rule then not ready with that reason.
+    function_probes: Result<(), String>,
 }
 
 /// Where a process's history is recorded.
@@ -256,7 +259,14 @@ impl Tracer {
             pt_per_process_told: 0,
             shared_failure: None,
             selected: super::selected::Selected::default(),
+            function_probes: Ok(()),
         }
+    }
+
+    /// Says whether this process's privileges can place function probes (`Err`: why
+    /// not). Set before the first rules are applied.
+    pub fn set_function_probes(&mut self, allowed: Result<(), String>) {
+        self.function_probes = allowed;
     }
 
     /// Sets the Kubernetes membership test used for `target.kubernetes`.
@@ -720,6 +730,13 @@ impl Tracer {
             installed_ticks: discovery::now_ticks(),
             installed_ns: crate::sys::monotonic_ns(),
         };
+        if let (Trigger::Function(_), Err(why)) = (&rule.trigger, &self.function_probes) {
+            log::error!("rule {}: {why}", rule.name);
+            active.probe_error = Some(why.clone());
+            active.probe_error_reason = Some(super::privileges::CAPABILITY);
+            self.rules.insert(rule.name.clone(), active);
+            return Ok(());
+        }
         // A function rule that names its binary (or an exe target) is probed right away,
         // so that processes started later are covered from their first instruction. Not
         // for pod targets: their paths are inside the containers (/proc/PID/root), never
@@ -1574,6 +1591,17 @@ fn inherits_instead(errno: Option<i32>, ancestor_recorded: bool) -> bool {
 /// places the probe. Before, the binary was marked examined and the rule had no probe
 /// for good (CI, under load: a 2 ms process exited between its exec event and the
 /// attach). Returns whether probes were placed by this call.
+/// The `lookback_rule_probe_errors` reason of a failed attach: `capability` when it was
+/// refused for want of one (a uprobe perf event without `CAP_SYS_ADMIN`, a path the agent
+/// may not look up), not for the binary.
+fn attach_failure_reason(e: &TriggerError) -> &'static str {
+    if matches!(e.attach_errno(), Some(libc::EACCES | libc::EPERM)) {
+        super::privileges::CAPABILITY
+    } else {
+        "attach_failed"
+    }
+}
+
 fn place_probe(
     engine: &mut impl AttachProbes,
     errors: &mut ErrorTally,
@@ -1639,7 +1667,7 @@ fn place_probe(
                     }
                 );
                 active.probe_error = Some(msg);
-                active.probe_error_reason = Some("attach_failed");
+                active.probe_error_reason = Some(attach_failure_reason(&e));
                 (false, limit)
             }
         },

@@ -1,5 +1,7 @@
-//! Raw `bpf(2)`: load a program, create a map, open a raw tracepoint. Used by `check` to
-//! prove (not guess) that this kernel accepts BPF; the trigger loader uses aya instead.
+//! Raw `bpf(2)`: load a program, create a map, open a raw tracepoint, create a
+//! `uprobe_multi` link. Used by `check` to prove (not guess) that this kernel accepts BPF,
+//! and by the trigger loader for what aya 0.14 cannot do: load a program with an expected
+//! attach type of `BPF_TRACE_UPROBE_MULTI` and link it (`triggers::uprobe_multi`).
 //!
 //! The attribute structs below are prefixes of the kernel's `union bpf_attr`; the kernel
 //! zero-fills the fields we do not pass (it copies `min(size, sizeof(bpf_attr))` bytes).
@@ -14,6 +16,13 @@ use super::SyscallError;
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+/// `BPF_TRACE_UPROBE_MULTI` (`enum bpf_attach_type`, Linux 6.6): the expected attach type
+/// of a program for [`uprobe_multi_link`].
+pub const ATTACH_TRACE_UPROBE_MULTI: u32 = 48;
+/// `BPF_F_UPROBE_MULTI_RETURN`: the link's probes are uretprobes.
+pub const UPROBE_MULTI_RETURN: u32 = 1;
 
 /// BPF program types used here (`enum bpf_prog_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +30,8 @@ const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 pub enum ProgType {
     /// `BPF_PROG_TYPE_SOCKET_FILTER`: loadable without any attach point (Linux 3.19).
     SocketFilter = 1,
+    /// `BPF_PROG_TYPE_KPROBE`: kprobes and uprobes (perf events, or multi links).
+    Kprobe = 2,
     /// `BPF_PROG_TYPE_RAW_TRACEPOINT`: attached by tracepoint name (Linux 4.17).
     RawTracepoint = 17,
 }
@@ -69,7 +80,7 @@ impl Insn {
 /// `r0 = 0; exit`: the smallest valid program.
 pub const RETURN_ZERO: [Insn; 2] = [Insn::mov64_imm(0, 0), Insn::exit()];
 
-/// The `BPF_PROG_LOAD` prefix of `union bpf_attr` (no padding: 64 bytes).
+/// The `BPF_PROG_LOAD` prefix of `union bpf_attr` (no padding: 72 bytes).
 #[repr(C)]
 #[derive(Default)]
 struct ProgLoadAttr {
@@ -83,6 +94,27 @@ struct ProgLoadAttr {
     kern_version: u32,
     prog_flags: u32,
     prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+/// The `BPF_LINK_CREATE` prefix of `union bpf_attr` for a `uprobe_multi` link (explicit
+/// padding: 64 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct UprobeMultiLinkAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+    path: u64,
+    offsets: u64,
+    ref_ctr_offsets: u64,
+    cookies: u64,
+    cnt: u32,
+    multi_flags: u32,
+    pid: u32,
+    pad: u32,
 }
 
 /// The `BPF_MAP_CREATE` prefix of `union bpf_attr` (no padding: 20 bytes).
@@ -141,20 +173,79 @@ pub fn load_program(
     license: &CStr,
     name: &str,
 ) -> Result<OwnedFd, SyscallError> {
+    load_program_for(prog_type, 0, insns, license, name, None)
+}
+
+/// [`load_program`] with an expected attach type (`enum bpf_attach_type`; 0 for none)
+/// and, when `log` is given, the verifier's log written into it (level 1) — what the
+/// caller shows when the load fails.
+pub fn load_program_for(
+    prog_type: ProgType,
+    expected_attach_type: u32,
+    insns: &[Insn],
+    license: &CStr,
+    name: &str,
+    log: Option<&mut Vec<u8>>,
+) -> Result<OwnedFd, SyscallError> {
+    let too_big = |_| SyscallError {
+        call: "bpf(BPF_PROG_LOAD)",
+        source: std::io::Error::from_raw_os_error(libc::E2BIG),
+    };
     let mut attr = ProgLoadAttr {
         prog_type: prog_type as u32,
-        insn_cnt: u32::try_from(insns.len()).map_err(|_| SyscallError {
-            call: "bpf(BPF_PROG_LOAD)",
-            source: std::io::Error::from_raw_os_error(libc::E2BIG),
-        })?,
+        insn_cnt: u32::try_from(insns.len()).map_err(too_big)?,
         insns: insns.as_ptr() as u64,
         license: license.as_ptr() as u64,
+        expected_attach_type,
         ..ProgLoadAttr::default()
     };
+    if let Some(log) = log {
+        log.clear();
+        log.resize(1 << 20, 0);
+        attr.log_level = 1;
+        attr.log_size = u32::try_from(log.len()).map_err(too_big)?;
+        attr.log_buf = log.as_mut_ptr() as u64;
+    }
     for (dst, src) in attr.prog_name.iter_mut().take(15).zip(name.bytes()) {
         *dst = src;
     }
     bpf(BPF_PROG_LOAD, &mut attr, "bpf(BPF_PROG_LOAD)")
+}
+
+/// Places uprobes (uretprobes with `flags` = [`UPROBE_MULTI_RETURN`]) at `offsets` of the
+/// file at `path`, every one running `prog` with the cookie of the same index, in every
+/// process that maps the file (only in process `pid` when given); closing the returned link removes them all. `prog` must
+/// have been loaded with [`ATTACH_TRACE_UPROBE_MULTI`]. Linux 6.6; unlike a uprobe perf
+/// event (`CAP_SYS_ADMIN` since Linux 6.16), needs only what loading `prog` needed
+/// (`CAP_BPF` and `CAP_PERFMON`) and a path the caller may look up.
+pub fn uprobe_multi_link(
+    prog: BorrowedFd<'_>,
+    path: &CStr,
+    offsets: &[u64],
+    cookies: &[u64],
+    flags: u32,
+    pid: Option<u32>,
+) -> Result<OwnedFd, SyscallError> {
+    const CALL: &str = "bpf(BPF_LINK_CREATE uprobe_multi)";
+    let invalid = |errno| SyscallError {
+        call: CALL,
+        source: std::io::Error::from_raw_os_error(errno),
+    };
+    if offsets.is_empty() || offsets.len() != cookies.len() {
+        return Err(invalid(libc::EINVAL));
+    }
+    let mut attr = UprobeMultiLinkAttr {
+        prog_fd: u32::try_from(prog.as_raw_fd()).map_err(|_| invalid(libc::EBADF))?,
+        attach_type: ATTACH_TRACE_UPROBE_MULTI,
+        path: path.as_ptr() as u64,
+        offsets: offsets.as_ptr() as u64,
+        cookies: cookies.as_ptr() as u64,
+        cnt: u32::try_from(offsets.len()).map_err(|_| invalid(libc::E2BIG))?,
+        multi_flags: flags,
+        pid: pid.unwrap_or(0),
+        ..UprobeMultiLinkAttr::default()
+    };
+    bpf(BPF_LINK_CREATE, &mut attr, CALL)
 }
 
 /// Creates a map with `BPF_MAP_CREATE`.
@@ -206,7 +297,8 @@ mod tests {
 
     #[test]
     fn attr_layouts_have_no_padding() {
-        assert_eq!(size_of::<ProgLoadAttr>(), 64);
+        assert_eq!(size_of::<ProgLoadAttr>(), 72);
+        assert_eq!(size_of::<UprobeMultiLinkAttr>(), 64);
         assert_eq!(size_of::<MapCreateAttr>(), 20);
         assert_eq!(size_of::<RawTracepointAttr>(), 16);
         assert_eq!(size_of::<Insn>(), 8);

@@ -6,7 +6,7 @@
 //! and program fds); nothing is pinned, so nothing outlives the process.
 use std::{
     collections::{BTreeMap, HashMap},
-    os::fd::{AsFd as _, BorrowedFd},
+    os::fd::{AsFd as _, BorrowedFd, OwnedFd},
 };
 
 use aya::{
@@ -38,8 +38,10 @@ use super::{
     exits::{ExitKind, WalkError},
     plan::{EngineRule, PlanError, rule_spec},
     resolve::{ProbeKind, ProbePoint},
+    uprobe_multi::{self, MultiPrograms},
 };
 use crate::rules::{ReturnProbe, Trigger};
+use crate::sys::SyscallError;
 
 /// The compiled eBPF object (built by agent/build.rs with aya-build).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lookback"));
@@ -119,6 +121,29 @@ pub enum TriggerError {
         #[source]
         source: Box<ProgramError>,
     },
+    #[error("cannot attach {what} for rule {rule} at {path}+{offset:#x} (uprobe_multi link)")]
+    AttachMulti {
+        rule: String,
+        what: &'static str,
+        path: String,
+        offset: u64,
+        #[source]
+        source: SyscallError,
+    },
+}
+
+impl TriggerError {
+    /// The errno of a failed probe attach (`EACCES`, `ENOENT`, ...), whichever path placed it.
+    pub fn attach_errno(&self) -> Option<i32> {
+        match self {
+            Self::Attach { source, .. } => match source.as_ref() {
+                ProgramError::SyscallError(e) => e.io_error.raw_os_error(),
+                _ => None,
+            },
+            Self::AttachMulti { source, .. } => source.errno(),
+            _ => None,
+        }
+    }
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(MapError) -> TriggerError {
@@ -164,19 +189,53 @@ pub struct RuleCounters {
     pub unwound: u64,
 }
 
+/// How function probes are placed: the attach path this kernel and these privileges
+/// allow, decided once at load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachPath {
+    /// BPF `uprobe_multi` links (Linux 6.6): `CAP_BPF` + `CAP_PERFMON` suffice.
+    UprobeMulti,
+    /// uprobe perf events (aya's `UProbe::attach`): `CAP_SYS_ADMIN` on Linux 6.16 and
+    /// newer (and stable kernels with that change); the reason multi links are not used.
+    PerfEvent { why_not_multi: String },
+}
+
+/// A link holding uprobes of one program at `sites` offsets of one file.
+enum ProbeLink {
+    /// One perf-event uprobe (one site), detached through its program.
+    Perf(UProbeLinkId),
+    /// One `uprobe_multi` link; closing it removes all its sites.
+    Multi { _link: OwnedFd, sites: usize },
+}
+
+impl ProbeLink {
+    fn sites(&self) -> usize {
+        match self {
+            Self::Perf(_) => 1,
+            Self::Multi { sites, .. } => *sites,
+        }
+    }
+}
+
 /// The uprobe links of a rule (or of a batch of probe points being attached).
 #[derive(Default)]
 struct Links {
-    entry: Vec<UProbeLinkId>,
-    exit: Vec<UProbeLinkId>,
-    uretprobe: Vec<UProbeLinkId>,
+    entry: Vec<ProbeLink>,
+    exit: Vec<ProbeLink>,
+    uretprobe: Vec<ProbeLink>,
     /// `JUMP_SITES` slots in use by the exit probes.
     jump_sites: Vec<u32>,
 }
 
 impl Links {
+    /// Probe sites held (a multi link counts each of its offsets).
     fn len(&self) -> usize {
-        self.entry.len() + self.exit.len() + self.uretprobe.len()
+        [&self.entry, &self.exit, &self.uretprobe]
+            .iter()
+            .flat_map(|links| links.iter())
+            .map(ProbeLink::sites)
+            .sum()
     }
 
     fn append(&mut self, other: Links) {
@@ -196,6 +255,9 @@ struct LoadedRule {
 /// Loaded programs and the rules they currently enforce.
 pub struct TriggerEngine {
     ebpf: Ebpf,
+    /// The function programs loaded for `uprobe_multi` links; `None`: perf events.
+    multi: Option<MultiPrograms>,
+    attach_path: AttachPath,
     config: EngineConfig,
     rules: BTreeMap<u32, LoadedRule>,
     raw_links: HashMap<&'static str, RawTracePointLinkId>,
@@ -245,6 +307,24 @@ impl TriggerEngine {
             .map_max_entries("TARGET_TGIDS", max_targets)
             .load(EBPF_OBJECT)
             .map_err(|e| TriggerError::Load(Box::new(e)))?;
+        let slots = rule_slots.to_ne_bytes();
+        let (multi, attach_path) = match MultiPrograms::load(
+            &ebpf,
+            EBPF_OBJECT,
+            &[("RULE_SLOTS", &slots)],
+            &[
+                PROG_FUNCTION_ENTRY,
+                PROG_FUNCTION_EXIT,
+                PROG_FUNCTION_RETURN,
+            ],
+        ) {
+            Ok(multi) => (Some(multi), AttachPath::UprobeMulti),
+            Err(e) => {
+                let why = uprobe_multi::error_chain(&e);
+                log::debug!("function probes through uprobe perf events: {why}");
+                (None, AttachPath::PerfEvent { why_not_multi: why })
+            }
+        };
         for name in [
             PROG_FUNCTION_ENTRY,
             PROG_FUNCTION_EXIT,
@@ -261,6 +341,8 @@ impl TriggerEngine {
         filter.load().map_err(prog_err(PROG_SAMPLE_FILTER))?;
         let mut engine = Self {
             ebpf,
+            multi,
+            attach_path,
             config,
             rules: BTreeMap::new(),
             raw_links: HashMap::new(),
@@ -272,6 +354,21 @@ impl TriggerEngine {
         };
         engine.write_config()?;
         Ok(engine)
+    }
+
+    /// How this engine places function probes.
+    pub fn attach_path(&self) -> &AttachPath {
+        &self.attach_path
+    }
+
+    /// Places function probes through uprobe perf events from now on, even where
+    /// `uprobe_multi` links work (`LOOKBACK_UPROBE_ATTACH=perf-event`: a kernel whose
+    /// multi links misbehave, or a test of the older path); `why` says so in reports.
+    pub fn use_perf_event_probes(&mut self, why: &str) {
+        self.multi = None;
+        self.attach_path = AttachPath::PerfEvent {
+            why_not_multi: why.to_owned(),
+        };
     }
 
     /// The aya-log channel of the programs, for the caller to poll (`flush` when readable).
@@ -586,14 +683,14 @@ impl TriggerEngine {
                 }
                 ReturnProbe::Uretprobe => {
                     let cookie = probe::cookie(id, SITE_URETPROBE, false, 0, 0);
-                    let link = self.attach_one(
+                    let placed = self.attach_sites(
                         PROG_FUNCTION_RETURN,
                         rule,
                         point,
-                        point.file_offset,
-                        cookie,
-                    )?;
-                    links.uretprobe.push(link);
+                        &[(point.file_offset, cookie)],
+                        &mut links.uretprobe,
+                    );
+                    placed?;
                     attached.push(attached_probe(point, point.file_offset, "uretprobe"));
                 }
                 ReturnProbe::Exits => {
@@ -606,6 +703,7 @@ impl TriggerEngine {
                             path: path(),
                             reason: reason.clone(),
                         })?;
+                    let mut sites = Vec::with_capacity(exits.len());
                     for exit in exits {
                         let (site, condition, jump_site) = match exit.kind {
                             ExitKind::Ret => (SITE_RET, 0, 0),
@@ -618,14 +716,10 @@ impl TriggerEngine {
                             }
                         };
                         let cookie = probe::cookie(id, site, point.go, condition, jump_site);
-                        let link = self.attach_one(
-                            PROG_FUNCTION_EXIT,
-                            rule,
-                            point,
-                            exit.file_offset,
-                            cookie,
-                        )?;
-                        links.exit.push(link);
+                        sites.push((exit.file_offset, cookie));
+                    }
+                    self.attach_sites(PROG_FUNCTION_EXIT, rule, point, &sites, &mut links.exit)?;
+                    for exit in exits {
                         let mut probe = attached_probe(point, exit.file_offset, exit.kind.name());
                         probe.probe_kind = ProbeKind::Trap;
                         attached.push(probe);
@@ -634,37 +728,66 @@ impl TriggerEngine {
             }
         }
         let cookie = probe::cookie(id, SITE_ENTRY, point.go, 0, 0);
-        let link = self.attach_one(PROG_FUNCTION_ENTRY, rule, point, point.file_offset, cookie)?;
-        links.entry.push(link);
+        let sites = [(point.file_offset, cookie)];
+        self.attach_sites(PROG_FUNCTION_ENTRY, rule, point, &sites, &mut links.entry)?;
         attached.push(attached_probe(point, point.file_offset, "entry"));
         Ok(())
     }
 
-    fn attach_one(
+    /// Places program `name` at the `(file offset, cookie)` `sites` of `point`'s file: one
+    /// `uprobe_multi` link for all of them, else one perf-event uprobe each. The links
+    /// placed go to `out`, also those placed before an error (for the caller to detach).
+    fn attach_sites(
         &mut self,
         name: &'static str,
         rule: &str,
         point: &ProbePoint,
-        file_offset: u64,
-        cookie: u64,
-    ) -> Result<UProbeLinkId, TriggerError> {
-        let prog: &mut UProbe = program(&mut self.ebpf, name)?;
-        let at = UProbeAttachPoint {
-            location: UProbeAttachLocation::AbsoluteOffset(file_offset),
-            cookie: Some(cookie),
+        sites: &[(u64, u64)],
+        out: &mut Vec<ProbeLink>,
+    ) -> Result<(), TriggerError> {
+        let what = if name == PROG_FUNCTION_RETURN {
+            "uretprobe"
+        } else {
+            "uprobe"
         };
-        prog.attach(at, &point.path, UProbeScope::AllProcesses)
-            .map_err(|source| TriggerError::Attach {
-                rule: rule.to_owned(),
-                what: if name == PROG_FUNCTION_RETURN {
-                    "uretprobe"
-                } else {
-                    "uprobe"
-                },
-                path: point.path.display().to_string(),
-                offset: file_offset,
-                source: Box::new(source),
-            })
+        if let Some(multi) = &self.multi {
+            if sites.is_empty() {
+                return Ok(());
+            }
+            let ret = name == PROG_FUNCTION_RETURN;
+            let link = multi
+                .attach(name, &point.path, sites, ret)
+                .map_err(|source| TriggerError::AttachMulti {
+                    rule: rule.to_owned(),
+                    what,
+                    path: point.path.display().to_string(),
+                    offset: sites[0].0,
+                    source,
+                })?;
+            out.push(ProbeLink::Multi {
+                _link: link,
+                sites: sites.len(),
+            });
+            return Ok(());
+        }
+        let prog: &mut UProbe = program(&mut self.ebpf, name)?;
+        for &(file_offset, cookie) in sites {
+            let at = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(file_offset),
+                cookie: Some(cookie),
+            };
+            let link = prog
+                .attach(at, &point.path, UProbeScope::AllProcesses)
+                .map_err(|source| TriggerError::Attach {
+                    rule: rule.to_owned(),
+                    what,
+                    path: point.path.display().to_string(),
+                    offset: file_offset,
+                    source: Box::new(source),
+                })?;
+            out.push(ProbeLink::Perf(link));
+        }
+        Ok(())
     }
 
     /// Writes `jump` to a free `JUMP_SITES` slot and returns it.
@@ -695,11 +818,13 @@ impl TriggerEngine {
             (PROG_FUNCTION_EXIT, &mut links.exit),
             (PROG_FUNCTION_RETURN, &mut links.uretprobe),
         ] {
-            if let Ok(prog) = program::<UProbe>(&mut self.ebpf, name) {
-                for link in links.drain(..) {
-                    if let Err(e) = prog.detach(link) {
-                        log::warn!("detaching {name} of rule {rule}: {e}");
-                    }
+            let mut prog = program::<UProbe>(&mut self.ebpf, name).ok();
+            for link in links.drain(..) {
+                // A multi link is closed (and its probes removed) as it drops here.
+                if let (ProbeLink::Perf(link), Some(prog)) = (link, prog.as_deref_mut())
+                    && let Err(e) = prog.detach(link)
+                {
+                    log::warn!("detaching {name} of rule {rule}: {e}");
                 }
             }
         }

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod pump;
 pub mod resolve;
 pub mod stream;
+pub mod uprobe_multi;
 
 pub use engine::{AttachedProbe, RuleCounters, TriggerEngine, TriggerError};
 pub use event::{TriggerEvent, TriggerKind};
