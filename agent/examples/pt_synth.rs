@@ -138,6 +138,7 @@ fn bundle(program: &SynthProgram, trace: Vec<u8>, elf: &Path) -> Result<Snapshot
                 path: elf.display().to_string(),
                 build_id: None,
             }],
+            origin: lookback::capture::origin::ProcessOrigin::default(),
         }],
         code: Vec::new(),
         window: None,

@@ -19,6 +19,7 @@ use object::{Object as _, read::ReadCache};
 use serde::{Deserialize, Serialize};
 
 use super::EmbedCode;
+use super::origin::ProcessOrigin;
 
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +81,9 @@ pub struct ProcessMaps {
     /// Read at freeze time (`false`: the process had exited; these are older maps).
     pub at_freeze: bool,
     pub maps: Vec<MapEntry>,
+    /// Its cgroup and container, read with the maps.
+    #[serde(default, skip_serializing_if = "ProcessOrigin::is_empty")]
+    pub origin: ProcessOrigin,
 }
 
 /// Code bytes of one executable mapping.
@@ -205,6 +209,7 @@ pub fn read_process(pid: u32, now_ns: u64) -> io::Result<ProcessMaps> {
         read_at_ns: now_ns,
         at_freeze: true,
         maps,
+        origin: ProcessOrigin::read(pid),
     })
 }
 

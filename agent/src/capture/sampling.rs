@@ -305,6 +305,7 @@ impl SamplingRecorder {
                     read_at_ns: exec,
                     at_freeze: false,
                     maps: recorded.maps.into_iter().map(|m| m.entry).collect(),
+                    origin: crate::capture::origin::ProcessOrigin::default(),
                 })
             }
             _ => old.map(|o| {

@@ -50,6 +50,13 @@ pub struct AgentArgs {
     #[arg(long, value_name = "N", default_value_t = lookback_common::process::DEFAULT_MAX_TARGETS,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub max_targets: u32,
+    /// Files of traced processes held open at most (one fd each, shared by every process
+    /// that maps the file), so that a process that crashes or exits, or whose container
+    /// is removed, still has its frames unwound and named; beyond, a file is read by its
+    /// path at decode time (`lookback_held_files_refused_total`). Capped at a quarter of
+    /// the open-file limit.
+    #[arg(long, value_name = "N", default_value_t = crate::capture::held_files::DEFAULT_LIMIT)]
+    pub max_held_files: usize,
     /// Seconds SIGTERM waits for snapshots still being written.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub shutdown_timeout: u64,
@@ -64,6 +71,7 @@ pub fn run(args: AgentArgs) -> CliResult {
         max_queued: args.max_queued,
         bpf_stats: args.bpf_stats,
         max_targets: args.max_targets,
+        max_held_files: args.max_held_files,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
         ..AgentOptions::new(args.config)
     };

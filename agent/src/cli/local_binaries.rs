@@ -149,6 +149,7 @@ mod tests {
                 path: path.to_owned(),
                 build_id: build_id.map(str::to_owned),
             }],
+            origin: crate::capture::origin::ProcessOrigin::default(),
         }];
         snap
     }

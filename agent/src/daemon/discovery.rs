@@ -9,6 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::capture::origin::ProcessOrigin;
 use crate::rules::Target;
 
 /// What the rules can match a process on, read from `/proc/PID`.
@@ -22,6 +23,8 @@ pub struct ProcessInfo {
     pub exe: Option<PathBuf>,
     /// The cgroup v2 path (`0::/path` line of `/proc/PID/cgroup`); `None` on a v1-only host.
     pub cgroup: Option<String>,
+    /// Its cgroup (v2, else v1) and container: the origin of its snapshots.
+    pub origin: ProcessOrigin,
 }
 
 impl ProcessInfo {
@@ -30,14 +33,13 @@ impl ProcessInfo {
         let dir = proc_root.join(pid.to_string());
         let comm = fs::read_to_string(dir.join("comm")).ok()?;
         let exe = fs::read_link(dir.join("exe")).ok();
-        let cgroup = fs::read_to_string(dir.join("cgroup"))
-            .ok()
-            .and_then(|text| cgroup_v2_path(&text));
+        let text = fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
         Some(Self {
             pid,
             comm: comm.trim_end_matches('\n').to_owned(),
             exe,
-            cgroup,
+            cgroup: cgroup_v2_path(&text),
+            origin: ProcessOrigin::parse(&text),
         })
     }
 
@@ -251,6 +253,7 @@ mod tests {
             comm: comm.into(),
             exe: exe.map(PathBuf::from),
             cgroup: cgroup.map(str::to_owned),
+            origin: ProcessOrigin::default(),
         }
     }
 
@@ -301,15 +304,14 @@ mod tests {
         fs::create_dir_all(dir.path().join("self")).unwrap();
         assert_eq!(scan(dir.path()), vec![2, 42]);
         let got = ProcessInfo::read(dir.path(), 42).unwrap();
-        assert_eq!(
-            got,
-            info(
-                42,
-                "myserver",
-                Some("/usr/bin/myserver"),
-                Some("/system.slice/my.service")
-            )
+        let mut want = info(
+            42,
+            "myserver",
+            Some("/usr/bin/myserver"),
+            Some("/system.slice/my.service"),
         );
+        want.origin.cgroup = Some("/system.slice/my.service".to_owned());
+        assert_eq!(got, want);
         let kthread = ProcessInfo::read(dir.path(), 2).unwrap();
         assert_eq!(kthread.exe, None);
         assert!(ProcessInfo::read(dir.path(), 7).is_none());

@@ -19,6 +19,24 @@ pub fn raise_open_files() {
     }
 }
 
+/// The held-file limit to use: `wanted`, at most a quarter of the open-files limit (the
+/// recorders' perf events and the probes need the rest), logged when cut.
+pub fn held_files_limit(wanted: usize) -> usize {
+    let Ok((soft, _)) = rlimit::open_files() else {
+        return wanted;
+    };
+    let cap = usize::try_from(soft / 4).unwrap_or(usize::MAX);
+    if wanted > cap {
+        log::info!(
+            "holding at most {cap} files of traced processes open (--max-held-files \
+             {wanted} is more than a quarter of the open-files limit {soft})"
+        );
+        cap
+    } else {
+        wanted
+    }
+}
+
 /// The errnos that mean a limit of the machine or of the agent, not a bad request.
 const RESOURCE_ERRNOS: [i32; 5] = [
     libc::EMFILE,

@@ -14,7 +14,9 @@
 //! `lookback_rule_probe_errors{rule,reason}`, `lookback_errors_total{op,errno}`
 //! (recorders and probes that could not be set up; see [`super::limits`]),
 //! `lookback_kernel_targets` (processes the kernel's target set holds: selected at exec
-//! or fork in the kernel, beside `lookback_targets{rule}`, those the agent traces), and
+//! or fork in the kernel, beside `lookback_targets{rule}`, those the agent traces),
+//! `lookback_held_files` and `lookback_held_files_refused_total` (the traced processes'
+//! files held open so that their snapshots outlive them: `capture::held_files`), and
 //! the accounting of processes selected at exec and of late probes
 //! ([`super::exec_accounting`]).
 //!
@@ -36,14 +38,15 @@ use std::{
 };
 
 use prometheus::{
-    CounterVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder, core::Collector,
+    CounterVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder, core::Collector,
 };
 
 use super::{
     exec_accounting::{ExecAccounting, Outcome},
     limits::ErrorTally,
 };
+use crate::capture::held_files::HeldStats;
 use crate::triggers::{
     RuleCounters, TriggerEngine,
     engine::{ExecSelected, ProgramStats},
@@ -133,6 +136,8 @@ struct Seen {
     target_set_full: u64,
     /// Processes selected at exec (and their lost records), as last read.
     exec_selected: ExecSelected,
+    /// Files the held-file limit turned away, as last read.
+    held_files_refused: u64,
 }
 
 /// The operations of `lookback_errors_total`, whose series exist from the start.
@@ -154,6 +159,8 @@ pub struct Metrics {
     build_info: IntGaugeVec,
     rules_loaded: IntGauge,
     kernel_targets: IntGauge,
+    held_files: IntGauge,
+    held_files_refused: IntCounter,
     config_reloads: IntCounterVec,
     targets: IntGaugeVec,
     probes_attached: IntGaugeVec,
@@ -258,6 +265,29 @@ fn probe_errors_gauge(r: &Registry) -> Result<IntGaugeVec, MetricsError> {
     )
 }
 
+/// `lookback_held_files` (extension).
+fn held_files_gauge(r: &Registry) -> Result<IntGauge, MetricsError> {
+    int_gauge(
+        r,
+        "lookback_held_files",
+        "Distinct files of traced processes held open, one fd each, so that a process that \
+         exits or whose container is removed still has its frames unwound and named \
+         (extension).",
+    )
+}
+
+/// `lookback_held_files_refused_total` (extension).
+fn held_files_refused_counter(r: &Registry) -> Result<IntCounter, MetricsError> {
+    const NAME: &str = "lookback_held_files_refused_total";
+    let counter = IntCounter::new(
+        NAME,
+        "Files not held because --max-held-files were already held; their frames are named \
+         only while the file stays at its path (extension).",
+    )
+    .map_err(|source| MetricsError::Register { name: NAME, source })?;
+    register(r, NAME, counter)
+}
+
 /// `lookback_function_calls_unmeasured_total` (extension).
 fn unmeasured_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
     counter_vec(
@@ -344,6 +374,8 @@ impl Metrics {
                 "Processes in the kernel's target set (selected at exec or fork in the \
                  kernel, and those the agent added).",
             )?,
+            held_files: held_files_gauge(&r)?,
+            held_files_refused: held_files_refused_counter(&r)?,
             config_reloads: counter_vec(
                 &r,
                 "lookback_config_reloads_total",
@@ -457,6 +489,15 @@ impl Metrics {
     pub fn config_reload(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.config_reloads.with_label_values(&[result]).inc();
+    }
+
+    /// Takes in the held files' statistics (the refused count is absolute).
+    pub fn observe_held_files(&self, stats: HeldStats) {
+        self.held_files
+            .set(i64::try_from(stats.files).unwrap_or(i64::MAX));
+        let mut seen = self.seen();
+        let last = std::mem::replace(&mut seen.held_files_refused, stats.refused);
+        self.held_files_refused.inc_by(delta(last, stats.refused));
     }
 
     pub fn set_kernel_targets(&self, n: usize) {

@@ -172,6 +172,8 @@ fn names_types_and_labels_follow_the_contract() {
         ("lookback_rule_probe_errors", "gauge", &["reason", "rule"]),
         ("lookback_errors_total", "counter", &["errno", "op"]),
         ("lookback_kernel_targets", "gauge", &[]),
+        ("lookback_held_files", "gauge", &[]),
+        ("lookback_held_files_refused_total", "counter", &[]),
         ("lookback_exec_selected_total", "counter", &[]),
         (
             "lookback_exec_selected_outcomes_total",

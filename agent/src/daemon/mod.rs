@@ -85,6 +85,8 @@ pub struct AgentOptions {
     pub bpf_stats: bool,
     /// Processes the kernel's target set holds at most.
     pub max_targets: u32,
+    /// Files of traced processes held open at most (`capture::held_files`).
+    pub max_held_files: usize,
 }
 
 impl AgentOptions {
@@ -101,6 +103,7 @@ impl AgentOptions {
             rescan_interval: rescan_interval(),
             bpf_stats: false,
             max_targets: lookback_common::process::DEFAULT_MAX_TARGETS,
+            max_held_files: crate::capture::held_files::DEFAULT_LIMIT,
         }
     }
 }
@@ -217,6 +220,8 @@ pub(crate) fn release_freed_memory() {
 )]
 async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     limits::raise_open_files();
+    let held_limit = limits::held_files_limit(opts.max_held_files);
+    crate::capture::held_files::HeldFiles::global().set_limit(held_limit);
     let mut config = ConfigFile::new(opts.config.clone());
     let rules = config.load()?;
     remove_stale_temp_files(&opts, &rules);
@@ -259,6 +264,9 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
         engine.take_events()?,
         Box::new(move |record| {
             hook_table.on_trigger(record);
+            // The first to hear of a crash: the files of the process are secured before
+            // it is gone, if it was not traced long enough for the event loop to.
+            crate::capture::held_files::HeldFiles::global().secure_pid(record.pid);
         }),
         Wait::Sleep,
     )?;
@@ -415,16 +423,27 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
 /// Starts the pod watcher when a rule selects by Kubernetes pod; without it (not in a
 /// cluster, no `NODE_NAME`) those rules select nothing, which is logged.
 fn start_pods(opts: &AgentOptions, rules: &RuleSet, tracer: &mut Tracer) -> Option<PodSelection> {
-    if !PodSelection::needed(&rules.rules) {
+    // In a cluster the watcher also names the pod of each snapshot's container (origin),
+    // whatever the rules select by.
+    let needed = PodSelection::needed(&rules.rules);
+    if !needed && std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
         return None;
     }
     match PodSelection::start(opts.proc_root.clone()) {
         Ok(p) => {
             tracer.set_pod_matcher(p.matcher());
+            tracer.set_pod_of(p.pod_of());
             Some(p)
         }
-        Err(e) => {
+        Err(e) if needed => {
             log::error!("kubernetes selectors match nothing: {}", ErrorChain(&e));
+            None
+        }
+        Err(e) => {
+            log::warn!(
+                "snapshots will not name their pods (no pod watcher): {}",
+                ErrorChain(&e)
+            );
             None
         }
     }
@@ -576,6 +595,7 @@ fn refresh_metrics(tracer: &Tracer, metrics: &Metrics) {
         metrics.set_probe_error(&active.rule.name, active.probe_error_reason);
     }
     metrics.observe_program_stats(&tracer.engine().program_stats());
+    metrics.observe_held_files(crate::capture::held_files::HeldFiles::global().stats());
     metrics.observe_errors(tracer.errors());
     match tracer.engine().exec_selected() {
         Ok(now) => metrics.observe_exec_selected(now),

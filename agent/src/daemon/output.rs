@@ -11,12 +11,14 @@ use std::{
     io::{self, Write as _},
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use serde_json::json;
 
 use crate::{
+    capture::held_files::HeldFile,
     rules::{OutputFormat, OutputPolicy},
     snapshot::{self, Snapshot, SnapshotError},
     triggers::{TriggerEvent, TriggerKind},
@@ -33,6 +35,9 @@ pub struct SnapshotJob {
     pub event: TriggerEvent,
     /// The trigger as wall-clock time (ns since the Unix epoch), for the file name.
     pub trigger_unix_ns: u64,
+    /// The files of the snapshot's processes, held until it is written (they may have
+    /// exited, their containers removed).
+    pub held: Vec<Arc<HeldFile>>,
 }
 
 /// The files a snapshot left.
@@ -203,6 +208,10 @@ fn metadata_json(
         obj.insert("truncated_stacks".into(), json!(summary.truncated_stacks));
         // The triggering thread's stack at the trigger, leaf first (extension).
         obj.insert("trigger_stack".into(), json!(summary.trigger_stack));
+        // Node, container, cgroup (and pod) of the triggering process.
+        if let Some(origin) = &meta.origin {
+            obj.insert("origin".into(), json!(origin));
+        }
     }
     let mut text = value.to_string();
     text.push('\n');
@@ -360,6 +369,7 @@ pub(super) mod tests {
             snap: Snapshot::from_captured(captured, None),
             event,
             trigger_unix_ns: 1_700_000_000_000_000_000,
+            held: Vec::new(),
         }
     }
 

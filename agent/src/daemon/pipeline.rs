@@ -30,7 +30,7 @@ use super::{
     targets::{ErrorChain, Tracer},
 };
 use crate::{
-    capture::PeerSet,
+    capture::{PeerSet, held_files::HeldFiles},
     rules::Peers,
     snapshot::{Snapshot, TriggerMeta},
     triggers::TriggerEvent,
@@ -212,10 +212,20 @@ impl Pipeline {
         }
         let mut snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
         snap.meta.debug_dirs = debug_dirs;
+        snap.meta.origin = Some(tracer.origin_of(event.pid, &mut snap.maps));
         if let Some(ns) = snap.meta.trigger_to_freeze_ns {
             self.metrics
                 .trigger_to_freeze(backend, Duration::from_nanos(ns));
         }
+        // The files of its processes stay open until it is written: they may be gone by
+        // then (a crash, a container removed).
+        let maps: Vec<_> = snap
+            .maps
+            .iter()
+            .flat_map(|p| p.maps.iter().cloned())
+            .collect();
+        let mut held = HeldFiles::global().files_for(&maps);
+        held.extend(HeldFiles::global().files_of(event.pid));
         let job = SnapshotJob {
             rule,
             root,
@@ -223,6 +233,7 @@ impl Pipeline {
             policy,
             snap,
             event,
+            held,
         };
         let workers = Arc::clone(&self.workers);
         let metrics = Arc::clone(&self.metrics);

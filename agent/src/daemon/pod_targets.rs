@@ -4,7 +4,8 @@
 //!
 //! Selections are recomputed when the watcher's pod set changes; the daemon then rescans
 //! the processes. A process started later in a selected container is matched at its exec
-//! event like any other.
+//! event like any other. Every pod's containers also name the pod of a snapshot's
+//! container in its origin ([`PodSelection::pod_of`]).
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
@@ -14,9 +15,9 @@ use std::{
 use super::{
     kubernetes::{
         CGROUP_ROOT_ENV, HostPaths, KubeConfig, KubeError, PodWatcher, ProcIndex, ProcessCgroups,
-        matching_containers, targets_from_index,
+        matching_containers, targets_from_index, unified_under,
     },
-    targets::PodMatcher,
+    targets::{PodMatcher, PodOf, PodRef},
 };
 use crate::rules::Rule;
 
@@ -40,6 +41,8 @@ pub struct PodSelection {
     cgroups: HashMap<String, Vec<u64>>,
     /// The rules that select by pod alone, with their selected containers.
     pod_only: Vec<(String, HashSet<String>)>,
+    /// Container id → its pod, of every pod on this node (snapshots' origin).
+    pods_by_container: Arc<Mutex<HashMap<String, PodRef>>>,
 }
 
 /// Container id → cgroup v2 path, shared with the matcher.
@@ -51,7 +54,9 @@ impl PodSelection {
         let watcher = PodWatcher::spawn(KubeConfig::from_env()?)?;
         let mut host = HostPaths::from_env();
         host.proc_root.clone_from(&proc_root);
+        // No v2 hierarchy at or under the root: it may be mounted elsewhere.
         if std::env::var_os(CGROUP_ROOT_ENV).is_none()
+            && unified_under(&host.cgroup_root).is_none()
             && let Some(unified) = cgroup2_mount()
         {
             host.cgroup_root = unified;
@@ -66,6 +71,7 @@ impl PodSelection {
             observed: Arc::default(),
             cgroups: HashMap::new(),
             pod_only: Vec::new(),
+            pods_by_container: Arc::default(),
         })
     }
 
@@ -90,6 +96,23 @@ impl PodSelection {
         }
         self.seen = Some(generation);
         let pods = self.watcher.current();
+        *self
+            .pods_by_container
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = pods
+            .iter()
+            .flat_map(|pod| {
+                pod.containers.iter().filter_map(move |c| {
+                    let id = c.id.as_ref()?.id.clone();
+                    let pod = PodRef {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container: c.name.clone(),
+                    };
+                    Some((id, pod))
+                })
+            })
+            .collect();
         let mut selected: HashMap<String, HashSet<String>> = HashMap::new();
         let rules_with_selectors: Vec<&Rule> = rules
             .iter()
@@ -128,6 +151,17 @@ impl PodSelection {
         }
         *current = selected;
         true
+    }
+
+    /// The container → pod lookup for snapshots' origin.
+    pub fn pod_of(&self) -> PodOf {
+        let pods = Arc::clone(&self.pods_by_container);
+        Box::new(move |id| {
+            pods.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(id)
+                .cloned()
+        })
     }
 
     /// The membership test discovery calls for a rule's `kubernetes` selector.

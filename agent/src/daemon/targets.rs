@@ -23,8 +23,9 @@ use super::early_freeze::EarlyFreeze;
 use super::exec_accounting::Outcome;
 use super::limits::ErrorTally;
 use crate::{
-    capture::{self, BackendRequest, CaptureOptions, Recorder, aux_pause},
+    capture::{self, BackendRequest, CaptureOptions, Recorder, aux_pause, held_files::HeldFiles},
     rules::{self, Rule, RuleSet, Trigger},
+    snapshot::Origin,
     triggers::{
         EngineRule, TriggerEngine, TriggerError,
         engine::{AttachedProbe, FrozenProcesses, kernel_freeze},
@@ -34,6 +35,17 @@ use crate::{
 
 /// Decides whether a process is in a pod a rule's `kubernetes` selector picks.
 pub type PodMatcher = Box<dyn Fn(&Rule, &ProcessInfo) -> bool + Send>;
+
+/// The pod a container (by id) belongs to, when the agent follows the node's pods.
+pub type PodOf = Box<dyn Fn(&str) -> Option<PodRef> + Send>;
+
+/// A container's pod: namespace, pod name and container name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
 
 /// A rule installed in the engine.
 pub struct ActiveRule {
@@ -206,7 +218,21 @@ pub struct Tracer {
     /// Whether this process's privileges can place function probes; `Err`: why not
     /// (`daemon::privileges`), each function rule then not ready with that reason.
     function_probes: Result<(), String>,
+    /// The container → pod lookup of the pod watcher, when one runs.
+    pod_of: Option<PodOf>,
+    /// This node's name (`NODE_NAME`, else the host name), for snapshots' origin.
+    node: String,
+    /// When each traced process's files were first and last secured
+    /// ([`HeldFiles`]): [`Self::refresh_held_files`] secures them again while its loader
+    /// maps libraries, and now and then for `dlopen`.
+    secured: HashMap<u32, (Instant, Instant)>,
 }
+
+/// Files of a process traced less than this long ago are secured again each tick (its
+/// loader maps its libraries right after the exec the agent heard of).
+const SECURE_EARLY: Duration = Duration::from_secs(3);
+/// Files of every traced process are secured again this often (`dlopen`).
+const SECURE_EVERY: Duration = Duration::from_secs(30);
 
 /// Where a process's history is recorded.
 #[derive(Debug, Clone, Copy)]
@@ -260,6 +286,45 @@ impl Tracer {
             shared_failure: None,
             selected: super::selected::Selected::default(),
             function_probes: Ok(()),
+            pod_of: None,
+            node: capture::origin::node_name(),
+            secured: HashMap::new(),
+        }
+    }
+
+    /// Sets the container → pod lookup (the pod watcher's).
+    pub fn set_pod_of(&mut self, f: PodOf) {
+        self.pod_of = Some(f);
+    }
+
+    /// The origin of a snapshot of `pid` whose processes' maps are `maps`: the node, and
+    /// the process's cgroup and container — from its maps read at the freeze, else from
+    /// when it was found (it may be gone) — with its pod where known. Maps without an
+    /// origin (a process gone by the freeze) get the one found earlier.
+    pub fn origin_of(&self, pid: u32, maps: &mut [capture::ProcessMaps]) -> Origin {
+        for m in maps.iter_mut().filter(|m| m.origin.is_empty()) {
+            if let Some(p) = self.processes.get(&m.pid) {
+                m.origin = p.info.origin.clone();
+            }
+        }
+        let process = maps
+            .iter()
+            .find(|m| m.pid == pid && !m.origin.is_empty())
+            .map(|m| m.origin.clone())
+            .or_else(|| self.processes.get(&pid).map(|p| p.info.origin.clone()))
+            .filter(|o| !o.is_empty())
+            .unwrap_or_else(|| capture::origin::ProcessOrigin::read(pid));
+        let pod = process
+            .container_id
+            .as_deref()
+            .and_then(|id| self.pod_of.as_ref().and_then(|f| f(id)));
+        Origin {
+            node: self.node.clone(),
+            container_id: process.container_id,
+            cgroup: process.cgroup,
+            pod: pod.as_ref().map(|p| p.pod.clone()),
+            namespace: pod.as_ref().map(|p| p.namespace.clone()),
+            container: pod.map(|p| p.container),
         }
     }
 
@@ -928,6 +993,12 @@ impl Tracer {
             }
             return Outcome::NotMatching;
         }
+        // First: a process may crash or exit right after its exec, and with it go its
+        // files (in a container, its root).
+        if let std::collections::hash_map::Entry::Vacant(first) = self.secured.entry(pid) {
+            HeldFiles::global().secure_pid(pid);
+            first.insert((Instant::now(), Instant::now()));
+        }
         self.probe_binaries(&info, mask, exec_ns);
         self.selected.note(pid, mask);
         if mask != old {
@@ -1017,10 +1088,29 @@ impl Tracer {
         pids
     }
 
+    /// Secures the files of the processes traced less than [`SECURE_EARLY`] ago (their
+    /// loader is at work) and, every [`SECURE_EVERY`], of the others (`dlopen`); lets go
+    /// of what exited processes held longer than [`held_files::LINGER`] ago.
+    ///
+    /// [`held_files::LINGER`]: capture::held_files::LINGER
+    pub fn refresh_held_files(&mut self) {
+        let held = HeldFiles::global();
+        for (&pid, (first, last)) in &mut self.secured {
+            if first.elapsed() < SECURE_EARLY || last.elapsed() >= SECURE_EVERY {
+                held.secure_pid(pid);
+                *last = Instant::now();
+            }
+        }
+        held.expire(capture::held_files::LINGER);
+    }
+
     /// Stops tracing `pid`. `kernel_gone`: the kernel already removed its target entry
     /// (exit event).
     pub fn forget(&mut self, pid: u32, kernel_gone: bool) {
         self.refused.remove(&pid);
+        if self.secured.remove(&pid).is_some() {
+            HeldFiles::global().release(pid);
+        }
         let Some(traced) = self.processes.remove(&pid) else {
             return;
         };
@@ -1405,6 +1495,7 @@ impl Tracer {
     /// processes are all polled each time, hundreds each in turn (at 500 targets a poll
     /// of all of them took the whole tick, and the agent 1.7 CPUs while nothing happened).
     pub fn poll_recorders(&mut self) {
+        self.refresh_held_files();
         let started = Instant::now();
         let mut pids: Vec<u32> = self.processes.keys().copied().collect();
         pids.sort_unstable();

@@ -122,6 +122,7 @@ fn synth_snapshot_of(
             path: "/nonexistent/synth".to_owned(),
             build_id: None,
         }],
+        origin: crate::capture::origin::ProcessOrigin::default(),
     };
     let captured = CapturedData {
         backend: Backend::IntelPt,

@@ -108,6 +108,25 @@ impl TriggerMeta {
     }
 }
 
+/// Where a snapshot came from: the node, and the triggering process's cgroup and
+/// container (with its pod, namespace and container name when the agent follows the
+/// node's pods). Fields not known are absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    /// `NODE_NAME`, else the host name.
+    pub node: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+}
+
 /// The JSON metadata block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Metadata {
@@ -144,6 +163,9 @@ pub struct Metadata {
     /// the recording machine's `/proc/kallsyms`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernel_symbols: Vec<crate::capture::kallsyms::KernelSymbol>,
+    /// Where it came from (the agent's snapshots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
 }
 
 /// A snapshot bundle in memory.
@@ -178,6 +200,7 @@ impl Snapshot {
                 window_end_ns: data.window.map(|w| w.1),
                 debug_dirs: Vec::new(),
                 kernel_symbols: data.kernel_symbols,
+                origin: None,
             },
             rings: data.rings,
             sideband: data.sideband,

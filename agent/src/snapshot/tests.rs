@@ -83,6 +83,7 @@ fn sample_snapshot() -> Snapshot {
                 path: "/bin/workload".to_owned(),
                 build_id: Some("abcd".to_owned()),
             }],
+            origin: crate::capture::origin::ProcessOrigin::default(),
         }],
         code: vec![CodeRegion {
             pid: 42,

@@ -6,7 +6,8 @@
 //! file has DWARF, and the functions inlined there — or an unknown frame named
 //! `[unknown] 0xADDR (module)` (the reason is kept).
 //!
-//! Only the mapped files are read: the recorded path when it is the same inode, else
+//! Only the mapped files are read: the file held open while the process lived
+//! ([`HeldFiles`], the agent's), else the recorded path when it is the same inode, else
 //! through `/proc/PID/root` while the process lives (containers), else the recorded path;
 //! so this works after the process exited and on another machine with the same files.
 //! Addresses become file offsets (`address - map.start + map.offset`), which blazesym turns
@@ -32,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as Blaze};
 
+use crate::capture::held_files::HeldFiles;
 use crate::capture::kallsyms::{KernelSymbol, is_kernel_address};
 use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
 
@@ -150,8 +152,12 @@ fn short(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-/// The file to read for `entry` of process `pid`.
+/// The file to read for `entry` of process `pid`: the one held open while the process
+/// lived ([`HeldFiles`]: it outlives the process and its container), else by path.
 pub(crate) fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
+    if let Some(held) = HeldFiles::global().find(entry) {
+        return Some(held.path());
+    }
     if !entry.is_file() || entry.path.ends_with(" (deleted)") {
         return None;
     }
@@ -519,6 +525,7 @@ mod tests {
             read_at_ns: 0,
             at_freeze: true,
             maps,
+            origin: crate::capture::origin::ProcessOrigin::default(),
         }
     }
 

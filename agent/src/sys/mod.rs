@@ -75,6 +75,8 @@ pub fn errno_name(errno: i32) -> Option<&'static str> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uname {
     pub sysname: String,
+    /// The host name (of this UTS namespace: a container's own unless `hostNetwork`).
+    pub nodename: String,
     pub release: String,
     pub version: String,
     pub machine: String,
@@ -90,6 +92,7 @@ pub fn uname() -> Result<Uname, SyscallError> {
     }
     Ok(Uname {
         sysname: c_chars_to_string(&buf.sysname),
+        nodename: c_chars_to_string(&buf.nodename),
         release: c_chars_to_string(&buf.release),
         version: c_chars_to_string(&buf.version),
         machine: c_chars_to_string(&buf.machine),

@@ -158,6 +158,30 @@ fn trigger_stack(snap: &Snapshot, symbols: &mut Symbolizer<'_>) -> Vec<StackFram
 
 /// The functions of a trigger stack (leaf first), outermost first, as one line:
 /// `main → run → __libc_open64 → do_syscall_64`.
+/// The name of process `pid`'s track: `comm [pid]`, and ` (container <12 hex digits>)`
+/// when it runs in a container (its maps' origin, or the snapshot's for the triggering
+/// process).
+pub(crate) fn process_track_name(snap: &Snapshot, pid: u32, comm: &str) -> String {
+    let own = snap
+        .maps
+        .iter()
+        .find(|m| m.pid == pid)
+        .and_then(|m| m.origin.short_container_id().map(str::to_owned));
+    let of_trigger = || {
+        snap.meta.trigger.as_ref().filter(|t| t.pid == pid)?;
+        snap.meta
+            .origin
+            .as_ref()?
+            .container_id
+            .as_deref()
+            .map(|id| id[..id.len().min(12)].to_owned())
+    };
+    match own.or_else(of_trigger) {
+        Some(id) => format!("{comm} [{pid}] (container {id})"),
+        None => format!("{comm} [{pid}]"),
+    }
+}
+
 fn stack_line(stack: &[StackFrameName]) -> String {
     let names: Vec<&str> = stack.iter().rev().map(|f| f.function.as_str()).collect();
     names.join(" → ")
@@ -408,7 +432,7 @@ fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceS
     for thread in &threads {
         if named.insert(thread.pid) {
             let comm = ctx.comm_of(thread.pid).unwrap_or_else(|| "?".to_owned());
-            sink.process(thread.pid, &format!("{comm} [{}]", thread.pid))?;
+            sink.process(thread.pid, &process_track_name(snap, thread.pid, &comm))?;
         }
     }
     for thread in &threads {

@@ -272,7 +272,7 @@ pub fn emit(
     let pids: BTreeSet<u32> = keys.iter().map(|k| k.0).collect();
     for pid in pids {
         let comm = comm_of(snap, pid).unwrap_or_else(|| "?".to_owned());
-        sink.process(pid, &format!("{comm} [{pid}]"))?;
+        sink.process(pid, &super::process_track_name(snap, pid, &comm))?;
     }
     for (track, reconstruction) in stacks.tracks {
         let key = track_key(snap, track);

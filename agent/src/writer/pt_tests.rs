@@ -240,6 +240,7 @@ fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
                 path: path.clone(),
                 build_id: None,
             }],
+            origin: crate::capture::origin::ProcessOrigin::default(),
         });
         captured.code.push(CodeRegion {
             pid,

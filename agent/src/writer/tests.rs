@@ -47,6 +47,7 @@ fn own_maps() -> ProcessMaps {
         read_at_ns: 0,
         at_freeze: true,
         maps,
+        origin: crate::capture::origin::ProcessOrigin::default(),
     }
 }
 
@@ -199,6 +200,40 @@ fn chrome_json_has_the_nested_functions_and_the_trigger() {
     let trig = events.iter().find(|e| e["ph"] == "i").expect("instant");
     assert_eq!(trig["args"]["duration_ns"], 1_200_000);
     assert_eq!(trig["args"]["kind"], "function");
+}
+
+/// A process in a container: its track says which one (the first 12 hex digits of the
+/// id, as `docker ps` shows it); its threads' tracks stay `comm [pid] [tid]`.
+#[test]
+fn a_process_in_a_container_names_it_on_its_track() {
+    let id = "edf5184164d5844eac5cdeafc8147feea92df2ad3e928c51dc5c64d37bba1889";
+    let pid = std::process::id();
+    let names = |snap: &Snapshot| {
+        let mut out = Vec::new();
+        encode(snap, &mut out, Format::ChromeJson).expect("encode");
+        let doc: Value = serde_json::from_slice(&out).expect("JSON");
+        let name = |kind: &str| {
+            doc["traceEvents"]
+                .as_array()
+                .expect("events")
+                .iter()
+                .find(|e| e["name"] == kind)
+                .and_then(|e| e["args"]["name"].as_str().map(str::to_owned))
+        };
+        (name("process_name"), name("thread_name"))
+    };
+    let mut snap = snapshot();
+    assert_eq!(
+        names(&snap).0.as_deref(),
+        Some(format!("writer-test [{pid}]").as_str())
+    );
+    snap.maps[0].origin.container_id = Some(id.to_owned());
+    let (process, thread) = names(&snap);
+    assert_eq!(
+        process.as_deref(),
+        Some(format!("writer-test [{pid}] (container edf5184164d5)").as_str())
+    );
+    assert_eq!(thread, Some(format!("writer-test [{pid}] [{pid}]")));
 }
 
 #[test]

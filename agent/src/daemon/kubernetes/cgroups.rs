@@ -24,13 +24,17 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use super::KubeError;
+pub use crate::capture::origin::{
+    CgroupContainer, ProcessCgroups, container_id_of, container_of_path,
+};
 
 /// Where the host's `/proc` and cgroup v2 hierarchy are visible to the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPaths {
     /// Default `/proc`; with `hostPID: true` it already shows every process of the node.
     pub proc_root: PathBuf,
-    /// Default `/sys/fs/cgroup` (a hybrid v1/v2 host: `/sys/fs/cgroup/unified`).
+    /// The cgroup v2 hierarchy: default `/sys/fs/cgroup`, or `LOOKBACK_CGROUP_ROOT`; on a
+    /// hybrid v1/v2 host its `unified/` ([`unified_under`]).
     pub cgroup_root: PathBuf,
 }
 
@@ -59,128 +63,27 @@ impl HostPaths {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<std::ffi::OsString>) -> HostPaths {
         let defaults = HostPaths::default();
         let get = |name| lookup(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let root = get(CGROUP_ROOT_ENV).unwrap_or(defaults.cgroup_root);
         HostPaths {
             proc_root: defaults.proc_root,
-            cgroup_root: get(CGROUP_ROOT_ENV).unwrap_or(defaults.cgroup_root),
+            cgroup_root: unified_under(&root).unwrap_or(root),
         }
     }
+}
+
+/// The cgroup v2 hierarchy at or just under `root`: `root` itself on a v2 host, its
+/// `unified/` on a hybrid one (v1 controllers beside v2, as systemd and this project's
+/// test VM mount them); `None` on a v1-only host. Found by the file only a v2 hierarchy
+/// has at its top (`cgroup.controllers`), so a bind mount of the host's tree anywhere
+/// (`LOOKBACK_CGROUP_ROOT`) is read as it is laid out, not as assumed.
+pub fn unified_under(root: &Path) -> Option<PathBuf> {
+    [root.to_owned(), root.join("unified")]
+        .into_iter()
+        .find(|dir| dir.join("cgroup.controllers").is_file())
 }
 
 /// Deepest directory level searched below the cgroup root for a container's directory.
 const MAX_WALK_DEPTH: usize = 10;
-
-/// Container runtime prefixes of a cgroup directory name (systemd driver, and CRI-O and
-/// Docker under cgroupfs).
-const ID_PREFIXES: [&str; 4] = ["cri-containerd-", "crio-", "docker-", "containerd-"];
-
-/// The container cgroup named in a cgroup path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupContainer {
-    /// The pod uid with dashes, when the path names it.
-    pub pod_uid: Option<String>,
-    /// The 64-hex container id, lowercase.
-    pub container_id: String,
-    /// The path up to and including the container's directory.
-    pub container_path: String,
-}
-
-/// A process's cgroup paths, from `/proc/PID/cgroup`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcessCgroups {
-    /// The `0::PATH` line (cgroup v2, or the unified part of a hybrid host).
-    pub v2: Option<String>,
-    /// The best v1 hierarchy: `name=systemd`, else `memory`, else `cpu`.
-    pub v1: Option<String>,
-}
-
-impl ProcessCgroups {
-    /// Parses a `/proc/PID/cgroup` file: lines `ID:CONTROLLERS:PATH`. Malformed lines are
-    /// skipped (the kernel writes none; a fuzzed file must not fail the whole scan).
-    pub fn parse(text: &str) -> ProcessCgroups {
-        let mut out = ProcessCgroups::default();
-        let mut v1_rank = usize::MAX;
-        for line in text.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(id), Some(controllers), Some(path)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            if !path.starts_with('/') {
-                continue;
-            }
-            if id == "0" && controllers.is_empty() {
-                out.v2 = Some(path.to_owned());
-                continue;
-            }
-            let rank = controllers.split(',').filter_map(v1_rank_of).min();
-            if let Some(rank) = rank.filter(|r| *r < v1_rank) {
-                v1_rank = rank;
-                out.v1 = Some(path.to_owned());
-            }
-        }
-        out
-    }
-
-    /// The container this process is in: the v2 path when it names one, else the v1 path.
-    pub fn container(&self) -> Option<(CgroupContainer, bool)> {
-        if let Some(found) = self.v2.as_deref().and_then(container_of_path) {
-            return Some((found, true));
-        }
-        self.v1
-            .as_deref()
-            .and_then(container_of_path)
-            .map(|found| (found, false))
-    }
-}
-
-fn v1_rank_of(controller: &str) -> Option<usize> {
-    match controller {
-        "name=systemd" => Some(0),
-        "memory" => Some(1),
-        "cpu" | "cpuacct" => Some(2),
-        _ => None,
-    }
-}
-
-/// The container named by a cgroup path: its last component that is a container id
-/// (bare, or with a runtime prefix and `.scope`), and the pod component before it.
-pub fn container_of_path(path: &str) -> Option<CgroupContainer> {
-    let components: Vec<&str> = path.split('/').collect();
-    let index = components
-        .iter()
-        .rposition(|c| container_id_of(c).is_some())?;
-    let container_id = container_id_of(components[index])?;
-    let pod_uid = components[..index].iter().rev().find_map(|c| pod_uid_of(c));
-    Some(CgroupContainer {
-        pod_uid,
-        container_id,
-        container_path: components[..=index].join("/"),
-    })
-}
-
-/// `cri-containerd-<id>.scope`, `crio-<id>.scope`, `docker-<id>.scope`, `crio-<id>`,
-/// `<id>` → the id, when it is 64 hex digits (what all three runtimes use).
-fn container_id_of(component: &str) -> Option<String> {
-    let name = component.strip_suffix(".scope").unwrap_or(component);
-    let id = ID_PREFIXES
-        .iter()
-        .find_map(|prefix| name.strip_prefix(prefix))
-        .unwrap_or(name);
-    (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_ascii_lowercase())
-}
-
-/// `pod<uid>` (cgroupfs) or `kubepods-…-pod<uid with _>.slice` (systemd) → the uid.
-fn pod_uid_of(component: &str) -> Option<String> {
-    let uid = if let Some(slice) = component.strip_suffix(".slice") {
-        let (_, uid) = slice.rsplit_once("-pod")?;
-        uid.replace('_', "-")
-    } else {
-        component.strip_prefix("pod")?.to_owned()
-    };
-    let valid = uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
-    valid.then(|| uid.to_ascii_lowercase())
-}
 
 /// One process found in a container.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,7 +35,7 @@ mod tests_fake_api;
 
 pub use cgroups::{
     CGROUP_ROOT_ENV, CgroupContainer, CgroupResolver, ContainerProcesses, HostPaths, ProcIndex,
-    ProcessCgroups, ProcessEntry, container_of_path, container_processes,
+    ProcessCgroups, ProcessEntry, container_of_path, container_processes, unified_under,
 };
 pub use client::{KubeClient, WatchStream};
 pub use config::{API_OVERRIDE_ENV, KubeConfig, NODE_NAME_ENV, SERVICE_ACCOUNT_DIR};

@@ -8,118 +8,12 @@ use super::*;
 
 const ID: &str = "571d86cad1a9dd89d096771fc32a0ba99ad5c80a6546d4ad5b7381050a1cb138";
 const UID: &str = "3f1c2a4b-5d6e-4f70-8a9b-0c1d2e3f4a5b";
-const UID_: &str = "3f1c2a4b_5d6e_4f70_8a9b_0c1d2e3f4a5b";
 
 fn testdata(name: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("src/daemon/kubernetes/testdata")
         .join(name);
     std::fs::read_to_string(&path).expect("fixture")
-}
-
-fn found(path: &str) -> (Option<String>, String) {
-    let c = container_of_path(path).unwrap_or_else(|| panic!("no container in {path}"));
-    (c.pod_uid, c.container_id)
-}
-
-#[test]
-fn systemd_driver_paths_of_all_runtimes() {
-    for prefix in ["cri-containerd-", "crio-", "docker-"] {
-        let path = format!(
-            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/{prefix}{ID}.scope"
-        );
-        assert_eq!(
-            found(&path),
-            (Some(UID.to_owned()), ID.to_owned()),
-            "{path}"
-        );
-    }
-    // Guaranteed QoS has no class slice.
-    let path = format!("/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope");
-    assert_eq!(found(&path), (Some(UID.to_owned()), ID.to_owned()));
-}
-
-#[test]
-fn cgroupfs_driver_paths() {
-    for last in [ID.to_owned(), format!("crio-{ID}"), format!("docker-{ID}")] {
-        let path = format!("/kubepods/besteffort/pod{UID}/{last}");
-        assert_eq!(
-            found(&path),
-            (Some(UID.to_owned()), ID.to_owned()),
-            "{path}"
-        );
-    }
-    let path = format!("/kubepods/pod{UID}/{ID}");
-    assert_eq!(found(&path), (Some(UID.to_owned()), ID.to_owned()));
-}
-
-#[test]
-fn nested_and_namespaced_paths() {
-    // A sub-cgroup the container made, and kind's node container in front.
-    let kind = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-    let path = format!("/system.slice/docker-{kind}.scope/kubepods/burstable/pod{UID}/{ID}/worker");
-    let c = container_of_path(&path).expect("container");
-    assert_eq!(c.container_id, ID);
-    assert_eq!(c.pod_uid.as_deref(), Some(UID));
-    assert_eq!(
-        c.container_path,
-        format!("/system.slice/docker-{kind}.scope/kubepods/burstable/pod{UID}/{ID}")
-    );
-    // Seen from the agent's own cgroup namespace.
-    let path = format!("/../../kubepods-besteffort-pod{UID_}.slice/cri-containerd-{ID}.scope");
-    assert_eq!(found(&path), (Some(UID.to_owned()), ID.to_owned()));
-}
-
-#[test]
-fn paths_without_containers() {
-    for path in [
-        "/",
-        "/init.scope",
-        "/system.slice/containerd.service",
-        "/user.slice/user-1000.slice/session-3.scope",
-        // CRI-O's monitor process is not the container.
-        "/kubepods.slice/crio-conmon-571d86cad1a9dd89d096771fc32a0ba99ad5c80a6546d4ad5b7381050a1cb138.scope",
-        "/kubepods/burstable/pod3f1c/571d86",
-    ] {
-        assert_eq!(container_of_path(path), None, "{path}");
-    }
-}
-
-#[test]
-fn cgroup_files_v2_v1_and_hybrid() {
-    let v2 = format!(
-        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope\n"
-    );
-    let parsed = ProcessCgroups::parse(&v2);
-    assert!(parsed.v1.is_none());
-    let (c, is_v2) = parsed.container().expect("container");
-    assert!(is_v2);
-    assert_eq!(c.container_id, ID);
-
-    let v1 = format!(
-        "12:pids:/kubepods/burstable/pod{UID}/{ID}\n\
-         11:cpu,cpuacct:/kubepods/burstable/pod{UID}/{ID}\n\
-         4:memory:/kubepods/burstable/pod{UID}/{ID}\n\
-         1:name=systemd:/kubepods/burstable/pod{UID}/{ID}\n\
-         0::/\n"
-    );
-    let parsed = ProcessCgroups::parse(&v1);
-    assert_eq!(parsed.v2.as_deref(), Some("/"));
-    assert_eq!(
-        parsed.v1.as_deref(),
-        Some(format!("/kubepods/burstable/pod{UID}/{ID}").as_str())
-    );
-    let (c, is_v2) = parsed.container().expect("container");
-    assert!(!is_v2, "a v2 path of `/` names no container: v1 decides");
-    assert_eq!(c.pod_uid.as_deref(), Some(UID));
-
-    // memory is preferred over cpu when there is no name=systemd line.
-    let parsed = ProcessCgroups::parse("3:cpu,cpuacct:/a\n2:memory:/b\n5:blkio:/c\n");
-    assert_eq!(parsed.v1.as_deref(), Some("/b"));
-
-    // Garbage lines are skipped, not fatal.
-    let parsed = ProcessCgroups::parse("garbage\n7:x\n0::relative\n\n");
-    assert_eq!(parsed, ProcessCgroups::default());
 }
 
 #[test]
@@ -456,7 +350,8 @@ fn host_paths_go_through_the_process_root() {
 #[test]
 fn host_paths_from_the_environment() {
     let none = HostPaths::from_lookup(|_| None);
-    assert_eq!(none, HostPaths::default());
+    assert_eq!(none.proc_root, HostPaths::default().proc_root);
+    assert!(none.cgroup_root.starts_with("/sys/fs/cgroup"));
     // LOOKBACK_PROC_ROOT is no override (the proc root is `--proc-root`).
     let set = HostPaths::from_lookup(|name| match name {
         "LOOKBACK_CGROUP_ROOT" => Some("/host/sys/fs/cgroup".into()),
@@ -465,4 +360,30 @@ fn host_paths_from_the_environment() {
     });
     assert_eq!(set.cgroup_root, Path::new("/host/sys/fs/cgroup"));
     assert_eq!(set.proc_root, Path::new("/proc"));
+}
+
+/// The host's tree mounted at `LOOKBACK_CGROUP_ROOT`, laid out as cgroup v2, hybrid
+/// (v2 under `unified/`, v1 controllers beside it) or v1 only.
+#[test]
+fn the_v2_hierarchy_is_found_under_the_cgroup_root() {
+    let lookup_at = |root: &Path| {
+        let root = root.as_os_str().to_owned();
+        HostPaths::from_lookup(move |name| (name == CGROUP_ROOT_ENV).then(|| root.clone()))
+    };
+    let v2 = tempfile::tempdir().expect("tempdir");
+    std::fs::write(v2.path().join("cgroup.controllers"), "cpu memory\n").expect("write");
+    assert_eq!(lookup_at(v2.path()).cgroup_root, v2.path());
+    let hybrid = tempfile::tempdir().expect("tempdir");
+    for dir in ["unified", "memory/docker", "cpu"] {
+        std::fs::create_dir_all(hybrid.path().join(dir)).expect("mkdir");
+    }
+    std::fs::write(hybrid.path().join("unified/cgroup.controllers"), "").expect("write");
+    assert_eq!(
+        lookup_at(hybrid.path()).cgroup_root,
+        hybrid.path().join("unified")
+    );
+    let v1 = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(v1.path().join("memory")).expect("mkdir");
+    assert_eq!(lookup_at(v1.path()).cgroup_root, v1.path());
+    assert_eq!(unified_under(v1.path()), None);
 }

@@ -271,6 +271,7 @@ pub fn snapshot(file: &PerfFile) -> Result<Snapshot, ImportError> {
             window_end_ns: None,
             debug_dirs: Vec::new(),
             kernel_symbols: Vec::new(),
+            origin: None,
         },
         rings,
         sideband,

@@ -174,6 +174,7 @@ pub fn snapshot(
             window_end_ns: None,
             debug_dirs: Vec::new(),
             kernel_symbols: Vec::new(),
+            origin: None,
         },
         rings: traces
             .into_iter()
@@ -195,6 +196,7 @@ pub fn snapshot(
             read_at_ns: 0,
             at_freeze: false,
             maps,
+            origin: crate::capture::origin::ProcessOrigin::default(),
         }],
         code: regions,
     }

@@ -218,6 +218,7 @@ impl Builder {
                     read_at_ns: 0,
                     at_freeze: false,
                     maps,
+                    origin: crate::capture::origin::ProcessOrigin::default(),
                 }
             })
             .collect();
