@@ -74,11 +74,29 @@ impl Agent {
 
     /// Starts the agent and waits for its metrics address, not for readiness.
     pub fn launch(rules: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::launch_under(&[], rules, extra, env)
+    }
+
+    /// [`launch`](Self::launch) as `PREFIX... lookback agent ...` (e.g. `setpriv
+    /// --bounding-set ...`: the agent with exactly the manifest's capabilities).
+    pub fn launch_under(
+        prefix: &[&str],
+        rules: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("rules.yaml");
         write_rules(&config, rules);
         let out = dir.path().join("out");
-        let mut cmd = Command::new(lookback_bin());
+        let mut cmd = match prefix.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(lookback_bin());
+                cmd
+            }
+            None => Command::new(lookback_bin()),
+        };
         cmd.args(["agent", "--config"]).arg(&config).args([
             "--metrics-addr",
             "127.0.0.1:0",

@@ -3,6 +3,7 @@
 //! `LOOKBACK_BIN`).
 
 pub mod agent;
+pub mod containers;
 pub mod inputs;
 pub mod toolchains;
 

@@ -5,8 +5,10 @@
 //!   see shared/docs/build-chain.md), into `.tools/bin`; rebuilt when the libLLVM changes;
 //! - tracefs mounted at /sys/kernel/tracing (root only);
 //! - the Debian packages of the toolchains the function-latency tests build their
-//!   workloads with (`tests/src/toolchains.rs`): `g++` and `golang-go`, installed with
-//!   apt-get when missing (root only; a failure is a warning: those tests then fail);
+//!   workloads with (`tests/src/toolchains.rs`): `g++` and `golang-go`, and of the
+//!   software other tests run (`linux-perf`, `redis-server`, `nginx`, `docker.io`,
+//!   `debootstrap`), installed with apt-get when missing (root only; a failure is a
+//!   warning: those tests then fail);
 //! - the `PyPI` `fxt` parser into `.tools/python` (`pip install --target`), which
 //!   `tests/scripts/check_fxt.py` uses to read our FXT traces independently of the writer
 //!   (skipped with a warning when python3 or pip is missing);
@@ -27,13 +29,18 @@ const FXT_VERSION: &str = "0.3.0";
 /// checked with `command -v` and `dpkg-query`, installed with apt-get when both miss.
 /// `perf` (Debian `linux-perf`) and `redis-server` are the side-by-side reference and the
 /// distro program of the unwinding tests (tests/tests/unwind.rs); `nginx` the master +
-/// workers server of the run/attach tests (`tests/tests/run_attach.rs`).
-const TEST_PACKAGES: [(&str, &str); 5] = [
+/// workers server of the run/attach tests (`tests/tests/run_attach.rs`); `docker.io` (the
+/// engine, `dockerd`: a client alone is not enough) and `debootstrap` the container tests
+/// (`tests/tests/containers.rs`: the agent image and the workloads' base image, made
+/// without a registry).
+const TEST_PACKAGES: [(&str, &str); 7] = [
     ("g++", "g++"),
     ("go", "golang-go"),
     ("perf", "linux-perf"),
     ("redis-server", "redis-server"),
     ("nginx", "nginx"),
+    ("dockerd", "docker.io"),
+    ("debootstrap", "debootstrap"),
 ];
 /// Offline Kubernetes JSON schemas for the manifest test (tests/tests/deploy.rs).
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";

@@ -553,9 +553,14 @@ fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String]) {
         .rules()
         .map(|a| RuleProbes {
             rule: &a.rule.name,
+            // A rule the agent's privileges cannot serve is not ready before its first
+            // target shows up: it would never fire for it.
             needs_probes: match &a.rule.trigger {
                 Trigger::Function(f) => {
-                    !a.targets.is_empty() || f.binary.is_some() || a.rule.target.exe.is_some()
+                    !a.targets.is_empty()
+                        || f.binary.is_some()
+                        || a.rule.target.exe.is_some()
+                        || a.probe_error_reason == Some(privileges::CAPABILITY)
                 }
                 _ => false,
             },

@@ -56,10 +56,10 @@ pub struct ActiveRule {
     pub targets: BTreeSet<u32>,
     /// Binaries (device, inode) already examined for the function symbol: probed, or
     /// reported as missing the symbol (reported once, not on every exec).
-    binaries: BTreeMap<(u64, u64), bool>,
+    binaries: BTreeMap<BinaryKey, bool>,
     /// Binaries whose probe a resource limit refused: tried again (not examined for
     /// good), and the agent is not ready while any is left.
-    limited: BTreeMap<(u64, u64), LimitedProbe>,
+    limited: BTreeMap<BinaryKey, LimitedProbe>,
     /// The last probe problem, for readiness and logs.
     pub probe_error: Option<String>,
     /// Its short reason (`lookback_rule_probe_errors`).
@@ -69,6 +69,47 @@ pub struct ActiveRule {
     /// while.
     installed_ticks: Option<u64>,
     installed_ns: u64,
+}
+
+/// Which file a binary is, for placing its probe once: a uprobe goes on the file's real
+/// inode, so every process (and every container) that runs it is covered by one probe.
+///
+/// A file on an overlay file system (a container's root) shows the overlay's device,
+/// which differs for every container, over the inode of the image layer's file, which
+/// they share: there the key is its inode number with its size and modification and
+/// change times (the layer file's), not the device. Elsewhere it is (device, inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct BinaryKey {
+    /// 0 on an overlay file system.
+    dev: u64,
+    ino: u64,
+    /// 0 unless on an overlay file system.
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl BinaryKey {
+    fn of(path: &Path, meta: &std::fs::Metadata) -> Self {
+        if crate::sys::is_overlayfs(path) {
+            let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+            Self {
+                dev: 0,
+                ino: meta.ino(),
+                size: meta.size(),
+                mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+                ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+            }
+        } else {
+            Self {
+                dev: meta.dev(),
+                ino: meta.ino(),
+                size: 0,
+                mtime_ns: 0,
+                ctime_ns: 0,
+            }
+        }
+    }
 }
 
 /// A probe a resource limit refused (`EMFILE`, `ENOMEM`, ...): tried again each
@@ -1399,7 +1440,7 @@ impl Tracer {
     /// once a second: for the process they were for while it lives (gone: the next
     /// process of the binary tries), or the binary the rule names.
     fn retry_probes(&mut self) {
-        let due: Vec<(String, (u64, u64), LimitedProbe)> = self
+        let due: Vec<(String, BinaryKey, LimitedProbe)> = self
             .rules
             .iter()
             .flat_map(|(name, r)| {
@@ -1416,7 +1457,8 @@ impl Tracer {
             let id = active.id;
             // The binary is gone or replaced (another inode at the path): nothing left to
             // retry; a new binary is probed when a process of it shows up.
-            let same = std::fs::metadata(&probe.binary).is_ok_and(|m| (m.dev(), m.ino()) == key);
+            let same = std::fs::metadata(&probe.binary)
+                .is_ok_and(|m| BinaryKey::of(&probe.binary, &m) == key);
             // Its process gone, or running another binary now: the same.
             let info = probe
                 .pid
@@ -1703,7 +1745,7 @@ fn place_probe(
     let Ok(meta) = std::fs::metadata(binary) else {
         return false;
     };
-    let key = (meta.dev(), meta.ino());
+    let key = BinaryKey::of(binary, &meta);
     if active.binaries.contains_key(&key) {
         return false;
     }

@@ -99,6 +99,27 @@ pub fn uname() -> Result<Uname, SyscallError> {
     })
 }
 
+/// `OVERLAYFS_SUPER_MAGIC`: the file system of container root file systems (Docker's
+/// and containerd's `overlay2` / `overlayfs` snapshotters).
+const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
+
+/// Whether `path` is on an overlay file system (`statfs(2)`); `false` when it cannot be
+/// asked.
+pub fn is_overlayfs(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `statfs` is plain old data; all-zero is a valid value.
+    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is NUL-terminated and `buf` is a valid, writable `statfs` for the
+    // duration of the call.
+    if unsafe { libc::statfs(c_path.as_ptr(), &raw mut buf) } != 0 {
+        return false;
+    }
+    buf.f_type == OVERLAYFS_SUPER_MAGIC
+}
+
 /// The system page size (`sysconf(_SC_PAGESIZE)`); `None` if the call fails.
 pub fn page_size() -> Option<usize> {
     // SAFETY: `sysconf` only reads a configuration value; no memory is passed.
