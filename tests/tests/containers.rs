@@ -176,8 +176,11 @@ fn exercise(docker: &'static Docker, out: &Path, metric: Metric<'_>, log: &dyn F
     check_crash(&metas[0], &trace, &crash_id);
 
     // Short-lived programs (< 100 ms) in containers: every slow call fires, every
-    // snapshot named. Two runs: the second container's binary is the same file (the
-    // image layer) as the first's.
+    // snapshot named. The crash above ran the same binary (the image layer's file), so
+    // its probe is in place from their first instruction: a binary never seen before is
+    // probed only once its first process's exec event is handled (~10-20 ms here; calls
+    // before that count in lookback_function_probes_late_total).
+    wait_metric(metric, "lookback_probes_attached", "slow-step", 2.0, log);
     let mut ids = BTreeSet::new();
     let mut probes = Vec::new();
     for _ in 0..2 {
@@ -248,6 +251,25 @@ fn exercise(docker: &'static Docker, out: &Path, metric: Metric<'_>, log: &dyn F
     }
 }
 
+/// Waits until `name{rule}` is at least `at_least`.
+fn wait_metric(
+    metric: Metric<'_>,
+    name: &str,
+    rule: &str,
+    at_least: f64,
+    log: &dyn Fn() -> String,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(name, &[("rule", rule)]) < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "{name}{{rule={rule}}} < {at_least}; log:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits until no lookback program is loaded (the kernel frees them once their last fd
 /// is closed, after an RCU grace period); the ones still loaded.
 fn programs_left() -> Vec<String> {
@@ -288,6 +310,7 @@ fn the_agent_container_traces_other_containers_as_the_manifest_runs_it() {
     assert_eq!(agent.stop(), 0, "exit code; log:\n{}", agent.log());
     let left = programs_left();
     assert!(left.is_empty(), "programs left behind: {left:?}");
+    assert_eq!(lookback_links(), 0, "uprobe_multi links left behind");
 }
 
 #[test]
@@ -305,6 +328,16 @@ rules:
 ";
     let mut agent = AgentContainer::start(docker, rules);
     let run = |agent: &AgentContainer| {
+        // A first process of the binary has it probed (see `exercise`).
+        let warm = Workload::run(docker, &[], &["sleeps", "1", "1"]);
+        assert_eq!(warm.wait(), 0);
+        wait_metric(
+            &|n, l| agent.metric(n, l),
+            "lookback_probes_attached",
+            "slow-step",
+            2.0,
+            &|| agent.log(),
+        );
         let w = Workload::run(docker, &[], &["steps", "3", "6"]);
         assert_eq!(w.wait(), 0);
         let deadline = Instant::now() + Duration::from_secs(30);

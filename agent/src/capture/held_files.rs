@@ -18,8 +18,10 @@
 //!
 //! Cost: one fd per distinct file, and the kernel keeps its inode (of a deleted file,
 //! its blocks too) while held. No file memory is read here. At most
-//! [`HeldFiles::set_limit`] files (default [`DEFAULT_LIMIT`]) are held; beyond that a
-//! file is not held (counted in [`HeldStats::refused`]) and readers fall back to its path.
+//! [`HeldFiles::set_limit`] files (default [`DEFAULT_LIMIT`]) are held, and none that
+//! would leave less than an eighth of the open-files limit free (the recorders' and
+//! probes' fds come first); a file not held is counted in [`HeldStats::refused`] and
+//! readers fall back to its path.
 //!
 //! In: pids and their maps. Out: [`HeldFile`]s, found by a map entry's device and inode.
 #![forbid(unsafe_code)]
@@ -193,6 +195,10 @@ impl HeldFiles {
                     continue;
                 };
                 inner = self.lock();
+                if !leaves_room(&file) {
+                    inner.refused += 1;
+                    continue;
+                }
                 // Another thread may have held it meanwhile: one fd per file.
                 inner.live(&key).unwrap_or_else(|| {
                     let held = Arc::new(HeldFile {
@@ -272,6 +278,17 @@ impl HeldFiles {
             refused: inner.refused,
         }
     }
+}
+
+/// Whether holding `file` leaves the recorders, probes and the HTTP server their fds:
+/// the kernel hands out the lowest free descriptor, so when this one is within an eighth
+/// of the open-files limit (at least 16) of it, few or none are left above it.
+fn leaves_room(file: &File) -> bool {
+    let Ok((soft, _)) = crate::sys::rlimit::open_files() else {
+        return true;
+    };
+    let fd = u64::try_from(file.as_raw_fd()).unwrap_or(u64::MAX);
+    fd.saturating_add((soft / 8).max(16)) < soft
 }
 
 /// Opens the file `entry` of process `pid` maps, when what opens is that very file.
