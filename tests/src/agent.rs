@@ -11,8 +11,7 @@
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::TcpStream,
+    io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -178,36 +177,14 @@ impl Agent {
 
     /// `GET path` → (status, body).
     pub fn get(&self, path: &str) -> (u16, String) {
-        let Ok(mut s) = TcpStream::connect(&self.addr) else {
-            return (0, String::new());
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        );
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = text.split_once("\r\n\r\n").map_or("", |b| b.1).to_owned();
-        (status, body)
+        crate::http_get(&self.addr, path)
     }
 
     /// Every sample of `/metrics`, keyed `name{labels}` as exposed.
     pub fn metrics(&self) -> BTreeMap<String, f64> {
         let (status, body) = self.get("/metrics");
         assert_eq!(status, 200, "{body}");
-        body.lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-            .filter_map(|l| {
-                let (key, value) = l.rsplit_once(' ')?;
-                Some((key.to_owned(), value.parse().ok()?))
-            })
-            .collect()
+        parse_metrics(&body)
     }
 
     /// The value of `name` with exactly `labels` (as `k="v"` pairs, any order); 0 when absent.
@@ -217,25 +194,7 @@ impl Agent {
 
     /// The value of `name` with exactly `labels`; `None` when the series is not exposed.
     pub fn metric_opt(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
-        self.metrics()
-            .iter()
-            .find(|(key, _)| {
-                let Some(rest) = key.strip_prefix(name) else {
-                    return false;
-                };
-                let inner = rest.trim_start_matches('{').trim_end_matches('}');
-                let mut have: Vec<&str> = if inner.is_empty() {
-                    Vec::new()
-                } else {
-                    inner.split(',').collect()
-                };
-                have.sort_unstable();
-                let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
-                want.sort_unstable();
-                (rest.is_empty() || rest.starts_with('{')) && have == want
-            })
-            .map(|(_, v)| *v)
+        series_value(&self.metrics(), name, labels)
     }
 
     /// Waits until `name{labels}` is at least `at_least` and stopped moving (two reads
@@ -439,4 +398,45 @@ pub fn sample_times(snap: &Snapshot, pid: u32) -> Vec<u64> {
         .filter(|s| s.pid == Some(pid))
         .filter_map(|s| s.time)
         .collect()
+}
+
+/// Every sample of a Prometheus text exposition, keyed `name{labels}` as exposed.
+#[must_use]
+pub fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            Some((key.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The value of `name` with exactly `labels` (as `k="v"` pairs, any order) among
+/// `samples`; `None` when the series is not there.
+#[must_use]
+pub fn series_value(
+    samples: &BTreeMap<String, f64>,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    samples
+        .iter()
+        .find(|(key, _)| {
+            let Some(rest) = key.strip_prefix(name) else {
+                return false;
+            };
+            let inner = rest.trim_start_matches('{').trim_end_matches('}');
+            let mut have: Vec<&str> = if inner.is_empty() {
+                Vec::new()
+            } else {
+                inner.split(',').collect()
+            };
+            have.sort_unstable();
+            let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+            want.sort_unstable();
+            (rest.is_empty() || rest.starts_with('{')) && have == want
+        })
+        .map(|(_, v)| *v)
 }

@@ -14,8 +14,6 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read as _, Write as _},
-    net::TcpStream,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
@@ -23,7 +21,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{is_root, lookback_bin, workspace_root};
+use crate::{
+    agent::{parse_metrics, series_value},
+    is_root, lookback_bin, workspace_root,
+};
 
 /// The base image: Debian 12 minbase (glibc, libgcc: what the agent binary needs).
 pub const BASE_IMAGE: &str = "lookback-test/base:bookworm";
@@ -584,7 +585,7 @@ impl AgentContainer {
 
     /// `GET path` → (status, body); (0, "") when nothing answers.
     pub fn get(&self, path: &str) -> (u16, String) {
-        http_get(&self.addr, path)
+        crate::http_get(&self.addr, path)
     }
 
     /// Waits until `/readyz` answers `status`; returns its body.
@@ -608,7 +609,7 @@ impl AgentContainer {
     pub fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         let (status, body) = self.get("/metrics");
         assert_eq!(status, 200, "{body}");
-        metric_value(&body, name, labels).unwrap_or(0.0)
+        series_value(&parse_metrics(&body), name, labels).unwrap_or(0.0)
     }
 
     /// `docker stop` (SIGTERM, then the grace period); the container's exit code.
@@ -635,53 +636,6 @@ impl Drop for AgentContainer {
     fn drop(&mut self) {
         let _ = self.docker.output(&["rm", "-f", &self.name]);
     }
-}
-
-/// `GET path` over plain HTTP/1.1 → (status, body); (0, "") when nothing answers.
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return (0, String::new());
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |b| b.1).to_owned();
-    (status, body)
-}
-
-/// The value of `name{labels}` in a Prometheus text exposition (labels in any order).
-pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            let (metric, rest) = series.split_once('{').unwrap_or((series, "}"));
-            if metric != name {
-                return None;
-            }
-            let inner = rest.strip_suffix('}')?;
-            let mut have: Vec<(&str, &str)> = inner
-                .split(',')
-                .filter(|p| !p.is_empty())
-                .filter_map(|p| {
-                    let (k, v) = p.split_once('=')?;
-                    Some((k, v.trim_matches('"')))
-                })
-                .collect();
-            have.sort_unstable();
-            let mut want = labels.to_vec();
-            want.sort_unstable();
-            (have == want).then(|| value.parse().ok()).flatten()
-        })
 }
 
 /// A workload container: `docker run -d [EXTRA] WORKLOAD_IMAGE lbwork ARGS...`, kept
@@ -746,16 +700,15 @@ mod tests {
     fn metric_lines_are_found_by_labels() {
         let text = "# HELP x y\nlookback_triggers_total{rule=\"a\"} 3\n\
                     lookback_x{b=\"2\",a=\"1\"} 4.5\nlookback_y 7\n";
+        let samples = parse_metrics(text);
+        let value = |name, labels: &[(&str, &str)]| series_value(&samples, name, labels);
         assert_eq!(
-            metric_value(text, "lookback_triggers_total", &[("rule", "a")]),
+            value("lookback_triggers_total", &[("rule", "a")]),
             Some(3.0)
         );
-        assert_eq!(
-            metric_value(text, "lookback_x", &[("a", "1"), ("b", "2")]),
-            Some(4.5)
-        );
-        assert_eq!(metric_value(text, "lookback_y", &[]), Some(7.0));
-        assert_eq!(metric_value(text, "lookback_triggers_total", &[]), None);
+        assert_eq!(value("lookback_x", &[("a", "1"), ("b", "2")]), Some(4.5));
+        assert_eq!(value("lookback_y", &[]), Some(7.0));
+        assert_eq!(value("lookback_triggers_total", &[]), None);
     }
 
     #[test]

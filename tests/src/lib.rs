@@ -9,9 +9,12 @@ pub mod toolchains;
 
 use std::{
     ffi::OsString,
+    io::{Read as _, Write as _},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     sync::OnceLock,
+    time::Duration,
 };
 
 /// Whether this process runs as root (the effective uid that `/proc/self` belongs to):
@@ -403,4 +406,25 @@ pub fn read_fxt(trace: &Path) -> Option<serde_json::Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     Some(serde_json::from_slice(&out.stdout).expect("check_fxt.py prints JSON"))
+}
+
+/// `GET path` over plain HTTP/1.1 → (status, body); (0, "") when nothing answers.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |b| b.1).to_owned();
+    (status, body)
 }

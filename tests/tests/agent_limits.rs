@@ -437,7 +437,10 @@ rules:
     target: { comm: workload }
     trigger: { function: { symbol: lb_work, min_duration: 1ns } }
 ";
-    let mut agent = Agent::start(rules, &[]);
+    // Probes through uprobe perf events: each takes two fds at once (the event and its
+    // link), where a uprobe_multi link takes one, and an fd freed meanwhile would let it
+    // through.
+    let mut agent = Agent::start_with_env(rules, &[], &[("LOOKBACK_UPROBE_ATTACH", "perf-event")]);
     let pid = agent.child.id();
     let (_, hard) = open_files_limit(pid);
     agent.wait_readyz(200, Duration::from_secs(20));

@@ -129,17 +129,7 @@ impl Probe {
     }
 }
 
-/// An error and its sources, joined with `": "` (what `anyhow` prints with `{:#}`).
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub(crate) use crate::sys::error_chain;
 
 /// A capture backend, as named on the command line and in rules files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]

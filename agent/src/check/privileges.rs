@@ -41,6 +41,23 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// The capabilities held, as the kernel names them (`CAP_BPF`, ...), of those this
+    /// report knows.
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (self.cap_sys_admin, "CAP_SYS_ADMIN"),
+            (self.cap_bpf, "CAP_BPF"),
+            (self.cap_perfmon, "CAP_PERFMON"),
+            (self.cap_sys_ptrace, "CAP_SYS_PTRACE"),
+            (self.cap_dac_read_search, "CAP_DAC_READ_SEARCH"),
+            (self.cap_ipc_lock, "CAP_IPC_LOCK"),
+            (self.cap_checkpoint_restore, "CAP_CHECKPOINT_RESTORE"),
+        ]
+        .into_iter()
+        .filter_map(|(has, name)| has.then_some(name))
+        .collect()
+    }
+
     /// Parses the text of `/proc/PID/status`. Missing or malformed lines leave the
     /// corresponding fields unset/false.
     pub fn parse_status(status: &str) -> Self {

@@ -60,18 +60,7 @@ fn row(out: &mut String, name: &str, probe: &Probe) {
 /// Root or `CAP_BPF` + `CAP_PERFMON`, with `perf_event_paranoid`.
 fn privileges(report: &MachineReport) -> Probe {
     let caps = &report.capabilities;
-    let names: Vec<&str> = [
-        (caps.cap_sys_admin, "CAP_SYS_ADMIN"),
-        (caps.cap_bpf, "CAP_BPF"),
-        (caps.cap_perfmon, "CAP_PERFMON"),
-        (caps.cap_sys_ptrace, "CAP_SYS_PTRACE"),
-        (caps.cap_dac_read_search, "CAP_DAC_READ_SEARCH"),
-        (caps.cap_ipc_lock, "CAP_IPC_LOCK"),
-        (caps.cap_checkpoint_restore, "CAP_CHECKPOINT_RESTORE"),
-    ]
-    .into_iter()
-    .filter_map(|(has, name)| has.then_some(name))
-    .collect();
+    let names = caps.names();
     let who = match caps.euid {
         Some(0) => "root".to_owned(),
         Some(uid) => format!("uid {uid}"),

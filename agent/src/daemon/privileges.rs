@@ -70,18 +70,7 @@ pub fn assess(
                 .to_owned(),
         );
     }
-    let held = [
-        (caps.cap_bpf, "CAP_BPF"),
-        (caps.cap_perfmon, "CAP_PERFMON"),
-        (caps.cap_sys_ptrace, "CAP_SYS_PTRACE"),
-        (caps.cap_dac_read_search, "CAP_DAC_READ_SEARCH"),
-        (caps.cap_ipc_lock, "CAP_IPC_LOCK"),
-        (caps.cap_checkpoint_restore, "CAP_CHECKPOINT_RESTORE"),
-        (caps.cap_sys_admin, "CAP_SYS_ADMIN"),
-    ]
-    .into_iter()
-    .filter_map(|(has, name)| has.then_some(name))
-    .collect();
+    let held = caps.names();
     Assessment {
         function,
         notes,

@@ -43,6 +43,19 @@ impl SyscallError {
     }
 }
 
+/// An error and its sources, joined with `": "` (what `anyhow` prints with `{:#}`), for
+/// the stages that report a whole chain on one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// The symbolic name of the errnos that `bpf`, `perf_event_open` and `ioctl` return.
 pub fn errno_name(errno: i32) -> Option<&'static str> {
     Some(match errno {

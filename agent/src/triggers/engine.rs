@@ -38,7 +38,7 @@ use super::{
     exits::{ExitKind, WalkError},
     plan::{EngineRule, PlanError, rule_spec},
     resolve::{ProbeKind, ProbePoint},
-    uprobe_multi::{self, MultiPrograms},
+    uprobe_multi::MultiPrograms,
 };
 use crate::rules::{ReturnProbe, Trigger};
 use crate::sys::SyscallError;
@@ -320,7 +320,7 @@ impl TriggerEngine {
         ) {
             Ok(multi) => (Some(multi), AttachPath::UprobeMulti),
             Err(e) => {
-                let why = uprobe_multi::error_chain(&e);
+                let why = crate::sys::error_chain(&e);
                 log::debug!("function probes through uprobe perf events: {why}");
                 (None, AttachPath::PerfEvent { why_not_multi: why })
             }

@@ -197,18 +197,6 @@ fn load_one(
     }
 }
 
-/// An error and its sources, joined with `": "`.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// The last lines of a verifier log (NUL-terminated in its buffer).
 fn verifier_tail(log: &[u8]) -> String {
     let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
