@@ -300,6 +300,27 @@ fn the_agent_container_traces_other_containers_as_the_manifest_runs_it() {
         agent.capabilities,
         ManifestAgent::read().capabilities
     );
+    // `kubectl exec ... lookback check` in the pod: what its capabilities allow.
+    let check = docker.output(&[
+        "exec",
+        &agent.name,
+        "/usr/local/bin/lookback",
+        "check",
+        "--json",
+    ]);
+    let report: Value = serde_json::from_slice(&check.stdout).unwrap_or_else(|e| {
+        panic!(
+            "lookback check in the container: {e}: {}",
+            String::from_utf8_lossy(&check.stderr)
+        )
+    });
+    for kind in ["function", "syscall", "signal"] {
+        assert_eq!(
+            report["rule_kinds"][kind]["ok"], true,
+            "{kind}: {}",
+            report["rule_kinds"][kind]
+        );
+    }
     exercise(
         docker,
         &agent.out(),
