@@ -993,6 +993,11 @@ impl Tracer {
     /// [`Self::consider`] for the exec event of `pid` at `exec_ns` (`CLOCK_MONOTONIC`): a
     /// function probe placed now for its binary came after the process started.
     pub fn consider_exec(&mut self, pid: u32, exec_ns: u64) -> Outcome {
+        // A traced process that exec'd maps other files now: the old ones linger (a
+        // trigger from before the exec may still need them), the new ones are secured.
+        if self.secured.remove(&pid).is_some() {
+            HeldFiles::global().release(pid);
+        }
         self.consider_with(pid, Some(exec_ns))
     }
 
