@@ -183,6 +183,11 @@ fn start_engine() -> Result<Docker, String> {
     if !docker.has_image(BASE_IMAGE) {
         make_base_image(&docker)?;
     }
+    // Agent containers an interrupted run left behind would hold BPF programs.
+    let left = docker.ok(&["ps", "-aq", "--filter", "name=lookback-test-agent-"]);
+    for id in left.split_whitespace() {
+        let _ = docker.output(&["rm", "-f", id]);
+    }
     Ok(docker)
 }
 

@@ -29,28 +29,40 @@ use lookback_tests::{
 };
 use serde_json::Value;
 
-/// A crash (SIGSEGV), the slow calls of a function, and slow sleeps of processes in one
-/// cgroup. Cooldown 0: every trigger is a snapshot.
-const RULES: &str = "\
+/// A crash (SIGSEGV), the slow calls of a function, and slow sleeps of processes under
+/// the cgroup `cgroup` (a path prefix). Cooldown 0: every trigger is a snapshot.
+fn rules(cgroup: &str) -> String {
+    format!(
+        "\
 version: 1
 rules:
   - name: crash
-    target: { comm: lbwork }
-    trigger: { signal: { signals: [SIGSEGV] } }
-    snapshot: { cooldown: 0s, max_per_hour: 1000 }
-    output: { format: chrome-json }
+    target: {{ comm: lbwork }}
+    trigger: {{ signal: {{ signals: [SIGSEGV] }} }}
+    snapshot: {{ cooldown: 0s, max_per_hour: 1000 }}
+    output: {{ format: chrome-json }}
   - name: slow-step
-    target: { comm: lbwork }
-    trigger: { function: { symbol: slow_step, min_duration: 3ms } }
-    snapshot: { cooldown: 0s, max_per_hour: 1000 }
+    target: {{ comm: lbwork }}
+    trigger: {{ function: {{ symbol: slow_step, min_duration: 3ms }} }}
+    snapshot: {{ cooldown: 0s, max_per_hour: 1000 }}
   - name: in-cgroup
-    target: { cgroup: /lookback-test-cg }
-    trigger: { syscall: { names: [clock_nanosleep, nanosleep], min_duration: 3ms } }
-    snapshot: { cooldown: 0s, max_per_hour: 1000 }
-";
+    target: {{ cgroup: {cgroup} }}
+    trigger: {{ syscall: {{ names: [clock_nanosleep, nanosleep], min_duration: 3ms }} }}
+    snapshot: {{ cooldown: 0s, max_per_hour: 1000 }}
+"
+    )
+}
 
-/// The cgroup parent the `in-cgroup` rule selects (`docker run --cgroup-parent`).
-const CGROUP_PARENT: &str = "/lookback-test-cg";
+/// `docker run --cgroup-parent` for the `in-cgroup` rule's containers, and the cgroup
+/// path prefix their processes then have: a plain path under Docker's cgroupfs driver, a
+/// slice under its systemd driver (the default on cgroup v2-only hosts).
+fn cgroup_parent(docker: &Docker) -> (&'static str, &'static str) {
+    if docker.ok(&["info", "-f", "{{.CgroupDriver}}"]) == "systemd" {
+        ("lookback_test_cg.slice", "/lookback_test_cg.slice")
+    } else {
+        ("/lookback-test-cg", "/lookback-test-cg")
+    }
+}
 
 /// The metadata `.json` files of `rule` under `out`, parsed, oldest first.
 fn snapshots(out: &Path, rule: &str) -> Vec<Value> {
@@ -72,7 +84,7 @@ fn snapshots(out: &Path, rule: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Waits until `rule` has `n` snapshots under `out`; fails with `log()` after `timeout`.
+/// Waits until `rule` has `n` snapshots under `out`; fails with `log()` after a minute.
 fn wait_snapshots(out: &Path, rule: &str, n: usize, log: &dyn Fn() -> String) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_mins(1);
     loop {
@@ -158,15 +170,38 @@ fn check_crash(meta: &Value, trace: &Path, container_id: &str) {
 /// A metric of the agent under test: name and labels → value (0 when absent).
 type Metric<'a> = &'a dyn Fn(&str, &[(&str, &str)]) -> f64;
 
-/// Runs the crash, two short-lived programs and the cgroup pair against an agent whose
-/// output is `out` and metrics `metric(name, rule)`; asserts every outcome.
-fn exercise(docker: &'static Docker, out: &Path, metric: Metric<'_>, log: &dyn Fn() -> String) {
-    // A program in another container that segfaults; its container is gone (removed)
-    // before the snapshot is looked at.
-    let crash = Workload::run(docker, &[], &["crash", "40"]);
-    assert_eq!(crash.wait(), 139, "lbwork crash dies of SIGSEGV");
+/// The agent under test, as `exercise` drives it.
+struct Under<'a> {
+    out: &'a Path,
+    metric: Metric<'a>,
+    log: &'a dyn Fn() -> String,
+    /// Stops (`true`) or resumes (`false`) the agent: `docker pause`, `SIGSTOP`.
+    pause: &'a dyn Fn(bool),
+}
+
+/// Runs the crash, two short-lived programs and the cgroup pair against `agent`; asserts
+/// every outcome.
+fn exercise(docker: &'static Docker, agent: &Under<'_>) {
+    let (out, metric, log) = (agent.out, agent.metric, agent.log);
+    // A program in another container that segfaults, its container removed before the
+    // agent hears of the crash: the agent is stopped once it traces the process (it
+    // secured the process's files then), and resumed only after the container is gone.
+    let crash = Workload::run(docker, &[], &["crash", "400"]);
+    let pid = docker.ok(&["inspect", "-f", "{{.State.Pid}}", &crash.id]);
+    let traced = format!("tracing process {pid} (lbwork)");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !log().contains(&traced) {
+        assert!(Instant::now() < deadline, "{traced} not logged:\n{}", log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (agent.pause)(true);
+    let code = crash.wait();
     let crash_id = crash.id.clone();
     drop(crash);
+    let gone = docker.output(&["inspect", &crash_id]);
+    (agent.pause)(false);
+    assert_eq!(code, 139, "lbwork crash dies of SIGSEGV");
+    assert!(!gone.status.success(), "container {crash_id} still there");
     let metas = wait_snapshots(out, "crash", 1, log);
     let trace = out.join("crash").join(
         metas[0]["trace_file"]
@@ -176,10 +211,13 @@ fn exercise(docker: &'static Docker, out: &Path, metric: Metric<'_>, log: &dyn F
     check_crash(&metas[0], &trace, &crash_id);
 
     // Short-lived programs (< 100 ms) in containers: every slow call fires, every
-    // snapshot named. The crash above ran the same binary (the image layer's file), so
-    // its probe is in place from their first instruction: a binary never seen before is
-    // probed only once its first process's exec event is handled (~10-20 ms here; calls
-    // before that count in lookback_function_probes_late_total).
+    // snapshot named. A longer-lived process of the same binary (the image layer's file)
+    // has it probed first, so the probe is in place from their first instruction: a
+    // binary never seen before is probed only once its first process's exec event is
+    // handled (~10-20 ms here; calls before that count in
+    // lookback_function_probes_late_total).
+    let warm = Workload::run(docker, &[], &["sleeps", "10", "20"]);
+    assert_eq!(warm.wait(), 0);
     wait_metric(metric, "lookback_probes_attached", "slow-step", 2.0, log);
     let mut ids = BTreeSet::new();
     let mut probes = Vec::new();
@@ -226,11 +264,8 @@ fn exercise(docker: &'static Docker, out: &Path, metric: Metric<'_>, log: &dyn F
 
     // A rule selecting by cgroup: the container under the cgroup parent fires for each of
     // its 4 slow sleeps; the same program in a container outside it never does.
-    let inside = Workload::run(
-        docker,
-        &["--cgroup-parent", CGROUP_PARENT],
-        &["sleeps", "4", "5"],
-    );
+    let (parent, prefix) = cgroup_parent(docker);
+    let inside = Workload::run(docker, &["--cgroup-parent", parent], &["sleeps", "4", "5"]);
     let outside = Workload::run(docker, &[], &["sleeps", "4", "5"]);
     assert_eq!(inside.wait(), 0);
     assert_eq!(outside.wait(), 0);
@@ -245,7 +280,7 @@ fn exercise(docker: &'static Docker, out: &Path, metric: Metric<'_>, log: &dyn F
         assert!(
             meta["origin"]["cgroup"]
                 .as_str()
-                .is_some_and(|c| c.starts_with(&format!("{CGROUP_PARENT}/"))),
+                .is_some_and(|c| c.starts_with(&format!("{prefix}/"))),
             "{meta}"
         );
     }
@@ -293,7 +328,8 @@ fn the_agent_container_traces_other_containers_as_the_manifest_runs_it() {
         programs_left().is_empty(),
         "lookback programs already loaded"
     );
-    let agent = AgentContainer::start(docker, RULES);
+    let (_, prefix) = cgroup_parent(docker);
+    let agent = AgentContainer::start(docker, &rules(prefix));
     eprintln!(
         "agent container {} with capabilities {:?} (manifest: {:?})",
         agent.name,
@@ -323,9 +359,14 @@ fn the_agent_container_traces_other_containers_as_the_manifest_runs_it() {
     }
     exercise(
         docker,
-        &agent.out(),
-        &|name, labels| agent.metric(name, labels),
-        &|| agent.log(),
+        &Under {
+            out: &agent.out(),
+            metric: &|name, labels| agent.metric(name, labels),
+            log: &|| agent.log(),
+            pause: &|stop| {
+                docker.ok(&[if stop { "pause" } else { "unpause" }, &agent.name]);
+            },
+        },
     );
     // `docker stop`: SIGTERM detaches everything, exit 0, nothing left in the kernel.
     assert_eq!(agent.stop(), 0, "exit code; log:\n{}", agent.log());
@@ -350,7 +391,7 @@ rules:
     let mut agent = AgentContainer::start(docker, rules);
     let run = |agent: &AgentContainer| {
         // A first process of the binary has it probed (see `exercise`).
-        let warm = Workload::run(docker, &[], &["sleeps", "1", "1"]);
+        let warm = Workload::run(docker, &[], &["sleeps", "10", "20"]);
         assert_eq!(warm.wait(), 0);
         wait_metric(
             &|n, l| agent.metric(n, l),
@@ -390,15 +431,24 @@ rules:
     assert!(programs_left().is_empty());
 }
 
-/// The `uprobe_multi` links on the machine: program id → number of links.
+/// The `uprobe_multi` links of lookback's function programs on the machine.
 fn lookback_links() -> usize {
+    let ours: BTreeSet<u32> = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| {
+            p.name_as_str().is_some_and(|n| {
+                ["function_entry", "function_exit", "function_return"].contains(&n)
+            })
+        })
+        .map(|p| p.id())
+        .collect();
     aya::programs::loaded_links()
         .filter_map(Result::ok)
         .filter(|l| {
             matches!(
                 l.link_type(),
                 Ok(aya::programs::links::LinkType::UProbeMulti)
-            )
+            ) && ours.contains(&l.program_id())
         })
         .count()
 }
@@ -474,7 +524,8 @@ fn with_exactly_the_manifests_capabilities_every_rule_kind_works() {
     }
     // The agent itself, on the host with those capabilities, tracing containers.
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-    let mut agent = Agent::launch_under(&prefix, RULES, &[], &[("NODE_NAME", NODE_NAME)]);
+    let (_, cgroup) = cgroup_parent(docker);
+    let mut agent = Agent::launch_under(&prefix, &rules(cgroup), &[], &[("NODE_NAME", NODE_NAME)]);
     agent.wait_readyz(200, Duration::from_mins(1));
     let status = std::fs::read_to_string(format!("/proc/{}/status", agent.child.id()))
         .expect("agent status");
@@ -486,11 +537,18 @@ fn with_exactly_the_manifests_capabilities_every_rule_kind_works() {
     eprintln!("agent on the host with CapEff {eff}");
     assert!(!agent.log().contains("cannot be placed"), "{}", agent.log());
     let out = agent.out();
+    let pid = agent.child.id().to_string();
     exercise(
         docker,
-        &out,
-        &|name, labels| agent.metric(name, labels),
-        &|| agent.log(),
+        &Under {
+            out: &out,
+            metric: &|name, labels| agent.metric(name, labels),
+            log: &|| agent.log(),
+            pause: &|stop| {
+                let signal = if stop { "-STOP" } else { "-CONT" };
+                lookback_tests::succeeded(Command::new("kill").args([signal, &pid]));
+            },
+        },
     );
 }
 
@@ -501,12 +559,26 @@ fn without_multi_links_the_manifests_capabilities_say_why_function_rules_cannot_
     }
     let prefix = under_manifest_caps();
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+    // Before Linux 6.16 (and stable kernels without that change) CAP_PERFMON opens a uprobe
+    // perf event: then the rule works that way too.
+    let out = Command::new(prefix[0])
+        .args(&prefix[1..])
+        .arg(lookback_bin())
+        .args(["check", "--json"])
+        .output()
+        .expect("lookback check");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("check --json");
+    let perf_uprobes = report["uprobes"]["ok"] == true;
     let mut agent = Agent::launch_under(
         &prefix,
-        RULES,
+        &rules("/lookback-test-cg"),
         &[],
         &[("LOOKBACK_UPROBE_ATTACH", "perf-event")],
     );
+    if perf_uprobes {
+        agent.wait_readyz(200, Duration::from_mins(1));
+        return;
+    }
     let body = agent.wait_readyz(503, Duration::from_mins(1));
     assert!(
         body.contains("slow-step") && body.contains("CAP_SYS_ADMIN"),

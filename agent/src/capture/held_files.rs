@@ -107,7 +107,8 @@ pub struct HeldStats {
 struct Inner {
     by_key: HashMap<FileKey, Weak<HeldFile>>,
     by_pid: HashMap<u32, HashMap<FileKey, Arc<HeldFile>>>,
-    lingering: VecDeque<(Instant, Vec<Arc<HeldFile>>)>,
+    /// Files of exited (or untraced) processes, by pid, kept until [`LINGER`] after.
+    lingering: VecDeque<(Instant, u32, Vec<Arc<HeldFile>>)>,
     limit: usize,
     refused: u64,
 }
@@ -222,8 +223,20 @@ impl HeldFiles {
         if let Some(files) = inner.by_pid.remove(&pid) {
             inner
                 .lingering
-                .push_back((Instant::now(), files.into_values().collect()));
+                .push_back((Instant::now(), pid, files.into_values().collect()));
         }
+    }
+
+    /// Holds the files of a process that just hit a trigger, for [`LINGER`] only: the
+    /// process may crash right after, and may be one the daemon does not trace itself (a
+    /// child recorded through its parent), which would never release them. A process
+    /// already holding files (traced) is left alone: they are secured already.
+    pub fn secure_for_trigger(&self, pid: u32) {
+        if self.lock().by_pid.contains_key(&pid) {
+            return;
+        }
+        self.secure_pid(pid);
+        self.release(pid);
     }
 
     /// Lets go of what exited processes held longer than `linger` ago (the daemon's
@@ -233,20 +246,24 @@ impl HeldFiles {
         while inner
             .lingering
             .front()
-            .is_some_and(|(at, _)| at.elapsed() >= linger)
+            .is_some_and(|(at, _, _)| at.elapsed() >= linger)
         {
             inner.lingering.pop_front();
         }
     }
 
-    /// The files `pid` holds (also while they linger): a snapshot keeps them until written.
+    /// The files `pid` holds, also while they linger: a snapshot keeps them until written.
     pub fn files_of(&self, pid: u32) -> Vec<Arc<HeldFile>> {
         let inner = self.lock();
-        inner
+        let mut out: Vec<Arc<HeldFile>> = inner
             .by_pid
             .get(&pid)
             .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        for (_, _, files) in inner.lingering.iter().filter(|(_, p, _)| *p == pid) {
+            out.extend(files.iter().cloned());
+        }
+        out
     }
 
     /// Every file still held that a map entry of any of `maps` names: the files of a
@@ -306,8 +323,10 @@ fn open_mapped(pid: u32, entry: &MapEntry, key: FileKey) -> Option<File> {
         // The path inside the process's root (containers), while it lives.
         PathBuf::from(format!("/proc/{pid}/root{path}")),
     ];
+    // Regular files only: opening a device (a mapped `/dev/...`) may have effects.
     candidates
         .iter()
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
         .filter_map(|p| File::open(p).ok())
         .find(|f| FileKey::of_file(f) == Some(key))
 }
@@ -372,6 +391,12 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         held.release(pid);
+        assert!(
+            held.files_of(pid)
+                .iter()
+                .any(|f| f.key == FileKey::of(&exe).expect("key")),
+            "its files while they linger"
+        );
         let file = held.find(&exe).expect("held after exit, while lingering");
         assert_eq!(build_id_of(&file.path()), id);
         drop(file);

@@ -247,7 +247,16 @@ pub(super) fn probe_multi(paths: &Paths) -> Probe {
         Ok(_link) => Probe::pass(format!(
             "uprobe_multi link on {target} created (needs CAP_BPF + CAP_PERFMON)"
         )),
-        Err(err) => Probe::syscall_failed(&format!("uprobe_multi link on {target}"), &err),
+        Err(err) => {
+            let probe = Probe::syscall_failed(&format!("uprobe_multi link on {target}"), &err);
+            // Before 6.6 the program loads (its attach type is not checked) and the link
+            // is refused.
+            if matches!(err.errno(), Some(libc::EINVAL | libc::EOPNOTSUPP)) {
+                probe.with_detail("uprobe_multi links need Linux 6.6 or newer")
+            } else {
+                probe
+            }
+        }
     }
 }
 

@@ -281,8 +281,9 @@ fn held_files_refused_counter(r: &Registry) -> Result<IntCounter, MetricsError> 
     const NAME: &str = "lookback_held_files_refused_total";
     let counter = IntCounter::new(
         NAME,
-        "Files not held because --max-held-files were already held; their frames are named \
-         only while the file stays at its path (extension).",
+        "Attempts to hold a file of a traced process refused because --max-held-files were \
+         held or the open-files limit was near; such a file is read by its path, only while \
+         it stays there (extension).",
     )
     .map_err(|source| MetricsError::Register { name: NAME, source })?;
     register(r, NAME, counter)

@@ -266,7 +266,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             hook_table.on_trigger(record);
             // The first to hear of a crash: the files of the process are secured before
             // it is gone, if it was not traced long enough for the event loop to.
-            crate::capture::held_files::HeldFiles::global().secure_pid(record.pid);
+            crate::capture::held_files::HeldFiles::global().secure_for_trigger(record.pid);
         }),
         Wait::Sleep,
     )?;
@@ -283,9 +283,6 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     } else {
         None
     };
-    if std::env::var_os("LOOKBACK_UPROBE_ATTACH").is_some_and(|v| v == "perf-event") {
-        engine.use_perf_event_probes("not used (LOOKBACK_UPROBE_ATTACH=perf-event)");
-    }
     let assessment = privileges::assess(
         engine.attach_path(),
         &check::own_capabilities(),
@@ -459,7 +456,9 @@ fn sync_pods(p: &mut PodSelection, tracer: &mut Tracer, force: bool) -> bool {
     let rules: Vec<_> = tracer.rules().map(|a| a.rule.clone()).collect();
     p.refresh(&rules, true);
     tracer.set_cgroup_targets(p.cgroups());
-    true
+    // Only the pods of snapshots' origin changed when no rule selects by pod: nothing to
+    // rescan for.
+    PodSelection::needed(&rules)
 }
 
 /// After a reload: start the pod watcher if a new rule needs it, and recompute what the

@@ -274,6 +274,8 @@ pub struct Tracer {
 const SECURE_EARLY: Duration = Duration::from_secs(3);
 /// Files of every traced process are secured again this often (`dlopen`).
 const SECURE_EVERY: Duration = Duration::from_secs(30);
+/// Processes whose files the periodic pass secures again in one tick at most.
+const SECURE_BUDGET: usize = 32;
 
 /// Where a process's history is recorded.
 #[derive(Debug, Clone, Copy)]
@@ -1141,8 +1143,13 @@ impl Tracer {
     /// [`held_files::LINGER`]: capture::held_files::LINGER
     pub fn refresh_held_files(&mut self) {
         let held = HeldFiles::global();
+        // The periodic pass reads at most this many processes' maps a tick, so that the
+        // hundreds found by one scan do not all come due on the same tick.
+        let mut budget = SECURE_BUDGET;
         for (&pid, (first, last)) in &mut self.secured {
-            if first.elapsed() < SECURE_EARLY || last.elapsed() >= SECURE_EVERY {
+            let early = first.elapsed() < SECURE_EARLY;
+            if early || (last.elapsed() >= SECURE_EVERY && budget > 0) {
+                budget -= usize::from(!early);
                 held.secure_pid(pid);
                 *last = Instant::now();
             }
@@ -1154,9 +1161,9 @@ impl Tracer {
     /// (exit event).
     pub fn forget(&mut self, pid: u32, kernel_gone: bool) {
         self.refused.remove(&pid);
-        if self.secured.remove(&pid).is_some() {
-            HeldFiles::global().release(pid);
-        }
+        // Whoever secured them (this tracer, or the trigger thread just before).
+        self.secured.remove(&pid);
+        HeldFiles::global().release(pid);
         let Some(traced) = self.processes.remove(&pid) else {
             return;
         };
@@ -1601,6 +1608,10 @@ impl Tracer {
     /// Places the uprobes function rules in `mask` need for this process's binary. `exec_ns`:
     /// the process's exec, when known; a probe placed for it now came late.
     fn probe_binaries(&mut self, info: &ProcessInfo, mask: u64, exec_ns: Option<u64>) {
+        // The privileges cannot place them: said at start, and the rules are not ready.
+        if self.function_probes.is_err() {
+            return;
+        }
         let pid = info.pid;
         // Its start time, read before any probe is placed: a short process (one that hit
         // another rule's trigger and exited) may be gone once the probe is in, and then
@@ -1720,15 +1731,6 @@ fn inherits_instead(errno: Option<i32>, ancestor_recorded: bool) -> bool {
     errno == Some(libc::EBUSY) && ancestor_recorded
 }
 
-/// Resolves and attaches the rule's probe for `binary` (placed for process `pid`, or at
-/// install) once per inode; an attach that fails is counted in `errors`. A failure on a
-/// resource limit leaves the binary unexamined and in the rule's `limited` probes, tried
-/// again by [`Tracer::retry_recorders`]. So does a failure because process `pid` went
-/// away while its probe was being placed (its `/proc` entry, through which the binary
-/// is read and probed, is gone): that says nothing of the binary, whose next process
-/// places the probe. Before, the binary was marked examined and the rule had no probe
-/// for good (CI, under load: a 2 ms process exited between its exec event and the
-/// attach). Returns whether probes were placed by this call.
 /// The `lookback_rule_probe_errors` reason of a failed attach: `capability` when it was
 /// refused for want of one (a uprobe perf event without `CAP_SYS_ADMIN`, a path the agent
 /// may not look up), not for the binary.
@@ -1740,6 +1742,15 @@ fn attach_failure_reason(e: &TriggerError) -> &'static str {
     }
 }
 
+/// Resolves and attaches the rule's probe for `binary` (placed for process `pid`, or at
+/// install) once per inode; an attach that fails is counted in `errors`. A failure on a
+/// resource limit leaves the binary unexamined and in the rule's `limited` probes, tried
+/// again by [`Tracer::retry_recorders`]. So does a failure because process `pid` went
+/// away while its probe was being placed (its `/proc` entry, through which the binary
+/// is read and probed, is gone): that says nothing of the binary, whose next process
+/// places the probe. Before, the binary was marked examined and the rule had no probe
+/// for good (CI, under load: a 2 ms process exited between its exec event and the
+/// attach). Returns whether probes were placed by this call.
 fn place_probe(
     engine: &mut impl AttachProbes,
     errors: &mut ErrorTally,
@@ -1904,13 +1915,7 @@ pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
-        }
-        Ok(())
+        f.write_str(&crate::sys::error_chain(self.0))
     }
 }
 

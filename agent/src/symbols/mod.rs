@@ -28,12 +28,13 @@ use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as Blaze};
 
-use crate::capture::held_files::HeldFiles;
+use crate::capture::held_files::{HeldFile, HeldFiles};
 use crate::capture::kallsyms::{KernelSymbol, is_kernel_address};
 use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
 
@@ -129,6 +130,8 @@ pub struct Symbolizer<'a> {
     kernel: Vec<KernelSymbol>,
     /// Addresses that got no name.
     pub misses: u64,
+    /// The held files read here, kept open while this symbolizer lives.
+    holds: Vec<Arc<HeldFile>>,
 }
 
 fn unknown(addr: u64, module: Option<&str>, reason: String) -> Frame {
@@ -153,10 +156,11 @@ fn short(path: &str) -> &str {
 }
 
 /// The file to read for `entry` of process `pid`: the one held open while the process
-/// lived ([`HeldFiles`]: it outlives the process and its container), else by path.
-pub(crate) fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
+/// lived ([`HeldFiles`]: it outlives the process and its container), with the hold that
+/// keeps it open while the caller reads it; else by path (no hold).
+pub(crate) fn locate(pid: u32, entry: &MapEntry) -> Option<(PathBuf, Option<Arc<HeldFile>>)> {
     if let Some(held) = HeldFiles::global().find(entry) {
-        return Some(held.path());
+        return Some((held.path(), Some(held)));
     }
     if !entry.is_file() || entry.path.ends_with(" (deleted)") {
         return None;
@@ -165,10 +169,29 @@ pub(crate) fn locate(pid: u32, entry: &MapEntry) -> Option<PathBuf> {
     // The path as recorded, when it is the very file that was mapped (same inode): stable,
     // unlike `/proc/PID/root/...`, which vanishes when the process exits.
     if fs::metadata(&plain).is_ok_and(|m| m.is_file() && m.ino() == entry.inode) {
-        return Some(plain);
+        return Some((plain, None));
     }
     let in_root = PathBuf::from(format!("/proc/{pid}/root{}", entry.path));
-    [in_root, plain].into_iter().find(|p| p.is_file())
+    [in_root, plain]
+        .into_iter()
+        .find(|p| p.is_file())
+        .map(|p| (p, None))
+}
+
+/// Where the process saw `file` (read for the map entry at `mapped`): the directory its
+/// debug files are looked for beside. A held file's own path (`/proc/self/fd/N`) says
+/// nothing of that: its mapped path is used, inside the process's root while it lives.
+fn seen_path(pid: Option<u32>, mapped: &str, file: &Path) -> PathBuf {
+    if !file.starts_with("/proc/self/fd") {
+        return file.to_owned();
+    }
+    let mapped = mapped.strip_suffix(" (deleted)").unwrap_or(mapped);
+    pid.map(|pid| PathBuf::from(format!("/proc/{pid}/root")))
+        .filter(|root| root.is_dir())
+        .map_or_else(
+            || PathBuf::from(mapped),
+            |root| root.join(mapped.trim_start_matches('/')),
+        )
 }
 
 impl<'a> Symbolizer<'a> {
@@ -192,6 +215,7 @@ impl<'a> Symbolizer<'a> {
             modules: BTreeMap::new(),
             kernel: Vec::new(),
             misses: 0,
+            holds: Vec::new(),
         }
     }
 
@@ -282,7 +306,7 @@ impl<'a> Symbolizer<'a> {
             let hint = (count.unknown * 2 > count.frames)
                 .then(|| match &count.file {
                     Some(file) => {
-                        let separate = self.separate_of(file, None);
+                        let separate = self.separate_of(file, module, None);
                         let hint = separate.files.missing_hint();
                         (!hint.is_empty()).then_some(hint)
                     }
@@ -304,19 +328,21 @@ impl<'a> Symbolizer<'a> {
         report
     }
 
-    /// The separate symbols of `file` (read once), searched in `pid`'s root while it lives.
-    fn separate_of(&mut self, file: &Path, pid: Option<u32>) -> Rc<Separate> {
+    /// The separate symbols of `file` (read once; mapped at `mapped`), searched in `pid`'s
+    /// root while it lives.
+    fn separate_of(&mut self, file: &Path, mapped: &str, pid: Option<u32>) -> Rc<Separate> {
         if let Some(known) = self.separate.get(file) {
             return Rc::clone(known);
         }
+        let seen = seen_path(pid, mapped, file);
         let root = pid
             .map(|pid| PathBuf::from(format!("/proc/{pid}/root")))
             .filter(|root| root.is_dir());
         let search = match root {
             Some(root) => DebugSearch::in_root(root, self.debug_dirs.clone()),
-            None => DebugSearch::for_path(file, self.debug_dirs.clone()),
+            None => DebugSearch::for_path(&seen, self.debug_dirs.clone()),
         };
-        let separate = Rc::new(Separate::read(file, &search));
+        let separate = Rc::new(Separate::read(file, &seen, &search));
         self.separate.insert(file.to_owned(), Rc::clone(&separate));
         separate
     }
@@ -331,7 +357,7 @@ impl<'a> Symbolizer<'a> {
         addr: u64,
         offset: u64,
     ) -> Option<Frame> {
-        let separate = self.separate_of(file, Some(pid));
+        let separate = self.separate_of(file, &entry.path, Some(pid));
         let address = separate.virtual_address(offset)?;
         if let Some(debug) = separate.debug_file() {
             let frame = self.symbolize_input(debug, entry, addr, Input::VirtOffset(&[address]));
@@ -370,7 +396,12 @@ impl<'a> Symbolizer<'a> {
         let file = if let Some(file) = self.files.get(&(pid, entry.path.clone())) {
             file.clone()
         } else {
-            let file = locate(pid, entry).or_else(|| self.embedded(pid, entry));
+            let file = locate(pid, entry)
+                .map(|(file, hold)| {
+                    self.holds.extend(hold);
+                    file
+                })
+                .or_else(|| self.embedded(pid, entry));
             self.files.insert((pid, entry.path.clone()), file.clone());
             file
         };
@@ -493,8 +524,28 @@ impl Drop for Symbolizer<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Symbolizer, short};
+    use std::path::{Path, PathBuf};
+
+    use super::{Symbolizer, seen_path, short};
     use crate::capture::{MapEntry, ProcessMaps};
+
+    /// A held file (`/proc/self/fd/N`) has its debug files looked for where the process
+    /// saw it: in its root while it lives, else at the mapped path.
+    #[test]
+    fn debug_files_of_a_held_file_are_looked_for_where_it_was_mapped() {
+        let held = Path::new("/proc/self/fd/7");
+        let me = std::process::id();
+        assert_eq!(
+            seen_path(Some(me), "/usr/lib/libx.so (deleted)", held),
+            PathBuf::from(format!("/proc/{me}/root/usr/lib/libx.so"))
+        );
+        assert_eq!(
+            seen_path(None, "/usr/lib/libx.so", held),
+            PathBuf::from("/usr/lib/libx.so")
+        );
+        let plain = Path::new("/proc/42/root/usr/bin/app");
+        assert_eq!(seen_path(Some(me), "/usr/bin/app", plain), plain);
+    }
 
     /// Maps of this test process, read from /proc/self/maps.
     fn own_maps() -> ProcessMaps {
@@ -557,7 +608,7 @@ mod tests {
         let maps = [own_maps()];
         let exe = std::fs::read_link("/proc/self/exe").expect("exe");
         let exe = exe.to_string_lossy();
-        let table = super::plt::PltTable::read(std::path::Path::new(&*exe));
+        let table = super::plt::PltTable::read(Path::new(&*exe));
         // An executable mapping of this binary and a stub in it.
         let Some((entry, stub)) = maps[0]
             .maps

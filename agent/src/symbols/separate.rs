@@ -30,9 +30,10 @@ pub struct Separate {
 }
 
 impl Separate {
-    /// Reads what `path` has beside its own symbols; nothing when it cannot be parsed.
+    /// Reads what `path` has beside its own symbols (its debug link looked for beside
+    /// `seen`, where the process saw it); nothing when it cannot be parsed.
     #[must_use]
-    pub fn read(path: &Path, search: &DebugSearch) -> Self {
+    pub fn read(path: &Path, seen: &Path, search: &DebugSearch) -> Self {
         let Ok(data) = fs::read(path) else {
             return Self::default();
         };
@@ -40,7 +41,7 @@ impl Separate {
             return Self::default();
         };
         let segments = Segments::of(&file);
-        let mut files = super::debug_file::locate(path, &file, search);
+        let mut files = super::debug_file::locate(seen, &file, search);
         let mut mini = Vec::new();
         if let Some(image) = files.mini_debug_info.take()
             && let Ok(elf) = object::File::parse(&*image)

@@ -214,10 +214,11 @@ pub fn load_program_for(
 
 /// Places uprobes (uretprobes with `flags` = [`UPROBE_MULTI_RETURN`]) at `offsets` of the
 /// file at `path`, every one running `prog` with the cookie of the same index, in every
-/// process that maps the file (only in process `pid` when given); closing the returned link removes them all. `prog` must
-/// have been loaded with [`ATTACH_TRACE_UPROBE_MULTI`]. Linux 6.6; unlike a uprobe perf
-/// event (`CAP_SYS_ADMIN` since Linux 6.16), needs only what loading `prog` needed
-/// (`CAP_BPF` and `CAP_PERFMON`) and a path the caller may look up.
+/// process that maps the file (only in process `pid` when given); closing the returned
+/// link removes them all. `prog` must have been loaded with
+/// [`ATTACH_TRACE_UPROBE_MULTI`]. Linux 6.6; unlike a uprobe perf event (`CAP_SYS_ADMIN`
+/// since Linux 6.16), needs only what loading `prog` needed (`CAP_BPF` and
+/// `CAP_PERFMON`) and a path the caller may look up.
 pub fn uprobe_multi_link(
     prog: BorrowedFd<'_>,
     path: &CStr,

@@ -2,6 +2,11 @@
 //! config maps in step with the agent's rules, attaches uprobes and raw tracepoints on
 //! demand, and reads the per-rule counters.
 //!
+//! Function probes go through `uprobe_multi` links where this kernel and these privileges
+//! make them (a second copy of the function programs, `super::uprobe_multi`; one link
+//! holds all the exits of a function), else through uprobe perf events (aya's
+//! `UProbe::attach`, one per site); [`AttachPath`] says which.
+//!
 //! Dropping the engine detaches every probe and unloads every program (aya closes the link
 //! and program fds); nothing is pinned, so nothing outlives the process.
 use std::{
@@ -45,6 +50,11 @@ use crate::sys::SyscallError;
 
 /// The compiled eBPF object (built by agent/build.rs with aya-build).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lookback"));
+
+/// `LOOKBACK_UPROBE_ATTACH=perf-event`: function probes through uprobe perf events even
+/// where `uprobe_multi` links work (a kernel whose links misbehave, or a test of the
+/// older path).
+pub const ATTACH_ENV: &str = "LOOKBACK_UPROBE_ATTACH";
 
 const PROG_FUNCTION_ENTRY: &str = "function_entry";
 const PROG_FUNCTION_EXIT: &str = "function_exit";
@@ -308,23 +318,29 @@ impl TriggerEngine {
             .load(EBPF_OBJECT)
             .map_err(|e| TriggerError::Load(Box::new(e)))?;
         let slots = rule_slots.to_ne_bytes();
-        let (multi, attach_path) = match MultiPrograms::load(
-            &ebpf,
-            EBPF_OBJECT,
-            &[("RULE_SLOTS", &slots)],
-            &[
-                PROG_FUNCTION_ENTRY,
-                PROG_FUNCTION_EXIT,
-                PROG_FUNCTION_RETURN,
-            ],
-        ) {
-            Ok(multi) => (Some(multi), AttachPath::UprobeMulti),
-            Err(e) => {
-                let why = crate::sys::error_chain(&e);
-                log::debug!("function probes through uprobe perf events: {why}");
+        let (multi, attach_path) =
+            if std::env::var_os(ATTACH_ENV).is_some_and(|v| v == "perf-event") {
+                let why = format!("not used ({ATTACH_ENV}=perf-event)");
                 (None, AttachPath::PerfEvent { why_not_multi: why })
-            }
-        };
+            } else {
+                match MultiPrograms::load(
+                    &ebpf,
+                    EBPF_OBJECT,
+                    &[("RULE_SLOTS", &slots)],
+                    &[
+                        PROG_FUNCTION_ENTRY,
+                        PROG_FUNCTION_EXIT,
+                        PROG_FUNCTION_RETURN,
+                    ],
+                ) {
+                    Ok(multi) => (Some(multi), AttachPath::UprobeMulti),
+                    Err(e) => {
+                        let why = crate::sys::error_chain(&e);
+                        log::debug!("function probes through uprobe perf events: {why}");
+                        (None, AttachPath::PerfEvent { why_not_multi: why })
+                    }
+                }
+            };
         for name in [
             PROG_FUNCTION_ENTRY,
             PROG_FUNCTION_EXIT,
@@ -359,16 +375,6 @@ impl TriggerEngine {
     /// How this engine places function probes.
     pub fn attach_path(&self) -> &AttachPath {
         &self.attach_path
-    }
-
-    /// Places function probes through uprobe perf events from now on, even where
-    /// `uprobe_multi` links work (`LOOKBACK_UPROBE_ATTACH=perf-event`: a kernel whose
-    /// multi links misbehave, or a test of the older path); `why` says so in reports.
-    pub fn use_perf_event_probes(&mut self, why: &str) {
-        self.multi = None;
-        self.attach_path = AttachPath::PerfEvent {
-            why_not_multi: why.to_owned(),
-        };
     }
 
     /// The aya-log channel of the programs, for the caller to poll (`flush` when readable).

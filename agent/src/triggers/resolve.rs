@@ -348,7 +348,10 @@ pub fn symbol_address(file: &object::File<'_>, symbol: &str) -> Option<u64> {
 }
 
 /// The file offset of virtual `address`, through the loadable segment that maps it.
-pub fn file_offset_of(file: &object::File<'_>, address: u64) -> Option<u64> {
+pub fn file_offset_of<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+    address: u64,
+) -> Option<u64> {
     crate::symbols::segments::Segments::of(file).offset_of(address)
 }
 

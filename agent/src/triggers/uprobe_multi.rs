@@ -53,8 +53,16 @@ pub enum MultiError {
     MissingProgram { name: &'static str },
     #[error("eBPF map {name} was not created by the loader")]
     MissingMap { name: String },
-    #[error("this kernel cannot load {name} for uprobe_multi links (Linux 6.6 or newer needed)")]
+    #[error("cannot load {name} for uprobe_multi links")]
     Unsupported {
+        name: &'static str,
+        #[source]
+        source: SyscallError,
+    },
+    #[error(
+        "{name} loads, but this kernel refuses its uprobe_multi link (Linux 6.6 or newer needed)"
+    )]
+    NoLinks {
         name: &'static str,
         #[source]
         source: SyscallError,
@@ -137,7 +145,11 @@ impl MultiPrograms {
                 .get(&program.function_key())
                 .ok_or(MultiError::MissingProgram { name })?;
             let insns: Vec<Insn> = function.instructions.iter().copied().map(insn).collect();
-            programs.insert(name, load_one(name, &insns, &program.license)?);
+            let prog = load_one(name, &insns, &program.license)?;
+            // Before Linux 6.6 a kprobe program loads whatever its expected attach type
+            // (the kernel does not check it): only a link says whether they work here.
+            prove_links(prog.as_fd()).map_err(|source| MultiError::NoLinks { name, source })?;
+            programs.insert(name, prog);
         }
         Ok(Self { programs })
     }
@@ -166,6 +178,33 @@ impl MultiPrograms {
     }
 }
 
+/// Links `prog` at this process's own entry point (`_start`, never run again), for this
+/// process only, and closes the link at once: whether this kernel (Linux 6.6+) and these
+/// privileges create `uprobe_multi` links.
+fn prove_links(prog: BorrowedFd<'_>) -> Result<(), SyscallError> {
+    let failed = |errno| SyscallError {
+        call: "bpf(BPF_LINK_CREATE uprobe_multi)",
+        source: std::io::Error::from_raw_os_error(errno),
+    };
+    let exe = std::fs::File::open("/proc/self/exe").map_err(|source| SyscallError {
+        call: "open(/proc/self/exe)",
+        source,
+    })?;
+    let cache = object::read::ReadCache::new(exe);
+    let file = object::File::parse(&cache).map_err(|_| failed(libc::ENOEXEC))?;
+    let offset = super::resolve::file_offset_of(&file, object::Object::entry(&file))
+        .ok_or_else(|| failed(libc::ENOEXEC))?;
+    uprobe_multi_link(
+        prog,
+        c"/proc/self/exe",
+        &[offset],
+        &[0],
+        0,
+        Some(std::process::id()),
+    )
+    .map(drop)
+}
+
 /// Loads one program; on failure, again with the verifier's log, which the error carries.
 fn load_one(
     name: &'static str,
@@ -191,7 +230,7 @@ fn load_one(
     let log = verifier_tail(&log);
     match again {
         Ok(fd) => Ok(fd),
-        // An older kernel refuses the attach type before the verifier runs: no log.
+        // Refused before the verifier ran (privileges, an unknown attach type): no log.
         Err(_) if log.is_empty() => Err(MultiError::Unsupported { name, source }),
         Err(_) => Err(MultiError::Verifier { name, log, source }),
     }

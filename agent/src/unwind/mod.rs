@@ -130,7 +130,8 @@ impl<'a> StackUnwinder<'a> {
         };
         for placed in modules::placements(maps) {
             let sections = if placed.entry.is_file() {
-                let Some(file) = crate::symbols::locate(pid, placed.entry) else {
+                // The hold keeps a held file open while its sections are read.
+                let Some((file, _hold)) = crate::symbols::locate(pid, placed.entry) else {
                     continue;
                 };
                 self.files

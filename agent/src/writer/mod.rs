@@ -156,8 +156,6 @@ fn trigger_stack(snap: &Snapshot, symbols: &mut Symbolizer<'_>) -> Vec<StackFram
         .collect()
 }
 
-/// The functions of a trigger stack (leaf first), outermost first, as one line:
-/// `main → run → __libc_open64 → do_syscall_64`.
 /// The name of process `pid`'s track: `comm [pid]`, and ` (container <12 hex digits>)`
 /// when it runs in a container (its maps' origin, or the snapshot's for the triggering
 /// process).
@@ -174,7 +172,7 @@ pub(crate) fn process_track_name(snap: &Snapshot, pid: u32, comm: &str) -> Strin
             .as_ref()?
             .container_id
             .as_deref()
-            .map(|id| id[..id.len().min(12)].to_owned())
+            .map(|id| id.get(..12).unwrap_or(id).to_owned())
     };
     match own.or_else(of_trigger) {
         Some(id) => format!("{comm} [{pid}] (container {id})"),
@@ -182,6 +180,8 @@ pub(crate) fn process_track_name(snap: &Snapshot, pid: u32, comm: &str) -> Strin
     }
 }
 
+/// The functions of a trigger stack (leaf first), outermost first, as one line:
+/// `main → run → __libc_open64 → do_syscall_64`.
 fn stack_line(stack: &[StackFrameName]) -> String {
     let names: Vec<&str> = stack.iter().rev().map(|f| f.function.as_str()).collect();
     names.join(" → ")
