@@ -307,8 +307,9 @@ fn freeze(tgid: u32) -> bool {
 ///
 /// Lock-free and without compare-and-swap: aya-build links for the generic BPF CPU, where
 /// LLVM has no fetch-and-op or cmpxchg (only an add whose result is unused). Two CPUs that
-/// pass the check within the same few nanoseconds may therefore both emit; the agent then
-/// suppresses the second as `busy`. The hourly count may overshoot by at most one per CPU.
+/// pass the check within the same few nanoseconds may therefore both emit: one trigger
+/// more than the cooldown allows reaches the agent (at most one per other CPU). The
+/// hourly count may overshoot the same way.
 #[inline(always)]
 fn suppressed(rule_id: u32, rule: &RuleSpec, now: u64, tgid: u32) -> Option<u32> {
     if rule.cooldown_ns == 0 && rule.max_per_hour == 0 {
