@@ -129,15 +129,20 @@ impl Agent {
             addr: String::new(),
             dir,
         };
-        agent.addr = agent.wait_log("metrics on http://", Duration::from_secs(30));
+        agent.addr = agent.wait_log("metrics on http", Duration::from_secs(30));
         agent.addr = agent
             .addr
-            .split("metrics on http://")
+            .split("://")
             .nth(1)
             .and_then(|s| s.split('/').next())
             .expect("metrics address in the log")
             .to_owned();
         agent
+    }
+
+    /// `HOST:PORT` of its HTTP endpoint.
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     pub fn config(&self) -> PathBuf {

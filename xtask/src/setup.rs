@@ -32,8 +32,9 @@ const FXT_VERSION: &str = "0.3.0";
 /// workers server of the run/attach tests (`tests/tests/run_attach.rs`); `docker.io` (the
 /// engine, `dockerd`: a client alone is not enough) and `debootstrap` the container tests
 /// (`tests/tests/containers.rs`: the agent image and the workloads' base image, made
-/// without a registry).
-const TEST_PACKAGES: [(&str, &str); 7] = [
+/// without a registry); `curl` and `openssl` the HTTP endpoint's TLS test
+/// (`tests/tests/http.rs`).
+const TEST_PACKAGES: [(&str, &str); 9] = [
     ("g++", "g++"),
     ("go", "golang-go"),
     ("perf", "linux-perf"),
@@ -41,6 +42,8 @@ const TEST_PACKAGES: [(&str, &str); 7] = [
     ("nginx", "nginx"),
     ("dockerd", "docker.io"),
     ("debootstrap", "debootstrap"),
+    ("curl", "curl"),
+    ("openssl", "openssl"),
 ];
 /// Offline Kubernetes JSON schemas for the manifest test (tests/tests/deploy.rs).
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";

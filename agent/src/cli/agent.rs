@@ -57,6 +57,12 @@ pub struct AgentArgs {
     /// the open-file limit.
     #[arg(long, value_name = "N", default_value_t = crate::capture::held_files::DEFAULT_LIMIT)]
     pub max_held_files: usize,
+    /// TLS and basic auth for the HTTP endpoint: a file in the Prometheus exporter
+    /// toolkit's format (`tls_server_config`, `basic_auth_users` with bcrypt hashes,
+    /// `http_server_config.headers`); off by default. `/healthz` and `/readyz` need no
+    /// credentials; with TLS they are served over TLS too.
+    #[arg(long, value_name = "FILE")]
+    pub web_config: Option<PathBuf>,
     /// Seconds SIGTERM waits for snapshots still being written.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub shutdown_timeout: u64,
@@ -72,6 +78,7 @@ pub fn run(args: AgentArgs) -> CliResult {
         bpf_stats: args.bpf_stats,
         max_targets: args.max_targets,
         max_held_files: args.max_held_files,
+        web_config: args.web_config,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
         ..AgentOptions::new(args.config)
     };

@@ -16,7 +16,9 @@
 //! `lookback_kernel_targets` (processes the kernel's target set holds: selected at exec
 //! or fork in the kernel, beside `lookback_targets{rule}`, those the agent traces),
 //! `lookback_held_files` and `lookback_held_files_refused_total` (the traced processes'
-//! files held open so that their snapshots outlive them: `capture::held_files`), and
+//! files held open so that their snapshots outlive them: `capture::held_files`),
+//! `lookback_http_connections` and `lookback_http_rejected_total{reason}` (the endpoint's
+//! connections: `super::http`), and
 //! the accounting of processes selected at exec and of late probes
 //! ([`super::exec_accounting`]).
 //!
@@ -156,7 +158,6 @@ pub(super) fn delta(last: u64, now: u64) -> u64 {
 /// Every metric of the daemon, in one registry.
 pub struct Metrics {
     registry: Registry,
-    build_info: IntGaugeVec,
     rules_loaded: IntGauge,
     kernel_targets: IntGauge,
     held_files: IntGauge,
@@ -177,6 +178,9 @@ pub struct Metrics {
     events_lost: IntCounterVec,
     /// Recorder and probe failures by operation and errno.
     errors: IntCounterVec,
+    /// The HTTP endpoint's open connections, and the ones it closed unanswered.
+    http_connections: IntGauge,
+    http_rejected: IntCounterVec,
     bpf: BpfMetrics,
     exec: ExecAccounting,
     seen: Mutex<Seen>,
@@ -263,6 +267,35 @@ fn probe_errors_gauge(r: &Registry) -> Result<IntGaugeVec, MetricsError> {
          text (candidates, debug files looked for) is in the log and /readyz (extension).",
         &["rule", "reason"],
     )
+}
+
+/// `lookback_http_connections` (extension).
+fn http_connections_gauge(r: &Registry) -> Result<IntGauge, MetricsError> {
+    int_gauge(
+        r,
+        "lookback_http_connections",
+        "Connections open to the HTTP endpoint (/metrics, /healthz, /readyz) (extension).",
+    )
+}
+
+/// The `reason` values of `lookback_http_rejected_total`.
+pub const HTTP_REJECTED_REASONS: [&str; 4] = ["shed", "header_timeout", "too_large", "bad_request"];
+
+/// `lookback_http_rejected_total{reason}`, every reason at 0 from the start.
+fn http_rejected_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
+    let rejected = counter_vec(
+        r,
+        "lookback_http_rejected_total",
+        "Connections the HTTP endpoint closed without serving a request, by reason: shed \
+         (no complete request yet while the connection cap was reached), header_timeout \
+         (no complete request head in time), too_large (a request head beyond the size \
+         limit), bad_request (not HTTP/1) (extension).",
+        &["reason"],
+    )?;
+    for reason in HTTP_REJECTED_REASONS {
+        rejected.with_label_values(&[reason]).inc_by(0);
+    }
+    Ok(rejected)
 }
 
 /// `lookback_held_files` (extension).
@@ -356,18 +389,27 @@ impl BpfMetrics {
     }
 }
 
+/// `lookback_build_info`, set to 1 for this version and `backend`.
+fn build_info_gauge(r: &Registry, backend: &str) -> Result<(), MetricsError> {
+    let gauge = gauge_vec(
+        r,
+        "lookback_build_info",
+        "Always 1; the agent's version and default capture backend.",
+        &["version", "backend"],
+    )?;
+    gauge
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), backend])
+        .set(1);
+    Ok(())
+}
+
 impl Metrics {
     /// Registers every metric. `backend` is the machine's default capture backend
     /// (`intel-pt` or `sampling`), exported in `lookback_build_info`.
     pub fn new(backend: &str) -> Result<Self, MetricsError> {
         let r = Registry::new();
+        build_info_gauge(&r, backend)?;
         let metrics = Self {
-            build_info: gauge_vec(
-                &r,
-                "lookback_build_info",
-                "Always 1; the agent's version and default capture backend.",
-                &["version", "backend"],
-            )?,
             rules_loaded: int_gauge(&r, "lookback_rules_loaded", "Rules currently installed.")?,
             kernel_targets: int_gauge(
                 &r,
@@ -448,16 +490,14 @@ impl Metrics {
                 &["source"],
             )?,
             errors: errors_counter(&r)?,
+            http_connections: http_connections_gauge(&r)?,
+            http_rejected: http_rejected_counter(&r)?,
             unmeasured: unmeasured_counter(&r)?,
             bpf: BpfMetrics::new(&r)?,
             exec: ExecAccounting::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
         };
-        metrics
-            .build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION"), backend])
-            .set(1);
         metrics.init_loss_sources();
         Ok(metrics)
     }
@@ -767,6 +807,21 @@ impl Metrics {
     }
 
     /// The registry in the Prometheus text exposition format 0.0.4.
+    /// One more (`true`) or one fewer connection open to the HTTP endpoint.
+    pub fn http_connection(&self, opened: bool) {
+        if opened {
+            self.http_connections.inc();
+        } else {
+            self.http_connections.dec();
+        }
+    }
+
+    /// A connection the HTTP endpoint closed unanswered, for `reason` (one of
+    /// [`HTTP_REJECTED_REASONS`]).
+    pub fn http_rejected(&self, reason: &str) {
+        self.http_rejected.with_label_values(&[reason]).inc();
+    }
+
     pub fn encode(&self) -> Result<String, MetricsError> {
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())

@@ -173,6 +173,8 @@ fn names_types_and_labels_follow_the_contract() {
         ("lookback_errors_total", "counter", &["errno", "op"]),
         ("lookback_kernel_targets", "gauge", &[]),
         ("lookback_held_files", "gauge", &[]),
+        ("lookback_http_connections", "gauge", &[]),
+        ("lookback_http_rejected_total", "counter", &["reason"]),
         ("lookback_held_files_refused_total", "counter", &[]),
         ("lookback_exec_selected_total", "counter", &[]),
         (

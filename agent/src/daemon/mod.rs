@@ -87,6 +87,8 @@ pub struct AgentOptions {
     pub max_targets: u32,
     /// Files of traced processes held open at most (`capture::held_files`).
     pub max_held_files: usize,
+    /// TLS and basic auth of the HTTP endpoint (`--web-config`; `http::web_config`).
+    pub web_config: Option<PathBuf>,
 }
 
 impl AgentOptions {
@@ -104,6 +106,7 @@ impl AgentOptions {
             bpf_stats: false,
             max_targets: lookback_common::process::DEFAULT_MAX_TARGETS,
             max_held_files: crate::capture::held_files::DEFAULT_LIMIT,
+            web_config: None,
         }
     }
 }
@@ -157,6 +160,8 @@ pub enum DaemonError {
     Engine(#[from] TriggerError),
     #[error(transparent)]
     Http(#[from] HttpError),
+    #[error(transparent)]
+    WebConfig(#[from] http::web_config::WebConfigError),
     #[error("metrics")]
     Metrics(#[from] MetricsError),
     #[error("starting the trigger thread")]
@@ -168,7 +173,7 @@ pub enum DaemonError {
 impl DaemonError {
     /// Whether the user must fix their input (exit 2) rather than the machine (exit 1).
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::Config(_) | Self::Apply(_))
+        matches!(self, Self::Config(_) | Self::Apply(_) | Self::WebConfig(_))
     }
 }
 
@@ -238,14 +243,24 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     let metrics = Arc::new(Metrics::new(
         choice.backend.map_or("none", Backend::as_str),
     )?);
+    let web = match &opts.web_config {
+        Some(path) => http::web_config::WebConfig::from_file(path)?,
+        None => http::web_config::WebConfig::default(),
+    };
+    let scheme = if web.tls.is_some() { "https" } else { "http" };
+    let users = if web.users.is_empty() {
+        String::new()
+    } else {
+        format!(" (basic auth: {} user(s))", web.users.len())
+    };
     let listener = http::bind(&opts.metrics_addr).await?;
     log::info!(
-        "metrics on http://{}/metrics",
+        "metrics on {scheme}://{}/metrics{users}",
         listener
             .local_addr()
             .map_or_else(|_| opts.metrics_addr.clone(), |a| a.to_string())
     );
-    let state = Arc::new(HttpState::new(Arc::clone(&metrics)));
+    let state = Arc::new(HttpState::new(Arc::clone(&metrics)).with_web_config(web));
     state.readiness.set_not_ready("loading rules");
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(http::serve(listener, Arc::clone(&state), async {
