@@ -6,9 +6,14 @@
    Kubernetes versions we claim;
 2. the ServiceMonitor (a Prometheus Operator CRD, not in the core schemas) against the
    subset of its CRD schema embedded below (the fields we use, unknown ones rejected);
-3. kustomization.yaml: lists exactly the other files, and its image name is the DaemonSet's;
+3. kustomization.yaml: lists exactly the other resource files, and its image name is the
+   DaemonSet's; an overlay (a directory among its resources, such as deploy/kubernetes/tls)
+   is built from its base with its JSON 6902 patches (the only kind of patch checked here:
+   a patch of another kind is an error) and checked whole;
 4. the references between them: service account, role binding, config map key and path,
-   metrics port, probes, Service and ServiceMonitor selectors, NODE_NAME.
+   metrics port, probes, Service and ServiceMonitor selectors, NODE_NAME; with
+   `--web-config`: the file in a mounted Secret, probes over HTTPS, the ServiceMonitor
+   scraping https with basic auth and a server name of the Service.
 
     python3 tests/scripts/check_manifests.py DIR [--extract-rules OUT]
 
@@ -75,6 +80,37 @@ LABEL_SELECTOR = {
         },
     },
 }
+# A key of a Secret or ConfigMap (the CRD's SecretKeySelector / ConfigMapKeySelector).
+SECRET_KEY = {
+    "type": "object",
+    "required": ["key"],
+    "additionalProperties": False,
+    "properties": {"name": {"type": "string"}, "key": {"type": "string"},
+                   "optional": {"type": "boolean"}},
+}
+# The CRD's SafeTLSConfig plus its file fields.
+TLS_CONFIG = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "ca": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"secret": SECRET_KEY, "configMap": SECRET_KEY},
+        },
+        "cert": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"secret": SECRET_KEY, "configMap": SECRET_KEY},
+        },
+        "keySecret": SECRET_KEY,
+        "serverName": {"type": "string"},
+        "insecureSkipVerify": {"type": "boolean"},
+        "caFile": {"type": "string"},
+        "certFile": {"type": "string"},
+        "keyFile": {"type": "string"},
+    },
+}
 # monitoring.coreos.com/v1 ServiceMonitor: the fields of the CRD this project may use.
 SERVICE_MONITOR = {
     "type": "object",
@@ -136,6 +172,15 @@ SERVICE_MONITOR = {
                             },
                             "relabelings": {"type": "array", "items": RELABEL},
                             "metricRelabelings": {"type": "array", "items": RELABEL},
+                            "tlsConfig": TLS_CONFIG,
+                            "basicAuth": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {
+                                    "username": SECRET_KEY,
+                                    "password": SECRET_KEY,
+                                },
+                            },
                         },
                     },
                 },
@@ -161,25 +206,113 @@ class Checker:
         return condition
 
 
-def load(directory, checker):
-    """(file, document) for every YAML document of the directory; kustomization apart."""
-    docs, kustomization = [], None
+def read_yaml(path, label, checker):
+    """The documents of one YAML file, or [] (and an error) when it does not parse."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [d for d in yaml.safe_load_all(f) if d is not None]
+    except (OSError, yaml.YAMLError) as exc:
+        checker.error(label, f"invalid YAML: {exc}")
+        return []
+
+
+def load(directory, checker, prefix=""):
+    """(file, document) for every Kubernetes document of the directory, its bases (directories
+    among the kustomization's resources) built first and patched; and the kustomization.
+    Files are named relative to the directory checked (`../daemonset.yaml`). YAML files
+    without a `kind` (an example web config) are not resources."""
+    path_k = os.path.join(directory, "kustomization.yaml")
+    kustomization = None
+    if os.path.isfile(path_k):
+        parsed = read_yaml(path_k, prefix + "kustomization.yaml", checker)
+        kustomization = parsed[0] if parsed and isinstance(parsed[0], dict) else {}
+    patches = {p.get("path") for p in (kustomization or {}).get("patches") or []
+               if isinstance(p, dict)}
+    docs = []
+    for entry in (kustomization or {}).get("resources") or []:
+        base = os.path.join(directory, entry)
+        if os.path.isdir(base):
+            docs.extend(load(base, checker, prefix + entry.rstrip("/") + "/")[0])
     for name in sorted(os.listdir(directory)):
-        if not name.endswith((".yaml", ".yml")):
+        if not name.endswith((".yaml", ".yml")) or name == "kustomization.yaml":
             continue
-        path = os.path.join(directory, name)
-        try:
-            with open(path, encoding="utf-8") as f:
-                parsed = [d for d in yaml.safe_load_all(f) if d is not None]
-        except yaml.YAMLError as exc:
-            checker.error(name, f"invalid YAML: {exc}")
+        if name in patches:
             continue
-        if name == "kustomization.yaml":
-            kustomization = parsed[0] if parsed else {}
-            continue
-        for doc in parsed:
-            docs.append((name, doc))
+        for doc in read_yaml(os.path.join(directory, name), prefix + name, checker):
+            if isinstance(doc, dict) and "kind" not in doc and "apiVersion" not in doc:
+                continue
+            docs.append((prefix + name, doc))
+    for patch in (kustomization or {}).get("patches") or []:
+        apply_patch(directory, prefix, patch, docs, checker)
     return docs, kustomization
+
+
+def apply_patch(directory, prefix, patch, docs, checker):
+    """Applies one `patches:` entry (a JSON 6902 patch file and its target) to `docs`."""
+    label = prefix + "kustomization.yaml"
+    if not isinstance(patch, dict) or "path" not in patch or "target" not in patch:
+        checker.error(label, f"patch {patch!r}: only `path` + `target` patches are checked")
+        return
+    ops = read_yaml(os.path.join(directory, patch["path"]), prefix + patch["path"], checker)
+    ops = ops[0] if len(ops) == 1 else None
+    if not isinstance(ops, list):
+        checker.error(prefix + patch["path"], "not a JSON 6902 patch (a list of operations)")
+        return
+    target = patch["target"] or {}
+    matched = [i for i, (_, d) in enumerate(docs)
+               if d.get("kind") == target.get("kind")
+               and (d.get("metadata") or {}).get("name") == target.get("name")]
+    if not checker.check(len(matched) == 1, label,
+                         f"patch {patch['path']}: target {target} matches {len(matched)} "
+                         "resources, not one"):
+        return
+    name, doc = docs[matched[0]]
+    for op in ops:
+        try:
+            doc = json_patch(doc, op)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            checker.error(prefix + patch["path"], f"{op!r} does not apply: {exc!r}")
+            return
+    docs[matched[0]] = (name, doc)
+
+
+def json_patch(doc, op):
+    """`doc` with one RFC 6902 operation (add, replace, remove) applied; raises where the
+    path does not exist as the RFC says it must."""
+    tokens = [t.replace("~1", "/").replace("~0", "~") for t in op["path"].split("/")[1:]]
+    if not tokens:
+        raise ValueError("the root cannot be patched")
+    parent = doc
+    for token in tokens[:-1]:
+        parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+    last = tokens[-1]
+    kind = op["op"]
+    if isinstance(parent, list):
+        index = len(parent) if last == "-" else int(last)
+        if kind == "add":
+            if index > len(parent):
+                raise IndexError(index)
+            parent.insert(index, op["value"])
+        elif kind == "replace":
+            parent[index] = op["value"]
+        elif kind == "remove":
+            del parent[index]
+        else:
+            raise ValueError(f"operation {kind} is not checked here")
+    elif isinstance(parent, dict):
+        if kind == "add":
+            parent[last] = op["value"]
+        elif kind == "replace":
+            if last not in parent:
+                raise KeyError(last)
+            parent[last] = op["value"]
+        elif kind == "remove":
+            del parent[last]
+        else:
+            raise ValueError(f"operation {kind} is not checked here")
+    else:
+        raise TypeError(f"{op['path']}: parent is neither an object nor a list")
+    return doc
 
 
 def where(name, doc):
@@ -219,15 +352,21 @@ def check_kustomization(directory, docs, kustomization, checker):
         "apiVersion/kind must be kustomize.config.k8s.io/v1beta1 Kustomization",
     )
     listed = kustomization.get("resources") or []
-    files = sorted({name for name, _ in docs})
+    files = sorted({name for name, _ in docs if "/" not in name})
     for entry in listed:
         checker.check(
-            os.path.isfile(os.path.join(directory, entry)), where_k, f"{entry} does not exist"
+            os.path.exists(os.path.join(directory, entry)), where_k, f"{entry} does not exist"
         )
+    for patch in kustomization.get("patches") or []:
+        path = (patch or {}).get("path", "") if isinstance(patch, dict) else ""
+        checker.check(os.path.isfile(os.path.join(directory, path)), where_k,
+                      f"patch {path} does not exist")
     for name in files:
         checker.check(name in listed, where_k, f"{name} is not in resources")
     images = {image.get("name") for image in kustomization.get("images") or []}
     for name, doc in docs:
+        if "/" in name:
+            continue  # a base's images are its own kustomization's
         if doc.get("kind") != "DaemonSet":
             continue
         for container in doc["spec"]["template"]["spec"].get("containers", []):
@@ -293,10 +432,15 @@ def check_container(w, c, volumes, docs, ns, checker):
     addr = flags.get("metrics-addr", "")
     checker.check(addr.startswith("0.0.0.0:") and addr.rsplit(":", 1)[-1] == str(metrics), w,
                   f"--metrics-addr {addr!r} must listen on 0.0.0.0 at the metrics port")
+    web = flags.get("web-config")
+    scheme = "HTTPS" if web else "HTTP"
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = (c.get(probe) or {}).get("httpGet") or {}
         checker.check(get.get("path") == path and get.get("port") in ("metrics", metrics), w,
                       f"{probe} must GET {path} on the metrics port")
+        checker.check(get.get("scheme", "HTTP") == scheme, w,
+                      f"{probe} must say scheme: {scheme} "
+                      f"({'with' if web else 'without'} --web-config)")
     env = {e["name"]: e for e in c.get("env", [])}
     node = ((env.get("NODE_NAME") or {}).get("valueFrom") or {}).get("fieldRef") or {}
     checker.check(node.get("fieldPath") == "spec.nodeName", w,
@@ -317,6 +461,11 @@ def check_container(w, c, volumes, docs, ns, checker):
         cm = find(docs, "ConfigMap", source["configMap"]["name"], ns)
         checker.check(cm is not None and key in (cm.get("data") or {}), w,
                       f"the ConfigMap mounted at {directory} has no key {key}")
+    if web:
+        mount = mounts.get(os.path.dirname(web))
+        source = volumes.get(mount["name"]) if mount else None
+        checker.check(source is not None and "secret" in source, w,
+                      f"--web-config {web} is not in a mounted Secret (it holds the TLS key)")
     for path in ("/sys/kernel/tracing", "/sys/fs/bpf", "/sys/kernel/btf", "/var/lib/lookback"):
         checker.check(path in mounts, w, f"{path} is not mounted")
     checker.check((mounts.get("/sys/kernel/btf") or {}).get("readOnly") is True, w,
@@ -372,6 +521,30 @@ def check_service_monitor(name, sm, docs, checker):
         for endpoint in spec.get("endpoints", []):
             checker.check(endpoint.get("port") in ports, w,
                           f"endpoint port {endpoint.get('port')} is not a port of the Service")
+            check_endpoint_tls(w, endpoint, svc, docs, checker)
+
+
+def check_endpoint_tls(w, endpoint, svc, docs, checker):
+    """The scrape matches the agent's --web-config: https with basic auth and a server name
+    of the Service when the agent has one, plain http otherwise."""
+    ns = svc["metadata"].get("namespace")
+    ds = find(docs, "DaemonSet", namespace=ns)
+    args = [a for c in ((ds or {}).get("spec", {}).get("template", {}).get("spec", {})
+                        .get("containers", [])) for a in c.get("args", [])]
+    web = any(a.startswith("--web-config") for a in args)
+    scheme = endpoint.get("scheme", "http")
+    checker.check(scheme == ("https" if web else "http"), w,
+                  f"endpoint scheme {scheme}, but the agent serves "
+                  f"{'https (--web-config)' if web else 'http (no --web-config)'}")
+    if not web:
+        return
+    checker.check("basicAuth" in endpoint, w, "no basicAuth: /metrics asks for credentials")
+    tls = endpoint.get("tlsConfig") or {}
+    names = {f"{svc['metadata']['name']}.{ns}.svc",
+             f"{svc['metadata']['name']}.{ns}.svc.cluster.local"}
+    checker.check(tls.get("insecureSkipVerify") is True or tls.get("serverName") in names, w,
+                  f"tlsConfig.serverName must be one of {sorted(names)} (pods are scraped by "
+                  "IP; the certificate is checked for that name)")
 
 
 def check_references(docs, checker):

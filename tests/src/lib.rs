@@ -83,7 +83,27 @@ pub fn lookback_bin() -> PathBuf {
 fn build_lookback() -> PathBuf {
     // `CARGO` is set when the tests run under cargo; fall back to the one on PATH.
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
-    let output = Command::new(cargo)
+    let mut build = Command::new(cargo);
+    // What cargo set for this test binary is not the build's: ring's build script reruns
+    // when CARGO_MANIFEST_DIR changes, and with it every crate above ring, each time a
+    // test binary starts. The build gets the environment a shell's `cargo build` has.
+    for (key, _) in std::env::vars_os() {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("CARGO_PKG_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&key_text.as_ref())
+        {
+            build.env_remove(&key);
+        }
+    }
+    let output = build
         .current_dir(workspace_root())
         .args([
             "build",

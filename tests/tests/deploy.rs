@@ -64,10 +64,7 @@ fn rejected_copy(
     check: impl Fn(&Path) -> Option<Output>,
 ) -> Option<String> {
     let tmp = tempfile::tempdir().expect("tempdir");
-    for entry in fs::read_dir(src).expect("source directory") {
-        let entry = entry.expect("entry");
-        fs::copy(entry.path(), tmp.path().join(entry.file_name())).expect("copy");
-    }
+    copy_tree(src, tmp.path());
     let path = tmp.path().join(file);
     let text = fs::read_to_string(&path).expect("file");
     assert!(text.contains(from), "{file} no longer contains {from:?}");
@@ -79,6 +76,20 @@ fn rejected_copy(
         "{file}: {from:?} → {to:?} was accepted"
     );
     Some(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `src` and its subdirectories (the overlays) copied into `dst`.
+fn copy_tree(src: &Path, dst: &Path) {
+    for entry in fs::read_dir(src).expect("source directory") {
+        let entry = entry.expect("entry");
+        let to = dst.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            fs::create_dir(&to).expect("mkdir");
+            copy_tree(&entry.path(), &to);
+        } else {
+            fs::copy(entry.path(), to).expect("copy");
+        }
+    }
 }
 
 fn deploy_dir() -> std::path::PathBuf {
@@ -200,6 +211,77 @@ fn broken_manifests_are_rejected() {
     for (file, from, to, message) in BROKEN {
         let Some(stderr) = rejected_copy(&deploy_dir(), (file, from, to), |dir| {
             check_manifests(dir, &[])
+        }) else {
+            return;
+        };
+        assert!(
+            stderr.contains(message),
+            "{file}: {from:?} → {to:?}: expected {message:?} in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn the_tls_overlay_builds_on_the_base_and_serves_probes_and_scrapes_over_https() {
+    let Some(out) = check_manifests(&deploy_dir().join("tls"), &[]) else {
+        return;
+    };
+    assert!(
+        out.status.success(),
+        "check_manifests.py rejected deploy/kubernetes/tls:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&out.stdout).expect("a JSON summary");
+    let resources = summary["resources"].as_array().expect("resources");
+    // The whole base, patched: no resource lost or added.
+    assert_eq!(resources.len(), 8, "{resources:?}");
+}
+
+/// The TLS overlay edited (`from` → `to` in a file under deploy/kubernetes), and the
+/// message the check must give.
+const BROKEN_TLS: [(&str, &str, &str, &str); 5] = [
+    // A probe left on plain HTTP while the agent serves TLS.
+    (
+        "tls/daemonset-tls.yaml",
+        "  value: HTTPS\n",
+        "  value: HTTP\n",
+        "livenessProbe must say scheme: HTTPS",
+    ),
+    // The web config (and its key) from a volume that is not a Secret.
+    (
+        "tls/daemonset-tls.yaml",
+        "    secret:\n      secretName: lookback-web\n      # Read by the agent only (uid 0): \
+         the key and the password hashes.\n      defaultMode: 0400\n",
+        "    emptyDir:\n      medium: Memory\n",
+        "is not in a mounted Secret",
+    ),
+    // Prometheus scraping plain HTTP, or checking the wrong name.
+    (
+        "tls/servicemonitor-tls.yaml",
+        "  value: https\n",
+        "  value: http\n",
+        "endpoint scheme http, but the agent serves https",
+    ),
+    (
+        "tls/servicemonitor-tls.yaml",
+        "serverName: lookback-metrics.lookback.svc",
+        "serverName: lookback-metrics",
+        "tlsConfig.serverName must be one of",
+    ),
+    // A patch whose path is not in the base: kustomize refuses it, so does the check.
+    (
+        "tls/daemonset-tls.yaml",
+        "containers/0/livenessProbe/httpGet/scheme",
+        "containers/0/livenesProbe/httpGet/scheme",
+        "does not apply",
+    ),
+];
+
+#[test]
+fn broken_tls_overlays_are_rejected() {
+    for (file, from, to, message) in BROKEN_TLS {
+        let Some(stderr) = rejected_copy(&deploy_dir(), (file, from, to), |dir| {
+            check_manifests(&dir.join("tls"), &[])
         }) else {
             return;
         };
