@@ -163,7 +163,7 @@ fn one_ring_per_cpu_records_every_target() {
         }
         // One after the other: each target's 20 ms then fill the rings alone (at the
         // default 8 KiB of stack per sample a 1 MiB ring holds ~13 ms of one CPU; targets
-        // that run at once share that window: the trade-off the README states).
+        // that run at once share that window: the trade-off docs/agent.md states).
         let pids: BTreeSet<u32> = children.iter().map(Child::id).collect();
         release_one_by_one(&mut agent, &mut children);
         // Each snapshot is its own process's part of the shared rings: its samples (20 ms

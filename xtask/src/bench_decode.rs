@@ -5,7 +5,7 @@
 //! nothing here asserts a time.
 //!
 //! Rows: lookback's packet walk (the lower bound any decoder pays), lookback's decode to
-//! branch events (`lookback decode --stats`), lookback's block decoder alone (`--ptxed --
+//! branch events (`lookback decode --stats`), lookback's block decoder alone (`lookback-pt ptxed --
 //! --quiet`, timed as a whole process), libipt's packet decoder (what ptdump does) and
 //! libipt's block decoder (what `ptxed --block-decoder --stat` does, without output).
 //!
@@ -40,6 +40,8 @@ pub fn bench_decode(env: &BuildEnv, snapshot_only: bool) -> Result<()> {
         "lookback",
         "--bin",
         "lookback",
+        "--bin",
+        "lookback-pt",
         "--example",
         "pt_synth",
     ]))?;
@@ -62,15 +64,8 @@ fn throughput(env: &BuildEnv, synth: &Path) -> Result<()> {
     let mut all_secs = Vec::new();
     for _ in 0..DECODE_REPS {
         let text = output(
-            Command::new(env.release_bin())
-                .args([
-                    "decode",
-                    "--stats",
-                    "--packet-stats",
-                    "--threads",
-                    "1",
-                    "--pt",
-                ])
+            Command::new(env.pt_tool_bin())
+                .args(["packet-stats", "--threads", "1", "--pt"])
                 .arg(&pt)
                 .args(["--raw", &raw]),
         )?;
@@ -297,15 +292,15 @@ pub(crate) fn best_run(
     best.context("no runs")
 }
 
-/// The block decoder alone, as libipt's row does it: `--ptxed -- --quiet --stat`, timed
+/// The block decoder alone, as libipt's row does it: `lookback-pt ptxed -- --quiet --stat`, timed
 /// from outside (process start and reading 16 MiB included: an upper bound).
 fn blocks_only(env: &BuildEnv, pt: &Path, raw: &str) -> Result<f64> {
     let mut best = f64::INFINITY;
     for _ in 0..REPS {
         let started = Instant::now();
         output(
-            Command::new(env.release_bin())
-                .args(["decode", "--ptxed", "--pt"])
+            Command::new(env.pt_tool_bin())
+                .args(["ptxed", "--pt"])
                 .arg(pt)
                 .args(["--raw", raw, "--", "--quiet", "--stat", "--stat:blocks"]),
         )?;
@@ -501,7 +496,7 @@ fn print_table(s: &Stats, blocks_secs: f64, r: Option<&Reference>) {
         m(s.branches, s.decode_secs)
     );
     println!(
-        "| lookback | blocks only (`--ptxed -- --quiet`, whole process) | {blocks_secs:.3} | {:.1} | - | {:.1} | - |",
+        "| lookback | blocks only (`lookback-pt ptxed -- --quiet`, whole process) | {blocks_secs:.3} | {:.1} | - | {:.1} | - |",
         mb / blocks_secs,
         m(s.insns, blocks_secs)
     );

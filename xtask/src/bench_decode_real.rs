@@ -124,7 +124,7 @@ struct Row {
     /// The decode on every core, and its `threads:` line.
     all: Stats,
     all_threads: String,
-    /// Instructions of lookback's `--ptxed` mode (libipt's rules for errors).
+    /// Instructions of `lookback-pt ptxed` (libipt's rules for errors).
     ptxed_insns: u64,
     reference: Option<crate::bench_decode::Reference>,
     /// libxdc's best MB/s (edges only, repeated decodes of the same trace).
@@ -137,9 +137,16 @@ pub fn bench_real(
     libxdc: Option<&Path>,
     libipt_src: Option<&Path>,
 ) -> Result<()> {
-    run(env
-        .cargo()
-        .args(["build", "--release", "-p", "lookback", "--bin", "lookback"]))?;
+    run(env.cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "lookback",
+        "--bin",
+        "lookback",
+        "--bin",
+        "lookback-pt",
+    ]))?;
     let base = if dir.join("libxdc").is_dir() {
         dir.join("libxdc")
     } else {
@@ -216,18 +223,18 @@ pub fn bench_real(
     Ok(())
 }
 
-/// The instructions `lookback decode --ptxed -- --quiet --stat --stat:insn` counts.
+/// The instructions `lookback-pt ptxed -- --quiet --stat --stat:insn` counts.
 fn ptxed_mode_insns(env: &BuildEnv, trace: &Path, raw: &[String]) -> Result<u64> {
     let text = output(
-        Command::new(env.release_bin())
-            .args(["decode", "--ptxed", "--pt"])
+        Command::new(env.pt_tool_bin())
+            .args(["ptxed", "--pt"])
             .arg(trace)
             .args(raw)
             .args(["--", "--quiet", "--stat", "--stat:insn"]),
     )?;
     text.lines()
         .find_map(|l| l.strip_prefix("insn: ")?.trim_end_matches('.').parse().ok())
-        .with_context(|| format!("no insn count from --ptxed:\n{text}"))
+        .with_context(|| format!("no insn count from lookback-pt ptxed:\n{text}"))
 }
 
 /// libxdc's `tester_static`, built from the source at `src` (copied under target/, with
@@ -293,7 +300,7 @@ fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| real trace | bytes | insns (lookback / lookback `--ptxed` / libipt) | errors (lookback / libipt) | libipt block decoder s | MB/s | libxdc MB/s (edges only) | lookback 1 core s | MB/s | lookback ÷ libipt speed | lookback all cores s | MB/s | ÷ libipt | threads, pieces |"
+        "| real trace | bytes | insns (lookback / `lookback-pt ptxed` / libipt) | errors (lookback / libipt) | libipt block decoder s | MB/s | libxdc MB/s (edges only) | lookback 1 core s | MB/s | lookback ÷ libipt speed | lookback all cores s | MB/s | ÷ libipt | threads, pieces |"
     );
     let _ = writeln!(
         out,

@@ -100,6 +100,13 @@ enum Command {
         #[arg(long, default_value = "intel-pt")]
         backend: String,
     },
+    /// Build and run `lookback-pt`, the decoder's developer views (Intel's ptdump and
+    /// ptxed, packet-stats): `cargo xtask pt ptxed --pt FILE --raw CODE:ADDR -- --event:ip`.
+    Pt {
+        /// `lookback-pt`'s arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// The agent under continuous triggers; RSS, CPU and fds sampled every 10 s (needs root).
     Soak {
         /// How long.
@@ -147,6 +154,14 @@ fn main() -> std::process::ExitCode {
             util::workspace_root().and_then(|root| pt_smoke::pt_smoke(&root, &backend))
         }
         Command::Soak { minutes } => setup::setup().and_then(|env| soak::soak(&env, minutes)),
+        Command::Pt { args } => {
+            return setup::setup()
+                .and_then(|env| util::pt_tool(&env, &args))
+                .unwrap_or_else(|err| {
+                    eprintln!("xtask: error: {err:#}");
+                    std::process::ExitCode::FAILURE
+                });
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -36,6 +36,11 @@ impl BuildEnv {
     pub fn release_bin(&self) -> PathBuf {
         self.root.join("target/release/lookback")
     }
+
+    /// The release `lookback-pt` binary (the decoder's developer views).
+    pub fn pt_tool_bin(&self) -> PathBuf {
+        self.root.join("target/release/lookback-pt")
+    }
 }
 
 /// The workspace root (parent of the xtask crate). Where the xtask binary was built is
@@ -107,4 +112,27 @@ pub fn build(env: &BuildEnv, release: bool) -> Result<()> {
         run(env.cargo().args(["build", "--release", "-p", "lookback"]))?;
     }
     Ok(())
+}
+
+/// `cargo xtask pt ARGS`: builds the release `lookback-pt` and runs it with `args`; its
+/// exit code is ours.
+pub fn pt_tool(env: &BuildEnv, args: &[String]) -> Result<std::process::ExitCode> {
+    run(env.cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "lookback",
+        "--bin",
+        "lookback-pt",
+    ]))?;
+    let status = Command::new(env.pt_tool_bin())
+        .args(args)
+        .status()
+        .context("running lookback-pt")?;
+    Ok(std::process::ExitCode::from(
+        status
+            .code()
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(1),
+    ))
 }

@@ -566,10 +566,30 @@ pub fn open_recorder_filtered(
         Some(prog) => recorder.set_sample_filter(prog)?,
         None => false,
     };
-    for &pid in pids {
-        recorder.add_process(pid)?;
-    }
+    add_processes(recorder.as_mut(), pids)?;
     Ok((recorder, filtered))
+}
+
+/// Starts `recorder` on each of `pids`. One that exited since it was listed (a child of an
+/// attached process that lived a moment) is skipped and logged; only when none is left is
+/// it an error (the first one's).
+fn add_processes(recorder: &mut dyn Recorder, pids: &[u32]) -> Result<(), CaptureError> {
+    let mut vanished = None;
+    let mut added = 0_usize;
+    for &pid in pids {
+        match recorder.add_process(pid) {
+            Ok(()) => added += 1,
+            Err(CaptureError::NoProcess { pid }) => {
+                log::info!("process {pid} exited before its recorder started: not recorded");
+                vanished.get_or_insert(pid);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match vanished {
+        Some(pid) if added == 0 => Err(CaptureError::NoProcess { pid }),
+        _ => Ok(()),
+    }
 }
 
 /// The per-CPU recorder shared by all targets of the agent's rules that record with
@@ -762,5 +782,31 @@ mod tests {
         let text = err.to_string();
         assert!(text.starts_with("intel_pt PMU not found: "), "{text}");
         assert!(text.contains("use --backend sampling"), "{text}");
+    }
+
+    #[test]
+    fn a_process_gone_before_its_recorder_started_is_skipped_unless_none_is_left() {
+        // A pid that existed and is gone: a child reaped.
+        let gone = std::process::Command::new("true")
+            .spawn()
+            .and_then(|mut child| child.wait().map(|_| child.id()))
+            .expect("true");
+        let opts = CaptureOptions {
+            backend: BackendRequest::Sampling,
+            buffer_size: 64 << 10,
+            ..CaptureOptions::default()
+        };
+        let recorder = match open_recorder(&opts, &[std::process::id(), gone]) {
+            Ok(recorder) => recorder,
+            // Without perf events here (not root, paranoid): nothing to show.
+            Err(CaptureError::Syscall { .. } | CaptureError::NoBackend { .. }) => return,
+            Err(e) => panic!("a vanished pid beside a live one: {e}"),
+        };
+        drop(recorder);
+        match open_recorder(&opts, &[gone]) {
+            Err(CaptureError::NoProcess { pid }) => assert_eq!(pid, gone),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a recorder with no process"),
+        }
     }
 }

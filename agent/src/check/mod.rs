@@ -362,7 +362,7 @@ pub fn nop5_optimization(kernel: &KernelInfo) -> Probe {
     match kernel.version {
         Some(v) if x86_64 && v >= UPROBE_NOP5_VERSION => Probe::pass(
             "uprobes on 5-byte NOP entries become calls (~0.35 µs/hit instead of a ~7 µs trap); \
-             build hot code with -pg -mfentry -mnop-mcount (see README)",
+             build hot code with -pg -mfentry -mnop-mcount (see docs/usage.md)",
         ),
         Some(_) if !x86_64 => {
             Probe::fail("uprobe optimization exists only on x86-64: every uprobe is a trap")

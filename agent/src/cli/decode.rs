@@ -1,4 +1,5 @@
-//! `lookback decode`: decode a snapshot or raw Intel PT into a trace.
+//! `lookback decode`: decode a snapshot, a perf.data recording or raw Intel PT into a trace;
+//! and the engine behind `lookback-pt`, Intel's tools' views of the same decoder.
 //!
 //! `lookback decode SNAPSHOT.lbsnap [-o OUT]` writes the trace of a sampling or Intel PT
 //! snapshot (FXT by default, `OUT` = the input's stem + `.fxt.gz`; `.json`/`.json.gz` →
@@ -6,12 +7,14 @@
 //! intel_pt//` recording (its binaries found under `--symfs`, in the build-id cache or
 //! at their paths, with the recorded build-ids). Raw Intel PT is decoded with `--pt FILE`
 //! and the code given by `--elf FILE[:BASE]` or `--raw FILE[:OFFSET[-END]]:ADDR`; with
-//! `-o OUT` it becomes a trace file the same way. Its debug modes show the decoder's layers: `--ptdump` (packets, like Intel's ptdump),
-//! `--ptxed` (instructions and events, like Intel's `ptxed --no-inst`) and `--stats`
-//! (counts and throughput, like `ptxed --stat --stat:insn`). Without a mode, the branch
-//! events are listed. Options of Intel's tools go after `--`, perf sideband among them
-//! (`--pevent:primary FILE`, `--sb:compact` ...; with `--ptxed` the files its MMAP
-//! records name are read relative to the current directory, as ptxed does).
+//! `-o OUT` it becomes a trace file the same way (perf sideband with `--sideband`, its
+//! layout in `--pevent:*` options after `--`); without, the branch events are listed.
+//!
+//! [`DecodeArgs`] is the user's command line; [`DecodeRequest`] what [`run_request`] does,
+//! which `lookback-pt` ([`super::pt_tool`]) also fills with a debug view of the decoder's
+//! layers: ptdump (packets, like Intel's ptdump), ptxed (instructions and events, like
+//! Intel's `ptxed --no-inst`; the files its MMAP records name read relative to the current
+//! directory, as ptxed does) and a packet pass timed apart. One engine, two front ends.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -25,7 +28,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 
-use super::pt_files::{FileLoader, kernel_image, read_pevent};
 use super::{CliError, CliResult};
 use crate::decode::import::raw::{
     ElfSpec, SidebandFile, VdsoImages, add_sideband, embed_vdso, raw_segment,
@@ -39,6 +41,7 @@ use crate::decode::pt::packets::decoder::PacketDecoder;
 use crate::decode::pt::packets::packet::PacketKind;
 use crate::decode::pt::sideband::pevent::{PeventConfig, SidebandStream};
 use crate::decode::pt::sideband::sb_context::Abi;
+use crate::decode::pt::tools::files::{FileLoader, kernel_image, read_pevent};
 use crate::decode::pt::tools::ptdump::ptdump_with_sideband;
 use crate::decode::pt::tools::ptdump_opts::{PeventFile, PtdumpOptions};
 use crate::decode::pt::tools::ptxed::{Sideband, ptxed_with_sideband};
@@ -51,35 +54,21 @@ lookback decode trace.lbsnap                      # → trace.fxt.gz\n  \
 lookback decode trace.lbsnap -o trace.json.gz\n  \
 lookback decode perf.data --symfs /mnt/host -o perf.fxt.gz\n  \
 lookback decode --pt trace.pt --elf ./server:0x555555554000 -o trace.fxt.gz\n  \
-lookback decode --pt aux0.bin:0 --sideband sb-cpu0.pevent -o trace.fxt.gz -- --pevent:sample-type 0x10086\n  \
-lookback decode --pt trace.pt --raw code.bin:0x400000 --stats\n  \
-lookback decode --pt trace.pt --raw code.bin:0x400000 --ptxed -- --event:ip --block:show-blocks\n  \
-lookback decode --pt trace.pt --ptdump -- --lastip --time")]
-#[expect(
-    clippy::struct_excessive_bools,
-    reason = "command-line switches, each its own flag"
-)]
+lookback decode --pt aux0.bin:0 --sideband sb0.pevent -o t.fxt.gz -- --pevent:sample-type 0x10086\n\n\
+Intel's ptdump and ptxed views of a raw trace: lookback-pt (cargo xtask pt --help).")]
 pub struct DecodeArgs {
-    /// A snapshot (.lbsnap) or a `perf record -e intel_pt//` file (perf.data) to turn
-    /// into a trace file.
-    #[arg(conflicts_with_all = ["pt", "raw", "elf", "ptdump", "ptxed"])]
+    /// A snapshot (.lbsnap) or a `perf record -e intel_pt//` file (perf.data).
+    #[arg(conflicts_with_all = ["pt", "raw", "elf"])]
     pub input: Option<PathBuf>,
-    /// The trace file for INPUT or `--pt`: `.fxt`/`.fxt.gz` (FXT) or `.json`/`.json.gz`
-    /// (Chrome JSON), gzipped when it ends in `.gz`. Default for INPUT: its stem +
-    /// `.fxt.gz`; without it, `--pt` lists the branch events.
-    #[arg(short, long, value_name = "OUT", conflicts_with_all = ["ptdump", "ptxed"])]
+    /// The trace: `.fxt`/`.fxt.gz` (FXT) or `.json`/`.json.gz` (Chrome JSON). Default
+    /// for INPUT: its stem + `.fxt.gz`; without it, `--pt` lists the branch events.
+    #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
-    /// A raw Intel PT trace (the AUX data, oldest byte first). With `-o OUT`, one per
-    /// CPU may be given, each as `FILE:CPU` (default CPU: its place among the `--pt`s).
+    /// A raw Intel PT trace (the AUX data, oldest byte first); with `-o`, one per CPU.
     #[arg(long, value_name = "FILE[:CPU]")]
     pub pt: Vec<String>,
-    /// With `--pt ... -o OUT`: a perf sideband file (perf's kernel records: MMAP, COMM,
-    /// FORK, `ITRACE_START`, SWITCH..., e.g. from libipt's `perf-read-sideband.bash`), read
-    /// with the `--pevent:sample-type`, `--pevent:sample-config` and `--pevent:time-*`
-    /// options given after `--`. Its records make each CPU's threads and the processes'
-    /// maps (their files found under `--symfs`, or at their paths). Repeatable: a record
-    /// goes to the CPU it names (`SAMPLE_CPU`), else to the CPU of the `--pt` at the same
-    /// place.
+    /// With `--pt ... -o OUT`: a perf sideband file for the CPU of the `--pt` at its
+    /// place (or the one its records name); its layout in `--pevent:*` after `--`.
     #[arg(
         long,
         value_name = "FILE",
@@ -87,59 +76,98 @@ pub struct DecodeArgs {
         conflicts_with = "input"
     )]
     pub sideband: Vec<PathBuf>,
-    /// Code to decode with: FILE[:OFFSET[-END]]:ADDR maps the file (or a part of it) at
-    /// ADDR. May be given more than once; later files shadow earlier ones.
+    /// Code at an address: FILE[:OFFSET[-END]]:ADDR. Repeatable; later files shadow.
     #[arg(long, value_name = "FILE:ADDR")]
     pub raw: Vec<String>,
-    /// An ELF file the trace ran: FILE[:BASE] maps its loadable, executable segments
-    /// (with BASE, the lowest loadable one at BASE, as ptxed does; without, at the
-    /// addresses the file gives). Its functions name the calls. Repeatable.
+    /// An ELF file the trace ran, its lowest loadable segment at BASE if given.
     #[arg(long, value_name = "FILE[:BASE]", requires = "pt")]
     pub elf: Vec<String>,
-    /// perf.data and `--sideband`: look for the recording's binaries under DIR (as `perf
-    /// report --symfs`), not at their paths.
+    /// perf.data and `--sideband`: the recording's binaries under DIR (`perf --symfs`).
     #[arg(long, value_name = "DIR")]
     pub symfs: Option<PathBuf>,
     /// perf.data: the build-id cache (default `~/.debug`, as perf's).
     #[arg(long, value_name = "DIR", requires = "input")]
     pub buildid_dir: Option<PathBuf>,
+    /// With INPUT: also look for separate debug files in DIR; repeatable.
+    #[arg(long, value_name = "DIR", requires = "input")]
+    pub debug_dir: Vec<PathBuf>,
     /// The CPU that recorded the trace, for its errata: FAMILY/MODEL[/STEPPING].
     #[arg(long, value_name = "F/M[/S]")]
     pub cpu: Option<String>,
-    /// Print the packets, like Intel's ptdump.
-    #[arg(long, group = "mode")]
-    pub ptdump: bool,
-    /// Print instructions and events, like Intel's `ptxed --no-inst`.
-    #[arg(long, group = "mode")]
-    pub ptxed: bool,
-    /// Decode without printing each instruction; report counts and throughput. With
-    /// INPUT: write the trace and report what went in, the time and the peak memory.
-    #[arg(long, group = "mode")]
-    pub stats: bool,
-    /// With `--stats` on a raw trace (`--pt`): also count the packets in a pass of their
-    /// own before the decode, timed apart (the product path never runs it).
-    #[arg(long, requires = "stats")]
-    pub packet_stats: bool,
-    /// Decode Intel PT on N threads (default: every core the process may run on): each
-    /// CPU's trace is cut at PSBs and each piece's decode checked against the one before
-    /// it, so the result is the one-thread decode's. Not for `--ptxed`/`--ptdump`.
-    #[arg(
-        long,
-        value_name = "N",
-        conflicts_with_all = ["ptdump", "ptxed"],
-        value_parser = clap::value_parser!(u16).range(1..)
-    )]
+    /// Decode on N threads (default: every core); the result is the one-thread decode's.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub threads: Option<u16>,
-    /// With INPUT: also look for the separate debug files of its binaries in DIR (before
-    /// those the snapshot names and /usr/lib/debug); repeatable.
-    #[arg(long, value_name = "DIR", requires = "input")]
-    pub debug_dir: Vec<PathBuf>,
-    /// Options of ptdump or ptxed (e.g. `--event:ip`, `--mtc-freq 4`), after `--`.
-    #[arg(last = true, value_name = "TOOL-OPTIONS")]
+    /// Report counts, time and peak memory (with INPUT or `-o`: beside the trace).
+    #[arg(long)]
+    pub stats: bool,
+    /// The sideband's layout (`--pevent:sample-type`, `--pevent:time-*`, ...), after `--`.
+    #[arg(last = true, value_name = "PEVENT-OPTIONS")]
     pub tool_args: Vec<String>,
 }
 
-/// `fmt::Write` over a buffered stdout, so dumps stream instead of piling up.
+/// What to decode and how: `lookback decode`'s arguments, or `lookback-pt`'s with one of
+/// Intel's tools' views. In: paths and options as given. Out: [`run`]'s file or text.
+#[derive(Debug, Default, Clone)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "modes and switches, each its own flag"
+)]
+pub struct DecodeRequest {
+    pub input: Option<PathBuf>,
+    pub output: Option<PathBuf>,
+    pub pt: Vec<String>,
+    pub sideband: Vec<PathBuf>,
+    pub raw: Vec<String>,
+    pub elf: Vec<String>,
+    pub symfs: Option<PathBuf>,
+    pub buildid_dir: Option<PathBuf>,
+    pub cpu: Option<String>,
+    /// Intel's ptdump text.
+    pub ptdump: bool,
+    /// Intel's `ptxed --no-inst` text.
+    pub ptxed: bool,
+    pub stats: bool,
+    /// With `stats` on a raw trace: a timed packet pass of its own first.
+    pub packet_stats: bool,
+    pub threads: Option<u16>,
+    pub debug_dir: Vec<PathBuf>,
+    /// Options of ptdump or ptxed (`--pevent:*` only from `lookback decode`).
+    pub tool_args: Vec<String>,
+}
+
+impl DecodeArgs {
+    /// The request, after checking that only the sideband's layout options come after
+    /// `--` (Intel's tools' other options are `lookback-pt`'s).
+    pub fn request(&self) -> Result<DecodeRequest, CliError> {
+        if let Some(other) = self
+            .tool_args
+            .iter()
+            .find(|a| a.starts_with('-') && !a.starts_with("--pevent:"))
+        {
+            return Err(CliError::usage(anyhow::anyhow!(
+                "{other}: after `--`, lookback decode takes the sideband's --pevent:* \
+                 options only (Intel's ptdump and ptxed options: lookback-pt)"
+            )));
+        }
+        Ok(DecodeRequest {
+            input: self.input.clone(),
+            output: self.output.clone(),
+            pt: self.pt.clone(),
+            sideband: self.sideband.clone(),
+            raw: self.raw.clone(),
+            elf: self.elf.clone(),
+            symfs: self.symfs.clone(),
+            buildid_dir: self.buildid_dir.clone(),
+            cpu: self.cpu.clone(),
+            stats: self.stats,
+            threads: self.threads,
+            debug_dir: self.debug_dir.clone(),
+            tool_args: self.tool_args.clone(),
+            ..DecodeRequest::default()
+        })
+    }
+}
+
 struct Out<W: io::Write> {
     inner: W,
     error: Option<io::Error>,
@@ -185,7 +213,7 @@ fn read(path: &Path) -> Result<Vec<u8>, CliError> {
 }
 
 /// The tool arguments with `--cpu` in front, when given.
-fn tool_args(args: &DecodeArgs) -> Vec<String> {
+fn tool_args(args: &DecodeRequest) -> Vec<String> {
     let mut all = Vec::new();
     if let Some(cpu) = &args.cpu {
         all.extend(["--cpu".to_owned(), cpu.clone()]);
@@ -232,7 +260,7 @@ fn perf_data_paths(path: &Path) -> Option<(PathBuf, Option<PathBuf>)> {
     is_perf_data(path).then(|| (path.to_owned(), None))
 }
 
-fn run_snapshot(args: &DecodeArgs, input: &Path) -> CliResult {
+fn run_snapshot(args: &DecodeRequest, input: &Path) -> CliResult {
     let started = Instant::now();
     let (mut snap, about) = if let Some((data, kcore_dir)) = perf_data_paths(input) {
         read_perf_data(&data, kcore_dir.as_deref(), args)?
@@ -282,7 +310,7 @@ fn perf_data_about(file: &crate::decode::perf_file::PerfFile) -> String {
 fn read_perf_data(
     input: &Path,
     kcore_dir: Option<&Path>,
-    args: &DecodeArgs,
+    args: &DecodeRequest,
 ) -> Result<(crate::snapshot::Snapshot, Option<String>), CliError> {
     let bytes = read(input)?;
     let file = crate::decode::perf_file::PerfFile::parse(&bytes)
@@ -379,7 +407,7 @@ fn raw_timing(snap: &mut crate::snapshot::Snapshot, opts: &PtxedOptions) {
 /// Raw Intel PT (one trace per CPU), the code it ran and its perf sideband as a snapshot,
 /// written to `out` (`--pt FILE ... -o OUT`).
 fn run_raw_trace(
-    args: &DecodeArgs,
+    args: &DecodeRequest,
     opts: &PtxedOptions,
     code: Vec<(crate::capture::MapEntry, Vec<u8>)>,
     out: &Path,
@@ -541,7 +569,7 @@ fn relative_maps_absolute(snap: &mut crate::snapshot::Snapshot, under_symfs: boo
 fn write_snapshot(
     snap: &crate::snapshot::Snapshot,
     out: &Path,
-    args: &DecodeArgs,
+    args: &DecodeRequest,
     read_time: Duration,
     about: Option<String>,
 ) -> CliResult {
@@ -607,11 +635,18 @@ fn write_snapshot(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `lookback decode`.
 pub fn run(args: &DecodeArgs) -> CliResult {
+    run_request(&args.request()?)
+}
+
+/// Decodes what `args` asks for: a trace file, the branch events, counts, or Intel's tools'
+/// text.
+pub fn run_request(args: &DecodeRequest) -> CliResult {
     if args.packet_stats && (args.input.is_some() || args.output.is_some()) {
         return Err(CliError::usage(anyhow::anyhow!(
-            "--packet-stats counts the packets of a raw trace decoded to branch events \
-             (--pt FILE --stats, no INPUT or -o)"
+            "packet-stats counts the packets of a raw trace decoded to branch events \
+             (no INPUT or -o)"
         )));
     }
     if let Some(input) = &args.input {
@@ -636,7 +671,7 @@ pub fn run(args: &DecodeArgs) -> CliResult {
     let mut opts = PtxedOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
     if !opts.pevent.is_empty() && !args.ptxed && args.output.is_none() {
         return Err(CliError::usage(anyhow::anyhow!(
-            "perf sideband (--pevent) is only supported with --ptdump, --ptxed and -o OUT"
+            "perf sideband (--pevent) is only supported with -o OUT (and lookback-pt ptdump, ptxed)"
         )));
     }
     let mut specs = Vec::new();
@@ -700,7 +735,7 @@ pub fn run(args: &DecodeArgs) -> CliResult {
 }
 
 /// `--threads`, else every core the process may run on.
-fn decode_threads(args: &DecodeArgs) -> usize {
+fn decode_threads(args: &DecodeRequest) -> usize {
     args.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         usize::from,
@@ -752,7 +787,7 @@ fn run_ptxed(trace: &[u8], image: &Image, opts: &PtxedOptions) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_ptdump(trace: &[u8], args: &DecodeArgs) -> CliResult {
+fn run_ptdump(trace: &[u8], args: &DecodeRequest) -> CliResult {
     let (opts, files) = PtdumpOptions::from_args(&tool_args(args)).map_err(CliError::usage)?;
     let data = read_sideband(&files)?;
     let streams = sideband_streams(&files, &data);
@@ -1034,20 +1069,33 @@ mod tests {
     }
 
     #[test]
-    fn modes_exclude_each_other_and_tool_options_go_after_dashes() {
+    fn after_dashes_only_the_sidebands_layout_is_a_users_option() {
         let parsed = Wrapper::try_parse_from([
             "x",
             "--pt",
             "t.pt",
-            "--raw",
-            "c.bin:0x1000",
-            "--ptxed",
+            "--sideband",
+            "sb.pevent",
+            "-o",
+            "t.fxt",
             "--",
-            "--event:ip",
+            "--pevent:sample-type",
+            "0x10086",
         ])
         .unwrap();
-        assert!(parsed.args.ptxed && parsed.args.tool_args == ["--event:ip"]);
-        assert!(Wrapper::try_parse_from(["x", "--pt", "t", "--ptxed", "--stats"]).is_err());
+        let request = parsed.args.request().unwrap();
+        assert_eq!(request.tool_args, ["--pevent:sample-type", "0x10086"]);
+        assert!(!request.ptxed && !request.ptdump && !request.packet_stats);
+        let parsed = Wrapper::try_parse_from(["x", "--pt", "t.pt", "--", "--event:ip"]).unwrap();
+        let err = parsed.args.request().unwrap_err();
+        assert_eq!(err.code, 2);
+        assert!(
+            err.error.to_string().contains("lookback-pt"),
+            "{:#}",
+            err.error
+        );
+        // The tools' modes are not options of `lookback decode`.
+        assert!(Wrapper::try_parse_from(["x", "--pt", "t", "--ptxed"]).is_err());
     }
 
     #[test]

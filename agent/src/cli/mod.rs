@@ -13,7 +13,7 @@ mod json_out;
 mod live;
 mod local_binaries;
 mod output_path;
-pub mod pt_files;
+pub mod pt_tool;
 mod record;
 pub mod rules;
 pub mod run;
@@ -95,7 +95,7 @@ pub enum Command {
     Attach(run::AttachArgs),
     /// Work with rules files.
     Rules(rules::RulesArgs),
-    /// Decode a snapshot or raw Intel PT into a trace (debug modes: --ptdump, --ptxed, --stats)
+    /// Decode a snapshot, a perf.data recording or raw Intel PT into a trace.
     Decode(decode::DecodeArgs),
     /// The daemon: rules from a YAML file for every matching process, snapshots to disk,
     /// Prometheus metrics.

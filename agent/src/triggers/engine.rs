@@ -1136,7 +1136,7 @@ pub fn log_probes(rule: &str, probes: &[AttachedProbe]) {
         };
         log::warn!(
             "rule {rule}: {which} (~7 µs per call); on a hot function build with -pg -mfentry \
-             -mnop-mcount (C/C++; Rust: see README) for NOP5 entries the kernel can optimize"
+             -mnop-mcount (C/C++; Rust: see docs/usage.md) for NOP5 entries the kernel can optimize"
         );
     }
     let mut by_function: BTreeMap<(&str, &str), Vec<&AttachedProbe>> = BTreeMap::new();

@@ -13,9 +13,9 @@ use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::files::read_pevent;
 use super::ptdump::ptdump_with_sideband;
 use super::ptdump_opts::PtdumpOptions;
-use crate::cli::pt_files::read_pevent;
 use crate::decode::pt::sideband::pevent::SidebandStream;
 
 /// Cases deliberately not run, each with its reason.

@@ -14,9 +14,9 @@ use std::fs;
 use std::path::Path;
 
 use super::conformance::{corpus_dir, has_extension, normalize, short_diff, sideband_args};
+use super::files::{FileLoader, kernel_image, read_pevent};
 use super::ptxed::{Sideband, ptxed_with_sideband};
 use super::ptxed_opts::PtxedOptions;
-use crate::cli::pt_files::{FileLoader, kernel_image, read_pevent};
 use crate::decode::pt::flow::image::Image;
 use crate::decode::pt::sideband::pevent::SidebandStream;
 

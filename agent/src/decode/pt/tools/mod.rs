@@ -6,9 +6,11 @@
 //! per packet) and `ptxed` ([`ptxed`]: one line per instruction and event) print for the
 //! same input, checked against libipt's conformance corpus (the tests `conformance` and
 //! `conformance_ptxed`); and [`encode`], a small PT encoder that writes programs and their
-//! traces for tests and benchmarks. Its own layer because the product path (snapshot to
-//! branch events to trace) does not use it: it serves `lookback decode --ptdump/--ptxed`,
-//! tests and benchmarks, for debugging the decoder and showing it right.
+//! traces for tests and benchmarks; [`files`], what raw decoding reads besides the trace
+//! (sideband files, the files their records map, kernel core dumps). Its own layer
+//! because the product path (snapshot to branch events to trace) does not use it: it
+//! serves `lookback-pt ptdump|ptxed`, tests and benchmarks, for debugging the decoder and
+//! showing it right (and `lookback decode --sideband` reads its sideband with [`files`]).
 
 #[cfg(test)]
 mod conformance;
@@ -16,6 +18,7 @@ mod conformance;
 mod conformance_ptxed;
 pub mod encode;
 pub mod encode_shape;
+pub mod files;
 pub mod ptdump;
 pub mod ptdump_opts;
 pub mod ptxed;

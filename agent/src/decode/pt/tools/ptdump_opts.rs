@@ -2,7 +2,7 @@
 //!
 //! In: Intel `ptdump` arguments (`--no-pad`, `--time`, `--cpu 6/85`, `--pevent FILE` ...).
 //! Out: [`PtdumpOptions`] plus the sideband files the caller has to load (the dump itself
-//! never opens files). Used by `lookback decode --pt FILE --ptdump` and by the corpus
+//! never opens files). Used by `lookback-pt ptdump --pt FILE` and by the corpus
 //! conformance test, which runs libipt's expectations with their original options.
 
 use crate::decode::pt::packets::cpu::{Cpu, parse_c_uint};

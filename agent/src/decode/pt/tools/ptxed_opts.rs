@@ -4,7 +4,7 @@
 //! `--block:show-blocks`, `--stat`, `--mtc-freq 4`, `--pevent:primary FILE` ...). Out:
 //! [`PtxedOptions`]: what to print, how to configure the flow layer, and the code,
 //! sideband and kernel core files the caller has to load (the dump itself never opens
-//! files). Used by `lookback decode --ptxed`
+//! files). Used by `lookback-pt ptxed`
 //! and by the corpus conformance test, which runs libipt's expectations with their
 //! original options.
 

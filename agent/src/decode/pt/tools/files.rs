@@ -2,7 +2,7 @@
 //! files their MMAP records map, and kernel core dumps.
 //!
 //! In: paths as the command line and the sideband records give them, relative ones taken
-//! from a root directory (the current one for `lookback decode`, a corpus directory in
+//! from a root directory (the current one for `lookback decode` and `lookback-pt`, a corpus directory in
 //! the conformance tests). Out: bytes for the decoder, which never opens files itself:
 //! [`read_pevent`] (a sideband file or its `:FROM-TO` part), [`FileLoader`] (the
 //! [`SectionLoader`] of ptxed's sideband session) and [`kernel_image`]
