@@ -12,7 +12,6 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     ffi::CString,
     os::fd::{AsFd as _, BorrowedFd, OwnedFd},
-    path::Path,
 };
 
 use super::CaptureError;
@@ -251,46 +250,17 @@ pub(super) fn threads_of(pid: u32) -> Result<Vec<u32>, CaptureError> {
     Ok(tids)
 }
 
-/// The online CPUs (`/sys/devices/system/cpu/online`, e.g. `0-3,6`).
+/// The online CPUs ([`check::cpus::online_cpus`](crate::check::cpus::online_cpus)).
 pub(super) fn online_cpus() -> Result<Vec<u32>, CaptureError> {
-    let path = Path::new("/sys/devices/system/cpu/online");
-    let text = std::fs::read_to_string(path).map_err(|source| CaptureError::Io {
-        path: path.to_owned(),
+    crate::check::cpus::online_cpus().map_err(|source| CaptureError::Io {
+        path: crate::check::cpus::ONLINE_CPUS.into(),
         source,
-    })?;
-    parse_cpu_list(&text).ok_or_else(|| CaptureError::Io {
-        path: path.to_owned(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a CPU list"),
     })
-}
-
-/// Parses a kernel CPU list (`0-3,6`); `None` when malformed or empty.
-pub(super) fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',') {
-        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-        let (lo, hi): (u32, u32) = (lo.trim().parse().ok()?, hi.trim().parse().ok()?);
-        if lo > hi || hi - lo > 65_536 {
-            return None;
-        }
-        cpus.extend(lo..=hi);
-    }
-    (!cpus.is_empty()).then_some(cpus)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_lists_parse() {
-        assert_eq!(parse_cpu_list("0-3,6\n"), Some(vec![0, 1, 2, 3, 6]));
-        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
-        for bad in ["", "a", "3-1", "0-", ",", "0-999999"] {
-            assert_eq!(parse_cpu_list(bad), None, "{bad:?}");
-        }
-        assert!(!online_cpus().unwrap().is_empty());
-    }
 
     /// The calling thread's id (`/proc/thread-self` is `PID/task/TID`).
     fn this_tid() -> u32 {

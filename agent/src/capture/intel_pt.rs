@@ -35,15 +35,14 @@ use super::{
     clock_history::ClockHistory,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
     freeze::{FreezeSwitch, StopMethod},
-    lock_budget, pages_for, procmaps,
+    pages_for, procmaps,
     pt_config::{self, PtConfig},
     pt_filter, pt_timing,
     records::{self, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_TID, SAMPLE_TIME},
     ring::PerfRing,
-    topa::AuxLimit,
 };
 use crate::{
-    check::{PmuReadError, read_pmu},
+    check::{PmuReadError, lock_budget, read_pmu, topa::AuxLimit},
     sys::{
         SyscallError,
         perf::{self, Target, perf_event_attr},

@@ -27,7 +27,6 @@ pub mod freeze;
 pub mod held_files;
 pub mod intel_pt;
 pub mod kallsyms;
-pub mod lock_budget;
 pub mod mmap_records;
 pub mod origin;
 pub mod procmaps;
@@ -39,7 +38,6 @@ pub mod pt_timing;
 pub mod records;
 pub mod ring;
 pub mod sampling;
-pub mod topa;
 pub mod tsc;
 
 use std::{collections::BTreeMap, os::fd::BorrowedFd, path::PathBuf, sync::Arc};
@@ -615,11 +613,6 @@ pub fn open_cpu_wide_recorder(
         event,
         target_filter,
     )?))
-}
-
-/// The number of online CPUs (`/sys/devices/system/cpu/online`); `None` when unreadable.
-pub fn online_cpu_count() -> Option<usize> {
-    events::online_cpus().ok().map(|cpus| cpus.len())
 }
 
 /// `CLOCK_MONOTONIC` in ns (the clock of BPF trigger timestamps and of sampling records).

@@ -6,6 +6,11 @@
 //! [`MachineReport`] (serde-serialisable, stable `snake_case` keys) including the backend
 //! `auto` picks and why. Probing never fails as a whole: every item carries its own
 //! ✓/✗ and a one-line reason. Nothing here prints.
+//!
+//! Also here, under the capture stage that uses them too, the machine's limits both this
+//! report and the recorders size rings by: the online CPUs ([`cpus`]), the ring memory an
+//! unprivileged process may lock ([`lock_budget`]), and the AUX area a PT PMU without
+//! multi-entry `ToPA` can take ([`topa`]).
 #![forbid(unsafe_code)] // the system calls are in `crate::sys`
 
 use std::path::{Path, PathBuf};
@@ -15,9 +20,12 @@ use serde::Serialize;
 use crate::sys::SyscallError;
 
 mod bpf;
+pub mod cpus;
 mod kernel;
+pub mod lock_budget;
 mod pmu;
 mod privileges;
+pub mod topa;
 mod tracefs;
 mod uprobe;
 

@@ -357,10 +357,10 @@ pub(super) fn intel_pt_report(
             ));
             // Opening is not mapping: an unprivileged user's locked-memory limit decides
             // how large the rings can be.
-            let cpus = crate::capture::online_cpu_count();
+            let cpus = super::cpus::online_cpu_count();
             if let (Some(page), Some(cpus)) = (crate::sys::page_size(), cpus)
-                && let Some(note) = crate::capture::lock_budget::default_rings_note(
-                    crate::capture::lock_budget::LockBudget::of_this_process(cpus),
+                && let Some(note) = super::lock_budget::default_rings_note(
+                    super::lock_budget::LockBudget::of_this_process(cpus),
                     cpus,
                     page,
                 )
@@ -388,9 +388,9 @@ pub(super) fn intel_pt_report(
     report
 }
 
-/// What a CPU whose `ToPA` holds one entry means for the rings ([`crate::capture::topa`]).
+/// What a CPU whose `ToPA` holds one entry means for the rings ([`super::topa`]).
 fn topa_note(caps: &IntelPtCaps, page: Option<usize>) -> Option<String> {
-    let limit = crate::capture::topa::AuxLimit::of_this_kernel(caps.topa_multiple_entries);
+    let limit = super::topa::AuxLimit::of_this_kernel(caps.topa_multiple_entries);
     let largest = page? << limit.max_order;
     limit.single_chunk.then(|| {
         format!(

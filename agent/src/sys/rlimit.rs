@@ -1,5 +1,7 @@
 //! The process's open-files limit (`RLIMIT_NOFILE`): the agent holds perf, BPF and ring
-//! fds for every traced process, far past the common soft limit of 1024.
+//! fds for every traced process, far past the common soft limit of 1024. And its
+//! locked-memory limit (`RLIMIT_MEMLOCK`), which bounds the perf rings of an unprivileged
+//! recorder (`check::lock_budget`).
 use super::SyscallError;
 
 /// The soft and hard open-files limits.
@@ -13,6 +15,19 @@ pub fn open_files() -> Result<(u64, u64), SyscallError> {
         return Err(SyscallError::last("getrlimit(RLIMIT_NOFILE)"));
     }
     Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+/// The soft locked-memory limit in bytes (`RLIM_INFINITY`: none).
+pub fn locked_memory() -> Result<u64, SyscallError> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut limit) } != 0 {
+        return Err(SyscallError::last("getrlimit(RLIMIT_MEMLOCK)"));
+    }
+    Ok(limit.rlim_cur)
 }
 
 /// Raises the soft open-files limit to the hard one. Out: (the soft limit before, after).

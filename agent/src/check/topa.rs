@@ -1,4 +1,6 @@
-//! AUX sizes a PT PMU without multi-entry `ToPA` can take, for the snapshot recorder.
+//! AUX sizes a PT PMU without multi-entry `ToPA` can take, for the snapshot recorder and
+//! for `lookback check`, which says what the limit means (hence in `check/`, under the
+//! capture stage).
 //!
 //! In: the AUX pages per CPU asked for, the PMU's `caps/topa_multiple_entries`, the
 //! kernel's largest page order (`/proc/buddyinfo`). Out: the pages to map, and the next

@@ -1,5 +1,6 @@
-//! Capture stage: how much ring memory an unprivileged recorder may lock, and PT ring
-//! sizes that fit it (issue 18 item 5).
+//! How much ring memory an unprivileged recorder may lock, and PT ring sizes that fit it
+//! (issue 18 item 5). In `check/`, under the capture stage, because both the PT recorder
+//! (which shrinks its rings) and `lookback check` (which says so in advance) use it.
 //!
 //! In: `perf_event_mlock_kb`, the online CPUs, `RLIMIT_MEMLOCK`, whether the process has
 //! `CAP_IPC_LOCK` and `perf_event_paranoid`. Out: a [`LockBudget`] and [`fit`], the AUX and
@@ -47,18 +48,13 @@ impl LockBudget {
             .and_then(|t| t.trim().parse::<i32>().ok())
             .unwrap_or(2);
         let cap_ipc_lock = read("/proc/self/status").is_none_or(|status| has_cap_ipc_lock(&status));
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
+        let Ok(memlock) = crate::sys::rlimit::locked_memory() else {
+            return Self(None);
         };
-        // SAFETY: getrlimit writes one rlimit into the valid pointer it is given.
-        if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &raw mut limit) } != 0 {
+        if memlock == libc::RLIM_INFINITY {
             return Self(None);
         }
-        if limit.rlim_cur == libc::RLIM_INFINITY {
-            return Self(None);
-        }
-        Self::new(mlock_kb, cpus, limit.rlim_cur, cap_ipc_lock, paranoid)
+        Self::new(mlock_kb, cpus, memlock, cap_ipc_lock, paranoid)
     }
 }
 
