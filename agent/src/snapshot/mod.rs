@@ -6,7 +6,8 @@
 //! In: [`CapturedData`] from a recorder and the trigger's [`TriggerMeta`]
 //! ([`Snapshot::from_captured`]), or an `.lbsnap` file ([`read`]). Out: a [`Snapshot`], the
 //! seam every later stage (decode, stacks, symbols, writer) consumes, and files written
-//! atomically with mode 0600 ([`write_atomic`]).
+//! atomically with mode 0600 ([`write_atomic`]). [`kernel_stack`] keeps (and names) the
+//! trigger's kernel stack before the snapshot is written.
 //!
 //! # Format (version 1; docs/snapshot-format.md has the full description)
 //!
@@ -26,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 mod format;
+pub mod kernel_stack;
 
 use serde::{Deserialize, Serialize};
 

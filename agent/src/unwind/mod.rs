@@ -160,7 +160,7 @@ impl<'a> StackUnwinder<'a> {
 /// writers before the `.lbsnap` is written (not on the freeze path: reading the files'
 /// unwind tables takes milliseconds); the snapshot keeps the addresses, not the copy.
 pub fn complete_trigger_stack(snap: &mut Snapshot, copy: Option<&StackCopy>) {
-    crate::capture::kallsyms::keep_trigger_kernel_stack(snap);
+    crate::snapshot::kernel_stack::keep_trigger_kernel_stack(snap);
     let (Some(trigger), Some(copy)) = (snap.meta.trigger.as_mut(), copy) else {
         return;
     };
