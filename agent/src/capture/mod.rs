@@ -632,9 +632,6 @@ fn pages_for(bytes: usize) -> Result<usize, CaptureError> {
 }
 
 #[cfg(test)]
-mod sideband_corpus;
-
-#[cfg(test)]
 mod tests {
     use super::*;
 

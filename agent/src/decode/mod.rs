@@ -11,3 +11,5 @@ pub mod perf_file;
 pub mod pt;
 pub mod pt_snapshot;
 pub mod samples;
+#[cfg(test)]
+mod sideband_corpus;

@@ -1,12 +1,14 @@
 //! Sideband records from real inputs: the perf sideband (`.sb`) files of Intel libipt's
 //! corpus (`shared/corpus/libipt/pevent/`), read with the capture stage's record walker
-//! and its `sample_id_all` trailer parser, checked against `decode::pt::sideband::pevent`
-//! (which the ptdump conformance test checks against libipt's expected output).
+//! and its `sample_id_all` trailer parser (`capture::records`), checked against
+//! `decode::pt::sideband::pevent` (which the ptdump conformance test checks against
+//! libipt's expected output). A test of the decode stage: it imports capture, not the
+//! other way round.
 
 use std::path::PathBuf;
 
-use super::records::{self, id_trailer};
-use crate::decode::pt::sideband::pevent::{PeventConfig, PeventError, read_record};
+use super::pt::sideband::pevent::{PeventConfig, PeventError, read_record};
+use crate::capture::records::{self, id_trailer};
 
 fn pevent_dir() -> Option<PathBuf> {
     crate::test_support::shared_corpus("libipt/pevent", "MANIFEST.tsv")
