@@ -28,12 +28,6 @@ pub struct Kallsyms {
     symbols: Vec<KernelSymbol>,
 }
 
-/// Whether `addr` is a kernel address (the upper half of x86-64's address space).
-#[must_use]
-pub const fn is_kernel_address(addr: u64) -> bool {
-    addr >= 0xffff_8000_0000_0000
-}
-
 impl Kallsyms {
     /// `/proc/kallsyms`, or nothing when it cannot be read.
     #[must_use]
@@ -148,11 +142,5 @@ mod tests {
             Kallsyms::parse("0000000000000000 T x\n").is_empty(),
             "kptr_restrict"
         );
-    }
-
-    #[test]
-    fn kernel_addresses_are_the_upper_half() {
-        assert!(is_kernel_address(0xffff_ffff_8100_0000));
-        assert!(!is_kernel_address(0x7fff_ffff_f000));
     }
 }

@@ -148,13 +148,9 @@ pub struct Sample {
     pub user_stack: Option<Range<usize>>,
 }
 
-/// The user registers of a sample that unwinding needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UserRegs {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-}
+/// The user registers of a sample that unwinding needs (defined with the trigger's stack
+/// copy, which carries them too).
+pub use crate::triggers::event::UserRegs;
 
 impl Sample {
     /// The kernel addresses of the callchain (after `PERF_CONTEXT_KERNEL`, up to the user

@@ -27,7 +27,7 @@ use super::{
     Recorder, RecorderParams, RingData, RingKind, SamplingEvent,
     events::{CpuRing, EventSet, EventSpec, online_cpus},
     freeze::{FreezeSwitch, StopMethod},
-    kallsyms::{self, Kallsyms},
+    kallsyms::Kallsyms,
     mmap_records, pages_for, procmaps,
     records::{
         self, Layout, PERF_CONTEXT_MAX, SAMPLE_CALLCHAIN, SAMPLE_CPU, SAMPLE_IDENTIFIER, SAMPLE_IP,
@@ -451,7 +451,7 @@ fn kernel_addresses(layout: Layout, stream: &[u8]) -> Vec<u64> {
         .filter(|r| r.kind == records::PERF_RECORD_SAMPLE)
         .filter_map(|r| records::parse_sample(layout, r.body))
         .flat_map(|s| s.ip.into_iter().chain(s.callchain))
-        .filter(|&a| kallsyms::is_kernel_address(a) && a < PERF_CONTEXT_MAX)
+        .filter(|&a| crate::sys::is_kernel_address(a) && a < PERF_CONTEXT_MAX)
         .collect()
 }
 

@@ -21,13 +21,13 @@
 use std::collections::BTreeMap;
 
 use crate::capture::RingKind;
-use crate::capture::kallsyms::is_kernel_address;
 use crate::capture::records::{
     self, PERF_RECORD_COMM, PERF_RECORD_LOST, PERF_RECORD_LOST_SAMPLES, PERF_RECORD_MISC_COMM_EXEC,
     PERF_RECORD_MISC_SWITCH_OUT, PERF_RECORD_MISC_SWITCH_OUT_PREEMPT, PERF_RECORD_SAMPLE,
     PERF_RECORD_SWITCH, PERF_RECORD_SWITCH_CPU_WIDE, UserRegs,
 };
 use crate::snapshot::Snapshot;
+use crate::sys::is_kernel_address;
 
 /// One sampled stack of a thread.
 #[derive(Debug, Clone, PartialEq, Eq)]

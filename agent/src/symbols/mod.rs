@@ -35,8 +35,9 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as Blaze};
 
 use crate::capture::held_files::{HeldFile, HeldFiles};
-use crate::capture::kallsyms::{KernelSymbol, is_kernel_address};
+use crate::capture::kallsyms::KernelSymbol;
 use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
+use crate::sys::is_kernel_address;
 
 /// The name of a kernel frame without kernel symbols (no `--include-kernel`).
 pub const KERNEL: &str = "[kernel]";

@@ -1,7 +1,9 @@
 //! Raw system calls: the only module that calls `bpf`, `perf_event_open`, `ioctl`, `mmap`
 //! and friends directly. Everything here is a thin, safe wrapper over one call, returning
 //! an owned file descriptor or a [`SyscallError`] that names the call and keeps the errno.
-//! Higher stages decide what a failure means; nothing here prints or logs.
+//! Higher stages decide what a failure means; nothing here prints or logs. Beside the
+//! calls, the few facts of the machine every stage shares: the page size, the clocks, and
+//! where kernel addresses begin ([`is_kernel_address`]).
 
 use std::{ffi::CStr, io};
 
@@ -168,6 +170,12 @@ pub fn read_tsc() -> Option<u64> {
     }
 }
 
+/// Whether `addr` is a kernel address (the upper half of x86-64's address space).
+#[must_use]
+pub const fn is_kernel_address(addr: u64) -> bool {
+    addr >= 0xffff_8000_0000_0000
+}
+
 /// A `c_char` array (NUL-terminated or not) as a lossily decoded string.
 fn c_chars_to_string(chars: &[libc::c_char]) -> String {
     // SAFETY: `c_char` is `i8` or `u8`, with the size and alignment of `u8`, and every bit
@@ -193,6 +201,12 @@ mod tests {
     #[test]
     fn page_size_is_a_power_of_two() {
         assert!(page_size().expect("page size").is_power_of_two());
+    }
+
+    #[test]
+    fn kernel_addresses_are_the_upper_half() {
+        assert!(is_kernel_address(0xffff_ffff_8100_0000));
+        assert!(!is_kernel_address(0x7fff_ffff_f000));
     }
 
     #[test]

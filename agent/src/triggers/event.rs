@@ -1,5 +1,7 @@
 //! The trigger events the engine delivers: a checked, owned view of the kernel's
-//! `TriggerRecord`, with a one-line human form and a JSON form.
+//! `TriggerRecord`, with a one-line human form and a JSON form, and the stack copy that
+//! comes with it ([`StackCopy`]: the [`UserRegs`] that unwinding starts from, also the
+//! registers of perf samples, and the stack bytes).
 use std::fmt;
 
 use lookback_common::trigger::{
@@ -7,7 +9,6 @@ use lookback_common::trigger::{
     TRIGGER_STACK_COPY, TRIGGER_STACK_FRAMES, TriggerRecord, TriggerStack,
 };
 
-use crate::capture::records::UserRegs;
 use serde::Serialize;
 
 use crate::rules::{errno_name, signal_name, syscall_name};
@@ -109,6 +110,15 @@ pub fn stack_from_bytes(bytes: &[u8]) -> TriggerStack {
     stack
 }
 
+/// The user registers that unwinding needs: of the trigger's [`StackCopy`] here, and of
+/// perf samples (`capture::records::Sample`, which re-exports this type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
 /// The triggering thread's registers and stack bytes (from SP upwards), for unwinding in
 /// userspace with the binaries' CFI.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,10 +165,7 @@ pub fn stack_frames(stack: &TriggerStack) -> Vec<u64> {
 #[must_use]
 pub fn kernel_stack_frames(stack: &TriggerStack) -> Vec<u64> {
     let mut frames = frames_written(&stack.kernel_frames, stack.kernel_bytes);
-    if !frames
-        .iter()
-        .all(|&a| crate::capture::kallsyms::is_kernel_address(a))
-    {
+    if !frames.iter().all(|&a| crate::sys::is_kernel_address(a)) {
         frames.clear();
     }
     frames
