@@ -3,13 +3,15 @@
 //! The modules follow the pipeline (see `docs/` and `shared/docs/design.md`):
 //! `rules` → `triggers` → `capture` → `snapshot` → `decode` → `stacks` → `symbols` →
 //! `writer` → `daemon`, with `cli` (one module per subcommand), `check` (what this machine
-//! supports) and `sys` (the only place that makes raw syscalls).
+//! supports), `sys` (the only place that makes raw syscalls) and `elf` (what the stages
+//! read from binaries: segments, build-ids, symbols, debug files).
 
 pub mod capture;
 pub mod check;
 pub mod cli;
 pub mod daemon;
 pub mod decode;
+pub mod elf;
 pub mod rules;
 pub mod snapshot;
 pub mod stacks;

@@ -336,7 +336,7 @@ mod tests {
     use std::process::{Command, Stdio};
 
     use super::*;
-    use crate::capture::procmaps::build_id_of;
+    use crate::elf::build_id::build_id_of;
 
     fn entry(dev: &str, inode: u64, path: &str) -> MapEntry {
         MapEntry {

@@ -1,25 +1,19 @@
 //! The memory maps of traced processes at freeze time: `/proc/PID/maps` parsed, the
-//! GNU build-id of every mapped ELF file (read with `object`), and the bytes of code no
-//! other machine could find (anonymous/JIT, deleted files, `[vdso]`; every executable
-//! mapping with `--embed-code`), read from `/proc/PID/mem`.
+//! GNU build-id of every mapped ELF file ([`crate::elf::build_id`]), and the bytes of
+//! code no other machine could find (anonymous/JIT, deleted files, `[vdso]`; every
+//! executable mapping with `--embed-code`), read from `/proc/PID/mem`.
 //!
 //! In: a pid. Out: [`ProcessMaps`] and [`CodeRegion`]s. A process that has exited cannot
 //! be read; recorders keep the maps they read when it was alive as a fallback.
 #![forbid(unsafe_code)]
 
-use std::{
-    collections::HashMap,
-    fs::File,
-    io,
-    os::unix::fs::FileExt as _,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, fs::File, io, os::unix::fs::FileExt as _, path::PathBuf};
 
-use object::{Object as _, read::ReadCache};
 use serde::{Deserialize, Serialize};
 
 use super::EmbedCode;
 use super::origin::ProcessOrigin;
+use crate::elf::build_id::build_id_of;
 
 /// One line of `/proc/PID/maps`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,26 +129,6 @@ pub fn parse_maps_line(line: &str) -> Option<MapEntry> {
 /// Parses the text of `/proc/PID/maps`, skipping malformed lines.
 pub fn parse_maps(text: &str) -> Vec<MapEntry> {
     text.lines().filter_map(parse_maps_line).collect()
-}
-
-/// The GNU build-id of the ELF file at `path`, hex; `None` if it has none or is not ELF.
-pub fn build_id_of(path: &Path) -> Option<String> {
-    let file = File::open(path).ok()?;
-    let cache = ReadCache::new(file);
-    let object = object::File::parse(&cache).ok()?;
-    build_id_hex(&object)
-}
-
-/// The GNU build-id of a parsed ELF file, hex.
-pub fn build_id_hex<'data, R: object::ReadRef<'data>>(
-    file: &object::File<'data, R>,
-) -> Option<String> {
-    let id = file.build_id().ok()??;
-    Some(id.iter().fold(String::new(), |mut hex, b| {
-        use std::fmt::Write as _;
-        let _ = write!(hex, "{b:02x}");
-        hex
-    }))
 }
 
 /// Where the file of a mapping can be opened from here: `/proc/PID/map_files/` (works
@@ -342,11 +316,5 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
         let code = read_code(&maps, EmbedCode::Auto);
         let vdso = code.iter().find(|c| c.path == "[vdso]").expect("vdso code");
         assert_eq!(&vdso.data[..4], b"\x7fELF");
-    }
-
-    #[test]
-    fn non_elf_has_no_build_id() {
-        assert_eq!(build_id_of(Path::new("/proc/self/status")), None);
-        assert_eq!(build_id_of(Path::new("/nonexistent")), None);
     }
 }

@@ -81,17 +81,15 @@ pub fn symbol_file_offset(data: &[u8], path: &Path, symbol: &str) -> Result<u64,
         path: path.to_owned(),
         source,
     })?;
-    let address = crate::triggers::resolve::symbol_address(&file, symbol).ok_or_else(|| {
+    let address = crate::elf::index::symbol_address(&file, symbol).ok_or_else(|| {
         TargetError::SymbolNotFound {
             symbol: symbol.to_owned(),
             path: path.to_owned(),
         }
     })?;
-    crate::triggers::resolve::file_offset_of(&file, address).ok_or_else(|| {
-        TargetError::NotInSegment {
-            symbol: symbol.to_owned(),
-            address,
-        }
+    crate::elf::segments::file_offset_of(&file, address).ok_or_else(|| TargetError::NotInSegment {
+        symbol: symbol.to_owned(),
+        address,
     })
 }
 

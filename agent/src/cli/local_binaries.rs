@@ -16,7 +16,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-use crate::capture::procmaps::build_id_of;
+use crate::elf::build_id::build_id_of;
 use crate::snapshot::Snapshot;
 
 /// Where copies of the recording's binaries are looked for.

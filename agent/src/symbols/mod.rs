@@ -16,10 +16,7 @@
 //! from there. Results are cached per (module, file offset); misses are counted.
 #![forbid(unsafe_code)]
 
-pub mod debug_file;
-pub mod index;
 mod plt;
-pub mod segments;
 mod separate;
 
 use std::collections::{BTreeMap, HashMap};
@@ -41,7 +38,7 @@ use crate::sys::is_kernel_address;
 
 /// The name of a kernel frame without kernel symbols (no `--include-kernel`).
 pub const KERNEL: &str = "[kernel]";
-use debug_file::DebugSearch;
+use crate::elf::debug_file::DebugSearch;
 use separate::Separate;
 
 /// How well the frames of one mapped file were named, for the end of a run and the
@@ -292,7 +289,7 @@ impl<'a> Symbolizer<'a> {
                             .filter(|m| &m.path == module)
                             .find_map(|m| m.build_id.clone())
                     })
-                    .or_else(|| crate::capture::procmaps::build_id_of(file));
+                    .or_else(|| crate::elf::build_id::build_id_of(file));
             }
         }
         frame

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
-use super::segments::Segments;
+use crate::elf::segments::Segments;
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Mnemonic, OpKind};
 use object::elf::{R_X86_64_GLOB_DAT, R_X86_64_JUMP_SLOT};
 use object::read::elf::{ElfFile64, SectionHeader as _};

@@ -1,5 +1,5 @@
 //! Separate symbols of a mapped file, for the addresses the file itself cannot name: its
-//! debug file (found by build-id or `.gnu_debuglink`, [`super::debug_file`]) and its
+//! debug file (found by build-id or `.gnu_debuglink`, [`crate::elf::debug_file`]) and its
 //! `MiniDebugInfo`.
 //!
 //! In: a file the symbolizer reads and the debug search of its process. Out: the ELF
@@ -12,11 +12,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::segments::Segments;
-
-use super::{
-    debug_file::{DebugSearch, SymbolFiles},
+use crate::elf::{
+    debug_file::{self, DebugSearch, SymbolFiles},
     index::{FunctionSymbol, SymbolIndex},
+    segments::Segments,
 };
 
 /// What the symbolizer knows of one file's separate symbols.
@@ -41,7 +40,7 @@ impl Separate {
             return Self::default();
         };
         let segments = Segments::of(&file);
-        let mut files = super::debug_file::locate(seen, &file, search);
+        let mut files = debug_file::locate(seen, &file, search);
         let mut mini = Vec::new();
         if let Some(image) = files.mini_debug_info.take()
             && let Ok(elf) = object::File::parse(&*image)

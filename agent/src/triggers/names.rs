@@ -15,7 +15,7 @@
 //! `pkg.(*T).Method`), so the raw name is the Go name.
 use std::collections::BTreeMap;
 
-pub use crate::symbols::index::FunctionSymbol;
+pub use crate::elf::index::FunctionSymbol;
 
 /// Why a name does not select the functions a rule may probe.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,9 +15,10 @@ use super::{
         select_functions,
     },
 };
+pub use crate::elf::{index::symbol_address, segments::file_offset_of};
 use crate::{
+    elf::{debug_file::DebugSearch, index::SymbolIndex},
     rules::FunctionTrigger,
-    symbols::{debug_file::DebugSearch, index::SymbolIndex},
 };
 
 /// What a function rule asks to be probed: a name (or glob pattern), whether every
@@ -76,7 +77,7 @@ pub enum ResolveError {
         symbol: String,
         path: PathBuf,
         /// What the binary lacks and where debug files were looked for
-        /// ([`crate::symbols::debug_file::SymbolFiles::missing_hint`]), or empty.
+        /// ([`crate::elf::debug_file::SymbolFiles::missing_hint`]), or empty.
         symbols: String,
         /// `; did you mean ...?`, or empty.
         hint: String,
@@ -331,28 +332,6 @@ fn exit_probes(
             })
         })
         .collect()
-}
-
-/// The address of the defined function whose raw symbol is `symbol` (static symbol table
-/// first, then the dynamic one).
-pub fn symbol_address(file: &object::File<'_>, symbol: &str) -> Option<u64> {
-    file.symbols()
-        .chain(file.dynamic_symbols())
-        .find(|s| {
-            s.kind() == object::SymbolKind::Text
-                && s.is_definition()
-                && s.address() != 0
-                && s.name() == Ok(symbol)
-        })
-        .map(|s| s.address())
-}
-
-/// The file offset of virtual `address`, through the loadable segment that maps it.
-pub fn file_offset_of<'data, R: object::ReadRef<'data>>(
-    file: &object::File<'data, R>,
-    address: u64,
-) -> Option<u64> {
-    crate::symbols::segments::Segments::of(file).offset_of(address)
 }
 
 /// The path under which this process can open `path` as seen by process `pid` (which may

@@ -15,7 +15,7 @@ use framehop::{ExplicitModuleSectionInfo, Module};
 use object::{Object as _, ObjectSection as _, ReadCache};
 
 use crate::capture::{MapEntry, ProcessMaps};
-use crate::symbols::segments::Segments;
+use crate::elf::segments::Segments;
 
 /// Where a process mapped an image: its first executable mapping, and the range of all
 /// its mappings (framehop finds the module of an address by it).

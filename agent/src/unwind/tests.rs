@@ -50,7 +50,7 @@ fn a_file_with_cfi_becomes_a_module_at_its_load_bias() {
     assert!(module.avma_range().contains(&here));
     let data = std::fs::read(&exe).expect("own exe");
     let file = object::File::parse(&*data).expect("ELF");
-    let stated = crate::symbols::segments::Segments::of(&file)
+    let stated = crate::elf::segments::Segments::of(&file)
         .mapped_address(own.entry.offset, true)
         .expect("mapped offset");
     assert_eq!(module.base_avma(), own.entry.start - stated);

@@ -73,7 +73,7 @@ impl ElfSpec {
         })?;
         let lowest = elf.segments().map(|s| s.address()).min().unwrap_or(0);
         let bias = self.base.map_or(0, |base| base.wrapping_sub(lowest));
-        let build_id = crate::capture::procmaps::build_id_hex(&elf);
+        let build_id = crate::elf::build_id::build_id_hex(&elf);
         let mut out = Vec::new();
         for segment in elf.segments() {
             let executable =

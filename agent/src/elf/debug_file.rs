@@ -1,4 +1,4 @@
-//! Debug files stage: a binary → the other files that hold its symbols, where distributions
+//! Debug files: a binary → the other files that hold its symbols, where distributions
 //! and build systems put them.
 //!
 //! In: the binary (a path this process can open, possibly through `/proc/PID/root`), the
@@ -28,7 +28,7 @@ use std::{
 
 use object::{Object as _, ObjectSection as _};
 
-use crate::capture::procmaps::{build_id_hex, build_id_of};
+use super::build_id::{build_id_hex, build_id_of};
 
 /// Where to look for the debug files of a binary.
 #[derive(Debug, Clone, PartialEq, Eq)]

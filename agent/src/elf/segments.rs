@@ -4,7 +4,8 @@
 //!
 //! In: a parsed [`object::File`]. Out: a small table both directions are looked up in,
 //! kept instead of the file (the symbolizer, the PLT table, the unwinder and the trigger
-//! resolver all need it, long after the file's bytes are gone).
+//! resolver all need it, long after the file's bytes are gone), and [`file_offset_of`] for
+//! one address (where a uprobe goes).
 
 use object::{Object as _, ObjectSegment as _, SegmentFlags};
 
@@ -78,6 +79,14 @@ impl Segments {
             (delta < size).then(|| offset.checked_add(delta)).flatten()
         })
     }
+}
+
+/// The file offset of virtual `address`, through the loadable segment that maps it.
+pub fn file_offset_of<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+    address: u64,
+) -> Option<u64> {
+    Segments::of(file).offset_of(address)
 }
 
 #[cfg(test)]

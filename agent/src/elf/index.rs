@@ -1,5 +1,6 @@
-//! Symbol index stage: every defined function of a binary, from all the places its symbols
-//! live, for function triggers (probing) and for the symbolizer's debug-file fallback.
+//! Symbol index: every defined function of a binary, from all the places its symbols live,
+//! for function triggers (probing) and for the symbolizer's debug-file fallback; and the
+//! address of one function by its raw name ([`symbol_address`]), for a probe's offset.
 //!
 //! In: a binary parsed with `object`, and where to look for its debug files
 //! ([`DebugSearch`]). Out: [`SymbolIndex`]: the functions (raw name, address, size) of the
@@ -101,4 +102,18 @@ impl SymbolIndex {
             })
             .map(|f| (f.address, f.size))
     }
+}
+
+/// The address of the defined function whose raw symbol is `symbol` (static symbol table
+/// first, then the dynamic one).
+pub fn symbol_address(file: &object::File<'_>, symbol: &str) -> Option<u64> {
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .find(|s| {
+            s.kind() == object::SymbolKind::Text
+                && s.is_definition()
+                && s.address() != 0
+                && s.name() == Ok(symbol)
+        })
+        .map(|s| s.address())
 }
