@@ -38,13 +38,39 @@ use super::pt::{FlowConfig, Image};
 use crate::capture::procmaps::ALL_PROCESSES;
 use crate::capture::{MapEntry, RingKind, SidebandData};
 use crate::snapshot::Snapshot;
-use crate::stacks::branches::Branch;
 
 const PERF_RECORD_COMM: u32 = 3;
 const PERF_RECORD_ITRACE_START: u32 = 12;
 const PERF_RECORD_SWITCH: u32 = 14;
 const PERF_RECORD_SWITCH_CPU_WIDE: u32 = 15;
 const PERF_RECORD_MISC_SWITCH_OUT: u16 = 1 << 13;
+
+/// One branch of a thread, in time order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Branch {
+    pub kind: BranchKind,
+    pub time_ns: u64,
+    /// The branch instruction (0 when not known).
+    pub from: u64,
+    /// The target (0 when not known).
+    pub to: u64,
+    /// For [`BranchKind::Error`]: what went wrong.
+    pub error: Option<String>,
+}
+
+impl Branch {
+    /// A decoder's branch event, with its time already converted to `time_ns`.
+    #[must_use]
+    pub fn from_event(event: &BranchEvent, time_ns: u64) -> Self {
+        Self {
+            kind: event.kind,
+            time_ns,
+            from: event.from,
+            to: event.to,
+            error: event.error.as_ref().map(ToString::to_string),
+        }
+    }
+}
 
 /// Where the bytes of a mapping come from when the snapshot does not embed them.
 pub trait CodeSource {

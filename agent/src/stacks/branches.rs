@@ -34,35 +34,11 @@ use std::hash::BuildHasherDefault;
 use std::rc::Rc;
 
 use super::StackEvent;
-use crate::decode::pt::flow::branches::{BranchEvent, BranchKind};
+use crate::decode::pt::flow::branches::BranchKind;
 use crate::decode::pt::flow::cache::IpHasher;
-
-/// One branch of a thread, in time order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Branch {
-    pub kind: BranchKind,
-    pub time_ns: u64,
-    /// The branch instruction (0 when not known).
-    pub from: u64,
-    /// The target (0 when not known).
-    pub to: u64,
-    /// For [`BranchKind::Error`]: what went wrong.
-    pub error: Option<String>,
-}
-
-impl Branch {
-    /// A decoder's branch event, with its time already converted to `time_ns`.
-    #[must_use]
-    pub fn from_event(event: &BranchEvent, time_ns: u64) -> Self {
-        Self {
-            kind: event.kind,
-            time_ns,
-            from: event.from,
-            to: event.to,
-            error: event.error.as_ref().map(ToString::to_string),
-        }
-    }
-}
+/// The branches this module reconstructs from: the decoder's, as the PT decode puts them on
+/// threads ([`crate::decode::pt_snapshot`]).
+pub use crate::decode::pt_snapshot::Branch;
 
 /// The function an address is in.
 #[derive(Debug, Clone, PartialEq, Eq)]
