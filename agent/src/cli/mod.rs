@@ -9,6 +9,8 @@ use clap::{Parser, Subcommand};
 pub mod agent;
 pub mod check;
 pub mod decode;
+#[cfg(test)]
+mod decode_pt_tests;
 mod json_out;
 mod live;
 mod local_binaries;

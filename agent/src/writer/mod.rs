@@ -656,6 +656,6 @@ fn trigger_instant(sink: &mut impl TraceSink, t: &TriggerMeta, stack: &str) -> i
 }
 
 #[cfg(test)]
-mod pt_tests;
+pub(crate) mod pt_tests;
 #[cfg(test)]
 mod tests;

@@ -24,17 +24,17 @@ use crate::decode::pt::{Image, InsnClass};
 use crate::test_support::{shared_corpus, sideband_record, thread_start_records};
 
 /// One corpus case: its code, its trace and the flow ptxed printed for it.
-struct Case {
+pub(crate) struct Case {
     name: String,
     org: u64,
     bin: Vec<u8>,
     pt: Vec<u8>,
-    flow: Vec<Line>,
+    pub(crate) flow: Vec<Line>,
 }
 
 /// A line of a `-ptxed.exp` flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Line {
+pub(crate) enum Line {
     Insn(InsnClass, u64),
     /// `[enabled]`, `[resumed]`: tracing (re)starts.
     Enabled,
@@ -50,7 +50,7 @@ enum Line {
 
 /// The case `name`, or why it cannot be compared: options or per-CPU expectations (the
 /// writer decodes with the defaults), decode errors in the flow, code that is not 64-bit.
-fn load_case(dir: &Path, name: &str, org: u64) -> Result<Case, String> {
+pub(crate) fn load_case(dir: &Path, name: &str, org: u64) -> Result<Case, String> {
     let read = |suffix: &str| {
         fs::read(dir.join(format!("{name}{suffix}"))).map_err(|e| format!("{suffix}: {e}"))
     };
@@ -96,7 +96,7 @@ fn load_case(dir: &Path, name: &str, org: u64) -> Result<Case, String> {
 /// opens `[syscall]`, an interrupt `[interrupt]`, which a far return or tracing starting
 /// again closes. With `returns: false` returns (near and far) close nothing: a
 /// deliberately wrong model, which the trace must not match where it differs.
-fn expected(flow: &[Line], returns: bool) -> Vec<String> {
+pub(crate) fn expected(flow: &[Line], returns: bool) -> Vec<String> {
     let mut out = Vec::new();
     // true: a function frame; false: [syscall] / [interrupt].
     let mut stack: Vec<bool> = Vec::new();
@@ -177,14 +177,14 @@ fn cases(dir: &Path) -> (Vec<Case>, BTreeMap<String, String>) {
 }
 
 /// The pid and tid the i-th case is recorded as.
-fn ids(i: usize) -> (u32, u32) {
+pub(crate) fn ids(i: usize) -> (u32, u32) {
     let i = u32::try_from(i).expect("few cases");
     (1000 + i, 2000 + i)
 }
 
 /// One PT snapshot: case i on CPU i as thread `ids(i)` (`ITRACE_START` and COMM sideband,
 /// unless `sideband` is false), its code embedded at its `org`.
-fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
+pub(crate) fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
     let mut captured = CapturedData {
         backend: Backend::IntelPt,
         params: RecorderParams {
@@ -267,7 +267,7 @@ fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
 
 /// Per tid: the thread's name and its slices as `+NAME` / `-`, `[untraced]` left out
 /// (tracing off and on again inside a call keeps the call open around it).
-fn slices_by_thread(events: &[Value]) -> BTreeMap<u64, (String, Vec<String>)> {
+pub(crate) fn slices_by_thread(events: &[Value]) -> BTreeMap<u64, (String, Vec<String>)> {
     let mut threads: BTreeMap<u64, (String, Vec<String>)> = BTreeMap::new();
     let mut open: BTreeMap<u64, Vec<String>> = BTreeMap::new();
     for e in events {
@@ -434,40 +434,6 @@ fn missing_code_is_a_decode_error_slice_not_a_panic() {
         names.iter().any(|n| n.starts_with("[decode error: ")),
         "{names:?}"
     );
-}
-
-#[test]
-fn lookback_decode_turns_a_pt_lbsnap_into_a_trace() {
-    use clap::Parser as _;
-    #[derive(Debug, clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: crate::cli::decode::DecodeArgs,
-    }
-    let Some(dir) = shared_corpus("libipt/core", "MANIFEST.tsv") else {
-        println!("skipped: ../shared/corpus/libipt not found");
-        return;
-    };
-    let case = load_case(&dir, "call_indirect-ret_uncompressed", 0x0010_0000).expect("corpus case");
-    let snap = bundle(std::slice::from_ref(&case), true);
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let raw = tmp.path().join("pt.lbsnap");
-    crate::snapshot::write_atomic(&raw, &snap).expect("write .lbsnap");
-    let out = tmp.path().join("pt.json");
-    let cli = Cli::try_parse_from([
-        "decode".as_ref(),
-        raw.as_os_str(),
-        "-o".as_ref(),
-        out.as_os_str(),
-    ])
-    .expect("arguments");
-    crate::cli::decode::run(&cli.args).expect("lookback decode");
-    let doc: Value = serde_json::from_slice(&fs::read(&out).expect("trace")).expect("JSON");
-    let events = doc["traceEvents"].as_array().expect("traceEvents");
-    let threads = slices_by_thread(events);
-    let (_, got) = threads.get(&u64::from(ids(0).1)).expect("the thread");
-    assert_eq!(got, &expected(&case.flow, true));
-    assert_eq!(got, &["+[unknown @ 0x100004]", "-"]);
 }
 
 #[test]
