@@ -192,7 +192,7 @@ fn prove_links(prog: BorrowedFd<'_>) -> Result<(), SyscallError> {
     })?;
     let cache = object::read::ReadCache::new(exe);
     let file = object::File::parse(&cache).map_err(|_| failed(libc::ENOEXEC))?;
-    let offset = super::resolve::file_offset_of(&file, object::Object::entry(&file))
+    let offset = crate::elf::segments::file_offset_of(&file, object::Object::entry(&file))
         .ok_or_else(|| failed(libc::ENOEXEC))?;
     uprobe_multi_link(
         prog,
