@@ -21,4 +21,5 @@ pub mod sys;
 mod test_support;
 pub mod triggers;
 pub mod unwind;
+pub mod upload;
 pub mod writer;

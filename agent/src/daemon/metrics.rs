@@ -35,7 +35,7 @@
 use std::{
     collections::HashMap,
     os::fd::OwnedFd,
-    sync::{Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
 
@@ -47,6 +47,7 @@ use prometheus::{
 use super::{
     exec_accounting::{ExecAccounting, Outcome},
     limits::ErrorTally,
+    upload_metrics::UploadMetrics,
 };
 use crate::capture::held_files::HeldStats;
 use crate::triggers::{
@@ -183,6 +184,7 @@ pub struct Metrics {
     http_rejected: IntCounterVec,
     bpf: BpfMetrics,
     exec: ExecAccounting,
+    upload: Arc<UploadMetrics>,
     seen: Mutex<Seen>,
 }
 
@@ -222,7 +224,7 @@ pub(super) fn counter_vec(
     register(registry, name, vec)
 }
 
-fn gauge_vec(
+pub(super) fn gauge_vec(
     registry: &Registry,
     name: &'static str,
     help: &str,
@@ -409,6 +411,7 @@ impl Metrics {
     pub fn new(backend: &str) -> Result<Self, MetricsError> {
         let r = Registry::new();
         build_info_gauge(&r, backend)?;
+        let errors = errors_counter(&r)?;
         let metrics = Self {
             rules_loaded: int_gauge(&r, "lookback_rules_loaded", "Rules currently installed.")?,
             kernel_targets: int_gauge(
@@ -489,12 +492,13 @@ impl Metrics {
                 "Records lost before reaching the agent, by where.",
                 &["source"],
             )?,
-            errors: errors_counter(&r)?,
+            errors: errors.clone(),
             http_connections: http_connections_gauge(&r)?,
             http_rejected: http_rejected_counter(&r)?,
             unmeasured: unmeasured_counter(&r)?,
             bpf: BpfMetrics::new(&r)?,
             exec: ExecAccounting::new(&r)?,
+            upload: Arc::new(UploadMetrics::new(&r, errors)?),
             registry: r,
             seen: Mutex::new(Seen::default()),
         };
@@ -578,6 +582,11 @@ impl Metrics {
     }
 
     /// Counts what the agent made of one process the kernel selected at exec.
+    /// The upload series (the uploader's [`crate::upload::Observer`]).
+    pub fn upload(&self) -> &Arc<UploadMetrics> {
+        &self.upload
+    }
+
     pub fn count_exec_outcome(&self, outcome: Outcome) {
         self.exec.count(outcome);
     }

@@ -99,6 +99,21 @@ fn exercised() -> Metrics {
         },
     );
     m.suppressed_busy("slow-query");
+    {
+        use crate::upload::{ErrorCode, Observer as _};
+        let up = m.upload();
+        up.init_rule("slow-query");
+        up.uploaded("slow-query", Duration::from_millis(200));
+        up.failed(
+            "slow-query",
+            &ErrorCode {
+                code: "NoSuchBucket".to_owned(),
+                configuration: true,
+            },
+        );
+        up.queue("slow-query", 2, 4096);
+        up.dropped("slow-query", 1);
+    }
     m.set_probe_error("slow-query", Some("ambiguous_symbol"));
     m.set_probe_error("fixed", Some("symbol_not_found"));
     m.set_probe_error("fixed", None);
@@ -162,6 +177,12 @@ fn names_types_and_labels_follow_the_contract() {
             &["backend"],
         ),
         ("lookback_events_lost_total", "counter", &["source"]),
+        // Added 2026-12 (contract.md): object storage.
+        ("lookback_uploads_total", "counter", &["result", "rule"]),
+        ("lookback_upload_queue_files", "gauge", &["rule"]),
+        ("lookback_upload_queue_bytes", "gauge", &["rule"]),
+        ("lookback_upload_duration_seconds", "histogram", &[]),
+        ("lookback_upload_dropped_total", "counter", &["rule"]),
         // Extensions (documented in metrics.rs).
         (
             "lookback_function_calls_unmeasured_total",
@@ -219,6 +240,22 @@ fn values_land_in_the_right_series() {
         1.0
     );
     assert_eq!(v("lookback_rules_loaded", &[]), 2.0);
+    let rule = ("rule", "slow-query");
+    assert_eq!(v("lookback_uploads_total", &[rule, ("result", "ok")]), 1.0);
+    assert_eq!(
+        v("lookback_uploads_total", &[rule, ("result", "error")]),
+        1.0
+    );
+    assert_eq!(
+        v(
+            "lookback_errors_total",
+            &[("op", "upload"), ("errno", "NoSuchBucket")]
+        ),
+        1.0
+    );
+    assert_eq!(v("lookback_upload_queue_files", &[rule]), 2.0);
+    assert_eq!(v("lookback_upload_queue_bytes", &[rule]), 4096.0);
+    assert_eq!(v("lookback_upload_dropped_total", &[rule]), 1.0);
     assert_eq!(v("lookback_config_reloads_total", &[("result", "ok")]), 1.0);
     assert_eq!(
         v("lookback_config_reloads_total", &[("result", "error")]),

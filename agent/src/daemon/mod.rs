@@ -29,6 +29,7 @@ pub mod readiness;
 pub mod retention;
 pub mod selected;
 pub mod targets;
+pub mod upload_metrics;
 
 use std::{
     path::PathBuf,
@@ -57,6 +58,7 @@ use crate::{
         pump::{PumpError, TriggerPump, Wait},
         stream::{ProcessEvent, ProcessEventStream, forward_logs},
     },
+    upload::{RuleSpool, UploadHandle, Uploader},
 };
 
 /// Where snapshots go when neither `--output-dir` nor the rule's `output.dir` says.
@@ -308,11 +310,16 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     tracer.set_function_probes(assessment.function.map(|_| ()));
     let mut pods = start_pods(&opts, &rules, &mut tracer);
     let (mut pipeline, mut due) = Pipeline::new(&opts, Arc::clone(&metrics));
+    let observer: Arc<dyn crate::upload::Observer> = metrics.upload().clone();
+    let uploader = Uploader::start(node_name(), observer);
+    let uploads = uploader.handle();
+    pipeline.set_uploads(uploads.clone());
     let changes = tracer.apply_rules(&rules)?;
     report_changes(&changes);
+    set_upload_rules(&opts, &rules, &uploads, &metrics);
     // Rules the last accepted rule file could not install, for readiness.
     let mut failed = changes.failed;
-    after_rules(&tracer, &metrics, &state, &failed);
+    after_rules(&tracer, &metrics, &state, &failed, &uploads);
     log::info!(
         "agent ready: {} rule(s), {} process(es) traced",
         tracer.rules().count(),
@@ -377,7 +384,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                 refresh_metrics(&tracer, &metrics);
                 refresh_kernel_targets(&tracer, &metrics, &mut kernel_targets_at);
                 tracer.retry_recorders();
-                update_readiness(&tracer, &state, &failed);
+                update_readiness(&tracer, &state, &failed, &uploads);
                 tracer.poll_recorders();
                 if let Some(p) = pods.as_mut()
                     && sync_pods(p, &mut tracer, false)
@@ -388,7 +395,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             _ = config_tick.tick() => {
                 if config.changed() {
                     log::info!("{} changed; reloading", config.path().display());
-                    if let Some(f) = reload(&mut config, &mut tracer, &metrics, &state) {
+                    if let Some(f) = reload(&opts, &mut config, &mut tracer, &metrics, &state, &uploads) {
                         failed = f;
                     }
                     reload_pods(&opts, &mut pods, &mut tracer);
@@ -409,7 +416,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                     ),
                     _ => log::info!("SIGHUP: reloading {}", config.path().display()),
                 }
-                if let Some(f) = reload(&mut config, &mut tracer, &metrics, &state) {
+                if let Some(f) = reload(&opts, &mut config, &mut tracer, &metrics, &state, &uploads) {
                     failed = f;
                 }
                 reload_pods(&opts, &mut pods, &mut tracer);
@@ -423,6 +430,8 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     drop(triggers);
     pipeline.freeze_all_pending(&mut tracer);
     pipeline.finish(opts.shutdown_timeout).await;
+    // What is not uploaded by now stays in the spool for the next start.
+    uploader.shutdown(UPLOAD_GRACE).await;
     refresh_metrics(&tracer, &metrics);
     drop(processes);
     drop(tracer); // detaches every probe, closes every recorder
@@ -494,10 +503,12 @@ fn reload_pods(opts: &AgentOptions, pods: &mut Option<PodSelection>, tracer: &mu
 /// Applies the rule file again; returns the rules it could not install, or `None` when the
 /// file was rejected (the previous rules keep running).
 fn reload(
+    opts: &AgentOptions,
     config: &mut ConfigFile,
     tracer: &mut Tracer,
     metrics: &Metrics,
     state: &HttpState,
+    uploads: &UploadHandle,
 ) -> Option<Vec<String>> {
     let rules: RuleSet = match config.load() {
         Ok(rules) => rules,
@@ -525,7 +536,8 @@ fn reload(
                 metrics.remove_rule(name);
             }
             metrics.config_reload(true);
-            after_rules(tracer, metrics, state, &changes.failed);
+            set_upload_rules(opts, &rules, uploads, metrics);
+            after_rules(tracer, metrics, state, &changes.failed, uploads);
             Some(changes.failed)
         }
         Err(e) => {
@@ -552,17 +564,75 @@ fn report_changes(c: &RuleChanges) {
 }
 
 /// Gauges and readiness after the rule set changed.
-fn after_rules(tracer: &Tracer, metrics: &Metrics, state: &HttpState, failed: &[String]) {
+fn after_rules(
+    tracer: &Tracer,
+    metrics: &Metrics,
+    state: &HttpState,
+    failed: &[String],
+    uploads: &UploadHandle,
+) {
     metrics.set_rules_loaded(tracer.rules().count());
     refresh_metrics(tracer, metrics);
-    update_readiness(tracer, state, failed);
+    update_readiness(tracer, state, failed, uploads);
+}
+
+/// How long an upload in flight may finish at shutdown; the rest waits for the next start.
+const UPLOAD_GRACE: Duration = Duration::from_secs(3);
+
+/// This machine's name in object keys: `NODE_NAME` (the `DaemonSet` sets it from the
+/// downward API), else the host name.
+fn node_name() -> String {
+    std::env::var("NODE_NAME")
+        .ok()
+        .filter(|n| !n.is_empty() && !n.contains('/'))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "unknown-node".to_owned())
+}
+
+/// Tells the uploader which rules upload, and where their spools are.
+fn set_upload_rules(
+    opts: &AgentOptions,
+    rules: &RuleSet,
+    uploads: &UploadHandle,
+    metrics: &Metrics,
+) {
+    let spools: Vec<RuleSpool> = rules
+        .rules
+        .iter()
+        .filter_map(|rule| {
+            let policy = rule.output.upload.clone()?;
+            let root = opts
+                .output_dir
+                .clone()
+                .or_else(|| rule.output.dir.clone())
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT_DIR));
+            metrics.upload().init_rule(&rule.name);
+            log::info!(
+                "rule {}: snapshots upload to {} from {}",
+                rule.name,
+                policy.url,
+                root.join(&rule.name).display()
+            );
+            Some(RuleSpool {
+                rule: rule.name.clone(),
+                dir: root.join(&rule.name),
+                policy,
+            })
+        })
+        .collect();
+    uploads.set_rules(spools);
 }
 
 /// Sets `/readyz` from the installed rules and their probes, and from the recorders a
 /// resource limit kept from opening: after a rule change, and on every tick, since probes
 /// and recorders come and go with the processes. A change to not ready is
 /// logged once, with the reason.
-fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String]) {
+fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String], uploads: &UploadHandle) {
     let installed: Vec<RuleProbes<'_>> = tracer
         .rules()
         .map(|a| RuleProbes {
@@ -590,6 +660,7 @@ fn update_readiness(tracer: &Tracer, state: &HttpState, failed: &[String]) {
         .chain(resources)
         .chain(shared)
         .chain(probes)
+        .chain(uploads.not_ready_reason())
         .reduce(|a, b| format!("{a}; {b}"))
     {
         Some(reason) => {

@@ -29,6 +29,7 @@ use super::{
     retention,
     targets::{ErrorChain, Tracer},
 };
+use crate::upload::UploadHandle;
 use crate::{
     capture::{PeerSet, held_files::HeldFiles},
     rules::Peers,
@@ -68,6 +69,8 @@ pub struct Pipeline {
     /// Post-trigger freezes not yet due, by process.
     pending: HashMap<u32, FreezeRequest>,
     freeze_tx: mpsc::UnboundedSender<u32>,
+    /// Told of each snapshot written for a rule that uploads.
+    uploads: Option<UploadHandle>,
 }
 
 impl Pipeline {
@@ -83,8 +86,14 @@ impl Pipeline {
             jobs: JoinSet::new(),
             pending: HashMap::new(),
             freeze_tx,
+            uploads: None,
         };
         (pipeline, freeze_rx)
+    }
+
+    /// The uploader to wake after each snapshot of a rule that uploads.
+    pub fn set_uploads(&mut self, uploads: UploadHandle) {
+        self.uploads = Some(uploads);
     }
 
     /// A trigger from the kernel: freeze now, or after the rule's `post_trigger`.
@@ -237,6 +246,7 @@ impl Pipeline {
         };
         let workers = Arc::clone(&self.workers);
         let metrics = Arc::clone(&self.metrics);
+        let uploads = self.uploads.clone();
         self.jobs.spawn(async move {
             let Ok(_permit) = workers.acquire_owned().await else {
                 return;
@@ -245,7 +255,7 @@ impl Pipeline {
                 let mut job = job;
                 // Here, off the freeze path: it reads the unwind tables of the process's files.
                 crate::unwind::complete_trigger_stack(&mut job.snap, job.event.stack_copy.as_ref());
-                write(&job, &metrics);
+                write(&job, &metrics, uploads.as_ref());
                 drop(job);
                 super::release_freed_memory();
             })
@@ -281,7 +291,7 @@ impl Pipeline {
 /// Decodes and writes one snapshot, applies retention, records the outcome. On a full
 /// filesystem the rule's oldest snapshots make room first (and once more when the write
 /// still fails with `ENOSPC`/`EDQUOT`): the newest moment is the one to keep.
-fn write(job: &SnapshotJob, metrics: &Metrics) {
+fn write(job: &SnapshotJob, metrics: &Metrics, uploads: Option<&UploadHandle>) {
     let started = Instant::now();
     let backend = job.snap.meta.backend.as_str();
     let raw_bytes = job.snap.raw_bytes();
@@ -289,14 +299,15 @@ fn write(job: &SnapshotJob, metrics: &Metrics) {
     // The trace is about as large as the raw snapshot, or smaller (gzip); the raw copy
     // when kept doubles it.
     let needed = raw_bytes.saturating_mul(1 + u64::from(job.policy.keep_raw));
-    make_room(&dir, needed, &job.rule);
+    let keep_pending = job.policy.upload.is_some();
+    make_room(&dir, needed, &job.rule, keep_pending);
     let mut result = output::write_snapshot(job);
     if let Err(e) = &result
         && matches!(
             super::limits::errno_of(e),
             Some(libc::ENOSPC | libc::EDQUOT)
         )
-        && make_room(&dir, needed.saturating_mul(4), &job.rule) > 0
+        && make_room(&dir, needed.saturating_mul(4), &job.rule, keep_pending) > 0
     {
         log::warn!("snapshot {}: {e}; retrying after making room", job.rule);
         result = output::write_snapshot(job);
@@ -319,16 +330,33 @@ fn write(job: &SnapshotJob, metrics: &Metrics) {
                 written.trace.display(),
                 started.elapsed()
             );
-            match retention::enforce(&dir, &job.policy.retention) {
-                Ok(p) if p.snapshots > 0 => log::info!(
-                    "retention {}: removed {} old snapshot(s), {} files, {} bytes",
-                    job.rule,
-                    p.snapshots,
-                    p.files,
-                    p.bytes
-                ),
+            let max_pending = job.policy.upload.as_ref().map(|u| u.max_pending);
+            match retention::enforce(&dir, &job.policy.retention, max_pending) {
+                Ok(p) if p.snapshots > 0 => {
+                    log::info!(
+                        "retention {}: removed {} old snapshot(s), {} files, {} bytes",
+                        job.rule,
+                        p.snapshots,
+                        p.files,
+                        p.bytes
+                    );
+                    if p.dropped_pending > 0 {
+                        log::warn!(
+                            "upload {}: {} snapshot(s) dropped before their upload: the \
+                             spool's pending bytes exceeded output.upload.max_pending",
+                            job.rule,
+                            p.dropped_pending
+                        );
+                        metrics
+                            .upload()
+                            .dropped(&job.rule, p.dropped_pending as u64);
+                    }
+                }
                 Ok(_) => {}
                 Err(e) => log::warn!("retention in {}: {e}", dir.display()),
+            }
+            if let Some(uploads) = uploads.filter(|_| job.policy.upload.is_some()) {
+                uploads.wake();
             }
         }
         Err(e) => {
@@ -341,8 +369,8 @@ fn write(job: &SnapshotJob, metrics: &Metrics) {
 }
 
 /// [`retention::make_room`] for `needed` bytes in `dir`, logged; the snapshots removed.
-fn make_room(dir: &std::path::Path, needed: u64, rule: &str) -> usize {
-    match retention::make_room(dir, needed) {
+fn make_room(dir: &std::path::Path, needed: u64, rule: &str, keep_pending: bool) -> usize {
+    match retention::make_room(dir, needed, keep_pending) {
         Ok(p) if p.snapshots > 0 => {
             log::warn!(
                 "disk full for rule {rule}: removed its {} oldest snapshot(s) ({} files, {} \
@@ -377,7 +405,7 @@ mod tests {
         let mut job = output::tests::empty_job(&blocker.path().join("out"));
         job.event.timestamp_ns = crate::sys::monotonic_ns().saturating_sub(3_000_000_000);
         let metrics = Metrics::new("sampling").expect("registry");
-        write(&job, &metrics);
+        write(&job, &metrics, None);
         let text = metrics.encode().expect("encode");
         assert!(
             text.contains(

@@ -2,6 +2,11 @@
 //! bytes; whole snapshots (trace, raw, metadata share a stem) go, oldest first. The stems
 //! start with a UTC timestamp, so name order is time order. The newest snapshot is never
 //! removed, even when it alone exceeds the budget: it is the one someone is about to read.
+//!
+//! A rule that uploads (`output.upload`) keeps its snapshots not yet uploaded (a metadata
+//! `.json` and no `.uploaded` marker: `upload::spool`) whatever the budget: they are
+//! removed only when their bytes exceed the rule's `max_pending`, oldest first, and
+//! counted as dropped.
 use std::{fs, io, path::Path};
 
 use crate::rules::Retention;
@@ -12,10 +17,19 @@ pub struct Pruned {
     pub snapshots: usize,
     pub files: usize,
     pub bytes: u64,
+    /// Of `snapshots`, those removed before they were uploaded (over `max_pending`).
+    pub dropped_pending: usize,
 }
 
 /// File name suffixes of one snapshot, longest first so `.json.gz` wins over `.json`.
-const SUFFIXES: [&str; 5] = [".fxt.gz", ".json.gz", ".lbsnap", ".json", ".fxt"];
+const SUFFIXES: [&str; 6] = [
+    ".fxt.gz",
+    ".json.gz",
+    crate::upload::spool::UPLOADED,
+    ".lbsnap",
+    ".json",
+    ".fxt",
+];
 
 /// The snapshot stem of a file name; `None` for temporary and foreign files.
 fn stem(name: &str) -> Option<&str> {
@@ -73,20 +87,59 @@ fn remove_group(
     Ok((files, bytes))
 }
 
-/// Enforces `retention` on `dir`.
-pub fn enforce(dir: &Path, retention: &Retention) -> io::Result<Pruned> {
+/// Whether a snapshot waits for its upload: complete (its metadata is there) and not marked
+/// uploaded.
+fn is_pending((stem, files): &(String, Vec<(String, u64)>)) -> bool {
+    let has = |suffix: &str| {
+        files
+            .iter()
+            .any(|(name, _)| *name == format!("{stem}{suffix}"))
+    };
+    has(".json") && !has(crate::upload::spool::UPLOADED)
+}
+
+/// Enforces `retention` on `dir`. `max_pending`: the rule uploads; its snapshots not yet
+/// uploaded are kept unless together they exceed these bytes.
+pub fn enforce(dir: &Path, retention: &Retention, max_pending: Option<u64>) -> io::Result<Pruned> {
     let groups = snapshot_groups(dir)?;
     let mut files: usize = groups.iter().map(|(_, f)| f.len()).sum();
     let mut bytes: u64 = groups.iter().flat_map(|(_, f)| f.iter().map(|x| x.1)).sum();
     let max_files = usize::try_from(retention.max_files).unwrap_or(usize::MAX);
     let mut pruned = Pruned::default();
-    for group in &groups[..groups.len().saturating_sub(1)] {
+    let protected = |group| max_pending.is_some() && is_pending(group);
+    let older = &groups[..groups.len().saturating_sub(1)];
+    let mut removed = vec![false; groups.len()];
+    for (i, group) in older.iter().enumerate() {
         if files <= max_files && bytes <= retention.max_bytes {
             break;
         }
+        if protected(group) {
+            continue;
+        }
         let (f, b) = remove_group(dir, group, &mut pruned)?;
+        removed[i] = true;
         files -= f;
         bytes = bytes.saturating_sub(b);
+    }
+    let Some(max_pending) = max_pending else {
+        return Ok(pruned);
+    };
+    let group_bytes = |(_, f): &(String, Vec<(String, u64)>)| f.iter().map(|x| x.1).sum::<u64>();
+    let mut pending: u64 = groups
+        .iter()
+        .filter(|g| is_pending(g))
+        .map(group_bytes)
+        .sum();
+    for (i, group) in older.iter().enumerate() {
+        if pending <= max_pending {
+            break;
+        }
+        if removed[i] || !is_pending(group) {
+            continue;
+        }
+        remove_group(dir, group, &mut pruned)?;
+        pruned.dropped_pending += 1;
+        pending = pending.saturating_sub(group_bytes(group));
     }
     Ok(pruned)
 }
@@ -110,7 +163,7 @@ fn free_bytes(dir: &Path) -> io::Result<u64> {
 /// retention budget, since a full disk would lose every new one — but never the newest.
 /// In: the directory and the estimate. Out: what was removed (nothing when there is room,
 /// or the directory does not exist yet).
-pub fn make_room(dir: &Path, needed: u64) -> io::Result<Pruned> {
+pub fn make_room(dir: &Path, needed: u64, keep_pending: bool) -> io::Result<Pruned> {
     let mut pruned = Pruned::default();
     let groups = match snapshot_groups(dir) {
         Ok(groups) => groups,
@@ -120,6 +173,9 @@ pub fn make_room(dir: &Path, needed: u64) -> io::Result<Pruned> {
     for group in &groups[..groups.len().saturating_sub(1)] {
         if free_bytes(dir)? >= needed {
             break;
+        }
+        if keep_pending && is_pending(group) {
+            continue;
         }
         remove_group(dir, group, &mut pruned)?;
     }
@@ -211,13 +267,14 @@ mod tests {
             max_files: 6,
             max_bytes: 1 << 30,
         };
-        let pruned = enforce(dir.path(), &r).unwrap();
+        let pruned = enforce(dir.path(), &r, None).unwrap();
         assert_eq!(
             pruned,
             Pruned {
                 snapshots: 1,
                 files: 3,
-                bytes: 21
+                bytes: 21,
+                dropped_pending: 0,
             }
         );
         let left = names(dir.path());
@@ -240,7 +297,7 @@ mod tests {
             max_files: 100,
             max_bytes: 300,
         };
-        let pruned = enforce(dir.path(), &r).unwrap();
+        let pruned = enforce(dir.path(), &r, None).unwrap();
         assert_eq!(
             pruned.snapshots, 2,
             "the newest alone is over budget but kept"
@@ -253,11 +310,46 @@ mod tests {
                 &Retention {
                     max_files: 3,
                     max_bytes: 501
-                }
+                },
+                None
             )
             .unwrap(),
             Pruned::default()
         );
+    }
+
+    #[test]
+    fn snapshots_not_yet_uploaded_stay_until_max_pending_then_the_oldest_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // sizes: trace, raw, metadata (`snap` writes .fxt.gz, .lbsnap, .json)
+        snap(d, "20260101T000001.000000Z-1-1", [100, 0, 1]);
+        snap(d, "20260101T000002.000000Z-1-1", [100, 0, 1]);
+        snap(d, "20260101T000003.000000Z-1-1", [100, 0, 1]);
+        snap(d, "20260101T000004.000000Z-1-1", [100, 0, 1]);
+        crate::upload::spool::mark_uploaded(d, "20260101T000002.000000Z-1-1").unwrap();
+        let tight = Retention {
+            max_files: 1,
+            max_bytes: 1,
+        };
+        // Over budget, but only the uploaded one may go; the pending ones stay.
+        let pruned = enforce(d, &tight, Some(1 << 20)).unwrap();
+        assert_eq!((pruned.snapshots, pruned.dropped_pending), (1, 0));
+        assert!(!names(d).iter().any(|n| n.starts_with("20260101T000002")));
+        // Pending bytes over max_pending: the oldest pending go first, never the newest.
+        let pruned = enforce(d, &tight, Some(250)).unwrap();
+        assert_eq!((pruned.snapshots, pruned.dropped_pending), (1, 1));
+        let left = names(d);
+        assert!(
+            !left.iter().any(|n| n.starts_with("20260101T000001")),
+            "{left:?}"
+        );
+        assert!(
+            left.iter().any(|n| n.starts_with("20260101T000004")),
+            "{left:?}"
+        );
+        // The marker goes with its snapshot.
+        assert_eq!(stem("a.uploaded"), Some("a"));
     }
 
     #[test]

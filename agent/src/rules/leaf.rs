@@ -39,6 +39,13 @@ impl<T: Scalar> Visitor<'_> for ScalarVisitor<T> {
     }
 }
 
+/// Deserializes a [`Scalar`] defined outside this module (as the macro below does here).
+pub(super) fn deserialize_with_scalar<'de, D: Deserializer<'de>, T: Scalar>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    deserializer.deserialize_str(ScalarVisitor::<T>(PhantomData))
+}
+
 /// Implements `Deserialize` for [`Scalar`] types: `serde_yaml` hands every scalar (`4096`,
 /// `true`, `1.5s`) to `visit_str`, and marks any error with the scalar's position.
 macro_rules! deserialize_scalar {

@@ -21,6 +21,7 @@ mod raw;
 mod spec;
 mod syscalls;
 mod units;
+mod upload;
 mod validate;
 
 #[cfg(test)]
@@ -66,6 +67,7 @@ pub use names::{
 };
 pub use spec::parse_trigger_spec;
 pub use units::{UnitError, format_duration, format_size, parse_duration, parse_size};
+pub use upload::{DEFAULT_MAX_PENDING, ObjectUrl, UploadPolicy};
 
 /// Largest rules file read, in bytes; a bigger file is rejected before parsing.
 pub const MAX_FILE_BYTES: u64 = 4 << 20;
@@ -478,6 +480,9 @@ pub struct OutputPolicy {
     /// Also keep the raw `.lbsnap`.
     pub keep_raw: bool,
     pub retention: Retention,
+    /// Where snapshots go once written locally (the rule's directory is then their
+    /// spool); `None`: they stay on this machine.
+    pub upload: Option<UploadPolicy>,
 }
 
 impl Default for OutputPolicy {
@@ -487,6 +492,7 @@ impl Default for OutputPolicy {
             format: OutputFormat::Fxt,
             keep_raw: true,
             retention: Retention::default(),
+            upload: None,
         }
     }
 }

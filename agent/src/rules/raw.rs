@@ -10,6 +10,7 @@ use super::leaf::{
     AbsolutePath, BufferSize, CgroupPath, Comm, Errno, HumanDuration, List, Positive, RuleName,
     Signal, Size, StackSize, Symbol, SyscallNames, Text, Version,
 };
+use super::upload::RawUpload;
 use super::{Backend, OutputFormat, Peers, ReturnProbe, SnapshotScope};
 
 /// The whole file.
@@ -157,13 +158,14 @@ pub(super) struct RawSnapshot {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of dir, format, keep_raw, retention"
+    expecting = "a mapping of dir, format, keep_raw, retention, upload"
 )]
 pub(super) struct RawOutput {
     pub dir: Option<Text>,
     pub format: Option<OutputFormat>,
     pub keep_raw: Option<bool>,
     pub retention: Option<RawRetention>,
+    pub upload: Option<RawUpload>,
 }
 
 #[derive(Debug, Deserialize)]

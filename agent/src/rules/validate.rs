@@ -14,6 +14,7 @@ use super::raw::{
     RawCapture, RawDefaults, RawFile, RawKubernetes, RawOutput, RawRule, RawSnapshot, RawTarget,
     RawTrigger,
 };
+use super::upload;
 use super::{
     Capture, FunctionTrigger, KubernetesSelector, MAX_FILE_BYTES, OutputPolicy, Retention, Rule,
     RuleSet, RulesError, SignalTrigger, SnapshotPolicy, SyscallSet, SyscallTrigger, Target,
@@ -108,7 +109,7 @@ fn build_rule(rule: RawRule, defaults: &RawDefaults) -> Result<Rule, Problem> {
         trigger,
         capture: merge_capture(rule.capture.as_ref(), defaults.capture.as_ref()),
         snapshot: merge_snapshot(rule.snapshot.as_ref(), defaults.snapshot.as_ref()),
-        output: merge_output(rule.output.as_ref(), defaults.output.as_ref()),
+        output: merge_output(rule.output.as_ref(), defaults.output.as_ref())?,
     })
 }
 
@@ -238,7 +239,10 @@ fn merge_snapshot(rule: Option<&RawSnapshot>, defaults: Option<&RawSnapshot>) ->
     }
 }
 
-fn merge_output(rule: Option<&RawOutput>, defaults: Option<&RawOutput>) -> OutputPolicy {
+fn merge_output(
+    rule: Option<&RawOutput>,
+    defaults: Option<&RawOutput>,
+) -> Result<OutputPolicy, Problem> {
     let base = OutputPolicy::default();
     let retention = Retention {
         max_files: pick(rule, defaults, |o| o.retention.as_ref()?.max_files)
@@ -246,12 +250,16 @@ fn merge_output(rule: Option<&RawOutput>, defaults: Option<&RawOutput>) -> Outpu
         max_bytes: pick(rule, defaults, |o| o.retention.as_ref()?.max_bytes)
             .map_or(base.retention.max_bytes, |size| size.0),
     };
-    OutputPolicy {
+    Ok(OutputPolicy {
         dir: pick(rule, defaults, |o| {
             o.dir.as_ref().map(|dir| PathBuf::from(&dir.0))
         }),
         format: pick(rule, defaults, |o| o.format).unwrap_or(base.format),
         keep_raw: pick(rule, defaults, |o| o.keep_raw).unwrap_or(base.keep_raw),
         retention,
-    }
+        upload: upload::merge(
+            rule.and_then(|o| o.upload.as_ref()),
+            defaults.and_then(|o| o.upload.as_ref()),
+        )?,
+    })
 }
