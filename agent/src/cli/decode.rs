@@ -100,8 +100,8 @@ pub struct DecodeArgs {
     /// Report counts, time and peak memory (with INPUT or `-o`: beside the trace).
     #[arg(long)]
     pub stats: bool,
-    /// The sideband's layout (`--pevent:sample-type`, `--pevent:time-*`, ...), after `--`.
-    #[arg(last = true, value_name = "PEVENT-OPTIONS")]
+    /// The trace's sideband layout and timing (`--pevent:*`, `--mtc-freq`, ...), after `--`.
+    #[arg(last = true, value_name = "TRACE-OPTIONS")]
     pub tool_args: Vec<String>,
 }
 
@@ -135,18 +135,36 @@ pub struct DecodeRequest {
     pub tool_args: Vec<String>,
 }
 
+/// Options after `--` that describe the trace rather than how a tool prints it: the
+/// sideband's layout and files (`--pevent`, `--pevent:*`), and the recording CPU's and
+/// clock's settings the decode needs for timing (as libipt's `perf-get-opts.bash` prints
+/// them for a perf.data).
+const TRACE_OPTIONS: [&str; 5] = [
+    "--cpu",
+    "--mtc-freq",
+    "--nom-freq",
+    "--cpuid-0x15.eax",
+    "--cpuid-0x15.ebx",
+];
+
+/// Whether `arg`, an option after `--`, is one `lookback decode` takes.
+fn is_trace_option(arg: &str) -> bool {
+    arg == "--pevent" || arg.starts_with("--pevent:") || TRACE_OPTIONS.contains(&arg)
+}
+
 impl DecodeArgs {
-    /// The request, after checking that only the sideband's layout options come after
-    /// `--` (Intel's tools' other options are `lookback-pt`'s).
+    /// The request, after checking that only options describing the trace come after
+    /// `--` (Intel's tools' display options are `lookback-pt`'s).
     pub fn request(&self) -> Result<DecodeRequest, CliError> {
         if let Some(other) = self
             .tool_args
             .iter()
-            .find(|a| a.starts_with('-') && !a.starts_with("--pevent:"))
+            .find(|a| a.starts_with("--") && !is_trace_option(a))
         {
             return Err(CliError::usage(anyhow::anyhow!(
-                "{other}: after `--`, lookback decode takes the sideband's --pevent:* \
-                 options only (Intel's ptdump and ptxed options: lookback-pt)"
+                "{other}: after `--`, lookback decode takes the trace's --pevent:*, --cpu, \
+                 --mtc-freq, --nom-freq and --cpuid-0x15.* options only (Intel's ptdump and \
+                 ptxed display options: lookback-pt)"
             )));
         }
         Ok(DecodeRequest {
@@ -1086,6 +1104,30 @@ mod tests {
         let request = parsed.args.request().unwrap();
         assert_eq!(request.tool_args, ["--pevent:sample-type", "0x10086"]);
         assert!(!request.ptxed && !request.ptdump && !request.packet_stats);
+        // What perf-get-opts.bash prints for a perf.data is the trace's, not a display's.
+        let parsed = Wrapper::try_parse_from([
+            "x",
+            "--pt",
+            "t.pt",
+            "-o",
+            "t.fxt",
+            "--",
+            "--cpu",
+            "6/158",
+            "--mtc-freq",
+            "3",
+            "--nom-freq",
+            "36",
+            "--cpuid-0x15.eax",
+            "2",
+            "--cpuid-0x15.ebx",
+            "188",
+            "--pevent",
+            "--pevent:time-zero",
+            "1",
+        ])
+        .unwrap();
+        assert!(parsed.args.request().is_ok());
         let parsed = Wrapper::try_parse_from(["x", "--pt", "t.pt", "--", "--event:ip"]).unwrap();
         let err = parsed.args.request().unwrap_err();
         assert_eq!(err.code, 2);

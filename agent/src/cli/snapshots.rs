@@ -171,7 +171,8 @@ async fn run_list(args: &ListArgs) -> CliResult {
         .filter(|(p, _)| since_ns.is_none_or(|t| p.unix_ns.is_some_and(|at| at >= t)))
         .collect();
     found.sort_by(|a, b| a.0.unix_ns.cmp(&b.0.unix_ns).then(a.1.cmp(&b.1)));
-    let traces: Vec<&str> = objects.iter().map(|o| o.location.as_ref()).collect();
+    let traces: std::collections::HashSet<&str> =
+        objects.iter().map(|o| o.location.as_ref()).collect();
     let mut out = std::io::stdout().lock();
     for (parts, key) in &found {
         let meta = store

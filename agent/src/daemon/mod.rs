@@ -625,6 +625,8 @@ fn set_upload_rules(
             })
         })
         .collect();
+    let names: Vec<String> = spools.iter().map(|s| s.rule.clone()).collect();
+    metrics.upload().retain_rules(&names);
     uploads.set_rules(spools);
 }
 

@@ -330,8 +330,7 @@ fn write(job: &SnapshotJob, metrics: &Metrics, uploads: Option<&UploadHandle>) {
                 written.trace.display(),
                 started.elapsed()
             );
-            let max_pending = job.policy.upload.as_ref().map(|u| u.max_pending);
-            match retention::enforce(&dir, &job.policy.retention, max_pending) {
+            match retention::enforce(&dir, &job.policy.retention, job.policy.upload.as_ref()) {
                 Ok(p) if p.snapshots > 0 => {
                     log::info!(
                         "retention {}: removed {} old snapshot(s), {} files, {} bytes",

@@ -9,7 +9,7 @@
 //! counted as dropped.
 use std::{fs, io, path::Path};
 
-use crate::rules::Retention;
+use crate::rules::{Retention, UploadPolicy};
 
 /// What a pass removed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -82,7 +82,10 @@ fn remove_group(
     }
     pruned.files += files;
     pruned.bytes += bytes;
-    pruned.snapshots += 1;
+    // Another writer's retention may have removed it first: counted once.
+    if files > 0 {
+        pruned.snapshots += 1;
+    }
     log::debug!("retention: removed snapshot {}", dir.join(stem).display());
     Ok((files, bytes))
 }
@@ -98,15 +101,55 @@ fn is_pending((stem, files): &(String, Vec<(String, u64)>)) -> bool {
     has(".json") && !has(crate::upload::spool::UPLOADED)
 }
 
-/// Enforces `retention` on `dir`. `max_pending`: the rule uploads; its snapshots not yet
-/// uploaded are kept unless together they exceed these bytes.
-pub fn enforce(dir: &Path, retention: &Retention, max_pending: Option<u64>) -> io::Result<Pruned> {
+/// How long a snapshot without its metadata counts as being written (another worker's):
+/// far longer than any decode.
+const IN_FLIGHT: std::time::Duration = std::time::Duration::from_mins(10);
+
+/// Whether a snapshot is being written now: no metadata yet, and a file of it younger than
+/// [`IN_FLIGHT`]. Such a one is never removed (its metadata would land alone).
+fn in_flight(dir: &Path, (stem, files): &(String, Vec<(String, u64)>)) -> bool {
+    if files
+        .iter()
+        .any(|(name, _)| *name == format!("{stem}.json"))
+    {
+        return false;
+    }
+    files.iter().any(|(name, _)| {
+        fs::metadata(dir.join(name))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < IN_FLIGHT))
+    })
+}
+
+/// Bytes of a snapshot as its rule's upload counts them: without the raw `.lbsnap` unless
+/// the rule uploads it.
+fn pending_bytes((_, files): &(String, Vec<(String, u64)>), include_raw: bool) -> u64 {
+    files
+        .iter()
+        .filter(|(name, _)| include_raw || !name.ends_with(".lbsnap"))
+        .map(|(_, size)| size)
+        .sum()
+}
+
+/// Enforces `retention` on `dir` (the markers of uploaded snapshots are not counted as
+/// files). `upload`: the rule uploads; its snapshots not yet uploaded are kept unless
+/// together they exceed its `max_pending` bytes, then the oldest go. A snapshot still being
+/// written is never removed.
+pub fn enforce(
+    dir: &Path,
+    retention: &Retention,
+    upload: Option<&UploadPolicy>,
+) -> io::Result<Pruned> {
     let groups = snapshot_groups(dir)?;
-    let mut files: usize = groups.iter().map(|(_, f)| f.len()).sum();
+    let is_marker = |name: &String| name.ends_with(crate::upload::spool::UPLOADED);
+    let mut files: usize = groups
+        .iter()
+        .map(|(_, f)| f.iter().filter(|(n, _)| !is_marker(n)).count())
+        .sum();
     let mut bytes: u64 = groups.iter().flat_map(|(_, f)| f.iter().map(|x| x.1)).sum();
     let max_files = usize::try_from(retention.max_files).unwrap_or(usize::MAX);
     let mut pruned = Pruned::default();
-    let protected = |group| max_pending.is_some() && is_pending(group);
+    let protected = |group| (upload.is_some() && is_pending(group)) || in_flight(dir, group);
     let older = &groups[..groups.len().saturating_sub(1)];
     let mut removed = vec![false; groups.len()];
     for (i, group) in older.iter().enumerate() {
@@ -118,28 +161,29 @@ pub fn enforce(dir: &Path, retention: &Retention, max_pending: Option<u64>) -> i
         }
         let (f, b) = remove_group(dir, group, &mut pruned)?;
         removed[i] = true;
-        files -= f;
+        files = files.saturating_sub(f);
         bytes = bytes.saturating_sub(b);
     }
-    let Some(max_pending) = max_pending else {
+    let Some(upload) = upload else {
         return Ok(pruned);
     };
-    let group_bytes = |(_, f): &(String, Vec<(String, u64)>)| f.iter().map(|x| x.1).sum::<u64>();
+    let raw = upload.include_raw;
     let mut pending: u64 = groups
         .iter()
         .filter(|g| is_pending(g))
-        .map(group_bytes)
+        .map(|g| pending_bytes(g, raw))
         .sum();
     for (i, group) in older.iter().enumerate() {
-        if pending <= max_pending {
+        if pending <= upload.max_pending {
             break;
         }
         if removed[i] || !is_pending(group) {
             continue;
         }
-        remove_group(dir, group, &mut pruned)?;
-        pruned.dropped_pending += 1;
-        pending = pending.saturating_sub(group_bytes(group));
+        if remove_group(dir, group, &mut pruned)?.0 > 0 {
+            pruned.dropped_pending += 1;
+        }
+        pending = pending.saturating_sub(pending_bytes(group, raw));
     }
     Ok(pruned)
 }
@@ -174,7 +218,7 @@ pub fn make_room(dir: &Path, needed: u64, keep_pending: bool) -> io::Result<Prun
         if free_bytes(dir)? >= needed {
             break;
         }
-        if keep_pending && is_pending(group) {
+        if (keep_pending && is_pending(group)) || in_flight(dir, group) {
             continue;
         }
         remove_group(dir, group, &mut pruned)?;
@@ -333,11 +377,19 @@ mod tests {
             max_bytes: 1,
         };
         // Over budget, but only the uploaded one may go; the pending ones stay.
-        let pruned = enforce(d, &tight, Some(1 << 20)).unwrap();
+        let upload = |max_pending| UploadPolicy {
+            url: "s3://bucket/x".parse().unwrap(),
+            endpoint: None,
+            region: None,
+            allow_http: false,
+            include_raw: true,
+            max_pending,
+        };
+        let pruned = enforce(d, &tight, Some(&upload(1 << 20))).unwrap();
         assert_eq!((pruned.snapshots, pruned.dropped_pending), (1, 0));
         assert!(!names(d).iter().any(|n| n.starts_with("20260101T000002")));
         // Pending bytes over max_pending: the oldest pending go first, never the newest.
-        let pruned = enforce(d, &tight, Some(250)).unwrap();
+        let pruned = enforce(d, &tight, Some(&upload(250))).unwrap();
         assert_eq!((pruned.snapshots, pruned.dropped_pending), (1, 1));
         let left = names(d);
         assert!(

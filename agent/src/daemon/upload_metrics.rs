@@ -6,6 +6,8 @@
 //! `lookback_upload_queue_files{rule}`, `lookback_upload_queue_bytes{rule}`,
 //! `lookback_upload_duration_seconds`, `lookback_upload_dropped_total{rule}`, and
 //! `lookback_errors_total{op="upload",errno=<the store's code>}`.
+use std::collections::BTreeSet;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Registry};
@@ -27,6 +29,8 @@ pub struct UploadMetrics {
     dropped: IntCounterVec,
     /// `lookback_errors_total`, shared with the rest of the agent.
     errors: IntCounterVec,
+    /// Rules with queue gauges, so that a rule that stops uploading loses them.
+    queued: Mutex<BTreeSet<String>>,
 }
 
 impl UploadMetrics {
@@ -74,7 +78,22 @@ impl UploadMetrics {
                 &["rule"],
             )?,
             errors,
+            queued: Mutex::new(BTreeSet::new()),
         })
+    }
+
+    /// Drops the queue gauges of rules not in `uploading` (removed, or no longer uploading):
+    /// a stale queue would look like a store that never takes them.
+    pub fn retain_rules(&self, uploading: &[String]) {
+        let mut queued = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        queued.retain(|rule| {
+            let keep = uploading.contains(rule);
+            if !keep {
+                let _ = self.queue_files.remove_label_values(&[rule]);
+                let _ = self.queue_bytes.remove_label_values(&[rule]);
+            }
+            keep
+        });
     }
 
     /// `n` snapshots of `rule` dropped from the spool before their upload.
@@ -103,6 +122,10 @@ impl Observer for UploadMetrics {
     }
 
     fn queue(&self, rule: &str, files: u64, bytes: u64) {
+        self.queued
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(rule.to_owned());
         let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.queue_files
             .with_label_values(&[rule])

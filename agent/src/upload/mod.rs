@@ -104,8 +104,9 @@ impl Uploader {
         self.handle.clone()
     }
 
-    /// Stops: an upload in flight gets `grace`, then is abandoned (its snapshot stays in
-    /// the spool and is uploaded by the next start, under the same names).
+    /// Stops after the snapshot being uploaded, or after `grace` (then that upload is
+    /// abandoned: its snapshot stays in the spool and is uploaded by the next start, under
+    /// the same names).
     pub async fn shutdown(self, grace: Duration) {
         let _ = self.stop.send(true);
         let mut task = self.task;
@@ -160,13 +161,27 @@ async fn run(
         let rules = lock(&shared.rules).clone();
         let mut failed = false;
         for rule in &rules {
-            let ctx = RuleCtx { rule, node: &node };
-            let outcome = tokio::select! {
-                outcome = drain(&ctx, &mut stores, observer.as_ref(), &shared) => outcome,
-                _ = stopped.changed() => return,
+            // A rule removed or changed by a reload since this pass began is left alone.
+            if !lock(&shared.rules).contains(rule) {
+                continue;
+            }
+            let ctx = RuleCtx {
+                rule,
+                node: &node,
+                stopped: &stopped,
             };
-            failed |= outcome.is_err();
+            // Stop is checked between snapshots: an upload in flight finishes within the
+            // shutdown's grace, or is abandoned by it.
+            failed |= drain(&ctx, &mut stores, observer.as_ref(), &shared)
+                .await
+                .is_err();
+            if *stopped.borrow() {
+                return;
+            }
         }
+        // A reason for a rule a reload removed meanwhile would keep /readyz failing.
+        let current: Vec<String> = lock(&shared.rules).iter().map(|r| r.rule.clone()).collect();
+        lock(&shared.refused).retain(|rule, _| current.contains(rule));
         let wait = if failed {
             failures = failures.saturating_add(1);
             backoff(failures)
@@ -187,10 +202,11 @@ fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << failures.saturating_sub(1).min(6)).min(MAX_BACKOFF)
 }
 
-/// A rule and the node, as one upload needs them.
+/// A rule and the node, as one upload needs them, and the stop signal.
 struct RuleCtx<'a> {
     rule: &'a RuleSpool,
     node: &'a str,
+    stopped: &'a watch::Receiver<bool>,
 }
 
 /// Uploads `ctx`'s pending snapshots, oldest first, until one fails.
@@ -202,7 +218,13 @@ async fn drain(
 ) -> Result<(), ()> {
     let rule = &ctx.rule.rule;
     let policy = &ctx.rule.policy;
-    let pending = match spool::pending(&ctx.rule.dir) {
+    // Directory reads, stats and fsyncs run off the runtime's threads: the agent's event
+    // loop freezes recorders on them.
+    let dir = ctx.rule.dir.clone();
+    let listed = tokio::task::spawn_blocking(move || spool::pending(&dir))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let pending = match listed {
         Ok(pending) => pending,
         Err(e) => {
             log::warn!("upload {rule}: reading {}: {e}", ctx.rule.dir.display());
@@ -233,10 +255,22 @@ async fn drain(
         }
     };
     for (done, snapshot) in pending.iter().enumerate() {
+        if *ctx.stopped.borrow() {
+            return Ok(());
+        }
         let started = Instant::now();
         match upload_one(store.as_ref(), ctx, snapshot).await {
-            Ok(()) => {
-                if let Err(e) = spool::mark_uploaded(&ctx.rule.dir, &snapshot.stem) {
+            Ok(Uploaded::Gone) => {
+                // Retention removed it meanwhile (counted there when it was pending).
+                log::debug!("upload {rule}: {} is gone from the spool", snapshot.stem);
+                report_queue(observer, rule, &pending[done + 1..], policy.include_raw);
+            }
+            Ok(Uploaded::Done) => {
+                let (dir, stem) = (ctx.rule.dir.clone(), snapshot.stem.clone());
+                let marked = tokio::task::spawn_blocking(move || spool::mark_uploaded(&dir, &stem))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                if let Err(e) = marked {
                     // Uploaded again next time, under the same names: no harm but the bytes.
                     log::warn!("upload {rule}: marking {} uploaded: {e}", snapshot.stem);
                 }
@@ -304,12 +338,16 @@ fn report_queue(observer: &dyn Observer, rule: &str, pending: &[Pending], includ
         .iter()
         .map(|p| p.files(include_raw).len() as u64)
         .sum();
-    let bytes = pending
-        .iter()
-        .flat_map(|p| p.files(include_raw))
-        .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
-        .sum();
+    let bytes = pending.iter().map(|p| p.bytes(include_raw)).sum();
     observer.queue(rule, files, bytes);
+}
+
+/// What became of one snapshot.
+enum Uploaded {
+    /// Every object is in the store.
+    Done,
+    /// Its files left the spool before they could be read (retention): nothing to do.
+    Gone,
 }
 
 /// The node of a snapshot: its metadata's `origin.node`, else this machine's.
@@ -326,14 +364,16 @@ async fn upload_one(
     store: &dyn ObjectStore,
     ctx: &RuleCtx<'_>,
     snapshot: &Pending,
-) -> Result<(), ErrorCode> {
+) -> Result<Uploaded, ErrorCode> {
     let other = |what: String| ErrorCode {
         code: what,
         configuration: false,
     };
-    let metadata_bytes = tokio::fs::read(&snapshot.metadata)
-        .await
-        .map_err(|e| other(format!("Local{:?}", e.kind())))?;
+    let metadata_bytes = match tokio::fs::read(&snapshot.metadata).await {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Uploaded::Gone),
+        Err(e) => return Err(other(format!("Local{:?}", e.kind()))),
+    };
     let metadata: serde_json::Value =
         serde_json::from_slice(&metadata_bytes).unwrap_or(serde_json::Value::Null);
     let node = node_of(&metadata, ctx.node);
@@ -350,9 +390,11 @@ async fn upload_one(
         let bytes = if file == snapshot.metadata {
             metadata_bytes.clone()
         } else {
-            tokio::fs::read(file)
-                .await
-                .map_err(|e| other(format!("Local{:?}", e.kind())))?
+            match tokio::fs::read(file).await {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Uploaded::Gone),
+                Err(e) => return Err(other(format!("Local{:?}", e.kind()))),
+            }
         };
         let key = layout::object_key(&ctx.rule.policy.url, &node, &ctx.rule.rule, file);
         let mut attributes = attributes.clone();
@@ -366,7 +408,7 @@ async fn upload_one(
             .await
             .map_err(|e| ErrorCode::of(&e))?;
     }
-    Ok(())
+    Ok(Uploaded::Done)
 }
 
 fn content_type(file: &Path) -> &'static str {

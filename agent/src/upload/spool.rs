@@ -10,6 +10,7 @@
 //! the same pending snapshots and uploads them under the same names; none is lost and none
 //! is uploaded under two names.
 use std::{
+    collections::HashSet,
     fs, io,
     path::{Path, PathBuf},
 };
@@ -27,8 +28,10 @@ pub struct Pending {
     pub raw: Option<PathBuf>,
     /// The metadata `.json`.
     pub metadata: PathBuf,
-    /// Bytes of all its files.
+    /// Bytes of the trace and the metadata.
     pub bytes: u64,
+    /// Bytes of the raw `.lbsnap` (0 without one).
+    pub raw_bytes: u64,
 }
 
 impl Pending {
@@ -42,6 +45,12 @@ impl Pending {
         }
         files.push(&self.metadata);
         files
+    }
+
+    /// The bytes [`files`](Self::files) holds.
+    #[must_use]
+    pub fn bytes(&self, include_raw: bool) -> u64 {
+        self.bytes + if include_raw { self.raw_bytes } else { 0 }
     }
 }
 
@@ -61,6 +70,7 @@ pub fn pending(dir: &Path) -> io::Result<Vec<Pending>> {
         }
     }
     names.sort();
+    let present: HashSet<&str> = names.iter().map(String::as_str).collect();
     let mut out = Vec::new();
     for name in &names {
         let Some(stem) = name.strip_suffix(".json") else {
@@ -69,23 +79,23 @@ pub fn pending(dir: &Path) -> io::Result<Vec<Pending>> {
         let inner = Path::new(stem)
             .extension()
             .is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
-        if inner || names.contains(&format!("{stem}{UPLOADED}")) {
+        if inner || present.contains(format!("{stem}{UPLOADED}").as_str()) {
             continue; // a Chrome JSON trace's inner name, or done
         }
         let trace = [".fxt.gz", ".json.gz", ".fxt"]
             .iter()
             .map(|ext| format!("{stem}{ext}"))
-            .find(|n| names.contains(n));
+            .find(|n| present.contains(n.as_str()));
         let Some(trace) = trace else { continue };
-        let raw = Some(format!("{stem}.lbsnap")).filter(|n| names.contains(n));
+        let raw = Some(format!("{stem}.lbsnap")).filter(|n| present.contains(n.as_str()));
         let size = |n: &str| fs::metadata(dir.join(n)).map_or(0, |m| m.len());
-        let bytes = size(&trace) + size(name) + raw.as_deref().map_or(0, size);
         out.push(Pending {
             stem: stem.to_owned(),
+            bytes: size(&trace) + size(name),
+            raw_bytes: raw.as_deref().map_or(0, size),
             trace: dir.join(trace),
             raw: raw.map(|r| dir.join(r)),
             metadata: dir.join(name),
-            bytes,
         });
     }
     Ok(out)
@@ -129,7 +139,7 @@ mod tests {
             stems,
             ["20261206T100001.000000Z-1-1", "20261206T100002.000000Z-2-2"]
         );
-        assert_eq!(got[0].bytes, 1102);
+        assert_eq!((got[0].bytes(false), got[0].bytes(true)), (102, 1102));
         assert_eq!(got[0].files(false).len(), 2);
         assert_eq!(got[0].files(true).len(), 3);
         assert!(got[0].files(true)[2].ends_with("20261206T100001.000000Z-1-1.json"));

@@ -105,7 +105,7 @@ pub struct ErrorCode {
 }
 
 /// Codes that mean the store is wrongly configured, not down.
-const CONFIGURATION: [&str; 12] = [
+const CONFIGURATION: [&str; 14] = [
     "AccessDenied",
     "AllAccessDisabled",
     "AuthorizationHeaderMalformed",
@@ -118,6 +118,8 @@ const CONFIGURATION: [&str; 12] = [
     "Unauthenticated",
     "PermissionDenied",
     "ContainerNotFound",
+    "AuthenticationFailed",
+    "InvalidAuthenticationInfo",
 ];
 
 impl ErrorCode {
