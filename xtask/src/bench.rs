@@ -23,12 +23,17 @@ const CALLS: &str = "200000";
 const SYSCALLS: &str = "1000000";
 
 /// Which single table `cargo xtask bench` prints (none set: all but the agent-scale one,
-/// which takes minutes and gigabytes of rings).
+/// which takes minutes and gigabytes of rings, and the upload one, which needs `weed`).
 #[derive(Debug, Clone, Copy)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "one flag per table, as on the command line"
+)]
 pub struct Only {
     pub freeze: bool,
     pub startup: bool,
     pub agent_scale: bool,
+    pub upload: bool,
 }
 
 pub fn bench(env: &BuildEnv, only: Only, triggers: usize) -> Result<()> {
@@ -48,6 +53,9 @@ pub fn bench(env: &BuildEnv, only: Only, triggers: usize) -> Result<()> {
     }
     if only.agent_scale {
         return crate::bench_agent_scale::agent_scale(&env.root, &lookback, &workload);
+    }
+    if only.upload {
+        return crate::bench_upload::upload(&env.root, &lookback, &workload, triggers);
     }
     let bpftrace = which("bpftrace");
     if only.startup {

@@ -16,6 +16,7 @@ mod bench_decode;
 mod bench_decode_real;
 mod bench_sampling;
 mod bench_startup;
+mod bench_upload;
 mod demo;
 mod pt_smoke;
 mod setup;
@@ -65,9 +66,14 @@ enum Command {
         /// (1 and 20 threads): attach time, ring memory, fds, RSS, idle CPU.
         #[arg(long, conflicts_with_all = ["freeze_only", "startup_only"])]
         agent_scale: bool,
-        /// Triggers in the latency table.
-        #[arg(long, default_value_t = 1000)]
-        triggers: usize,
+        /// Only the upload table: trigger → snapshot visible in a real S3 server
+        /// (`SeaweedFS` on loopback), the agent's upload time, CPU and RSS, beside curl
+        /// uploading the same files.
+        #[arg(long, conflicts_with_all = ["freeze_only", "startup_only", "agent_scale"])]
+        upload_only: bool,
+        /// Triggers in the latency table (default 1000; with --upload-only, 60).
+        #[arg(long)]
+        triggers: Option<usize>,
     },
     /// Intel PT decode throughput on a synthetic 16 MiB trace, beside libipt if installed;
     /// then a 4 MiB PT snapshot decoded, symbolized and written as a trace (time, memory).
@@ -127,13 +133,16 @@ fn main() -> std::process::ExitCode {
             freeze_only,
             startup_only,
             agent_scale,
+            upload_only,
             triggers,
         } => setup::setup().and_then(|env| {
             let only = bench::Only {
                 freeze: freeze_only,
                 startup: startup_only,
                 agent_scale,
+                upload: upload_only,
             };
+            let triggers = triggers.unwrap_or(if upload_only { 60 } else { 1000 });
             bench::bench(&env, only, triggers)
         }),
         Command::BenchDecode {
