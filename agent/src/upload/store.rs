@@ -43,7 +43,8 @@ pub struct StoreConfig {
 pub fn open(config: &StoreConfig) -> Result<Arc<dyn ObjectStore>, OpenError> {
     let url = config.url.bucket_url();
     let client = ClientOptions::new()
-        .with_timeout(Duration::from_mins(1))
+        // One PUT carries a whole file: room for tens of MB on a slow link.
+        .with_timeout(Duration::from_mins(5))
         .with_connect_timeout(Duration::from_secs(5))
         .with_allow_http(config.allow_http);
     let retry = RetryConfig {
