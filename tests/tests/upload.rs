@@ -28,7 +28,8 @@ rules:
     )
 }
 
-/// The agent with the store's credentials, a node name, and `out` as its output root.
+/// The agent with the store's credentials, a node name, and `out` as its output root;
+/// ready, unless `secret` replaces the right one (then it may never be).
 fn agent(rules: &str, server: &S3Server, out: &Path, secret: Option<&str>) -> Agent {
     let mut env: Vec<(&str, &str)> = server.credentials().to_vec();
     if let Some(secret) = secret {
@@ -37,7 +38,10 @@ fn agent(rules: &str, server: &S3Server, out: &Path, secret: Option<&str>) -> Ag
     }
     env.push(("NODE_NAME", "node-a"));
     let out = out.to_str().expect("utf-8");
-    Agent::start_with_env(rules, &["--output-dir", out], &env)
+    let mut agent = Agent::launch(rules, &["--output-dir", out], &env);
+    // Rules loaded and a probe placed ... or refused by the store already.
+    agent.wait_log("agent ready", Duration::from_secs(30));
+    agent
 }
 
 /// The files of `dir` with `suffix`.
@@ -233,7 +237,15 @@ fn wrong_credentials_and_a_missing_bucket_are_named_and_nothing_is_deleted() {
         let out = tempfile::tempdir().expect("tempdir");
         let rules = rules(url, &server.endpoint(), "");
         let mut agent = agent(&rules, &server, out.path(), secret);
+        // Refused before the first snapshot needs the store: the check at start.
+        let body = agent.wait_readyz(503, Duration::from_secs(30));
+        assert!(body.contains(code) && body.contains("usr1"), "{body}");
         agent.run_workload(&["usr1"]);
+        agent.expect_metric(
+            "lookback_snapshots_total",
+            &[("rule", "usr1"), ("backend", "sampling"), ("result", "ok")],
+            1.0,
+        );
         let body = agent.wait_readyz(503, Duration::from_secs(30));
         assert!(body.contains(code) && body.contains("usr1"), "{body}");
         assert!(

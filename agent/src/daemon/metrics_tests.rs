@@ -109,6 +109,7 @@ fn exercised() -> Metrics {
             &ErrorCode {
                 code: "NoSuchBucket".to_owned(),
                 configuration: true,
+                permanent: false,
             },
         );
         up.queue("slow-query", 2, 4096);

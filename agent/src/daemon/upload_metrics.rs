@@ -53,8 +53,8 @@ impl UploadMetrics {
             uploads: counter_vec(
                 r,
                 "lookback_uploads_total",
-                "Snapshot uploads to object storage, by result (error: one failed attempt; \
-                 it is retried).",
+                "Snapshot uploads to object storage, by result (error: one failed attempt, \
+                 or a failed check of the bucket; it is retried).",
                 &["rule", "result"],
             )?,
             queue_files: gauge_vec(

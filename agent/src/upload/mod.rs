@@ -19,11 +19,12 @@ pub mod layout;
 pub mod spool;
 pub mod store;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use object_store::path::Path as ObjectPath;
 use object_store::{Attribute, Attributes, ObjectStore, PutOptions, PutPayload};
 use tokio::sync::{Notify, watch};
 
@@ -145,24 +146,54 @@ impl UploadHandle {
     }
 }
 
+/// A rule's failed passes in a row, and when to try it again.
+#[derive(Debug, Default)]
+struct Retry {
+    failures: u32,
+    next: Option<Instant>,
+}
+
+/// What the upload task keeps between passes.
+#[derive(Default)]
+struct State {
+    stores: HashMap<StoreConfig, Arc<dyn ObjectStore>>,
+    /// Stores whose bucket answered a listing (credentials and bucket good).
+    probed: HashSet<StoreConfig>,
+    /// Rule → its backoff: one rule's broken store does not delay the others.
+    retries: HashMap<String, Retry>,
+    /// (rule, stem) → refusals that waiting does not fix (`ErrorCode::permanent`).
+    refusals: HashMap<(String, String), u32>,
+}
+
+/// Refusals of one snapshot (an object too large, say) before the rule moves on without
+/// it; it stays in the spool until `max_pending` drops it.
+const MAX_REFUSALS: u32 = 3;
+
 /// The upload loop.
 async fn run(
     shared: Arc<Shared>,
     node: String,
     observer: Arc<dyn Observer>,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
 ) {
-    let mut stores: HashMap<StoreConfig, Arc<dyn ObjectStore>> = HashMap::new();
-    let mut failures: u32 = 0;
+    let mut state = State::default();
+    let mut stopped = stopped;
     loop {
         if *stopped.borrow() {
             return;
         }
         let rules = lock(&shared.rules).clone();
-        let mut failed = false;
         for rule in &rules {
             // A rule removed or changed by a reload since this pass began is left alone.
             if !lock(&shared.rules).contains(rule) {
+                continue;
+            }
+            let due = state
+                .retries
+                .get(&rule.rule)
+                .and_then(|r| r.next)
+                .is_none_or(|next| next <= Instant::now());
+            if !due {
                 continue;
             }
             let ctx = RuleCtx {
@@ -172,9 +203,16 @@ async fn run(
             };
             // Stop is checked between snapshots: an upload in flight finishes within the
             // shutdown's grace, or is abandoned by it.
-            failed |= drain(&ctx, &mut stores, observer.as_ref(), &shared)
+            let ok = drain(&ctx, &mut state, observer.as_ref(), &shared)
                 .await
-                .is_err();
+                .is_ok();
+            let retry = state.retries.entry(rule.rule.clone()).or_default();
+            if ok {
+                *retry = Retry::default();
+            } else {
+                retry.failures = retry.failures.saturating_add(1);
+                retry.next = Some(Instant::now() + backoff(retry.failures));
+            }
             if *stopped.borrow() {
                 return;
             }
@@ -182,15 +220,18 @@ async fn run(
         // A reason for a rule a reload removed meanwhile would keep /readyz failing.
         let current: Vec<String> = lock(&shared.rules).iter().map(|r| r.rule.clone()).collect();
         lock(&shared.refused).retain(|rule, _| current.contains(rule));
-        let wait = if failed {
-            failures = failures.saturating_add(1);
-            backoff(failures)
-        } else {
-            failures = 0;
-            RESCAN
-        };
+        state.retries.retain(|rule, _| current.contains(rule));
+        state.refusals.retain(|(rule, _), _| current.contains(rule));
+        let wait = state
+            .retries
+            .values()
+            .filter_map(|r| r.next)
+            .min()
+            .map_or(RESCAN, |next| {
+                next.saturating_duration_since(Instant::now()).min(RESCAN)
+            });
         tokio::select! {
-            () = shared.wake.notified(), if !failed => {}
+            () = shared.wake.notified() => {}
             () = tokio::time::sleep(wait) => {}
             _ = stopped.changed() => return,
         }
@@ -209,10 +250,87 @@ struct RuleCtx<'a> {
     stopped: &'a watch::Receiver<bool>,
 }
 
-/// Uploads `ctx`'s pending snapshots, oldest first, until one fails.
+/// The store of `config`, opened once; `None` (and the rule refused) when it cannot be.
+fn store_for(
+    state: &mut State,
+    config: &StoreConfig,
+    rule: &str,
+    shared: &Shared,
+) -> Option<Arc<dyn ObjectStore>> {
+    if let Some(store) = state.stores.get(config) {
+        return Some(Arc::clone(store));
+    }
+    match store::open(config) {
+        Ok(store) => Some(Arc::clone(
+            state.stores.entry(config.clone()).or_insert(store),
+        )),
+        Err(e) => {
+            let why = crate::sys::error_chain(&e);
+            log::error!("upload {rule}: {why}");
+            lock(&shared.refused).insert(rule.to_owned(), why);
+            None
+        }
+    }
+}
+
+/// Reports a failed request: a refusal the operator must fix goes to `/readyz`.
+fn report_failure(ctx: &RuleCtx<'_>, code: &ErrorCode, what: &str, shared: &Shared) {
+    let rule = &ctx.rule.rule;
+    let url = &ctx.rule.policy.url;
+    if code.configuration {
+        let why = format!("{} ({url})", code.code);
+        let mut refused = lock(&shared.refused);
+        if refused.get(rule) != Some(&why) {
+            log::error!(
+                "upload {rule}: the store refuses: {} for {url}: {}",
+                code.code,
+                hint(&code.code)
+            );
+        }
+        refused.insert(rule.clone(), why);
+    } else {
+        log::warn!(
+            "upload {rule}: {what} to {url} failed ({}); the spool {} keeps it",
+            code.code,
+            ctx.rule.dir.display()
+        );
+    }
+}
+
+/// Lists the rule's prefix once: a missing bucket or wrong credentials show before the
+/// first snapshot needs them.
+async fn probe(
+    ctx: &RuleCtx<'_>,
+    state: &mut State,
+    store: &dyn ObjectStore,
+    config: StoreConfig,
+    observer: &dyn Observer,
+    shared: &Shared,
+) -> Result<(), ()> {
+    let rule = &ctx.rule.rule;
+    let prefix = ObjectPath::from(ctx.rule.policy.url.prefix.as_str());
+    match store.list_with_delimiter(Some(&prefix)).await {
+        Ok(_) => {
+            state.probed.insert(config);
+            if lock(&shared.refused).remove(rule).is_some() {
+                log::info!("upload {rule}: the store takes uploads again");
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let code = ErrorCode::of(&e);
+            observer.failed(rule, &code);
+            report_failure(ctx, &code, "a listing", shared);
+            Err(())
+        }
+    }
+}
+
+/// Uploads `ctx`'s pending snapshots, oldest first, until one fails; with none pending,
+/// checks once that the store takes this rule's credentials and bucket.
 async fn drain(
     ctx: &RuleCtx<'_>,
-    stores: &mut HashMap<StoreConfig, Arc<dyn ObjectStore>>,
+    state: &mut State,
     observer: &dyn Observer,
     shared: &Shared,
 ) -> Result<(), ()> {
@@ -232,38 +350,34 @@ async fn drain(
         }
     };
     report_queue(observer, rule, &pending, policy.include_raw);
-    if pending.is_empty() {
-        return Ok(());
-    }
     let config = StoreConfig {
         url: policy.url.clone(),
         endpoint: policy.endpoint.clone(),
         region: policy.region.clone(),
         allow_http: policy.allow_http,
     };
-    let store = if let Some(store) = stores.get(&config) {
-        Arc::clone(store)
-    } else {
-        match store::open(&config) {
-            Ok(store) => Arc::clone(stores.entry(config).or_insert(store)),
-            Err(e) => {
-                let why = crate::sys::error_chain(&e);
-                log::error!("upload {rule}: {why}");
-                lock(&shared.refused).insert(rule.clone(), why);
-                return Err(());
-            }
-        }
+    if pending.is_empty() && state.probed.contains(&config) {
+        return Ok(());
+    }
+    let Some(store) = store_for(state, &config, rule, shared) else {
+        return Err(());
     };
+    if pending.is_empty() {
+        return probe(ctx, state, store.as_ref(), config, observer, shared).await;
+    }
     for (done, snapshot) in pending.iter().enumerate() {
         if *ctx.stopped.borrow() {
             return Ok(());
+        }
+        let key = (rule.clone(), snapshot.stem.clone());
+        if state.refusals.get(&key).is_some_and(|n| *n >= MAX_REFUSALS) {
+            continue;
         }
         let started = Instant::now();
         match upload_one(store.as_ref(), ctx, snapshot).await {
             Ok(Uploaded::Gone) => {
                 // Retention removed it meanwhile (counted there when it was pending).
                 log::debug!("upload {rule}: {} is gone from the spool", snapshot.stem);
-                report_queue(observer, rule, &pending[done + 1..], policy.include_raw);
             }
             Ok(Uploaded::Done) => {
                 let (dir, stem) = (ctx.rule.dir.clone(), snapshot.stem.clone());
@@ -275,6 +389,7 @@ async fn drain(
                     log::warn!("upload {rule}: marking {} uploaded: {e}", snapshot.stem);
                 }
                 observer.uploaded(rule, started.elapsed());
+                state.probed.insert(config.clone());
                 if lock(&shared.refused).remove(rule).is_some() {
                     log::info!("upload {rule}: the store takes uploads again");
                 }
@@ -283,35 +398,31 @@ async fn drain(
                     snapshot.stem,
                     started.elapsed()
                 );
-                report_queue(observer, rule, &pending[done + 1..], policy.include_raw);
+            }
+            Err(code) if code.permanent => {
+                observer.failed(rule, &code);
+                let refusals = state.refusals.entry(key).or_default();
+                *refusals += 1;
+                if *refusals >= MAX_REFUSALS {
+                    log::error!(
+                        "upload {rule}: {} refused {MAX_REFUSALS} times ({}): going on without \
+                         it; it stays in {} until max_pending drops it",
+                        snapshot.stem,
+                        code.code,
+                        ctx.rule.dir.display()
+                    );
+                    continue;
+                }
+                report_failure(ctx, &code, &snapshot.stem, shared);
+                return Err(());
             }
             Err(code) => {
                 observer.failed(rule, &code);
-                if code.configuration {
-                    let why = format!("{} ({})", code.code, policy.url);
-                    let mut refused = lock(&shared.refused);
-                    if refused.get(rule) != Some(&why) {
-                        log::error!(
-                            "upload {rule}: the store refuses: {} for {}: {}",
-                            code.code,
-                            policy.url,
-                            hint(&code.code)
-                        );
-                    }
-                    refused.insert(rule.clone(), why);
-                } else {
-                    log::warn!(
-                        "upload {rule}: {} to {} failed ({}); {} snapshot(s) wait in {}",
-                        snapshot.stem,
-                        policy.url,
-                        code.code,
-                        pending.len() - done,
-                        ctx.rule.dir.display()
-                    );
-                }
+                report_failure(ctx, &code, &snapshot.stem, shared);
                 return Err(());
             }
         }
+        report_queue(observer, rule, &pending[done + 1..], policy.include_raw);
     }
     Ok(())
 }
@@ -365,9 +476,11 @@ async fn upload_one(
     ctx: &RuleCtx<'_>,
     snapshot: &Pending,
 ) -> Result<Uploaded, ErrorCode> {
+    // A local file that cannot be read will not be readable on the next try either.
     let other = |what: String| ErrorCode {
         code: what,
         configuration: false,
+        permanent: true,
     };
     let metadata_bytes = match tokio::fs::read(&snapshot.metadata).await {
         Ok(bytes) => bytes,

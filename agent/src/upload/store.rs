@@ -103,7 +103,23 @@ pub struct ErrorCode {
     pub code: String,
     /// Credentials or bucket: the operator must act.
     pub configuration: bool,
+    /// This request will be refused again (an object too large, a bad argument): retrying
+    /// the same snapshot does not help.
+    pub permanent: bool,
 }
+
+/// Codes that refuse the request itself, whatever the store's state.
+const PERMANENT: [&str; 9] = [
+    "EntityTooLarge",
+    "InvalidArgument",
+    "InvalidRequest",
+    "MalformedXML",
+    "KeyTooLongError",
+    "InvalidObjectName",
+    "MetadataTooLarge",
+    "InvalidDigest",
+    "BadDigest",
+];
 
 /// Codes that mean the store is wrongly configured, not down.
 const CONFIGURATION: [&str; 14] = [
@@ -140,9 +156,11 @@ impl ErrorCode {
             .or_else(|| tagged(&text, "\"reason\": \"", "\""))
             .map_or_else(|| fallback(error, &text).to_owned(), str::to_owned);
         let configuration = CONFIGURATION.contains(&code.as_str());
+        let permanent = PERMANENT.contains(&code.as_str());
         Self {
             code,
             configuration,
+            permanent,
         }
     }
 }
