@@ -107,19 +107,35 @@ pub enum Command {
     Snapshots(snapshots::SnapshotsArgs),
 }
 
+/// The command line as `T`, or the exit code after clap printed help, the version (exit
+/// 0, on stdout) or a usage error (exit 2).
+fn parse_or_exit<T: Parser>() -> Result<T, ExitCode> {
+    T::try_parse().map_err(|err| {
+        let _ = err.print();
+        if err.use_stderr() {
+            ExitCode::from(EXIT_USAGE)
+        } else {
+            ExitCode::SUCCESS
+        }
+    })
+}
+
+/// The exit code of `result`; an error printed with its causes as `PROGRAM: error: ...`.
+fn finish(program: &str, result: CliResult) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(CliError { code, error }) => {
+            eprintln!("{program}: error: {error:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
 /// Parses the command line, runs the subcommand, prints errors with their causes.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse_or_exit::<Cli>() {
         Ok(cli) => cli,
-        Err(err) => {
-            // clap prints help/version on stdout with exit 0, usage errors with exit 2.
-            let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(EXIT_USAGE)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     init_logger(cli.verbose, cli.quiet);
     let result = match cli.command {
@@ -131,13 +147,7 @@ pub fn main() -> ExitCode {
         Command::Agent(args) => agent::run(args),
         Command::Snapshots(args) => snapshots::run(&args),
     };
-    match result {
-        Ok(code) => code,
-        Err(CliError { code, error }) => {
-            eprintln!("lookback: error: {error:#}");
-            ExitCode::from(code)
-        }
-    }
+    finish("lookback", result)
 }
 
 fn init_logger(verbose: u8, quiet: bool) {

@@ -8,14 +8,13 @@
 //! per instruction and event, as `ptxed --no-inst`) or `packet-stats` (packets counted
 //! in a pass of their own, timed apart, then the decode's counts and throughput). The
 //! decoding itself is `lookback decode`'s ([`super::decode::run_request`]): one engine.
-#![expect(clippy::print_stderr, reason = "the CLI edge reports errors on stderr")]
 
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
 use super::decode::{DecodeRequest, run_request};
-use super::{CliError, EXIT_USAGE, init_logger};
+use super::{finish, init_logger, parse_or_exit};
 
 /// Intel's ptdump and ptxed views of lookback's Intel PT decoder, for its developers.
 /// Users decode with `lookback decode`.
@@ -132,25 +131,12 @@ impl View {
 /// `lookback-pt`'s `main`: parses, decodes, prints errors with their causes (exit 2 for
 /// usage, 1 at run time, as `lookback`).
 pub fn main() -> ExitCode {
-    let cli = match PtCli::try_parse() {
+    let cli = match parse_or_exit::<PtCli>() {
         Ok(cli) => cli,
-        Err(err) => {
-            let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(EXIT_USAGE)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     init_logger(cli.verbose, cli.quiet);
-    match run_request(&cli.view.request()) {
-        Ok(code) => code,
-        Err(CliError { code, error }) => {
-            eprintln!("lookback-pt: error: {error:#}");
-            ExitCode::from(code)
-        }
-    }
+    finish("lookback-pt", run_request(&cli.view.request()))
 }
 
 #[cfg(test)]
