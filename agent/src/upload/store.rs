@@ -145,13 +145,7 @@ impl ErrorCode {
     /// of error the client saw.
     #[must_use]
     pub fn of(error: &object_store::Error) -> Self {
-        let mut text = error.to_string();
-        let mut source = std::error::Error::source(error);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
+        let text = crate::sys::error_chain(error);
         let code = tagged(&text, "<Code>", "</Code>")
             .or_else(|| tagged(&text, "\"reason\": \"", "\""))
             .map_or_else(|| fallback(error, &text).to_owned(), str::to_owned);

@@ -132,13 +132,7 @@ impl Shared {
     }
 
     fn fail(&self, error: &KubeError) {
-        let mut text = error.to_string();
-        let mut source = std::error::Error::source(error);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
+        let text = crate::sys::error_chain(error);
         log::warn!("kubernetes: {text}");
         self.lock().last_error = Some(text);
     }
