@@ -3,6 +3,7 @@
 //! `LOOKBACK_BIN`).
 
 pub mod agent;
+pub mod browser;
 pub mod containers;
 pub mod inputs;
 pub mod s3;

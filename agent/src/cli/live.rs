@@ -507,6 +507,8 @@ fn print_written(session: &Session) -> OnWritten {
                 "trigger": trigger,
             // Per binary: frames, `[unknown]` frames, the debug-symbols hint.
             "symbols": files.symbols,
+            // Where the trigger's interval went (`lookback report` has the breakdown).
+            "verdict": files.verdict,
         }));
     })
 }

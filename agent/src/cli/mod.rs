@@ -17,9 +17,11 @@ mod local_binaries;
 mod output_path;
 pub mod pt_tool;
 mod record;
+pub mod report;
 pub mod rules;
 pub mod run;
 pub mod snapshots;
+pub mod view;
 mod write_queue;
 
 /// Exit code for runtime errors.
@@ -105,6 +107,11 @@ pub enum Command {
     Agent(agent::AgentArgs),
     /// Find and fetch the snapshots agents uploaded to object storage.
     Snapshots(snapshots::SnapshotsArgs),
+    /// What a snapshot or trace says happened: the triggering call's time on and off the
+    /// CPU, by stack, and a one-line verdict.
+    Report(report::ReportArgs),
+    /// Open a trace in the Perfetto UI: serve it on 127.0.0.1 and print (or open) the link.
+    View(view::ViewArgs),
 }
 
 /// The command line as `T`, or the exit code after clap printed help, the version (exit
@@ -146,6 +153,8 @@ pub fn main() -> ExitCode {
         Command::Decode(args) => decode::run(&args),
         Command::Agent(args) => agent::run(args),
         Command::Snapshots(args) => snapshots::run(&args),
+        Command::Report(args) => report::run(&args),
+        Command::View(args) => view::run(&args),
     };
     finish("lookback", result)
 }

@@ -58,6 +58,8 @@ pub struct SnapshotFiles {
     /// Frames and `[unknown]` frames per mapped file of the trace (with the hint to
     /// install debug symbols where most are unknown).
     pub symbols: Vec<crate::symbols::ModuleSymbols>,
+    /// The report's one line: where the trigger's interval went.
+    pub verdict: Option<String>,
 }
 
 /// Snapshots copied and not yet written at most (each holds a copy of every ring: up to
@@ -338,6 +340,7 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
         raw,
         trigger_to_freeze_ns: None,
         symbols: Vec::new(),
+        verdict: None,
     };
     if raw_only(output) {
         log::info!("snapshot {}: {}", job.number, raw.display());
@@ -361,6 +364,10 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
             for warning in writer::symbol_warnings(&summary) {
                 log::warn!("trace {}: {warning}", trace.display());
             }
+            let verdict = summary.report.map(|r| r.verdict);
+            if let Some(v) = &verdict {
+                log::info!("trace {}: {v}", trace.display());
+            }
             let kept = if keep_raw {
                 log::info!("snapshot {}: {}", job.number, raw.display());
                 Some(raw)
@@ -372,6 +379,7 @@ fn write_trace(output: &Path, keep_raw: bool, job: &WriteJob, raw: PathBuf) -> S
             };
             SnapshotFiles {
                 symbols: summary.symbols,
+                verdict,
                 ..files(Some(trace), kept)
             }
         }
@@ -392,10 +400,17 @@ fn split_name(output: &Path) -> (String, &'static str) {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let (stem, ext) = [".fxt.gz", ".json.gz", ".json", ".fxt", ".lbsnap"]
-        .iter()
-        .find_map(|ext| name.strip_suffix(ext).map(|s| (s.to_owned(), *ext)))
-        .unwrap_or_else(|| (name.clone(), ""));
+    let (stem, ext) = [
+        ".fxt.gz",
+        ".speedscope.json",
+        ".json.gz",
+        ".json",
+        ".fxt",
+        ".lbsnap",
+    ]
+    .iter()
+    .find_map(|ext| name.strip_suffix(ext).map(|s| (s.to_owned(), *ext)))
+    .unwrap_or_else(|| (name.clone(), ""));
     let stem = if stem.is_empty() {
         "trace".to_owned()
     } else {

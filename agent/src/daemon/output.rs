@@ -52,6 +52,8 @@ pub struct Written {
     pub lost: u64,
     /// PT: AUX records the kernel flagged truncated, partial or collided.
     pub lost_aux: u64,
+    /// The report's one line: where the trigger's interval went.
+    pub verdict: Option<String>,
 }
 
 /// Why a snapshot could not be written.
@@ -120,16 +122,18 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
             path: metadata.clone(),
             source,
         })?;
-        Ok((decode, summary.lost_samples, summary.lost_aux))
+        let verdict = summary.report.map(|r| r.verdict);
+        Ok((decode, summary.lost_samples, summary.lost_aux, verdict))
     })();
     match result {
-        Ok((decode, lost, lost_aux)) => Ok(Written {
+        Ok((decode, lost, lost_aux, verdict)) => Ok(Written {
             trace,
             raw,
             metadata,
             decode,
             lost,
             lost_aux,
+            verdict,
         }),
         Err(e) => {
             for path in done {
@@ -139,6 +143,9 @@ pub fn write_snapshot(job: &SnapshotJob) -> Result<Written, OutputError> {
         }
     }
 }
+
+/// Breakdown entries in the metadata: the few that explain most of the interval.
+const METADATA_BREAKDOWN: usize = 10;
 
 /// The `<stem>.json` beside each trace (contract.md fields, plus a few extras).
 fn metadata_json(
@@ -208,6 +215,16 @@ fn metadata_json(
         obj.insert("truncated_stacks".into(), json!(summary.truncated_stacks));
         // The triggering thread's stack at the trigger, leaf first (extension).
         obj.insert("trigger_stack".into(), json!(summary.trigger_stack));
+        // Where the trigger's interval went: the verdict, and the largest entries of the
+        // breakdown (`lookback report` has them all).
+        if let Some(report) = &summary.report {
+            obj.insert("verdict".into(), json!(report.verdict));
+            obj.insert("interval_ns".into(), json!(report.interval_ns));
+            obj.insert(
+                "breakdown".into(),
+                json!(&report.breakdown[..report.breakdown.len().min(METADATA_BREAKDOWN)]),
+            );
+        }
         // Node, container, cgroup (and pod) of the triggering process.
         if let Some(origin) = &meta.origin {
             obj.insert("origin".into(), json!(origin));

@@ -325,10 +325,15 @@ fn write(job: &SnapshotJob, metrics: &Metrics, uploads: Option<&UploadHandle>) {
             }
             metrics.snapshot_done(&job.rule, backend, true, raw_bytes, since_trigger(job));
             log::info!(
-                "snapshot {}: {}, written in {:.1?}",
+                "snapshot {}: {}, written in {:.1?}{}",
                 job.rule,
                 written.trace.display(),
-                started.elapsed()
+                started.elapsed(),
+                written
+                    .verdict
+                    .as_deref()
+                    .map(|v| format!(": {v}"))
+                    .unwrap_or_default()
             );
             match retention::enforce(&dir, &job.policy.retention, job.policy.upload.as_ref()) {
                 Ok(p) if p.snapshots > 0 => {

@@ -23,6 +23,8 @@
 pub mod fxt;
 pub mod json;
 pub mod pt;
+pub mod speedscope;
+mod tee;
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, BufWriter, Write};
@@ -44,6 +46,9 @@ use crate::unwind::StackUnwinder;
 use crate::decode::pt::flow::branches::ParallelStats;
 pub use fxt::FxtWriter;
 pub use json::JsonWriter;
+pub use speedscope::SpeedscopeWriter;
+
+use crate::report::{self, Report};
 
 /// An argument value of an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,10 +104,13 @@ pub trait TraceSink {
 pub enum Format {
     Fxt,
     ChromeJson,
+    /// speedscope's own file format (`.speedscope.json`): frame names without args.
+    Speedscope,
 }
 
 impl Format {
-    /// `.json`/`.json.gz` → Chrome JSON, anything else FXT; gzip when the name ends `.gz`.
+    /// `.speedscope.json` → speedscope, `.json`/`.json.gz` → Chrome JSON, anything else
+    /// FXT; gzip when the name ends `.gz`.
     #[expect(
         clippy::case_sensitive_file_extension_comparisons,
         reason = "the name is lowercased first"
@@ -114,7 +122,9 @@ impl Format {
             .unwrap_or_default();
         let gz = name.ends_with(".gz");
         let base = name.strip_suffix(".gz").unwrap_or(&name);
-        let format = if base.ends_with(".json") {
+        let format = if base.ends_with(".speedscope.json") {
+            Self::Speedscope
+        } else if base.ends_with(".json") {
             Self::ChromeJson
         } else {
             Self::Fxt
@@ -207,11 +217,7 @@ pub fn symbol_warnings(summary: &TraceSummary) -> Vec<String> {
         .collect()
 }
 
-/// The slice name of a stretch without samples.
-pub const UNTRACED: &str = "[untraced]";
-
-/// The slice name of a stretch the thread spent off the CPU (a context switch said so).
-pub const OFF_CPU: &str = "[off-cpu]";
+pub use crate::report::{OFF_CPU, UNTRACED};
 
 /// An `[off-cpu]` slice over `span`: args say whether the thread was preempted (else it
 /// blocked) and in which function (the innermost frame at the switch: for a blocking
@@ -265,6 +271,9 @@ pub struct TraceSummary {
     /// PT: the threads each ring was decoded on, and how its pieces went (all rings).
     pub decode_threads: usize,
     pub decode_pieces: ParallelStats,
+    /// What the trigger's interval was spent on, and the verdict (a snapshot with a
+    /// trigger on a thread).
+    pub report: Option<Report>,
 }
 
 /// Writes the trace of `snap` to `path` (format and compression from the name), decoding
@@ -357,19 +366,40 @@ fn encode_on<W: Write>(
     threads: usize,
 ) -> io::Result<TraceSummary> {
     match format {
-        Format::Fxt => {
-            let mut sink = FxtWriter::new(out)?;
-            let summary = emit(snap, &mut sink, threads)?;
-            sink.finish()?;
-            Ok(summary)
-        }
-        Format::ChromeJson => {
-            let mut sink = JsonWriter::new(out)?;
-            let summary = emit(snap, &mut sink, threads)?;
-            sink.finish()?;
-            Ok(summary)
-        }
+        Format::Fxt => emit_reported(snap, &mut FxtWriter::new(out)?, threads),
+        Format::ChromeJson => emit_reported(snap, &mut JsonWriter::new(out)?, threads),
+        Format::Speedscope => emit_reported(snap, &mut SpeedscopeWriter::new(out), threads),
     }
+}
+
+/// [`emit`] into `sink` and [`TraceSink::finish`] it, with the trigger thread's events
+/// teed into a report collector: the summary carries the report.
+fn emit_reported(
+    snap: &Snapshot,
+    sink: &mut impl TraceSink,
+    threads: usize,
+) -> io::Result<TraceSummary> {
+    let mut tee = tee::Tee::new(sink, snap);
+    let mut summary = emit(snap, &mut tee, threads)?;
+    summary.report = tee.report(snap, &summary, report::Options::default());
+    tee.finish()?;
+    Ok(summary)
+}
+
+/// The report of `snap` without writing a trace: its events go to the report collector
+/// only (`lookback report SNAPSHOT`). `None` when the snapshot has no trigger on a thread.
+///
+/// # Errors
+/// None in practice (no file is written); the sink's signature has them.
+pub fn report_of(
+    snap: &Snapshot,
+    threads: usize,
+    options: report::Options,
+) -> io::Result<Option<Report>> {
+    let mut null = tee::NullSink;
+    let mut tee = tee::Tee::new(&mut null, snap);
+    let summary = emit(snap, &mut tee, threads)?;
+    Ok(tee.report(snap, &summary, options))
 }
 
 /// The sample period: from the frequency, else the median gap between samples, else 1 ms.
@@ -400,10 +430,68 @@ pub fn emit(
     sink: &mut impl TraceSink,
     threads: usize,
 ) -> io::Result<TraceSummary> {
-    match snap.meta.backend {
+    let summary = match snap.meta.backend {
         Backend::IntelPt => pt::emit(snap, sink, threads),
         Backend::Sampling => emit_sampled(snap, sink),
-    }
+    }?;
+    trigger_call(snap, sink, &summary)?;
+    Ok(summary)
+}
+
+/// The bit that makes a thread id the track of its trigger's call: Linux thread ids stay
+/// below 2^22 (`PID_MAX_LIMIT`), so no real thread has it.
+pub const CALL_TRACK: u32 = 1 << 30;
+
+/// A latency trigger's call, exact: one slice from the kernel's entry timestamp to its
+/// return (`trigger_time_ns − duration_ns` to `trigger_time_ns`, both `bpf_ktime_get_ns`),
+/// on a track of its own beside the thread's (`comm [pid] [tid] trigger call`, thread id
+/// `tid | CALL_TRACK`): the sampled slices there begin and end at samples, this one at
+/// the call's own edges, and one track cannot hold both nested. Named after the probed
+/// function (the trigger stack's leaf) or `syscall NAME`.
+fn trigger_call(
+    snap: &Snapshot,
+    sink: &mut impl TraceSink,
+    summary: &TraceSummary,
+) -> io::Result<()> {
+    let Some(t) = snap.meta.trigger.as_ref().filter(|t| t.pid != 0) else {
+        return Ok(());
+    };
+    let Some(duration) = t
+        .duration_ns
+        .filter(|_| t.kind == "function" || t.kind == "syscall")
+    else {
+        return Ok(());
+    };
+    let name = if t.kind == "function" {
+        summary
+            .trigger_stack
+            .iter()
+            .find(|f| !crate::sys::is_kernel_address(f.address))
+            .map_or_else(|| t.rule.clone(), |f| f.function.clone())
+    } else {
+        let syscall = t.detail.split([' ', ',']).next().unwrap_or_default();
+        format!("syscall {syscall}")
+    };
+    let key = (t.pid, t.tid | CALL_TRACK);
+    let comm = if t.comm.is_empty() { "?" } else { &t.comm };
+    sink.thread(
+        key.0,
+        key.1,
+        &format!("{comm} [{}] [{}] trigger call", t.pid, t.tid),
+    )?;
+    let args = [
+        Arg::new("rule", ArgValue::Str(&t.rule)),
+        Arg::new("duration_ns", ArgValue::U64(duration)),
+        Arg::new("tid", ArgValue::U64(u64::from(t.tid))),
+        Arg::new("timed_by", ArgValue::Str("kernel: entry and return")),
+    ];
+    sink.begin(
+        key,
+        t.trigger_time_ns.saturating_sub(duration),
+        &name,
+        &args,
+    )?;
+    sink.end(key, t.trigger_time_ns, &name)
 }
 
 fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {

@@ -159,9 +159,10 @@ fn chrome_json_has_the_nested_functions_and_the_trigger() {
     assert_eq!(summary.unknown_frames, 0);
     let doc: Value = serde_json::from_slice(&out).expect("one JSON document");
     let events = doc["traceEvents"].as_array().expect("traceEvents");
+    let pid = std::process::id();
     let seq: Vec<String> = events
         .iter()
-        .filter(|e| e["ph"] != "M")
+        .filter(|e| e["ph"] != "M" && e["tid"] == pid)
         .map(|e| {
             format!(
                 "{}{}",
@@ -182,7 +183,6 @@ fn chrome_json_has_the_nested_functions_and_the_trigger() {
             "Elookback_writer_outer"
         ]
     );
-    let pid = std::process::id();
     let name = format!("writer-test [{pid}] [{pid}]");
     assert!(
         events
@@ -255,9 +255,10 @@ fn fxt_records_are_well_formed() {
         at += size;
     }
     assert_eq!(at, words.len());
-    // 4 begin/end + 1 instant event records; process and thread kernel objects.
-    assert_eq!(kinds.get(&4), Some(&5));
-    assert_eq!(kinds.get(&7), Some(&2));
+    // 4 begin/end + 1 instant event records, and the trigger call's begin/end; the
+    // process, its thread and the trigger call's track as kernel objects.
+    assert_eq!(kinds.get(&4), Some(&7));
+    assert_eq!(kinds.get(&7), Some(&3));
 }
 
 #[test]
@@ -341,4 +342,110 @@ fn heap_addresses_in_a_sampled_stack_are_no_slices() {
         !names.iter().any(|n| n.starts_with("[unknown]")),
         "{names:?}"
     );
+}
+
+/// The trigger's call on a track of its own, from the kernel's entry to its return: the
+/// trigger's time minus its duration, to its time, exactly.
+#[test]
+fn the_triggering_call_is_one_exact_slice_on_its_own_track() {
+    let snap = snapshot();
+    let mut out = Vec::new();
+    encode(&snap, &mut out, Format::ChromeJson).expect("encode");
+    let doc: Value = serde_json::from_slice(&out).expect("JSON");
+    let pid = std::process::id();
+    let track = pid | CALL_TRACK;
+    let on_track: Vec<&Value> = doc["traceEvents"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["tid"] == track)
+        .collect();
+    let phases: Vec<&str> = on_track.iter().filter_map(|e| e["ph"].as_str()).collect();
+    assert_eq!(phases, ["M", "B", "E"]);
+    assert_eq!(
+        on_track[0]["args"]["name"],
+        format!("writer-test [{pid}] [{pid}] trigger call")
+    );
+    // No trigger stack in this snapshot: the slice is named after the rule.
+    assert_eq!(on_track[1]["name"], "func:lookback_writer_inner>1ms");
+    assert_eq!(on_track[1]["ts"], serde_json::json!(40.0));
+    assert_eq!(on_track[2]["ts"], serde_json::json!(1240.0));
+    assert_eq!(on_track[1]["args"]["duration_ns"], 1_200_000);
+}
+
+/// A trace read back gives the report its writer computed, FXT and Chrome JSON alike.
+#[test]
+fn a_trace_read_back_reports_what_its_writer_reported() {
+    let snap = snapshot();
+    for format in [Format::Fxt, Format::ChromeJson] {
+        let mut out = Vec::new();
+        let summary = encode(&snap, &mut out, format).expect("encode");
+        let written = summary.report.expect("a report");
+        assert!(
+            written
+                .verdict
+                .starts_with("func:lookback_writer_inner>1ms")
+                || written.verdict.contains("lookback_writer_inner"),
+            "{}",
+            written.verdict
+        );
+        let (trigger, collector) = report::read::read_trace(&out).expect("read back");
+        assert_eq!(trigger.duration_ns, Some(1_200_000));
+        assert_eq!(trigger.time_ns, 1_240_000);
+        let read = collector.report(&trigger, report::Options::default());
+        assert_eq!(read.breakdown, written.breakdown, "{format:?}");
+        assert_eq!(read.interval_ns, written.interval_ns);
+        assert_eq!(read.covered_ns, written.covered_ns);
+    }
+    let bad = report::read::read_trace(b"\x00\x01 not a trace");
+    assert!(bad.is_err());
+}
+
+/// speedscope's own format: frame names without args, one profile per track, the
+/// trigger's thread shown first, every open closed in order.
+#[test]
+fn speedscope_frames_are_clean_names_and_the_trigger_thread_comes_first() {
+    let snap = snapshot();
+    let mut out = Vec::new();
+    encode(&snap, &mut out, Format::Speedscope).expect("encode");
+    let doc: Value = serde_json::from_slice(&out).expect("JSON");
+    assert_eq!(
+        doc["$schema"],
+        "https://www.speedscope.app/file-format-schema.json"
+    );
+    let frames: Vec<&str> = doc["shared"]["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert!(
+        frames.iter().any(|f| short(f) == "lookback_writer_inner"),
+        "{frames:?}"
+    );
+    assert!(frames.iter().all(|f| !f.contains('{')), "{frames:?}");
+    let profiles = doc["profiles"].as_array().expect("profiles");
+    let pid = std::process::id();
+    let active = doc["activeProfileIndex"].as_u64().expect("index");
+    let active = usize::try_from(active).expect("small");
+    assert_eq!(
+        profiles[active]["name"],
+        format!("writer-test [{pid}] [{pid}]")
+    );
+    for p in profiles {
+        assert_eq!(p["type"], "evented");
+        let mut open = Vec::new();
+        let mut last = 0;
+        for e in p["events"].as_array().expect("events") {
+            let at = e["at"].as_u64().expect("at");
+            assert!(at >= last);
+            last = at;
+            match e["type"].as_str() {
+                Some("O") => open.push(e["frame"].clone()),
+                Some("C") => assert_eq!(open.pop(), Some(e["frame"].clone())),
+                other => panic!("event type {other:?}"),
+            }
+        }
+        assert!(open.is_empty());
+    }
 }

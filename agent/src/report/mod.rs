@@ -1,0 +1,460 @@
+//! Report stage: what a snapshot says happened, in numbers and one line a person can act
+//! on.
+//!
+//! In: the triggering thread's slices as a trace sink sees them (begin and end, each frame
+//! with its module; `[off-cpu]` slices with whether the thread was preempted), and the
+//! trigger (rule, kind, time, duration, stack). Out: a [`Report`]: the interval the trigger
+//! is about (the slow call from its kernel-timed entry to its return, or the window before
+//! a signal or entry trigger), that interval's time on and off the CPU by stack
+//! ([`Entry`], largest first), a depth-limited call tree, and a verdict
+//! (`handle_request 20.2 ms: 98 % off-CPU, sleeping in clock_nanosleep ← nanosleep ←
+//! wait_for_backend ← handle_request`).
+//!
+//! Why here, fed by events: the same engine serves a trace being written (the writer tees
+//! its events into a [`Collector`], so the agent's metadata and the CLI's log carry the
+//! verdict), a snapshot decoded again, and a trace file read back ([`read`]).
+#![forbid(unsafe_code)]
+
+pub mod read;
+mod reason;
+mod verdict;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+pub use reason::{Reason, plain_name};
+
+/// The slice name of a stretch the thread spent off the CPU (a context switch said so).
+pub const OFF_CPU: &str = "[off-cpu]";
+/// The slice name of a stretch without samples.
+pub const UNTRACED: &str = "[untraced]";
+/// The prefix of a trigger instant's name (`trigger: <rule>`).
+pub const TRIGGER_PREFIX: &str = "trigger: ";
+/// The window a trigger without a duration (signal, entry) is explained over, by default.
+pub const DEFAULT_WINDOW_NS: u64 = 10_000_000;
+/// How deep the call tree goes below its root, by default.
+pub const DEFAULT_DEPTH: usize = 6;
+
+/// The trigger a report explains.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TriggerInfo {
+    pub rule: String,
+    /// `function`, `syscall`, `signal`, `manual`.
+    pub kind: String,
+    pub detail: String,
+    pub pid: u32,
+    pub tid: u32,
+    /// The kernel's time of the trigger (the return, for a latency trigger).
+    pub time_ns: u64,
+    /// The call's or syscall's duration (latency triggers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ns: Option<u64>,
+    /// The trigger stack's functions, outermost first (the last is the probed function
+    /// for a function trigger, which fires inside it).
+    #[serde(skip)]
+    pub stack: Vec<String>,
+}
+
+impl TriggerInfo {
+    /// The interval `[start, end)` the report explains: the call (entry = return −
+    /// duration, both the kernel's timestamps) for a latency trigger, else the `window`
+    /// before the trigger.
+    #[must_use]
+    pub fn interval(&self, window_ns: u64) -> (u64, u64) {
+        match self.duration_ns {
+            Some(d) if self.kind == "function" || self.kind == "syscall" => {
+                (self.time_ns.saturating_sub(d), self.time_ns)
+            }
+            _ => (self.time_ns.saturating_sub(window_ns), self.time_ns),
+        }
+    }
+
+    /// The probed function, for a function trigger: its stack's innermost frame.
+    fn probed_function(&self) -> Option<&str> {
+        (self.kind == "function")
+            .then(|| self.stack.last().map(String::as_str))
+            .flatten()
+    }
+
+    /// The syscall of a syscall trigger, from its detail (`read = 0, duration 1.2ms`).
+    fn syscall(&self) -> Option<&str> {
+        (self.kind == "syscall")
+            .then(|| self.detail.split([' ', ',']).next())
+            .flatten()
+            .filter(|s| !s.is_empty())
+    }
+}
+
+/// Whether the thread ran or waited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum State {
+    #[serde(rename = "on-cpu")]
+    OnCpu,
+    #[serde(rename = "off-cpu")]
+    OffCpu,
+}
+
+impl State {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OnCpu => "on-cpu",
+            Self::OffCpu => "off-cpu",
+        }
+    }
+}
+
+/// Time the triggering thread spent in one state in one stack during the interval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Entry {
+    pub state: State,
+    /// Outermost first, from the report's root (the probed function, else the deepest
+    /// frame every stack of the interval shares) to the innermost frame.
+    pub frames: Vec<String>,
+    pub ns: u64,
+    /// Off the CPU: why (from the frames it blocked in, or the switch's preemption).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+}
+
+/// A node of the interval's call tree, in depth-first order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TreeNode {
+    /// 0 for the root.
+    pub depth: usize,
+    pub name: String,
+    pub ns: u64,
+    pub off_cpu_ns: u64,
+}
+
+/// What a snapshot says happened around its trigger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub trigger: TriggerInfo,
+    /// The interval's start (`CLOCK_MONOTONIC` ns) and length.
+    pub interval_start_ns: u64,
+    pub interval_ns: u64,
+    /// How much of the interval the thread's slices cover (the rest: before its first
+    /// sample or after its last).
+    pub covered_ns: u64,
+    pub on_cpu_ns: u64,
+    pub off_cpu_ns: u64,
+    /// Largest first.
+    pub breakdown: Vec<Entry>,
+    pub tree: Vec<TreeNode>,
+    pub verdict: String,
+}
+
+/// Options of a report: the window of a trigger without a duration, the tree's depth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    pub window_ns: u64,
+    pub depth: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            window_ns: DEFAULT_WINDOW_NS,
+            depth: DEFAULT_DEPTH,
+        }
+    }
+}
+
+/// A frame as the sink saw it: the function and the file it is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Frame {
+    name: String,
+    module: Option<String>,
+    /// `[off-cpu]`: the switch was a preemption.
+    preempted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    Begin { ts: u64, frame: Frame },
+    End { ts: u64 },
+}
+
+/// Collects one thread's slices from a trace being written or read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collector {
+    thread: (u32, u32),
+    events: Vec<Event>,
+}
+
+impl Collector {
+    /// A collector of `thread`'s (pid, tid) slices; every other thread's are ignored.
+    #[must_use]
+    pub fn new(thread: (u32, u32)) -> Self {
+        Self {
+            thread,
+            events: Vec::new(),
+        }
+    }
+
+    /// A slice of `thread` begins: `name` in `module`; `preempted` for an `[off-cpu]`
+    /// slice whose switch was a preemption.
+    pub fn begin(
+        &mut self,
+        thread: (u32, u32),
+        ts: u64,
+        name: &str,
+        module: Option<&str>,
+        preempted: bool,
+    ) {
+        if thread == self.thread {
+            self.events.push(Event::Begin {
+                ts,
+                frame: Frame {
+                    name: name.to_owned(),
+                    module: module.map(str::to_owned),
+                    preempted,
+                },
+            });
+        }
+    }
+
+    /// The innermost open slice of `thread` ends.
+    pub fn end(&mut self, thread: (u32, u32), ts: u64) {
+        if thread == self.thread {
+            self.events.push(Event::End { ts });
+        }
+    }
+
+    /// The report of `trigger` from the slices collected.
+    #[must_use]
+    pub fn report(&self, trigger: &TriggerInfo, options: Options) -> Report {
+        let (start, end) = trigger.interval(options.window_ns);
+        let segments = segments(&self.events, (start, end));
+        let root = root_depth(&segments, trigger.probed_function());
+        let mut report = Report {
+            trigger: trigger.clone(),
+            interval_start_ns: start,
+            interval_ns: end - start,
+            covered_ns: 0,
+            on_cpu_ns: 0,
+            off_cpu_ns: 0,
+            breakdown: Vec::new(),
+            tree: Vec::new(),
+            verdict: String::new(),
+        };
+        let mut by_stack: BTreeMap<(State, Vec<String>, Option<Reason>), u64> = BTreeMap::new();
+        let mut trimmed: Vec<Segment> = Vec::with_capacity(segments.len());
+        for seg in segments {
+            let depth = root(&seg);
+            let seg = seg.below(depth);
+            report.covered_ns += seg.ns;
+            match seg.state {
+                State::OnCpu => report.on_cpu_ns += seg.ns,
+                State::OffCpu => report.off_cpu_ns += seg.ns,
+            }
+            let names = seg.frames.iter().map(|f| f.name.clone()).collect();
+            *by_stack.entry((seg.state, names, seg.reason)).or_default() += seg.ns;
+            trimmed.push(seg);
+        }
+        report.breakdown = by_stack
+            .into_iter()
+            .map(|((state, frames, reason), ns)| Entry {
+                state,
+                frames,
+                ns,
+                reason,
+            })
+            .collect();
+        report
+            .breakdown
+            .sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.frames.cmp(&b.frames)));
+        report.tree = tree(&trimmed, options.depth);
+        report.verdict = verdict::verdict(&report, &trimmed);
+        report
+    }
+}
+
+/// A stretch of the interval the thread spent in one stack and state.
+#[derive(Debug, Clone)]
+struct Segment {
+    ns: u64,
+    state: State,
+    /// Outermost first, without the `[off-cpu]` slice.
+    frames: Vec<Frame>,
+    reason: Option<Reason>,
+}
+
+impl Segment {
+    /// The segment with its frames from `depth` on.
+    fn below(mut self, depth: usize) -> Self {
+        let depth = depth.min(self.frames.len().saturating_sub(1));
+        self.frames.drain(..depth);
+        self
+    }
+}
+
+/// The stretches of `events` inside `[start, end)`, each with the stack open then.
+fn segments(events: &[Event], (start, end): (u64, u64)) -> Vec<Segment> {
+    let mut open: Vec<&Frame> = Vec::new();
+    let mut out = Vec::new();
+    let mut prev: Option<u64> = None;
+    for event in events {
+        let ts = match event {
+            Event::Begin { ts, .. } | Event::End { ts } => *ts,
+        };
+        if let Some(p) = prev {
+            let (a, b) = (p.max(start), ts.min(end));
+            if b > a && !open.is_empty() {
+                out.push(segment(&open, b - a));
+            }
+        }
+        prev = Some(ts);
+        match event {
+            Event::Begin { frame, .. } => open.push(frame),
+            Event::End { .. } => {
+                open.pop();
+            }
+        }
+    }
+    out
+}
+
+/// A segment of `ns` in the stack `open` (outermost first).
+fn segment(open: &[&Frame], ns: u64) -> Segment {
+    let off = open.iter().rposition(|f| f.name == OFF_CPU);
+    let untraced = open.last().is_some_and(|f| f.name == UNTRACED);
+    let frames: Vec<Frame> = open
+        .iter()
+        .filter(|f| f.name != OFF_CPU)
+        .map(|&f| f.clone())
+        .collect();
+    match off {
+        Some(i) => {
+            let reason = if open[i].preempted {
+                Reason::Preempted
+            } else {
+                reason::classify(frames.iter().rev().map(|f| f.name.as_str()))
+            };
+            Segment {
+                ns,
+                state: State::OffCpu,
+                frames,
+                reason: Some(reason),
+            }
+        }
+        // No sample for more than two periods and no switch recorded: not running as
+        // far as the recorder can tell, for no reason it saw.
+        None if untraced => Segment {
+            ns,
+            state: State::OffCpu,
+            frames,
+            reason: Some(Reason::Other),
+        },
+        None => Segment {
+            ns,
+            state: State::OnCpu,
+            frames,
+            reason: None,
+        },
+    }
+}
+
+/// Frames a report keeps of a stack at least, when it has no probed function to start at.
+const CONTEXT: usize = 4;
+
+/// Where each segment's frames start: at the outermost `probed` frame when the segment
+/// has one, else at the deepest frame all segments share (keeping [`CONTEXT`] frames).
+fn root_depth<'a>(
+    segments: &[Segment],
+    probed: Option<&'a str>,
+) -> impl Fn(&Segment) -> usize + 'a {
+    let mut common = segments.first().map_or(0, |s| s.frames.len());
+    for pair in segments.windows(2) {
+        let same = pair[0]
+            .frames
+            .iter()
+            .zip(&pair[1].frames)
+            .take_while(|(a, b)| a.name == b.name)
+            .count();
+        common = common.min(same);
+    }
+    // The deepest shared frame, but never so deep that fewer than `CONTEXT` frames of the
+    // shortest stack are left (one stack alone shares all of itself).
+    let shortest = segments.iter().map(|s| s.frames.len()).min().unwrap_or(0);
+    let shared = common
+        .saturating_sub(1)
+        .min(shortest.saturating_sub(CONTEXT));
+    move |seg: &Segment| {
+        probed
+            .and_then(|name| seg.frames.iter().position(|f| f.name == name))
+            .unwrap_or(shared)
+    }
+}
+
+/// The call tree of `segments` (frames already from the root), `depth` levels below the
+/// root, children largest first.
+fn tree(segments: &[Segment], depth: usize) -> Vec<TreeNode> {
+    #[derive(Default)]
+    struct Node {
+        ns: u64,
+        off: u64,
+        children: BTreeMap<String, Node>,
+    }
+    fn walk(level: BTreeMap<String, Node>, depth: usize, out: &mut Vec<TreeNode>) {
+        let mut nodes: Vec<(String, Node)> = level.into_iter().collect();
+        nodes.sort_by(|a, b| b.1.ns.cmp(&a.1.ns).then_with(|| a.0.cmp(&b.0)));
+        for (name, node) in nodes {
+            out.push(TreeNode {
+                depth,
+                name,
+                ns: node.ns,
+                off_cpu_ns: node.off,
+            });
+            walk(node.children, depth + 1, out);
+        }
+    }
+    let mut root: BTreeMap<String, Node> = BTreeMap::new();
+    for seg in segments {
+        let mut level = &mut root;
+        for frame in seg.frames.iter().take(depth + 1) {
+            let node = level.entry(frame.name.clone()).or_default();
+            node.ns += seg.ns;
+            if seg.state == State::OffCpu {
+                node.off += seg.ns;
+            }
+            level = &mut node.children;
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, 0, &mut out);
+    out
+}
+
+/// `20.2 ms`, `850 µs`, `1.50 s`: a duration for a person.
+#[must_use]
+pub fn human_ns(ns: u64) -> String {
+    #[expect(clippy::cast_precision_loss, reason = "display only")]
+    let v = ns as f64;
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", v / 1e9)
+    } else if ns >= 10_000_000 {
+        format!("{:.1} ms", v / 1e6)
+    } else if ns >= 1_000_000 {
+        format!("{:.2} ms", v / 1e6)
+    } else if ns >= 1_000 {
+        format!("{:.0} µs", v / 1e3)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
+/// `part` as a percentage of `whole`, rounded (0 when `whole` is 0).
+#[must_use]
+pub fn percent(part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        return 0;
+    }
+    let p = (u128::from(part) * 100 + u128::from(whole) / 2) / u128::from(whole);
+    u64::try_from(p).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests;
