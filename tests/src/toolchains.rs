@@ -229,6 +229,28 @@ pub fn c_offcpu() -> PathBuf {
     .clone()
 }
 
+/// `tests/workloads/causes.c` built with `cc -O2 -g -fno-optimize-sibling-calls
+/// -pthread`: `handle_request()` slow once, for a cause the caller picks (a sleep, a spin,
+/// a held mutex, fsyncs, ...), inside a helper named for it. Run it as `causes MODE CALLS
+/// SLOW [DIR]`; it prints `slow=START_NS DURATION_NS`.
+///
+/// # Panics
+/// When `cc` is missing (install the Debian package `gcc`) or the build fails.
+pub fn c_causes() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/causes.c");
+        build("causes-c", "cc", "the Debian package gcc", |out| {
+            let mut cmd = Command::new("cc");
+            cmd.args(["-O2", "-g", "-fno-optimize-sibling-calls", "-pthread", "-o"])
+                .arg(out)
+                .arg(&src);
+            cmd
+        })
+    })
+    .clone()
+}
+
 /// `tests/workloads/deep.rs` built as a release build (`rustc -C opt-level=3`, crate
 /// `deep`; no frame pointers): `deep::main` → `deep::level1` → ... → `deep::handle` →
 /// `deep::leaf_work`. Run it as `deep CALLS SLOW_INDEX [SLOW_ITERS]`.
