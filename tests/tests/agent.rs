@@ -163,6 +163,19 @@ fn several_rules_and_workloads_give_exact_counts() {
         "{meta}"
     );
     assert!(stack.len() >= 2, "lb_work's caller: {meta}");
+    // Where the call's time went: the verdict names the probed function and the interval
+    // is the call's own length; the agent's log announces the snapshot with it.
+    let verdict = meta["verdict"].as_str().expect("verdict");
+    assert!(verdict.starts_with("lb_work "), "{meta}");
+    assert_eq!(
+        meta["interval_ns"], meta["trigger"]["duration_ns"],
+        "{meta}"
+    );
+    assert!(
+        meta["breakdown"].as_array().is_some_and(|b| !b.is_empty()),
+        "{meta}"
+    );
+    assert!(agent.log().contains(verdict), "{}", agent.log());
     // Per binary, how many frames got a name (every snapshot of the rule); the workload's
     // own files have their symbols: no hint (Debian's libc has none of its own).
     for name in slow.iter().filter(|f| f.ends_with(".json")) {

@@ -75,7 +75,26 @@ fn fxt_trace_has_the_workload_functions_and_the_trigger() {
     let bin = workload().canonicalize().expect("workload");
     let bin = bin.to_string_lossy();
     let mut spinning = 0;
-    for thread in threads {
+    // The trigger's call on a track of its own: thread id with bit 30, named after the
+    // thread, one slice from the kernel's entry timestamp to its return.
+    let (calls, threads): (Vec<&Value>, Vec<&Value>) = threads.iter().partition(|t| {
+        t["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with(" trigger call"))
+    });
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let call = &calls[0]["slices"][0];
+    // Its length as the independent parser reads it from the FXT timestamps: the kernel's.
+    assert_eq!(
+        call["duration_ns"], trigger["args"]["duration_ns"],
+        "{call}"
+    );
+    assert_eq!(call["name"], "lb_spin", "{call}");
+    assert_eq!(
+        calls[0]["tid"].as_u64(),
+        trigger["args"]["tid"].as_u64().map(|t| t | 1 << 30)
+    );
+    for thread in &threads {
         let name = thread["name"].as_str().expect("thread name");
         let (pid, tid) = (&thread["pid"], &thread["tid"]);
         assert_eq!(name, format!("workload [{pid}] [{tid}]"));
@@ -222,7 +241,9 @@ fn chrome_json_trace_and_decode_of_the_kept_snapshot() {
     let doc: Value =
         serde_json::from_slice(&std::fs::read(&pt_json).expect("pt.json")).expect("JSON");
     let events = chrome_events(&doc);
-    assert!(events.iter().all(|e| e["ph"] != "B"));
+    // No slice decoded; only the trigger's call, timed by the kernel, on its own track.
+    let call_track = |e: &Value| e["tid"].as_u64().is_some_and(|t| t & 1 << 30 != 0);
+    assert!(events.iter().all(|e| e["ph"] != "B" || call_track(e)));
     assert!(
         events
             .iter()
