@@ -16,8 +16,9 @@ pub const OUTPUT_SUFFIXES: [&str; 5] = [".fxt", ".fxt.gz", ".json", ".json.gz", 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputPathError {
     #[error(
-        "-o {}: lookback writes .fxt, .fxt.gz, .json, .json.gz (traces) or .lbsnap (raw \
-         snapshots); name the file after the format wanted", path.display()
+        "-o {}: lookback writes .fxt, .fxt.gz, .json, .json.gz (traces), .speedscope.json \
+         (speedscope) or .lbsnap (raw snapshots); name the file after the format wanted",
+        path.display()
     )]
     Format { path: PathBuf },
     #[error("-o {}: the directory {} does not exist (create it, or pass --mkdir)", path.display(), dir.display())]

@@ -160,11 +160,11 @@ pub fn classify<'a>(frames_innermost_first: impl Iterator<Item = &'a str>) -> Re
 /// `64` or `_nocancel` of a C name off, C++ and Rust names without their arguments.
 #[must_use]
 pub fn plain_name(name: &str) -> &str {
-    let mut s = name;
-    // Arguments and templates only matter to tell overloads apart.
-    if let Some(i) = s.find('(') {
-        s = &s[..i];
+    // `[unknown] 0x55… (file)`, `[kernel]`, `[off-cpu]`: as they are.
+    if name.starts_with('[') {
+        return name;
     }
+    let mut s = without_parameters(name);
     loop {
         let before = s;
         for prefix in ["__GI_", "__libc_", "libc_", "__"] {
@@ -189,6 +189,33 @@ pub fn plain_name(name: &str) -> &str {
     s
 }
 
+/// A C++ or Rust name without its parameter list (and the qualifiers after it): only
+/// overloads need those told apart. `(anonymous namespace)::run(int) const` →
+/// `(anonymous namespace)::run`.
+fn without_parameters(name: &str) -> &str {
+    let body = name
+        .trim_end_matches(" const")
+        .trim_end_matches(" &&")
+        .trim_end_matches(" &");
+    if !body.ends_with(')') {
+        return name;
+    }
+    let mut depth = 0usize;
+    for (i, c) in body.char_indices().rev() {
+        match c {
+            ')' => depth += 1,
+            '(' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return if i == 0 { name } else { body[..i].trim_end() };
+                }
+            }
+            _ => {}
+        }
+    }
+    name
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +234,18 @@ mod tests {
             ("ns::Server::handle(int)", "ns::Server::handle"),
             ("_start", "start"),
             ("_", "_"),
+            (
+                "[unknown] 0x55a1b5aaf0a6 (crashy)",
+                "[unknown] 0x55a1b5aaf0a6 (crashy)",
+            ),
+            (
+                "(anonymous namespace)::run(int)",
+                "(anonymous namespace)::run",
+            ),
+            (
+                "shop::Cart::add(std::pair<int, (char)1>) const",
+                "shop::Cart::add",
+            ),
         ] {
             assert_eq!(plain_name(raw), plain, "{raw}");
         }

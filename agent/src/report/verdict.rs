@@ -92,7 +92,7 @@ fn off_cpu_part(
         "{} % off-CPU, {} in {}",
         percent(report.off_cpu_ns, whole),
         reason.phrase(),
-        chain(&seg.frames, chain_len)
+        chain(&seg.frames, chain_len, report.trigger.probed_function())
     ))
 }
 
@@ -141,23 +141,34 @@ fn on_cpu_part(
     Some(format!(
         "{} % on-CPU, in {}",
         percent(report.on_cpu_ns, whole),
-        chain(&path, chain_len)
+        chain(&path, chain_len, report.trigger.probed_function())
     ))
 }
 
-/// `innermost ← library entry ← program frames ← root`: the innermost frame, the
-/// program's own frames (the root's module) and the first frame of another module each
-/// calls, innermost first; all frames when modules are unknown; at most `max` names (and
-/// [`MAX_CHAIN`]), the middle elided.
-fn chain(frames: &[Frame], max: usize) -> String {
-    let base = frames.first().and_then(|f| f.module.as_deref());
+/// `innermost ← library entry ← program frames`: the innermost frame, the program's own
+/// frames and the first frame of another file each calls, innermost first. The program's
+/// own frames: those in the probed function's file when the chain starts at it, else
+/// those outside shared libraries (`.so`) and pseudo-files (`[kernel]`, `[vdso]`); all
+/// frames when no frame has a file. At most `max` names (and [`MAX_CHAIN`]), the middle
+/// elided.
+fn chain(frames: &[Frame], max: usize, probed: Option<&str>) -> String {
+    let root_module = frames
+        .first()
+        .filter(|f| Some(f.name.as_str()) == probed)
+        .and_then(|f| f.module.as_deref());
+    let own = |j: usize| match (root_module, frames[j].module.as_deref()) {
+        (Some(root), module) => module == Some(root),
+        (None, Some(m)) => !m.starts_with('[') && !m.contains(".so"),
+        (None, None) => false,
+    };
+    let any_module = frames.iter().any(|f| f.module.is_some());
+    let any_own = (0..frames.len()).any(own);
     let keep = |i: usize| {
-        let module = |j: usize| frames[j].module.as_deref();
-        base.is_none()
-            || i == 0
+        !any_module
             || i + 1 == frames.len()
-            || module(i) == base
-            || (module(i - 1) == base && module(i) != base)
+            || own(i)
+            || (i > 0 && own(i - 1))
+            || (!any_own && i == 0)
     };
     let mut names: Vec<&str> = (0..frames.len())
         .rev()
