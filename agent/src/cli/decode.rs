@@ -610,6 +610,9 @@ fn write_snapshot(
     for warning in crate::writer::symbol_warnings(&summary) {
         log::warn!("{}: {warning}", out.display());
     }
+    if let Some(report) = &summary.report {
+        log::info!("{}: {}", out.display(), report.verdict);
+    }
     let write_time = started.elapsed();
     #[expect(
         clippy::print_stdout,
