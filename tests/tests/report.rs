@@ -202,10 +202,14 @@ fn judge(cause: &Cause, report: &Value) -> Result<(), String> {
     if !verdict.contains(cause.helper) {
         wrong.push(format!("{} not in the verdict", cause.helper));
     }
-    if let Some(call) = cause.blocked_in
-        && !verdict.contains(call)
-    {
-        wrong.push(format!("{call} not in the verdict"));
+    if let Some(call) = cause.blocked_in {
+        if !verdict.contains(call) {
+            wrong.push(format!("{call} not in the verdict"));
+        }
+        // glibc's names of it: `__GI___clock_nanosleep`, `___pthread_mutex_lock`, ...
+        if !frames.iter().any(|f| f.contains(call)) {
+            wrong.push(format!("{call} not in the largest entry"));
+        }
     }
     if wrong.is_empty() {
         Ok(())

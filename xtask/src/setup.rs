@@ -21,7 +21,8 @@
 //!   `playwright-core` (drives Debian's Chromium) into `.tools/node` (`npm install
 //!   --prefix`): `tests/scripts/speedscope_page.mjs` opens our speedscope exports in the
 //!   real viewer in a headless browser (`tests/src/browser.rs`, the speedscope test
-//!   `tests/tests/speedscope.rs`); skipped with a warning when npm is missing.
+//!   `tests/tests/report.rs`, `a_speedscope_file_opens_in_a_real_browser_with_clean_names`);
+//!   skipped with a warning when npm is missing.
 use std::{fs, path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
@@ -41,7 +42,7 @@ const FXT_VERSION: &str = "0.3.0";
 /// (`tests/tests/containers.rs`: the agent image and the workloads' base image, made
 /// without a registry); `curl` and `openssl` the HTTP endpoint's TLS test
 /// (`tests/tests/http.rs`); `chromium`, `node` and `npm` the speedscope test
-/// (`tests/tests/speedscope.rs`: the headless browser, and the runtime of the script that
+/// (`tests/tests/report.rs`, `a_speedscope_file_opens_in_a_real_browser_with_clean_names`: the headless browser, and the runtime of the script that
 /// drives it and of npm, which installs [`NODE_PACKAGES`]).
 const TEST_PACKAGES: [(&str, &str); 12] = [
     ("g++", "g++"),
@@ -57,7 +58,7 @@ const TEST_PACKAGES: [(&str, &str); 12] = [
     ("node", "nodejs"),
     ("npm", "npm"),
 ];
-/// npm packages of the speedscope test (tests/tests/speedscope.rs), into `.tools/node`:
+/// npm packages of the speedscope test (tests/tests/report.rs), into `.tools/node`:
 /// the viewer's built web app, and the browser driver (its `engines` must admit the
 /// Node.js that apt installs: Debian 12's is 18).
 const NODE_PACKAGES: [(&str, &str); 2] = [("speedscope", "1.25.0"), ("playwright-core", "1.61.1")];
@@ -251,7 +252,7 @@ fn install_node_packages(tools: &Path) {
     if let Err(e) = installed {
         eprintln!(
             "xtask: warning: cannot install the npm packages {} ({e:#}); the speedscope test \
-             will fail under CI and skip otherwise",
+             (run as root) will fail",
             specs.join(" ")
         );
     }

@@ -73,10 +73,11 @@ pub fn run(args: &ReportArgs) -> CliResult {
     }
 }
 
-/// The report of the snapshot or trace at `path`.
+/// The report of the snapshot or trace at `path` (a snapshot told by its magic bytes).
 fn load(path: &Path, options: Options) -> anyhow::Result<Report> {
-    let name = path.to_string_lossy();
-    if name.ends_with(".lbsnap") {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if bytes.starts_with(&crate::snapshot::MAGIC) {
+        drop(bytes);
         let snap =
             crate::snapshot::read(path).with_context(|| format!("reading {}", path.display()))?;
         let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
@@ -89,10 +90,9 @@ fn load(path: &Path, options: Options) -> anyhow::Result<Report> {
                 )
             });
     }
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let (trigger, collector) =
-        report::read::read_trace(&bytes).with_context(|| format!("reading {}", path.display()))?;
-    Ok(collector.report(&trigger, options))
+    let (trigger, collector) = report::read::read_trace(&bytes, options.window_ns)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(collector.report(&trigger, options.depth))
 }
 
 /// The report for a person: trigger, interval, verdict, breakdown (`top` entries), tree.

@@ -19,7 +19,7 @@ pub mod read;
 mod reason;
 mod verdict;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -47,8 +47,7 @@ pub struct TriggerInfo {
     pub tid: u32,
     /// The kernel's time of the trigger (the return, for a latency trigger).
     pub time_ns: u64,
-    /// The call's or syscall's duration (latency triggers).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The call's or syscall's duration (latency triggers; `null` otherwise).
     pub duration_ns: Option<u64>,
     /// The trigger stack's functions, outermost first (the last is the probed function
     /// for a function trigger, which fires inside it).
@@ -63,11 +62,15 @@ impl TriggerInfo {
     #[must_use]
     pub fn interval(&self, window_ns: u64) -> (u64, u64) {
         match self.duration_ns {
-            Some(d) if self.kind == "function" || self.kind == "syscall" => {
-                (self.time_ns.saturating_sub(d), self.time_ns)
-            }
+            Some(d) if self.is_latency() => (self.time_ns.saturating_sub(d), self.time_ns),
             _ => (self.time_ns.saturating_sub(window_ns), self.time_ns),
         }
+    }
+
+    /// A function or syscall trigger that timed a call (its interval is the call).
+    #[must_use]
+    pub fn is_latency(&self) -> bool {
+        self.duration_ns.is_some() && is_latency_kind(&self.kind)
     }
 
     /// The probed function, for a function trigger: its stack's innermost frame.
@@ -77,13 +80,26 @@ impl TriggerInfo {
             .flatten()
     }
 
-    /// The syscall of a syscall trigger, from its detail (`read = 0, duration 1.2ms`).
+    /// The syscall of a syscall trigger, from its detail.
     fn syscall(&self) -> Option<&str> {
         (self.kind == "syscall")
-            .then(|| self.detail.split([' ', ',']).next())
+            .then(|| syscall_of_detail(&self.detail))
             .flatten()
-            .filter(|s| !s.is_empty())
     }
+}
+
+/// Whether a trigger of `kind` times a call (`function`, `syscall`).
+#[must_use]
+pub fn is_latency_kind(kind: &str) -> bool {
+    kind == "function" || kind == "syscall"
+}
+
+/// The syscall a syscall trigger's detail names: `read = 0, duration 1.2ms` → `read`;
+/// `syscall 451 = 0, ...` (a number without a name) → `syscall 451`.
+#[must_use]
+pub fn syscall_of_detail(detail: &str) -> Option<&str> {
+    let head = detail.split([',', '=']).next()?.trim();
+    (!head.is_empty()).then_some(head)
 }
 
 /// Whether the thread ran or waited.
@@ -163,7 +179,7 @@ impl Default for Options {
 }
 
 /// A frame as the sink saw it: the function and the file it is in.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Frame {
     name: String,
     module: Option<String>,
@@ -171,26 +187,38 @@ struct Frame {
     preempted: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Event {
-    Begin { ts: u64, frame: Frame },
-    End { ts: u64 },
-}
+/// What a stretch of time is added to: the state, the reason off the CPU, and the stack
+/// (frame ids, outermost first, without the `[off-cpu]` slice).
+type StackKey = (State, Option<Reason>, Vec<u32>);
 
-/// Collects one thread's slices from a trace being written or read.
+/// Collects one thread's time in `[start, end)` by stack, from a trace's events as they
+/// stream past: nothing per event is kept but the stack open now, so a PT trace's millions
+/// of slices cost their frames' names once each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Collector {
     thread: (u32, u32),
-    events: Vec<Event>,
+    interval: (u64, u64),
+    /// Frame id → frame, and name → the ids of the frames with that name.
+    frames: Vec<Frame>,
+    ids: HashMap<String, Vec<u32>>,
+    open: Vec<u32>,
+    prev: Option<u64>,
+    stacks: HashMap<StackKey, u64>,
 }
 
 impl Collector {
-    /// A collector of `thread`'s (pid, tid) slices; every other thread's are ignored.
+    /// A collector of `thread`'s (pid, tid) time in `interval` (`[start, end)`, see
+    /// [`TriggerInfo::interval`]); every other thread's events are ignored.
     #[must_use]
-    pub fn new(thread: (u32, u32)) -> Self {
+    pub fn new(thread: (u32, u32), interval: (u64, u64)) -> Self {
         Self {
             thread,
-            events: Vec::new(),
+            interval,
+            frames: Vec::new(),
+            ids: HashMap::new(),
+            open: Vec::new(),
+            prev: None,
+            stacks: HashMap::new(),
         }
     }
 
@@ -204,35 +232,113 @@ impl Collector {
         module: Option<&str>,
         preempted: bool,
     ) {
-        if thread == self.thread {
-            self.events.push(Event::Begin {
-                ts,
-                frame: Frame {
-                    name: name.to_owned(),
-                    module: module.map(str::to_owned),
-                    preempted,
-                },
-            });
+        if thread != self.thread {
+            return;
         }
+        self.advance(ts);
+        let id = self.intern(name, module, preempted);
+        self.open.push(id);
     }
 
     /// The innermost open slice of `thread` ends.
     pub fn end(&mut self, thread: (u32, u32), ts: u64) {
-        if thread == self.thread {
-            self.events.push(Event::End { ts });
+        if thread != self.thread {
+            return;
+        }
+        self.advance(ts);
+        self.open.pop();
+    }
+
+    /// The id of a frame, made the first time.
+    fn intern(&mut self, name: &str, module: Option<&str>, preempted: bool) -> u32 {
+        if let Some(ids) = self.ids.get(name) {
+            for &id in ids {
+                let f = &self.frames[id as usize];
+                if f.module.as_deref() == module && f.preempted == preempted {
+                    return id;
+                }
+            }
+        }
+        let id = u32::try_from(self.frames.len()).unwrap_or(u32::MAX);
+        self.frames.push(Frame {
+            name: name.to_owned(),
+            module: module.map(str::to_owned),
+            preempted,
+        });
+        self.ids.entry(name.to_owned()).or_default().push(id);
+        id
+    }
+
+    /// Adds the time from the previous event to `ts` (the part inside the interval) to
+    /// the stack open meanwhile. A time before the previous one counts as the previous
+    /// (a trace out of order adds nothing twice).
+    fn advance(&mut self, ts: u64) {
+        let ts = self.prev.map_or(ts, |p| ts.max(p));
+        if let Some(p) = self.prev {
+            let (start, end) = self.interval;
+            let (a, b) = (p.max(start), ts.min(end));
+            if b > a && !self.open.is_empty() {
+                let key = self.key();
+                let ns = self.stacks.entry(key).or_default();
+                *ns = ns.saturating_add(b - a);
+            }
+        }
+        self.prev = Some(ts);
+    }
+
+    /// The state, reason and frames of the stack open now.
+    fn key(&self) -> StackKey {
+        let frame = |id: u32| &self.frames[id as usize];
+        let off = self.open.iter().rposition(|&id| frame(id).name == OFF_CPU);
+        let untraced = self
+            .open
+            .last()
+            .is_some_and(|&id| frame(id).name == UNTRACED);
+        let ids: Vec<u32> = self
+            .open
+            .iter()
+            .copied()
+            .filter(|&id| frame(id).name != OFF_CPU)
+            .collect();
+        match off {
+            Some(i) => {
+                let reason = if frame(self.open[i]).preempted {
+                    Reason::Preempted
+                } else {
+                    reason::classify(ids.iter().rev().map(|&id| frame(id).name.as_str()))
+                };
+                (State::OffCpu, Some(reason), ids)
+            }
+            // No sample for more than two periods and no switch recorded: not running as
+            // far as the recorder can tell, for no reason it saw.
+            None if untraced => (State::OffCpu, Some(Reason::Other), ids),
+            None => (State::OnCpu, None, ids),
         }
     }
 
-    /// The report of `trigger` from the slices collected.
+    /// The report of `trigger` (whose interval this collector was made for) from the
+    /// time collected; the call tree `depth` levels deep.
     #[must_use]
-    pub fn report(&self, trigger: &TriggerInfo, options: Options) -> Report {
-        let (start, end) = trigger.interval(options.window_ns);
-        let segments = segments(&self.events, (start, end));
+    pub fn report(&self, trigger: &TriggerInfo, depth: usize) -> Report {
+        let (start, end) = self.interval;
+        let segments: Vec<Segment> = self
+            .stacks
+            .iter()
+            .map(|((state, reason, ids), &ns)| Segment {
+                ns,
+                state: *state,
+                reason: *reason,
+                frames: ids
+                    .iter()
+                    .map(|&id| self.frames[id as usize].clone())
+                    .collect(),
+            })
+            .collect();
         let root = root_depth(&segments, trigger.probed_function());
         let mut report = Report {
             trigger: trigger.clone(),
             interval_start_ns: start,
-            interval_ns: end - start,
+            interval_ns: end.saturating_sub(start),
             covered_ns: 0,
             on_cpu_ns: 0,
             off_cpu_ns: 0,
@@ -245,13 +351,14 @@ impl Collector {
         for seg in segments {
             let depth = root(&seg);
             let seg = seg.below(depth);
-            report.covered_ns += seg.ns;
+            report.covered_ns = report.covered_ns.saturating_add(seg.ns);
             match seg.state {
-                State::OnCpu => report.on_cpu_ns += seg.ns,
-                State::OffCpu => report.off_cpu_ns += seg.ns,
+                State::OnCpu => report.on_cpu_ns = report.on_cpu_ns.saturating_add(seg.ns),
+                State::OffCpu => report.off_cpu_ns = report.off_cpu_ns.saturating_add(seg.ns),
             }
             let names = seg.frames.iter().map(|f| f.name.clone()).collect();
-            *by_stack.entry((seg.state, names, seg.reason)).or_default() += seg.ns;
+            let ns = by_stack.entry((seg.state, names, seg.reason)).or_default();
+            *ns = ns.saturating_add(seg.ns);
             trimmed.push(seg);
         }
         report.breakdown = by_stack
@@ -266,13 +373,19 @@ impl Collector {
         report
             .breakdown
             .sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.frames.cmp(&b.frames)));
-        report.tree = tree(&trimmed, options.depth);
+        // Largest first, so the verdict's searches meet the largest stretch of each kind.
+        trimmed.sort_by(|a, b| {
+            b.ns.cmp(&a.ns)
+                .then_with(|| a.frames.len().cmp(&b.frames.len()))
+        });
+        report.tree = tree(&trimmed, depth);
         report.verdict = verdict::verdict(&report, &trimmed);
         report
     }
 }
 
-/// A stretch of the interval the thread spent in one stack and state.
+/// A stretch of the interval the thread spent in one stack and state (all such stretches
+/// of one stack added up).
 #[derive(Debug, Clone)]
 struct Segment {
     ns: u64,
@@ -288,72 +401,6 @@ impl Segment {
         let depth = depth.min(self.frames.len().saturating_sub(1));
         self.frames.drain(..depth);
         self
-    }
-}
-
-/// The stretches of `events` inside `[start, end)`, each with the stack open then.
-fn segments(events: &[Event], (start, end): (u64, u64)) -> Vec<Segment> {
-    let mut open: Vec<&Frame> = Vec::new();
-    let mut out = Vec::new();
-    let mut prev: Option<u64> = None;
-    for event in events {
-        let ts = match event {
-            Event::Begin { ts, .. } | Event::End { ts } => *ts,
-        };
-        if let Some(p) = prev {
-            let (a, b) = (p.max(start), ts.min(end));
-            if b > a && !open.is_empty() {
-                out.push(segment(&open, b - a));
-            }
-        }
-        prev = Some(ts);
-        match event {
-            Event::Begin { frame, .. } => open.push(frame),
-            Event::End { .. } => {
-                open.pop();
-            }
-        }
-    }
-    out
-}
-
-/// A segment of `ns` in the stack `open` (outermost first).
-fn segment(open: &[&Frame], ns: u64) -> Segment {
-    let off = open.iter().rposition(|f| f.name == OFF_CPU);
-    let untraced = open.last().is_some_and(|f| f.name == UNTRACED);
-    let frames: Vec<Frame> = open
-        .iter()
-        .filter(|f| f.name != OFF_CPU)
-        .map(|&f| f.clone())
-        .collect();
-    match off {
-        Some(i) => {
-            let reason = if open[i].preempted {
-                Reason::Preempted
-            } else {
-                reason::classify(frames.iter().rev().map(|f| f.name.as_str()))
-            };
-            Segment {
-                ns,
-                state: State::OffCpu,
-                frames,
-                reason: Some(reason),
-            }
-        }
-        // No sample for more than two periods and no switch recorded: not running as
-        // far as the recorder can tell, for no reason it saw.
-        None if untraced => Segment {
-            ns,
-            state: State::OffCpu,
-            frames,
-            reason: Some(Reason::Other),
-        },
-        None => Segment {
-            ns,
-            state: State::OnCpu,
-            frames,
-            reason: None,
-        },
     }
 }
 
@@ -414,11 +461,11 @@ fn tree(segments: &[Segment], depth: usize) -> Vec<TreeNode> {
     let mut root: BTreeMap<String, Node> = BTreeMap::new();
     for seg in segments {
         let mut level = &mut root;
-        for frame in seg.frames.iter().take(depth + 1) {
+        for frame in seg.frames.iter().take(depth.saturating_add(1)) {
             let node = level.entry(frame.name.clone()).or_default();
-            node.ns += seg.ns;
+            node.ns = node.ns.saturating_add(seg.ns);
             if seg.state == State::OffCpu {
-                node.off += seg.ns;
+                node.off = node.off.saturating_add(seg.ns);
             }
             level = &mut node.children;
         }

@@ -16,17 +16,24 @@ use super::{Collector, TRIGGER_PREFIX, TriggerInfo};
 /// Why a trace could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("not gzip, FXT or Chrome trace JSON (first bytes {0:02x?})")]
-    Unknown(Vec<u8>),
-    #[error("gzip: {0}")]
+    #[error("not gzip, FXT or Chrome trace JSON (first bytes {first_bytes:02x?})")]
+    Unknown { first_bytes: Vec<u8> },
+    #[error("bad gzip data")]
     Gzip(#[source] std::io::Error),
-    #[error("JSON: {0}")]
+    #[error("the gzip data unpacks to more than {} GiB", MAX_UNPACKED >> 30)]
+    TooLarge,
+    #[error("not Chrome trace JSON")]
     Json(#[from] serde_json::Error),
+    #[error("a speedscope file keeps no trigger: report the .fxt or .json trace or the .lbsnap")]
+    Speedscope,
     #[error("FXT: {what} at byte {offset}")]
     Fxt { what: &'static str, offset: usize },
     #[error("the trace has no trigger instant (`trigger: <rule>`): not written for a trigger")]
     NoTrigger,
 }
+
+/// The most a gzipped trace may unpack to.
+const MAX_UNPACKED: u64 = 16 << 30;
 
 /// One event of a trace, as the report needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,28 +74,41 @@ impl Event {
     }
 }
 
-/// The trigger of the trace in `bytes` and its thread's slices.
+/// The trigger of the trace in `bytes`, and a collector fed with its thread's slices over
+/// the interval `window_ns` makes of it (see [`TriggerInfo::interval`]).
 ///
 /// # Errors
 /// Bytes that are not a trace ([`ReadError`]), or a trace without a trigger instant.
-pub fn read_trace(bytes: &[u8]) -> Result<(TriggerInfo, Collector), ReadError> {
-    let events = events(bytes)?;
-    let trigger = events
-        .iter()
-        .find(|e| e.phase == Phase::Instant && e.name.starts_with(TRIGGER_PREFIX))
-        .map(trigger_of)
-        .ok_or(ReadError::NoTrigger)?;
-    let mut collector = Collector::new((trigger.pid, trigger.tid));
-    for e in &events {
-        match e.phase {
-            Phase::Begin => {
-                let preempted = e.str_arg("reason") == Some("preempted");
-                collector.begin(e.thread, e.ts, &e.name, e.str_arg("module"), preempted);
-            }
-            Phase::End => collector.end(e.thread, e.ts),
-            Phase::Instant => {}
+pub fn read_trace(bytes: &[u8], window_ns: u64) -> Result<(TriggerInfo, Collector), ReadError> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut plain = Vec::new();
+        MultiGzDecoder::new(bytes)
+            .take(MAX_UNPACKED + 1)
+            .read_to_end(&mut plain)
+            .map_err(ReadError::Gzip)?;
+        if plain.len() as u64 > MAX_UNPACKED {
+            return Err(ReadError::TooLarge);
         }
+        return read_trace(&plain, window_ns);
     }
+    // Two passes over the events, none of them kept: the trigger instant first (it may
+    // come after its thread's slices), then its thread's slices.
+    let mut trigger = None;
+    for_each_event(bytes, &mut |e| {
+        if trigger.is_none() && e.phase == Phase::Instant && e.name.starts_with(TRIGGER_PREFIX) {
+            trigger = Some(trigger_of(&e));
+        }
+    })?;
+    let trigger = trigger.ok_or(ReadError::NoTrigger)?;
+    let mut collector = Collector::new((trigger.pid, trigger.tid), trigger.interval(window_ns));
+    for_each_event(bytes, &mut |e| match e.phase {
+        Phase::Begin => {
+            let preempted = e.str_arg("reason") == Some("preempted");
+            collector.begin(e.thread, e.ts, &e.name, e.str_arg("module"), preempted);
+        }
+        Phase::End => collector.end(e.thread, e.ts),
+        Phase::Instant => {}
+    })?;
     Ok((trigger, collector))
 }
 
@@ -112,27 +132,29 @@ fn trigger_of(e: &Event) -> TriggerInfo {
     }
 }
 
-/// Every event of the trace in `bytes` (gunzipped first when it is gzip).
-fn events(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut plain = Vec::new();
-        MultiGzDecoder::new(bytes)
-            .read_to_end(&mut plain)
-            .map_err(ReadError::Gzip)?;
-        return events(&plain);
-    }
+/// Calls `f` with every event of the (unpacked) trace in `bytes`, in file order.
+fn for_each_event(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
     if bytes.starts_with(&FXT_MAGIC.to_le_bytes()) {
-        return fxt_events(bytes);
+        return fxt_events(bytes, f);
     }
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{' | b'[') => json_events(bytes),
-        _ => Err(ReadError::Unknown(bytes.iter().take(8).copied().collect())),
+        Some(b'{' | b'[') => json_events(bytes, f),
+        _ => Err(ReadError::Unknown {
+            first_bytes: bytes.iter().take(8).copied().collect(),
+        }),
     }
 }
 
 /// Chrome trace JSON: `{"traceEvents": [...]}` or a bare array; `ts` in µs.
-fn json_events(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
+fn json_events(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
     let doc: serde_json::Value = serde_json::from_slice(bytes)?;
+    if doc
+        .get("$schema")
+        .and_then(serde_json::Value::as_str)
+        .is_some_and(|s| s.contains("speedscope"))
+    {
+        return Err(ReadError::Speedscope);
+    }
     let list = doc
         .get("traceEvents")
         .and_then(serde_json::Value::as_array)
@@ -143,7 +165,6 @@ fn json_events(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or_default()
     };
-    let mut out = Vec::with_capacity(list.len());
     for e in list {
         let phase = match e.get("ph").and_then(serde_json::Value::as_str) {
             Some("B") => Phase::Begin,
@@ -179,7 +200,7 @@ fn json_events(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
                     .collect()
             })
             .unwrap_or_default();
-        out.push(Event {
+        f(Event {
             phase,
             thread: (
                 id(e.get("pid").unwrap_or(&serde_json::Value::Null)),
@@ -194,7 +215,7 @@ fn json_events(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
             args,
         });
     }
-    Ok(out)
+    Ok(())
 }
 
 const FXT_MAGIC: u64 = 0x0016_5478_4604_0010;
@@ -256,7 +277,7 @@ impl Record<'_> {
 
 /// Fuchsia trace format: the records lookback writes (strings, threads, instant, begin
 /// and end events with their args); others skipped by their size.
-fn fxt_events(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
+fn fxt_events(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
     let words: Vec<u64> = bytes
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
@@ -266,7 +287,6 @@ fn fxt_events(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
         threads: HashMap::new(),
         ticks_per_second: 1_000_000_000,
     };
-    let mut out = Vec::new();
     let mut i = 0;
     while i < words.len() {
         let header = words[i];
@@ -292,14 +312,14 @@ fn fxt_events(bytes: &[u8]) -> Result<Vec<Event>, ReadError> {
             }
             RECORD_EVENT => {
                 if let Some(event) = event_record(&record, &state)? {
-                    out.push(event);
+                    f(event);
                 }
             }
             _ => {}
         }
         i += size;
     }
-    Ok(out)
+    Ok(())
 }
 
 fn string_record(record: &Record<'_>, state: &mut FxtState) -> Result<(), ReadError> {

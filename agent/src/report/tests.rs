@@ -22,7 +22,12 @@ fn trigger() -> TriggerInfo {
 /// `main` from 0 to 40 ms, `handle` from 9 to 31 ms (sampled edges), inside it `helper`
 /// from 10 to 30 ms, whose body `inner` is called by the test.
 fn collect(inner: impl FnOnce(&mut Collector)) -> Collector {
-    let mut c = Collector::new(T);
+    collect_over(trigger().interval(DEFAULT_WINDOW_NS), inner)
+}
+
+/// [`collect`] over `interval`.
+fn collect_over(interval: (u64, u64), inner: impl FnOnce(&mut Collector)) -> Collector {
+    let mut c = Collector::new(T, interval);
     c.begin(T, 0, "main", BIN, false);
     c.begin(T, 9_000_000, "handle", BIN, false);
     c.begin(T, 10_000_000, "helper", BIN, false);
@@ -46,7 +51,7 @@ fn a_sleep_in_a_helper_is_off_cpu_sleep_named_to_the_helper() {
         c.begin((10, 12), 12_000_000, "spin", BIN, false);
         c.end((10, 12), 28_000_000);
     });
-    let r = c.report(&trigger(), Options::default());
+    let r = c.report(&trigger(), DEFAULT_DEPTH);
     assert_eq!(
         (r.interval_start_ns, r.interval_ns),
         (10_000_000, 20_000_000)
@@ -85,7 +90,7 @@ fn computing_in_a_helper_is_on_cpu_down_the_path_that_holds_most_of_it() {
         c.begin(T, 26_000_000, "log_line", BIN, false);
         c.end(T, 30_000_000);
     });
-    let r = c.report(&trigger(), Options::default());
+    let r = c.report(&trigger(), DEFAULT_DEPTH);
     assert_eq!(r.on_cpu_ns, 20_000_000);
     assert_eq!(r.breakdown[0].frames, ["handle", "helper", "checksum"]);
     assert_eq!(r.breakdown[0].state, State::OnCpu);
@@ -104,24 +109,24 @@ fn a_preempted_switch_is_preempted_whatever_the_frames() {
         c.end(T, 29_000_000);
         c.end(T, 30_000_000);
     });
-    let r = c.report(&trigger(), Options::default());
+    let r = c.report(&trigger(), DEFAULT_DEPTH);
     assert_eq!(r.breakdown[0].reason, Some(Reason::Preempted));
     assert!(r.verdict.contains("preempted"), "{}", r.verdict);
 }
 
 #[test]
 fn time_before_the_first_slice_is_not_explained_and_says_so() {
-    let mut c = Collector::new(T);
+    let mut c = Collector::new(T, trigger().interval(DEFAULT_WINDOW_NS));
     c.begin(T, 28_000_000, "handle", BIN, false);
     c.end(T, 30_000_000);
-    let r = c.report(&trigger(), Options::default());
+    let r = c.report(&trigger(), DEFAULT_DEPTH);
     assert_eq!(r.covered_ns, 2_000_000);
     assert!(
         r.verdict.ends_with("(samples cover 10 % of it)"),
         "{}",
         r.verdict
     );
-    let empty = Collector::new(T).report(&trigger(), Options::default());
+    let empty = Collector::new(T, (10_000_000, 30_000_000)).report(&trigger(), DEFAULT_DEPTH);
     assert!(
         empty.verdict.contains("holds nothing of thread 11"),
         "{}",
@@ -132,20 +137,14 @@ fn time_before_the_first_slice_is_not_explained_and_says_so() {
 
 #[test]
 fn a_signal_is_explained_over_the_window_before_it() {
-    let c = collect(|_| {});
     let t = TriggerInfo {
         kind: "signal".into(),
         detail: "SIGSEGV from pid 0".into(),
         duration_ns: None,
         ..trigger()
     };
-    let r = c.report(
-        &t,
-        Options {
-            window_ns: 5_000_000,
-            depth: 1,
-        },
-    );
+    let c = collect_over(t.interval(5_000_000), |_| {});
+    let r = c.report(&t, 1);
     assert_eq!(
         (r.interval_start_ns, r.interval_ns),
         (25_000_000, 5_000_000)
@@ -179,7 +178,7 @@ fn a_syscall_is_named_by_its_syscall() {
         ],
         ..trigger()
     };
-    let r = c.report(&t, Options::default());
+    let r = c.report(&t, DEFAULT_DEPTH);
     assert_eq!(
         r.verdict,
         "read 20.0 ms: 100 % off-CPU, waiting for I/O in read ← helper ← handle ← main"
@@ -188,5 +187,48 @@ fn a_syscall_is_named_by_its_syscall() {
     assert_eq!(
         r.breakdown[0].frames,
         ["main", "handle", "helper", "__GI___libc_read"]
+    );
+}
+
+#[test]
+fn events_out_of_order_count_no_time_twice_and_an_unmatched_end_is_harmless() {
+    let mut c = Collector::new(T, (0, 100));
+    c.begin(T, 10, "a", BIN, false);
+    c.begin(T, 30, "b", BIN, false);
+    c.end(T, 20); // before the previous event: counts as 30
+    c.end(T, 40);
+    c.end(T, 50); // nothing open
+    c.begin(T, 60, "c", BIN, false);
+    c.end(T, 400); // beyond the interval: cut at 100
+    let t = TriggerInfo {
+        time_ns: 100,
+        duration_ns: Some(100),
+        ..trigger()
+    };
+    let r = c.report(&t, DEFAULT_DEPTH);
+    assert_eq!(r.covered_ns, 20 + 10 + 40);
+    assert!(r.covered_ns <= r.interval_ns);
+    let empty = Collector::new(T, (0, u64::MAX));
+    assert_eq!(empty.report(&t, usize::MAX).covered_ns, 0);
+}
+
+#[test]
+fn several_off_cpu_reasons_say_the_largest_ones_share() {
+    let c = collect(|c| {
+        c.begin(T, 10_000_000, "pthread_mutex_lock", LIBC, false);
+        c.begin(T, 10_000_000, OFF_CPU, None, false);
+        c.end(T, 20_000_000);
+        c.end(T, 20_000_000);
+        c.begin(T, 20_000_000, "__GI___libc_read", LIBC, false);
+        c.begin(T, 20_000_000, OFF_CPU, None, false);
+        c.end(T, 29_000_000);
+        c.end(T, 30_000_000);
+    });
+    let r = c.report(&trigger(), DEFAULT_DEPTH);
+    assert!(
+        r.verdict
+            .contains("95 % off-CPU, most (50 %) waiting for a lock in pthread_mutex_lock"),
+        "{}",
+        r.verdict
     );
 }

@@ -66,6 +66,9 @@ fn subject(report: &Report) -> String {
     if let Some(syscall) = t.syscall().filter(|_| t.duration_ns.is_some()) {
         return format!("{syscall} {length}");
     }
+    if t.is_latency() {
+        return format!("the call {length}");
+    }
     if t.detail.is_empty() {
         format!("{}: the last {length}", t.kind)
     } else {
@@ -88,8 +91,14 @@ fn off_cpu_part(
             && s.frames.iter().map(|f| &f.name).eq(entry.frames.iter())
     })?;
     let reason = entry.reason.unwrap_or(super::Reason::Other);
+    // When the largest stretch is not most of the off-CPU time, say its own share.
+    let own = if u128::from(entry.ns) * 10 < u128::from(report.off_cpu_ns) * 9 {
+        format!("most ({} %) ", percent(entry.ns, whole))
+    } else {
+        String::new()
+    };
     Some(format!(
-        "{} % off-CPU, {} in {}",
+        "{} % off-CPU, {own}{} in {}",
         percent(report.off_cpu_ns, whole),
         reason.phrase(),
         chain(&seg.frames, chain_len, report.trigger.probed_function())
@@ -108,7 +117,7 @@ fn on_cpu_part(
         .iter()
         .filter(|s| s.state == State::OnCpu)
         .collect();
-    let total: u64 = on.iter().map(|s| s.ns).sum();
+    let total: u64 = on.iter().fold(0u64, |t, s| t.saturating_add(s.ns));
     if total == 0 {
         return None;
     }
@@ -130,7 +139,7 @@ fn on_cpu_part(
         let Some((ns, frame)) = children.into_values().max_by_key(|(ns, _)| *ns) else {
             break;
         };
-        if ns * 2 < total {
+        if u128::from(ns) * 2 < u128::from(total) {
             break;
         }
         path.push(frame.clone());

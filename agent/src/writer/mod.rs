@@ -379,9 +379,9 @@ fn emit_reported(
     sink: &mut impl TraceSink,
     threads: usize,
 ) -> io::Result<TraceSummary> {
-    let mut tee = tee::Tee::new(sink, snap);
+    let mut tee = tee::Tee::new(sink, snap, report::Options::default());
     let mut summary = emit(snap, &mut tee, threads)?;
-    summary.report = tee.report(snap, &summary, report::Options::default());
+    summary.report = tee.report(snap, &summary);
     tee.finish()?;
     Ok(summary)
 }
@@ -397,9 +397,9 @@ pub fn report_of(
     options: report::Options,
 ) -> io::Result<Option<Report>> {
     let mut null = tee::NullSink;
-    let mut tee = tee::Tee::new(&mut null, snap);
+    let mut tee = tee::Tee::new(&mut null, snap, options);
     let summary = emit(snap, &mut tee, threads)?;
-    Ok(tee.report(snap, &summary, options))
+    Ok(tee.report(snap, &summary))
 }
 
 /// The sample period: from the frequency, else the median gap between samples, else 1 ms.
@@ -469,8 +469,12 @@ fn trigger_call(
             .find(|f| !crate::sys::is_kernel_address(f.address))
             .map_or_else(|| t.rule.clone(), |f| f.function.clone())
     } else {
-        let syscall = t.detail.split([' ', ',']).next().unwrap_or_default();
-        format!("syscall {syscall}")
+        let syscall = report::syscall_of_detail(&t.detail).unwrap_or("?");
+        if syscall.starts_with("syscall ") {
+            syscall.to_owned()
+        } else {
+            format!("syscall {syscall}")
+        }
     };
     let key = (t.pid, t.tid | CALL_TRACK);
     let comm = if t.comm.is_empty() { "?" } else { &t.comm };

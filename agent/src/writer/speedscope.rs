@@ -44,6 +44,14 @@ struct Profile {
     open: Vec<usize>,
 }
 
+impl Profile {
+    /// `ts`, or the last event's time when `ts` is earlier: speedscope refuses a whole
+    /// file whose events go back in time.
+    fn not_before(&self, ts: u64) -> u64 {
+        self.events.last().map_or(ts, |e| ts.max(e.at))
+    }
+}
+
 #[derive(Serialize, Clone, Copy)]
 struct EventOut {
     #[serde(rename = "type")]
@@ -159,22 +167,24 @@ impl<W: Write> TraceSink for SpeedscopeWriter<W> {
     ) -> io::Result<()> {
         let frame = self.frame(name, args);
         let profile = self.profile(thread);
+        let at = profile.not_before(ts);
         profile.open.push(frame);
         profile.events.push(EventOut {
             kind: "O",
             frame,
-            at: ts,
+            at,
         });
         Ok(())
     }
 
     fn end(&mut self, thread: (u32, u32), ts: u64, _name: &str) -> io::Result<()> {
         let profile = self.profile(thread);
+        let at = profile.not_before(ts);
         if let Some(frame) = profile.open.pop() {
             profile.events.push(EventOut {
                 kind: "C",
                 frame,
-                at: ts,
+                at,
             });
         }
         Ok(())

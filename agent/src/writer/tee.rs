@@ -9,52 +9,59 @@ use std::io;
 
 use super::{Arg, ArgValue, TraceSink, TraceSummary};
 use crate::report::{Collector, Options, Report, TriggerInfo};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, TriggerMeta};
 
 /// Forwards to `inner`, collecting the trigger thread's slices.
 pub(super) struct Tee<'a, S: TraceSink> {
     inner: &'a mut S,
     collector: Option<Collector>,
+    /// The report's call tree depth.
+    depth: usize,
+}
+
+/// The report's view of a snapshot's trigger; `stack`: its functions, outermost first.
+fn info(t: &TriggerMeta, stack: Vec<String>) -> TriggerInfo {
+    TriggerInfo {
+        rule: t.rule.clone(),
+        kind: t.kind.clone(),
+        detail: t.detail.clone(),
+        pid: t.pid,
+        tid: t.tid,
+        time_ns: t.trigger_time_ns,
+        duration_ns: t.duration_ns,
+        stack,
+    }
 }
 
 impl<'a, S: TraceSink> Tee<'a, S> {
-    /// A tee for `snap`: collects when its trigger names a thread.
-    pub(super) fn new(inner: &'a mut S, snap: &Snapshot) -> Self {
-        let collector = snap
-            .meta
-            .trigger
-            .as_ref()
-            .filter(|t| t.pid != 0)
-            .map(|t| Collector::new((t.pid, t.tid)));
-        Self { inner, collector }
+    /// A tee for `snap`: collects when its trigger names a thread, over the interval
+    /// `options` make of it.
+    pub(super) fn new(inner: &'a mut S, snap: &Snapshot, options: Options) -> Self {
+        let collector = snap.meta.trigger.as_ref().filter(|t| t.pid != 0).map(|t| {
+            Collector::new(
+                (t.pid, t.tid),
+                info(t, Vec::new()).interval(options.window_ns),
+            )
+        });
+        Self {
+            inner,
+            collector,
+            depth: options.depth,
+        }
     }
 
     /// The report of the snapshot's trigger over what was collected; the trigger stack's
     /// names from `summary`.
-    pub(super) fn report(
-        &self,
-        snap: &Snapshot,
-        summary: &TraceSummary,
-        options: Options,
-    ) -> Option<Report> {
+    pub(super) fn report(&self, snap: &Snapshot, summary: &TraceSummary) -> Option<Report> {
         let collector = self.collector.as_ref()?;
         let t = snap.meta.trigger.as_ref()?;
-        let trigger = TriggerInfo {
-            rule: t.rule.clone(),
-            kind: t.kind.clone(),
-            detail: t.detail.clone(),
-            pid: t.pid,
-            tid: t.tid,
-            time_ns: t.trigger_time_ns,
-            duration_ns: t.duration_ns,
-            stack: summary
-                .trigger_stack
-                .iter()
-                .rev()
-                .map(|f| f.function.clone())
-                .collect(),
-        };
-        Some(collector.report(&trigger, options))
+        let stack = summary
+            .trigger_stack
+            .iter()
+            .rev()
+            .map(|f| f.function.clone())
+            .collect();
+        Some(collector.report(&info(t, stack), self.depth))
     }
 }
 

@@ -389,15 +389,16 @@ fn a_trace_read_back_reports_what_its_writer_reported() {
             "{}",
             written.verdict
         );
-        let (trigger, collector) = report::read::read_trace(&out).expect("read back");
+        let window = report::DEFAULT_WINDOW_NS;
+        let (trigger, collector) = report::read::read_trace(&out, window).expect("read back");
         assert_eq!(trigger.duration_ns, Some(1_200_000));
         assert_eq!(trigger.time_ns, 1_240_000);
-        let read = collector.report(&trigger, report::Options::default());
+        let read = collector.report(&trigger, report::DEFAULT_DEPTH);
         assert_eq!(read.breakdown, written.breakdown, "{format:?}");
         assert_eq!(read.interval_ns, written.interval_ns);
         assert_eq!(read.covered_ns, written.covered_ns);
     }
-    let bad = report::read::read_trace(b"\x00\x01 not a trace");
+    let bad = report::read::read_trace(b"\x00\x01 not a trace", 1);
     assert!(bad.is_err());
 }
 
@@ -447,5 +448,44 @@ fn speedscope_frames_are_clean_names_and_the_trigger_thread_comes_first() {
             }
         }
         assert!(open.is_empty());
+    }
+}
+
+/// A trace read back from hostile bytes: every truncation, every single-bit flip and
+/// random records after the FXT magic read or fail, never panic; the report of whatever
+/// was read stays within its interval.
+#[test]
+fn traces_read_back_from_corrupt_bytes_fail_or_read_without_a_panic() {
+    let snap = snapshot();
+    let window = report::DEFAULT_WINDOW_NS;
+    let check = |bytes: &[u8]| {
+        if let Ok((trigger, collector)) = report::read::read_trace(bytes, window) {
+            let r = collector.report(&trigger, report::DEFAULT_DEPTH);
+            assert!(r.covered_ns <= r.interval_ns);
+        }
+    };
+    for format in [Format::Fxt, Format::ChromeJson] {
+        let mut out = Vec::new();
+        encode(&snap, &mut out, format).expect("encode");
+        for len in 0..out.len() {
+            check(&out[..len]);
+        }
+        for bit in 0..out.len() * 8 {
+            let mut flipped = out.clone();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            check(&flipped);
+        }
+    }
+    // xorshift: reproducible noise after the magic word.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..2_000 {
+        let mut bytes = 0x0016_5478_4604_0010_u64.to_le_bytes().to_vec();
+        for _ in 0..64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bytes.extend(x.to_le_bytes());
+        }
+        check(&bytes);
     }
 }
