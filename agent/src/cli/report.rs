@@ -101,8 +101,17 @@ fn text(r: &Report, top: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "trigger    {} ({}: {}) in [{}] [{}]",
-        t.rule, t.kind, t.detail, t.pid, t.tid
+        "trigger    {} ({}: {}) in {}[{}] [{}]",
+        t.rule,
+        t.kind,
+        t.detail,
+        if t.comm.is_empty() {
+            String::new()
+        } else {
+            format!("{} ", t.comm)
+        },
+        t.pid,
+        t.tid
     );
     let what = if t.duration_ns.is_some() && (t.kind == "function" || t.kind == "syscall") {
         "the call, kernel-timed entry to return"

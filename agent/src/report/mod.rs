@@ -45,6 +45,9 @@ pub struct TriggerInfo {
     pub detail: String,
     pub pid: u32,
     pub tid: u32,
+    /// The thread's name, where known (a snapshot has it; a trace read back does not).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub comm: String,
     /// The kernel's time of the trigger (the return, for a latency trigger).
     pub time_ns: u64,
     /// The call's or syscall's duration (latency triggers; `null` otherwise).

@@ -123,6 +123,7 @@ fn trigger_of(e: &Event) -> TriggerInfo {
         detail: e.str_arg("detail").unwrap_or_default().to_owned(),
         pid: id("pid").unwrap_or(e.thread.0),
         tid: id("tid").unwrap_or(e.thread.1),
+        comm: String::new(),
         time_ns: e.ts,
         duration_ns: int("duration_ns"),
         stack: e

@@ -13,6 +13,7 @@ fn trigger() -> TriggerInfo {
         detail: "return, duration 20.000ms".into(),
         pid: T.0,
         tid: T.1,
+        comm: "app".into(),
         time_ns: 30_000_000,
         duration_ns: Some(20_000_000),
         stack: vec!["main".into(), "handle".into()],

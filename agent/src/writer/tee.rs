@@ -27,6 +27,7 @@ fn info(t: &TriggerMeta, stack: Vec<String>) -> TriggerInfo {
         detail: t.detail.clone(),
         pid: t.pid,
         tid: t.tid,
+        comm: t.comm.clone(),
         time_ns: t.trigger_time_ns,
         duration_ns: t.duration_ns,
         stack,
