@@ -62,7 +62,7 @@ const CAUSES: &[Cause] = &[
         reason: Some("io"),
         helper: "flush_journal",
         blocked_in: Some("fsync"),
-        what: "30 × (16 KiB write + fsync)",
+        what: "16 KiB write + fsync, for 25 ms",
     },
     Cause {
         mode: "pipe",
@@ -94,7 +94,7 @@ const CAUSES: &[Cause] = &[
         reason: None,
         helper: "touch_pages",
         blocked_in: None,
-        what: "page faults: first touch of 24 MiB",
+        what: "page faults: first touch of 8 MiB mappings for 25 ms",
     },
     Cause {
         mode: "malloc",
@@ -102,7 +102,7 @@ const CAUSES: &[Cause] = &[
         reason: None,
         helper: "build_index",
         blocked_in: None,
-        what: "200,000 malloc + memset + free",
+        what: "malloc + memset + free for 25 ms",
     },
     Cause {
         mode: "syscalls",
@@ -110,7 +110,7 @@ const CAUSES: &[Cause] = &[
         reason: None,
         helper: "chatty_syscalls",
         blocked_in: None,
-        what: "40,000 small syscalls (getppid, write to /dev/null)",
+        what: "small syscalls (getppid, write to /dev/null) for 25 ms",
     },
     Cause {
         mode: "recursion",
@@ -118,7 +118,7 @@ const CAUSES: &[Cause] = &[
         reason: None,
         helper: "fib",
         blocked_in: None,
-        what: "recursive fib(32)",
+        what: "recursive fib(24) for 25 ms",
     },
     Cause {
         mode: "memcpy",
@@ -126,7 +126,7 @@ const CAUSES: &[Cause] = &[
         reason: None,
         helper: "copy_buffers",
         blocked_in: None,
-        what: "8 copies of 32 MiB",
+        what: "copies of 32 MiB for 25 ms",
     },
     Cause {
         mode: "mixed",

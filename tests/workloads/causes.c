@@ -10,15 +10,17 @@
  *   sleep      nanosleep 20 ms                    → wait_for_backend
  *   compute    spin 20 ms                         → compute_checksum
  *   lock       a mutex another thread holds 25 ms → take_lock
- *   fsync      30 × (16 KiB written, fsync)        → flush_journal   (DIR: a disk, not tmpfs)
+ *   fsync      16 KiB written + fsync, for 25 ms  → flush_journal   (DIR: a disk, not tmpfs)
  *   pipe       read of a pipe written after 20 ms → read_reply
  *   condvar    a condition signalled after 20 ms  → wait_for_signal
  *   usleep     usleep 20 ms three calls deep      → backoff_retry
- *   faults     first touch of 24 MiB of fresh pages → touch_pages
- *   malloc     200,000 malloc/memset/free         → build_index
- *   syscalls   20,000 getppid() and write() to /dev/null → chatty_syscalls
- *   recursion  recursive fib(32), ~18 ms          → fib
- *   memcpy     copying a 32 MiB buffer 8 times    → copy_buffers
+ *   faults     first touch of fresh pages, 8 MiB at a time, for 25 ms → touch_pages
+ *   malloc     malloc/memset/free for 25 ms       → build_index
+ *   syscalls   getppid() and write() to /dev/null for 25 ms → chatty_syscalls
+ *   recursion  recursive fib(24) for 25 ms        → fib
+ *   memcpy     copying a 32 MiB buffer for 25 ms  → copy_buffers
+ * (The kernel- and CPU-heavy modes repeat their work for a time, not a count, so the call
+ * is slow on any machine.)
  *   mixed      12 ms spin then 8 ms sleep         → crunch (on-CPU most)
  */
 #define _GNU_SOURCE
@@ -39,6 +41,8 @@ static unsigned long long now_ns(void) {
 }
 
 volatile unsigned long sink;
+/* How long the repeating modes work. */
+#define WORK_NS 25000000ull
 static const char *dir = ".";
 
 static void nap_ms(long ms) {
@@ -98,7 +102,8 @@ __attribute__((noinline)) void flush_journal(void) {
     if (fd < 0) abort();
     static char buf[16 << 10];
     memset(buf, 7, sizeof buf);
-    for (int i = 0; i < 30; i++) {
+    unsigned long long end = now_ns() + WORK_NS;
+    while (now_ns() < end) {
         if (write(fd, buf, sizeof buf) != sizeof buf) abort();
         fsync(fd);
     }
@@ -121,29 +126,38 @@ __attribute__((noinline)) void retry_level2(void) { backoff_retry(); sink++; }
 __attribute__((noinline)) void retry_level1(void) { retry_level2(); sink++; }
 
 __attribute__((noinline)) void touch_pages(void) {
-    size_t len = 24ul << 20;
-    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) abort();
-    for (size_t i = 0; i < len; i += 4096) p[i] = 1;
-    sink += p[len / 2];
-    munmap(p, len);
+    size_t len = 8ul << 20;
+    unsigned long long end = now_ns() + WORK_NS;
+    while (now_ns() < end) {
+        char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) abort();
+        for (size_t i = 0; i < len; i += 4096) p[i] = 1;
+        sink += p[len / 2];
+        munmap(p, len);
+    }
 }
 
 __attribute__((noinline)) void build_index(void) {
-    for (int i = 0; i < 200000; i++) {
-        size_t n = 64 + (size_t)(i * 7919) % 4096;
-        char *b = malloc(n);
-        memset(b, i, n);
-        sink += b[n / 2];
-        free(b);
+    unsigned long long end = now_ns() + WORK_NS;
+    for (int i = 0; now_ns() < end; i++) {
+        for (int j = 0; j < 100; j++) {
+            size_t n = 64 + (size_t)((i * 100 + j) * 7919) % 4096;
+            char *b = malloc(n);
+            memset(b, j, n);
+            sink += b[n / 2];
+            free(b);
+        }
     }
 }
 
 __attribute__((noinline)) void chatty_syscalls(void) {
     int fd = open("/dev/null", O_WRONLY);
-    for (int i = 0; i < 20000; i++) {
-        sink += getppid();
-        if (write(fd, "x", 1) != 1) abort();
+    unsigned long long end = now_ns() + WORK_NS;
+    while (now_ns() < end) {
+        for (int i = 0; i < 100; i++) {
+            sink += getppid();
+            if (write(fd, "x", 1) != 1) abort();
+        }
     }
     close(fd);
 }
@@ -155,9 +169,10 @@ static char *buf_a, *buf_b;
 #define COPY_LEN (32ul << 20)
 
 __attribute__((noinline)) void copy_buffers(void) {
-    for (int i = 0; i < 8; i++) {
+    unsigned long long end = now_ns() + WORK_NS;
+    for (int i = 0; now_ns() < end; i++) {
         memcpy(i % 2 ? buf_a : buf_b, i % 2 ? buf_b : buf_a, COPY_LEN);
-        buf_a[i] ^= 1;
+        buf_a[i % 64] ^= 1;
     }
     sink += buf_a[COPY_LEN / 3] + buf_b[COPY_LEN / 5];
 }
@@ -191,7 +206,10 @@ __attribute__((noinline)) void handle_request(int slow) {
     else if (!strcmp(mode, "faults")) touch_pages();
     else if (!strcmp(mode, "malloc")) build_index();
     else if (!strcmp(mode, "syscalls")) chatty_syscalls();
-    else if (!strcmp(mode, "recursion")) sink += fib(32);
+    else if (!strcmp(mode, "recursion")) {
+        unsigned long long end = now_ns() + WORK_NS;
+        while (now_ns() < end) sink += fib(24);
+    }
     else if (!strcmp(mode, "memcpy")) copy_buffers();
     else if (!strcmp(mode, "mixed")) crunch();
     else abort();
