@@ -41,6 +41,8 @@ enum Phase {
     Begin,
     End,
     Instant,
+    /// A thread's track name (`comm [pid] [tid]`), in `name`.
+    ThreadName,
 }
 
 #[derive(Debug, Clone)]
@@ -94,12 +96,20 @@ pub fn read_trace(bytes: &[u8], window_ns: u64) -> Result<(TriggerInfo, Collecto
     // Two passes over the events, none of them kept: the trigger instant first (it may
     // come after its thread's slices), then its thread's slices.
     let mut trigger = None;
+    let mut names: HashMap<(u32, u32), String> = HashMap::new();
     for_each_event(bytes, &mut |e| {
         if trigger.is_none() && e.phase == Phase::Instant && e.name.starts_with(TRIGGER_PREFIX) {
             trigger = Some(trigger_of(&e));
+        } else if e.phase == Phase::ThreadName {
+            names.insert(e.thread, e.name);
         }
     })?;
-    let trigger = trigger.ok_or(ReadError::NoTrigger)?;
+    let mut trigger = trigger.ok_or(ReadError::NoTrigger)?;
+    if let Some(track) = names.get(&(trigger.pid, trigger.tid)) {
+        // `comm [pid] [tid]`: the comm is what comes before the pid.
+        let comm = track.split(" [").next().unwrap_or_default();
+        comm.clone_into(&mut trigger.comm);
+    }
     let mut collector = Collector::new((trigger.pid, trigger.tid), trigger.interval(window_ns));
     for_each_event(bytes, &mut |e| match e.phase {
         Phase::Begin => {
@@ -107,7 +117,7 @@ pub fn read_trace(bytes: &[u8], window_ns: u64) -> Result<(TriggerInfo, Collecto
             collector.begin(e.thread, e.ts, &e.name, e.str_arg("module"), preempted);
         }
         Phase::End => collector.end(e.thread, e.ts),
-        Phase::Instant => {}
+        Phase::Instant | Phase::ThreadName => {}
     })?;
     Ok((trigger, collector))
 }
@@ -171,6 +181,22 @@ fn json_events(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> 
             Some("B") => Phase::Begin,
             Some("E") => Phase::End,
             Some("i" | "I") => Phase::Instant,
+            Some("M")
+                if e.get("name").and_then(serde_json::Value::as_str) == Some("thread_name") =>
+            {
+                let name = e.pointer("/args/name").and_then(serde_json::Value::as_str);
+                f(Event {
+                    phase: Phase::ThreadName,
+                    thread: (
+                        id(e.get("pid").unwrap_or(&serde_json::Value::Null)),
+                        id(e.get("tid").unwrap_or(&serde_json::Value::Null)),
+                    ),
+                    ts: 0,
+                    name: name.unwrap_or_default().to_owned(),
+                    args: HashMap::new(),
+                });
+                continue;
+            }
             _ => continue,
         };
         let Some(ts) = e.get("ts").and_then(serde_json::Value::as_f64) else {
@@ -224,6 +250,8 @@ const RECORD_INITIALIZATION: u64 = 1;
 const RECORD_STRING: u64 = 2;
 const RECORD_THREAD: u64 = 3;
 const RECORD_EVENT: u64 = 4;
+const RECORD_KERNEL_OBJECT: u64 = 7;
+const OBJECT_THREAD: u64 = 2;
 const STRING_INLINE: u16 = 0x8000;
 
 /// The tables an FXT stream defines as it goes.
@@ -316,6 +344,11 @@ fn fxt_events(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
                     f(event);
                 }
             }
+            RECORD_KERNEL_OBJECT => {
+                if let Some(event) = thread_object(&record, &state)? {
+                    f(event);
+                }
+            }
             _ => {}
         }
         i += size;
@@ -371,6 +404,26 @@ fn event_record(record: &Record<'_>, state: &FxtState) -> Result<Option<Event>, 
     };
     record.string(state, category_ref, &mut at)?;
     let name = record.string(state, name_ref, &mut at)?;
+    let args = args_of(record, state, at, nargs)?;
+    let ts = u64::try_from(u128::from(ticks) * 1_000_000_000 / u128::from(state.ticks_per_second))
+        .unwrap_or(u64::MAX);
+    Ok(Some(Event {
+        phase,
+        thread,
+        ts,
+        name,
+        args,
+    }))
+}
+
+/// The `nargs` args of `record` from word `at` on, by name (values lookback writes:
+/// integers and strings; others skipped by their size).
+fn args_of(
+    record: &Record<'_>,
+    state: &FxtState,
+    mut at: usize,
+    nargs: usize,
+) -> Result<HashMap<String, ArgValue>, ReadError> {
     let mut args = HashMap::new();
     for _ in 0..nargs {
         let arg = record.word(at)?;
@@ -400,13 +453,31 @@ fn event_record(record: &Record<'_>, state: &FxtState) -> Result<Option<Event>, 
         }
         at = end;
     }
-    let ts = u64::try_from(u128::from(ticks) * 1_000_000_000 / u128::from(state.ticks_per_second))
-        .unwrap_or(u64::MAX);
+    Ok(args)
+}
+
+/// A thread's kernel object record (its name and, in the `process` arg, its process) as a
+/// [`Phase::ThreadName`] event; other objects are `None`.
+fn thread_object(record: &Record<'_>, state: &FxtState) -> Result<Option<Event>, ReadError> {
+    let header = record.word(0)?;
+    if header >> 16 & 0xff != OBJECT_THREAD {
+        return Ok(None);
+    }
+    let name_ref = u16::try_from(header >> 24 & 0xffff).unwrap_or(0);
+    let nargs = usize::try_from(header >> 40 & 0xf).unwrap_or(0);
+    let tid = u32::try_from(record.word(1)?).unwrap_or(u32::MAX);
+    let mut at = 2;
+    let name = record.string(state, name_ref, &mut at)?;
+    let args = args_of(record, state, at, nargs)?;
+    let pid = match args.get("process") {
+        Some(ArgValue::Int(v)) => u32::try_from(*v).unwrap_or(u32::MAX),
+        _ => 0,
+    };
     Ok(Some(Event {
-        phase,
-        thread,
-        ts,
+        phase: Phase::ThreadName,
+        thread: (pid, tid),
+        ts: 0,
         name,
-        args,
+        args: HashMap::new(),
     }))
 }

@@ -393,6 +393,8 @@ fn a_trace_read_back_reports_what_its_writer_reported() {
         let (trigger, collector) = report::read::read_trace(&out, window).expect("read back");
         assert_eq!(trigger.duration_ns, Some(1_200_000));
         assert_eq!(trigger.time_ns, 1_240_000);
+        // The thread's name, from its track's name.
+        assert_eq!(trigger.comm, "writer-test", "{format:?}");
         let read = collector.report(&trigger, report::DEFAULT_DEPTH);
         assert_eq!(read.breakdown, written.breakdown, "{format:?}");
         assert_eq!(read.interval_ns, written.interval_ns);
