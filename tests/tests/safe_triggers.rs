@@ -159,9 +159,13 @@ fn several_threads_are_each_measured_against_their_own_entries() {
     let reference = run_plain(&bin, &args);
     let (run, out) = traced(&bin, "lb_jumpy", &args);
     assert_unharmed(&run, &out, &reference);
+    // 80 calls spin past the threshold; a fast call the machine's load stretches past it
+    // is slow too, by the program's own clock and by lookback's: every spun call fires,
+    // and none the program did not measure as slow.
+    assert_eq!(measured(&out, "slow_calls"), 80, "{out}");
     let slow = measured(&out, "measured_slow");
-    assert_eq!(slow, 80, "{out}");
-    assert_eq!(run.of_rule(0).len() as u64, slow);
+    let fired = run.of_rule(0).len() as u64;
+    assert!((80..=slow).contains(&fired), "{fired} fired\n{out}");
     assert_eq!(run.counter(0, "unwound"), 0);
     assert_eq!(run.counter(0, "unmatched_return"), 0);
 }
