@@ -450,3 +450,29 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let body = text.split_once("\r\n\r\n").map_or("", |b| b.1).to_owned();
     (status, body)
 }
+
+/// A TCP port on 127.0.0.1 nothing listens on now.
+///
+/// # Panics
+/// When no port can be bound.
+#[must_use]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Debian's `redis-server` (a stripped distro binary without frame pointers).
+///
+/// # Panics
+/// When it is not installed (`cargo xtask setup` installs it, as root).
+#[must_use]
+pub fn debian_redis_server() -> &'static Path {
+    let redis = Path::new("/usr/bin/redis-server");
+    assert!(
+        redis.exists(),
+        "redis-server is missing: install the Debian package redis-server (cargo xtask setup does, as root)"
+    );
+    redis
+}

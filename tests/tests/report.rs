@@ -368,18 +368,10 @@ fn redis_debug_sleep_is_a_sleep_in_debug_command() {
     if !can_run("redis_debug_sleep_is_a_sleep_in_debug_command") {
         return;
     }
-    let redis = Path::new("/usr/bin/redis-server");
-    assert!(
-        redis.exists(),
-        "redis-server is missing: install the Debian package redis-server (cargo xtask setup does, as root)"
-    );
+    let redis = lookback_tests::debian_redis_server();
     let dir = tempfile::tempdir().expect("tempdir");
     let rule = "func:processCommand>5ms";
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-        .to_string();
+    let port = lookback_tests::free_port().to_string();
     let trace = dir.path().join("redis.fxt.gz");
     let lookback = Command::new(lookback_bin())
         .args([

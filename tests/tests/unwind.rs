@@ -13,7 +13,8 @@ use lookback::{
     unwind::StackUnwinder,
 };
 use lookback_tests::{
-    can_run, chrome_events, lookback_bin, open_at_instant, succeeded, toolchains,
+    can_run, chrome_events, debian_redis_server, free_port, lookback_bin, open_at_instant,
+    succeeded, toolchains,
 };
 use serde_json::Value;
 
@@ -224,14 +225,6 @@ fn a_rust_release_build_unwinds_to_main() {
     );
 }
 
-/// A TCP port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// `redis-cli -p PORT args...`'s stdout.
 fn redis_cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
@@ -283,11 +276,7 @@ fn debian_redis_server_shows_the_callers_of_a_slow_command() {
     if !can_run("debian_redis_server_shows_the_callers_of_a_slow_command") {
         return;
     }
-    let redis = Path::new("/usr/bin/redis-server");
-    assert!(
-        redis.exists(),
-        "redis-server is missing: install the Debian package redis-server (cargo xtask setup does, as root)"
-    );
+    let redis = debian_redis_server();
     let dir = tempfile::tempdir().expect("tempdir");
     let rule = "func:evalGenericCommand>20ms";
     let port = free_port();

@@ -4,20 +4,14 @@
 
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    net::TcpStream,
     path::Path,
     process::{Child, Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
 
-use lookback_tests::lookback_bin;
-
-/// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1:0");
-    listener.local_addr().expect("local address").port()
-}
+use lookback_tests::{free_port, lookback_bin};
 
 /// One response: status, headers (names lowercased) and body.
 struct Response {

@@ -113,7 +113,7 @@ fn text(r: &Report, top: usize) -> String {
         t.pid,
         t.tid
     );
-    let what = if t.duration_ns.is_some() && (t.kind == "function" || t.kind == "syscall") {
+    let what = if t.is_latency() {
         "the call, kernel-timed entry to return"
     } else {
         "the window before the trigger"

@@ -93,11 +93,12 @@ pub fn read_trace(bytes: &[u8], window_ns: u64) -> Result<(TriggerInfo, Collecto
         }
         return read_trace(&plain, window_ns);
     }
-    // Two passes over the events, none of them kept: the trigger instant first (it may
-    // come after its thread's slices), then its thread's slices.
+    // Parsed once, then two passes over the events, none of them kept: the trigger
+    // instant first (it may come after its thread's slices), then its thread's slices.
+    let parsed = Parsed::of(bytes)?;
     let mut trigger = None;
     let mut names: HashMap<(u32, u32), String> = HashMap::new();
-    for_each_event(bytes, &mut |e| {
+    parsed.for_each_event(&mut |e| {
         if trigger.is_none() && e.phase == Phase::Instant && e.name.starts_with(TRIGGER_PREFIX) {
             trigger = Some(trigger_of(&e));
         } else if e.phase == Phase::ThreadName {
@@ -111,7 +112,7 @@ pub fn read_trace(bytes: &[u8], window_ns: u64) -> Result<(TriggerInfo, Collecto
         comm.clone_into(&mut trigger.comm);
     }
     let mut collector = Collector::new((trigger.pid, trigger.tid), trigger.interval(window_ns));
-    for_each_event(bytes, &mut |e| match e.phase {
+    parsed.for_each_event(&mut |e| match e.phase {
         Phase::Begin => {
             let preempted = e.str_arg("reason") == Some("preempted");
             collector.begin(e.thread, e.ts, &e.name, e.str_arg("module"), preempted);
@@ -143,29 +144,51 @@ fn trigger_of(e: &Event) -> TriggerInfo {
     }
 }
 
-/// Calls `f` with every event of the (unpacked) trace in `bytes`, in file order.
-fn for_each_event(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
-    if bytes.starts_with(&FXT_MAGIC.to_le_bytes()) {
-        return fxt_events(bytes, f);
+/// An unpacked trace, parsed: FXT as its little-endian words, Chrome JSON as a document.
+enum Parsed {
+    Fxt(Vec<u64>),
+    Json(serde_json::Value),
+}
+
+impl Parsed {
+    /// The trace in `bytes` (unpacked), told by its first bytes.
+    fn of(bytes: &[u8]) -> Result<Self, ReadError> {
+        if bytes.starts_with(&FXT_MAGIC.to_le_bytes()) {
+            let words = bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+            return Ok(Self::Fxt(words));
+        }
+        match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'{' | b'[') => {
+                let doc: serde_json::Value = serde_json::from_slice(bytes)?;
+                let schema = doc.get("$schema").and_then(serde_json::Value::as_str);
+                if schema.is_some_and(|s| s.contains("speedscope")) {
+                    return Err(ReadError::Speedscope);
+                }
+                Ok(Self::Json(doc))
+            }
+            _ => Err(ReadError::Unknown {
+                first_bytes: bytes.iter().take(8).copied().collect(),
+            }),
+        }
     }
-    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{' | b'[') => json_events(bytes, f),
-        _ => Err(ReadError::Unknown {
-            first_bytes: bytes.iter().take(8).copied().collect(),
-        }),
+
+    /// Calls `f` with every event, in file order.
+    fn for_each_event(&self, f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
+        match self {
+            Self::Fxt(words) => fxt_events(words, f),
+            Self::Json(doc) => {
+                json_events(doc, f);
+                Ok(())
+            }
+        }
     }
 }
 
 /// Chrome trace JSON: `{"traceEvents": [...]}` or a bare array; `ts` in µs.
-fn json_events(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
-    let doc: serde_json::Value = serde_json::from_slice(bytes)?;
-    if doc
-        .get("$schema")
-        .and_then(serde_json::Value::as_str)
-        .is_some_and(|s| s.contains("speedscope"))
-    {
-        return Err(ReadError::Speedscope);
-    }
+fn json_events(doc: &serde_json::Value, f: &mut dyn FnMut(Event)) {
     let list = doc
         .get("traceEvents")
         .and_then(serde_json::Value::as_array)
@@ -242,7 +265,6 @@ fn json_events(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> 
             args,
         });
     }
-    Ok(())
 }
 
 const FXT_MAGIC: u64 = 0x0016_5478_4604_0010;
@@ -306,11 +328,7 @@ impl Record<'_> {
 
 /// Fuchsia trace format: the records lookback writes (strings, threads, instant, begin
 /// and end events with their args); others skipped by their size.
-fn fxt_events(bytes: &[u8], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
-    let words: Vec<u64> = bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect();
+fn fxt_events(words: &[u64], f: &mut dyn FnMut(Event)) -> Result<(), ReadError> {
     let mut state = FxtState {
         strings: HashMap::new(),
         threads: HashMap::new(),

@@ -456,10 +456,7 @@ fn trigger_call(
     let Some(t) = snap.meta.trigger.as_ref().filter(|t| t.pid != 0) else {
         return Ok(());
     };
-    let Some(duration) = t
-        .duration_ns
-        .filter(|_| t.kind == "function" || t.kind == "syscall")
-    else {
+    let Some(duration) = t.duration_ns.filter(|_| report::is_latency_kind(&t.kind)) else {
         return Ok(());
     };
     let name = if t.kind == "function" {
