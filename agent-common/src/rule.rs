@@ -27,6 +27,10 @@ pub const FLAG_FREEZE_IN_KERNEL: u32 = 1 << 4;
 /// Cooldown and hourly limit per rule (`snapshot.scope: rule`); without it they are per
 /// rule and process (`PROCESS_RULE_STATE`), so a noisy process cannot use up another's.
 pub const FLAG_SCOPE_RULE: u32 = 1 << 5;
+/// In-flight detection (`detect: running`): the call is judged slow while it still runs,
+/// once it has run longer than `min_duration_ns` (function rules place no exit probes;
+/// syscall rules keep `sys_exit` only to end the entry). See agent-ebpf's `inflight`.
+pub const FLAG_RUNNING: u32 = 1 << 6;
 
 /// Capacity of the `FROZEN` map (processes frozen at the same time).
 pub const MAX_FROZEN: u32 = 4096;
@@ -166,12 +170,58 @@ pub struct EngineConfig {
     /// Nonzero: send exec and exit events to `PROC_EVENTS` (the agent discovers targets
     /// with them; `run`/`attach` leave it 0 and pay nothing per exec).
     pub process_events: u32,
-    /// Padding, zero (keeps `shared_record_rules` 8-byte aligned on both sides).
-    pub reserved: u32,
+    /// Byte offset of `task_struct.on_cpu` (the in-flight look copies only a thread that
+    /// is not running).
+    pub task_on_cpu_offset: u32,
     /// Rules recorded by the agent's per-CPU recorders (bit = rule id): `target_filter`
     /// keeps the samples of processes any of these rules target.
     pub shared_record_rules: u64,
+    /// Byte offsets of `task_struct.nvcsw` and `.nivcsw` (the thread's switch counts: the
+    /// in-flight look proves with them that the thread did not run while it was copied).
+    pub task_nvcsw_offset: u32,
+    pub task_nivcsw_offset: u32,
+    /// Rules with [`FLAG_RUNNING`] (bit = rule id).
+    pub running_rules: u64,
 }
+
+/// Slots of the `LOOKS` array: threads looked at in one in-flight scan at most.
+pub const MAX_LOOKS: u32 = 64;
+
+/// A look at one thread for the in-flight scan (`LOOKS` map, slot from `WANT_LOOK`): its
+/// user registers and a copy of its user stack, taken at `look_ns` by the thread's own
+/// sample (on CPU) or by the task iterator while it provably did not run (off CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Look {
+    /// `CLOCK_MONOTONIC` ns of the look; 0 = not taken yet.
+    pub look_ns: u64,
+    pub tid: u32,
+    /// 1: taken by the task iterator (the thread was off CPU), 2: by a sample (on CPU).
+    pub how: u32,
+    pub copy: crate::trigger::TriggerStackCopy,
+}
+
+/// How a [`Look`] was taken.
+pub const LOOK_ITER: u32 = 1;
+/// See [`Look::how`].
+pub const LOOK_SAMPLE: u32 = 2;
+
+/// Key of `INFLIGHT_REPORTED`: one call in flight (a thread and the call's entry time).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InflightKey {
+    pub thread: u64,
+    pub entry_ns: u64,
+}
+
+/// Arguments of the `inflight_fire` program (run with `BPF_PROG_TEST_RUN`, never
+/// attached), as the raw tracepoint context's `u64`s.
+pub const INFLIGHT_ARGS: usize = 8;
+/// `inflight_fire` argument 0: a function call (`ENTRY_TIMES`) or a syscall
+/// (`SYSCALL_START`).
+pub const INFLIGHT_FUNCTION: u64 = 1;
+/// See [`INFLIGHT_FUNCTION`].
+pub const INFLIGHT_SYSCALL: u64 = 2;
 
 /// Depth of the per-thread stack of function entries (recursion is measured up to it).
 pub const MAX_CALL_DEPTH: usize = 32;
@@ -186,6 +236,15 @@ pub struct EntryFrame {
     pub height: u64,
     /// `CLOCK_MONOTONIC` ns at entry.
     pub entry_ns: u64,
+    /// `detect: running` rules: the return address at entry (the word at `height`), and
+    /// the function's code, `[func, func_end)` (entry address and the symbol's size from
+    /// the probe's cookie), which userspace checks a later look's unwound frame against.
+    /// 0 for other rules.
+    pub return_address: u64,
+    pub func: u64,
+    pub func_end: u64,
+    /// Padding, 0.
+    pub reserved: u64,
 }
 
 /// The calls in flight of one thread (or goroutine) for one function rule (`ENTRY_TIMES`),
@@ -223,6 +282,9 @@ pub struct ProcessRuleKey {
 pub struct SyscallStart {
     pub enter_ns: u64,
     pub nr: u64,
+    /// The rules that applied to the thread's process at `sys_enter` (bit = rule id): the
+    /// in-flight scan fires only those.
+    pub rules: u64,
 }
 
 #[cfg(feature = "user")]
@@ -242,4 +304,8 @@ mod pod {
     unsafe impl aya::Pod for super::EntryKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcessRuleKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Look {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::InflightKey {}
 }

@@ -5,6 +5,9 @@ use crate::rule::{KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL};
 pub const PHASE_ENTRY: u32 = 1;
 /// Fired on return (latency condition) — function return or syscall exit.
 pub const PHASE_RETURN: u32 = 2;
+/// Fired while the call was still running (`detect: running`): `duration_ns` is how long
+/// it had run at `timestamp_ns`.
+pub const PHASE_RUNNING: u32 = 3;
 
 /// One trigger that was met and not suppressed. Plain integers so that any bytes the kernel
 /// hands us form a valid value; `kind`/`phase` are checked with `TryFrom` on the user side.

@@ -159,7 +159,11 @@ fn send(
 ) -> u32 {
     record.rule_mask = admitted;
     record.rule_id = admitted.trailing_zeros();
-    if let Ok(comm) = bpf_get_current_comm() {
+    // A record for a thread that is not the current one may bring its comm (in-flight
+    // triggers fired from the agent's context); else the current task's.
+    if record.comm[0] == 0
+        && let Ok(comm) = bpf_get_current_comm()
+    {
         record.comm = comm;
     }
     // Frozen before the record is submitted: its forced wakeup can preempt this program
@@ -228,7 +232,7 @@ unsafe fn take_stacks(ctx: *mut c_void, stacks: *mut TriggerStacks, own: bool) {
 /// # Safety
 /// `copy` points at writable memory for one `TriggerStackCopy`.
 #[inline(always)]
-unsafe fn copy_stack(copy: *mut TriggerStackCopy) {
+pub unsafe fn copy_stack(copy: *mut TriggerStackCopy) {
     // SAFETY (whole body): `copy`'s fields are writable; the helpers write at most the
     // sizes given; `regs` is the kernel's pointer to the task's user registers, only read
     // through `bpf_probe_read_kernel` (which faults safely).

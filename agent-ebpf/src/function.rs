@@ -31,7 +31,7 @@ use lookback_common::{
     },
     rule::{
         COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, COUNTER_UNWOUND, EntryFrame, EntryKey,
-        EntryStack, FLAG_ON_ENTRY, KIND_FUNCTION, MAX_CALL_DEPTH, RuleSpec,
+        EntryStack, FLAG_ON_ENTRY, FLAG_RUNNING, KIND_FUNCTION, MAX_CALL_DEPTH, RuleSpec,
     },
     trigger::{PHASE_ENTRY, PHASE_RETURN},
 };
@@ -170,7 +170,9 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     // (Go: only the thread running this goroutine).
     let stack = unsafe { &mut *stack };
     let dropped = drop_below(stack, height, true);
-    if dropped != 0 {
+    // Without exit probes (`detect: running`) every returned call is dropped here: not
+    // an abandoned frame.
+    if dropped != 0 && rule.flags & FLAG_RUNNING == 0 {
         count_n(rule_id, COUNTER_UNWOUND, dropped);
     }
     let depth = stack.depth as usize;
@@ -182,7 +184,16 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     *slot = EntryFrame {
         height,
         entry_ns: now,
+        ..EntryFrame::default()
     };
+    if rule.flags & FLAG_RUNNING != 0 {
+        // What a later look is checked against (`detect: running`): the return address
+        // (SP points at it here) and the function's code, sized by the cookie.
+        // SAFETY: the checked helper reads user memory or fails.
+        slot.return_address = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+        slot.func = regs.rip;
+        slot.func_end = regs.rip.wrapping_add(cookie_jump_site(cookie).into());
+    }
     stack.depth += 1;
     Some(())
 }

@@ -24,6 +24,7 @@
 
 mod emit;
 mod function;
+mod inflight;
 mod maps;
 mod process;
 mod sample_filter;

@@ -7,8 +7,8 @@ use lookback_common::{
     MAX_RULES,
     probe::{JumpSite, MAX_JUMP_SITES},
     rule::{
-        COUNTERS_PER_RULE, EngineConfig, EntryKey, EntryStack, MAX_FROZEN, ProcessRuleKey,
-        RuleSpec, RuleState, SyscallStart,
+        COUNTERS_PER_RULE, EngineConfig, EntryKey, EntryStack, InflightKey, Look, MAX_FROZEN,
+        MAX_LOOKS, ProcessRuleKey, RuleSpec, RuleState, SyscallStart,
     },
 };
 
@@ -157,3 +157,18 @@ pub fn task_u32(task: *const u8, offset: u32) -> Option<u32> {
     .ok()?;
     Some(u32::from_ne_bytes(buf))
 }
+
+/// In-flight looks (`detect: running`): slot → the registers and user stack of the thread
+/// the scan asked about in `WANT_LOOK`.
+#[map]
+pub static LOOKS: Array<Look> = Array::with_max_entries(MAX_LOOKS, 0);
+
+/// tid → the `LOOKS` slot to fill at the thread's next look (its next sample while on CPU,
+/// or the task iterator while it is off CPU); removed once filled.
+#[map]
+pub static WANT_LOOK: HashMap<u32, u32> = HashMap::with_max_entries(MAX_LOOKS, 0);
+
+/// Calls in flight already judged by `inflight_fire` → the rules it found met for them
+/// (so a call still running fires once).
+#[map]
+pub static INFLIGHT_REPORTED: LruHashMap<InflightKey, u64> = LruHashMap::with_max_entries(16384, 0);

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use lookback_common::{
     MAX_RULES,
-    rule::{FLAG_ERRNO, FLAG_ON_ENTRY, KIND_SYSCALL, SyscallStart},
+    rule::{FLAG_ERRNO, FLAG_ON_ENTRY, FLAG_RUNNING, KIND_SYSCALL, SyscallStart},
     trigger::{PHASE_ENTRY, PHASE_RETURN},
 };
 
@@ -71,7 +71,11 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
     record.syscall_nr = nr as u32;
     fire(ctx.as_ptr(), firing, record, true);
     if wants_exit {
-        let start = SyscallStart { enter_ns: now, nr };
+        let start = SyscallStart {
+            enter_ns: now,
+            nr,
+            rules: mask,
+        };
         SYSCALL_START.insert(pid_tgid as u32, start, 0).ok()?;
     }
     Some(())
@@ -106,7 +110,8 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
         let Some(rule) = RULES.get(rule_id) else {
             continue;
         };
-        if rule.flags & FLAG_ON_ENTRY == 0
+        // `detect: running` rules are judged while the call runs (`inflight`), not here.
+        if rule.flags & (FLAG_ON_ENTRY | FLAG_RUNNING) == 0
             && rule.has_syscall(start.nr)
             && duration >= rule.min_duration_ns
             && (rule.flags & FLAG_ERRNO == 0 || rule.errno_matches(ret))

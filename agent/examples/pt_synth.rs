@@ -155,6 +155,7 @@ fn bundle(program: &SynthProgram, trace: Vec<u8>, elf: &Path) -> Result<Snapshot
         duration_ns: None,
         stack: Vec::new(),
         kernel_stack: Vec::new(),
+        call: None,
     };
     Ok(Snapshot::from_captured(captured, Some(trigger)))
 }

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod daemon;
 pub mod decode;
 pub mod elf;
+pub mod inflight;
 pub mod report;
 pub mod rules;
 pub mod snapshot;

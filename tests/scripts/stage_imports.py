@@ -18,7 +18,7 @@ import sys
 # below it.
 LAYERS = [
     "sys", "elf", "check", "rules", "triggers", "capture", "snapshot", "decode", "stacks",
-    "symbols", "unwind", "report", "writer", "upload", "daemon", "cli",
+    "symbols", "unwind", "inflight", "report", "writer", "upload", "daemon", "cli",
 ]
 # Test helpers any stage's tests may use, and the crate roots.
 EXEMPT = {"test_support", "lib", "main", "bin"}

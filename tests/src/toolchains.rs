@@ -274,6 +274,79 @@ pub fn rust_deep() -> PathBuf {
     .clone()
 }
 
+/// `tests/workloads/inflight.c` built with `cc -O2 -g -pthread` (no frame pointers): the
+/// calls of the in-flight latency tests (`--detect running`), one mode per probed function
+/// (`lb_transfer` deadlocks, `lb_wait_pipe` reads for ever, `lb_maybe_slow`, `lb_spin`,
+/// `lb_rec`, `lb_fast` beside its slow sibling, `lb_jump_through` left by longjmp). Run it
+/// as `inflight MODE ARGS...` (modes in the source's header); the modes that end print
+/// `call=TID START_NS DURATION_NS` per call, `slow_calls=` and `result=`.
+///
+/// # Panics
+/// When `cc` is missing (install the Debian package `gcc`) or the build fails.
+pub fn c_inflight() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| compiled("inflight", "cc", &["-O2", "-g", "-pthread"]))
+        .clone()
+}
+
+/// `tests/workloads/inflight_throw.cpp` built with `g++ -O2 -g`: the probed `lb_throws`
+/// (extern "C") ends in an exception every time, and `lb_slow_after` runs next from the
+/// same call instruction. Run it as `inflight_throw ROUNDS`; it prints `thrown=`,
+/// `slow_calls=` and `result=`.
+///
+/// # Panics
+/// When `g++` is missing (install the Debian package `g++`) or the build fails.
+pub fn cxx_inflight_throw() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| compiled("inflight_throw", "g++", &["-O2", "-g"]))
+        .clone()
+}
+
+/// `tests/workloads/inflight_panic.rs` built with `rustc --edition 2021 -C opt-level=2 -g`
+/// (`RUSTC` when set): the probed `lb_panics` (`#[no_mangle]`) ends in a panic caught by
+/// `catch_unwind` every time, and `lb_slow_after` runs next from the same closure. Run it
+/// as `inflight_panic ROUNDS`; it prints `panicked=`, `slow_calls=` and `result=`.
+///
+/// # Panics
+/// When `rustc` is missing (install a Rust toolchain with rustup) or the build fails.
+pub fn rust_inflight_panic() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+        let src = workspace_root().join("tests/workloads/inflight_panic.rs");
+        build(
+            "inflight_panic",
+            "rustc",
+            "a Rust toolchain (rustup)",
+            |out| {
+                let mut cmd = Command::new(&rustc);
+                cmd.args(["--edition", "2021", "-C", "opt-level=2", "-g", "-o"])
+                    .arg(out)
+                    .arg(&src);
+                cmd
+            },
+        )
+    })
+    .clone()
+}
+
+/// `tests/workloads/NAME.c` or `NAME.cpp` (by `compiler`: `cc` or `g++`) built with
+/// `compiler FLAGS... -o OUT SOURCE` into `target/test-workloads/NAME`.
+fn compiled(name: &str, compiler: &str, flags: &[&str]) -> PathBuf {
+    let ext = if compiler == "g++" { "cpp" } else { "c" };
+    let src = workspace_root().join(format!("tests/workloads/{name}.{ext}"));
+    let package = if compiler == "g++" {
+        "the Debian package g++"
+    } else {
+        "the Debian package gcc"
+    };
+    build(name, compiler, package, |out| {
+        let mut cmd = Command::new(compiler);
+        cmd.args(flags).arg("-o").arg(out).arg(&src);
+        cmd
+    })
+}
+
 /// Runs `program args` to completion without lookback and returns its stdout: the
 /// reference a traced run is compared with.
 ///

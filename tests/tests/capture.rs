@@ -272,6 +272,7 @@ fn a_real_capture_round_trips_through_an_lbsnap_file() {
         duration_ns: None,
         stack: Vec::new(),
         kernel_stack: Vec::new(),
+        call: None,
     };
     let snap = snapshot::Snapshot::from_captured(data, Some(trigger));
     assert!(

@@ -91,6 +91,7 @@ fn any_syscall(id: u32, name: &str) -> EngineRule {
             syscalls: SyscallSet::Any,
             min_duration: None,
             errnos: Vec::new(),
+            detect: lookback::rules::Detect::Returned,
         }),
         cooldown: Duration::ZERO,
         max_per_hour: 0,

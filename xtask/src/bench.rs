@@ -6,7 +6,8 @@
 //! `lb_noop_nop5`, whose entry is a 5-byte NOP the kernel can optimize, and `lb_noop_rets`,
 //! with three `ret`s) with a latency trigger that never fires (`>1s`), so the numbers are
 //! the probe cost alone: lookback's entry uprobe plus a uprobe on the exit taken (never a
-//! uretprobe), beside bpftrace's uprobe+uretprobe check. Syscalls: a
+//! uretprobe) or, with `--detect running`, the entry uprobe alone, beside bpftrace's
+//! uprobe+uretprobe check. Syscalls: a
 //! `getpid()` loop, as the target and as a bystander while another process is traced.
 use std::{
     path::{Path, PathBuf},
@@ -71,10 +72,14 @@ pub fn bench(env: &BuildEnv, only: Only, triggers: usize) -> Result<()> {
         "| probe | workload | none ns/call | lookback ns/call | bpftrace ns/call | lookback overhead | bpftrace overhead |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (func, mode) in [
-        ("lb_noop", "loop"),
-        ("lb_noop_nop5", "loopnop"),
-        ("lb_noop_rets", "looprets"),
+    // `detect`: how lookback judges the call: at its return (entry + exit uprobes), or
+    // while it runs (`--detect running`: the entry uprobe alone, and the watcher's scan).
+    for (func, mode, detect) in [
+        ("lb_noop", "loop", "returned"),
+        ("lb_noop_nop5", "loopnop", "returned"),
+        ("lb_noop_rets", "looprets", "returned"),
+        ("lb_noop", "loop", "running"),
+        ("lb_noop_nop5", "loopnop", "running"),
     ] {
         let none = measure(Command::new(&workload).args([mode, CALLS]))?;
         let lb = measure(
@@ -85,6 +90,8 @@ pub fn bench(env: &BuildEnv, only: Only, triggers: usize) -> Result<()> {
                     "--dry-run",
                     "--max-snapshots",
                     "0",
+                    "--detect",
+                    detect,
                     "--trigger",
                 ])
                 .arg(format!("func:{func}>1s"))
@@ -99,10 +106,13 @@ pub fn bench(env: &BuildEnv, only: Only, triggers: usize) -> Result<()> {
             );
             measure(Command::new(bt).args(["-q", "-e", &script, "-c"]).arg(format!("{w} {mode} {CALLS}")))
         });
+        let how = if detect == "running" {
+            "`--detect running`: entry uprobe only"
+        } else {
+            "entry + exit uprobes"
+        };
         row(
-            &format!(
-                "latency rule `{func}` (lookback: entry + exit uprobes; bpftrace: uprobe+uretprobe)"
-            ),
+            &format!("latency rule `{func}` (lookback: {how}; bpftrace: uprobe+uretprobe)"),
             mode,
             none,
             lb,

@@ -605,6 +605,7 @@ mod tests {
             syscalls: SyscallSet::Numbers(vec![74, 75]),
             min_duration: None,
             errnos: vec![5],
+            detect: crate::rules::Detect::Returned,
         });
         assert_eq!(
             pause_source(&fsync_eio).unwrap(),
@@ -618,6 +619,7 @@ mod tests {
             syscalls: SyscallSet::Any,
             min_duration: None,
             errnos: Vec::new(),
+            detect: crate::rules::Detect::Returned,
         });
         assert!(matches!(
             pause_source(&any).unwrap(),
@@ -627,6 +629,7 @@ mod tests {
             syscalls: SyscallSet::Any,
             min_duration: Some(Duration::from_millis(5)),
             errnos: Vec::new(),
+            detect: crate::rules::Detect::Returned,
         });
         assert_eq!(pause_source(&slow), Err(NotMappable::SyscallDuration));
         let entry = FunctionTrigger {

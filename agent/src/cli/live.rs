@@ -24,6 +24,7 @@ use super::{
 };
 use crate::{
     capture::aux_pause,
+    inflight::Watcher,
     rules::Trigger,
     sys::process::{self, HeldProcess},
     triggers::{
@@ -198,6 +199,8 @@ struct Live {
     pids: Vec<u32>,
     recording: Option<Recording>,
     snapshots: u64,
+    /// The `detect: running` watcher, while such a rule is loaded (stops on drop).
+    _inflight: Option<Watcher>,
 }
 
 /// The signals that end a session, handled from before the command starts or a probe is
@@ -349,6 +352,13 @@ fn start(session: &Session) -> Result<Live, CliError> {
     // Triggers that fired meanwhile wait in the kernel's ring; the pump reads them first.
     let events = TriggerPump::start(ring, freeze_hook(recording.as_ref()), session.wait)
         .context("starting the trigger reader")?;
+    let inflight = match engine.inflight_handles() {
+        Some(handles) => Some(
+            Watcher::start(handles.context("the in-flight programs")?)
+                .context("starting the in-flight watcher")?,
+        ),
+        None => None,
+    };
     let child_exit = match held.as_mut() {
         Some(h) => {
             h.release().context("starting the command")?;
@@ -374,6 +384,7 @@ fn start(session: &Session) -> Result<Live, CliError> {
         pids,
         recording,
         snapshots: 0,
+        _inflight: inflight,
     })
 }
 

@@ -281,6 +281,7 @@ impl Recording {
                 duration_ns: None,
                 stack: Vec::new(),
                 kernel_stack: Vec::new(),
+                call: None,
             },
         };
         let mut snap = Snapshot::from_captured(data, Some(meta));

@@ -19,7 +19,7 @@ use super::{
 use crate::{
     capture::{BackendRequest, CaptureOptions, PtOptions, aux_pause, procmaps},
     daemon::targets::capture_options,
-    rules::{self, Backend, ReturnProbe, Rule, SnapshotScope, Trigger},
+    rules::{self, Backend, Detect, DetectConflict, ReturnProbe, Rule, SnapshotScope, Trigger},
     triggers::{EngineRule, pump::Wait},
 };
 
@@ -140,6 +140,14 @@ pub struct CommonArgs {
     /// rules file's]
     #[arg(long, value_name = "HOW", value_parser = PossibleValuesParser::new(["exits", "uretprobe"]).try_map(|s| s.parse::<ReturnProbe>()))]
     pub return_probe: Option<ReturnProbe>,
+    /// When latency triggers of --trigger (func:SYMBOL>DURATION, syscall:NAMES>DURATION)
+    /// judge a call: `returned` measures it at its return; `running` judges it slow once it
+    /// has run longer than DURATION while still in progress, so calls that never return
+    /// fire too (functions then get only the entry probe). Every func: and syscall:
+    /// --trigger must then have a DURATION, and no ERRNO. A rules file says `detect:` per
+    /// rule.
+    #[arg(long, value_name = "WHEN", default_value = "returned", value_parser = PossibleValuesParser::new(["returned", "running"]).try_map(|s| s.parse::<Detect>()))]
+    pub detect: Detect,
     /// Function triggers probe every function their name selects (C++ overloads, template
     /// and generic instances) instead of refusing an ambiguous name; as `all: true` in a
     /// rules file. Glob patterns (`func:handle_*`) always do, up to 64 functions.
@@ -225,13 +233,13 @@ fn engine_rules(common: &CommonArgs, file_rules: &[Rule]) -> Result<Vec<EngineRu
     let cli_rules = common.triggers.iter().map(|trigger| EngineRule {
         id: 0,
         name: trigger.describe(),
-        trigger: trigger.clone(),
+        trigger: trigger.clone().with_detect(common.detect),
         cooldown: common.cooldown,
         max_per_hour: common.max_per_hour,
         follow_forks,
         per_process: true,
     });
-    Ok(from_file
+    let rules: Vec<EngineRule> = from_file
         .chain(cli_rules)
         .zip(0u32..)
         .map(|(rule, id)| EngineRule {
@@ -239,7 +247,32 @@ fn engine_rules(common: &CommonArgs, file_rules: &[Rule]) -> Result<Vec<EngineRu
             trigger: with_function_flags(rule.trigger, common),
             ..rule
         })
-        .collect())
+        .collect();
+    for rule in &rules {
+        if let Some(conflict) = rule.trigger.detect_conflict() {
+            return Err(CliError::usage(anyhow!(detect_error(&rule.name, conflict))));
+        }
+    }
+    Ok(rules)
+}
+
+/// Why rule `name` (a `--trigger` spec, or a rules file's rule that `--return-probe`
+/// changed) cannot detect calls while they run, in the command line's words.
+fn detect_error(name: &str, conflict: DetectConflict) -> String {
+    match conflict {
+        DetectConflict::NoDuration => format!(
+            "--detect running: trigger `{name}` has no DURATION; running judges a call slow \
+             once it has run that long (e.g. func:SYMBOL>5s, syscall:read>1s)"
+        ),
+        DetectConflict::Errno => format!(
+            "--detect running: trigger `{name}` tests an errno, which is known only at the \
+             return"
+        ),
+        DetectConflict::Uretprobe => format!(
+            "`{name}`: detect running places no return probe; --return-probe uretprobe \
+             cannot go with it"
+        ),
+    }
 }
 
 /// `trigger` with the function flags given (`--return-probe`, `--all-functions`,
@@ -735,6 +768,105 @@ rules:
         assert_eq!(engine[1].cooldown, Duration::from_secs(1));
     }
 
+    /// The engine rules of `args`, or the usage error's text.
+    fn engine(args: &[&str], file: &[Rule]) -> Result<Vec<crate::triggers::EngineRule>, String> {
+        engine_rules(&parse(args), file).map_err(|e| format!("{:#}", e.error))
+    }
+
+    #[test]
+    fn detect_applies_to_every_latency_trigger_option() {
+        use crate::rules::{Detect, Trigger};
+        let detect = |trigger: &Trigger| match trigger {
+            Trigger::Function(f) => Some(f.detect),
+            Trigger::Syscall(s) => Some(s.detect),
+            Trigger::Signal(_) => None,
+        };
+        let args = [
+            "--trigger",
+            "func:f>5s",
+            "--trigger",
+            "syscall:read,futex>1s",
+        ];
+        let got = engine(&args, &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            got.iter()
+                .all(|r| detect(&r.trigger) == Some(Detect::Returned))
+        );
+        let running = [
+            &args[..],
+            &["--detect", "running", "--trigger", "signal:SIGSEGV"],
+        ]
+        .concat();
+        let got = engine(&running, &[]).unwrap_or_else(|e| panic!("{e}"));
+        let got: Vec<_> = got.iter().map(|r| detect(&r.trigger)).collect();
+        assert_eq!(
+            got,
+            [Some(Detect::Running), Some(Detect::Running), None],
+            "a signal trigger has no call in flight"
+        );
+        // The rules file's rules keep their own `detect:`.
+        let file = rules(&FULL.replace(
+            "trigger: { signal: { signals: [SIGSEGV] } }",
+            "trigger: { function: { symbol: g, min_duration: 1s } }",
+        ));
+        let got = engine(&["--detect", "running"], &file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(detect(&got[0].trigger), Some(Detect::Returned));
+        let err =
+            Common::try_parse_from(["lookback", "--detect", "inflight"]).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("[possible values: returned, running]"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn detect_running_refuses_triggers_without_a_duration_naming_them() {
+        for (spec, needle) in [
+            (
+                "func:f",
+                "--detect running: trigger `func:f` has no DURATION",
+            ),
+            (
+                "syscall:read",
+                "--detect running: trigger `syscall:read` has no DURATION",
+            ),
+            (
+                "syscall:openat=ENOENT",
+                "trigger `syscall:openat=ENOENT` has no DURATION",
+            ),
+            (
+                "syscall:read>1s=EIO",
+                "--detect running: trigger `syscall:read>1s=EIO` tests an errno, which is \
+                 known only at the return",
+            ),
+        ] {
+            let err =
+                engine(&["--detect", "running", "--trigger", spec], &[]).expect_err("refused");
+            assert!(err.contains(needle), "{spec}: {err}");
+            // Without --detect running the same trigger is fine.
+            assert!(engine(&["--trigger", spec], &[]).is_ok(), "{spec}");
+        }
+        let err = engine(
+            &[
+                "--detect",
+                "running",
+                "--return-probe",
+                "uretprobe",
+                "--trigger",
+                "func:f>1s",
+            ],
+            &[],
+        )
+        .expect_err("refused");
+        assert!(
+            err.contains(
+                "`func:f>1s`: detect running places no return probe; --return-probe uretprobe"
+            ),
+            "{err}"
+        );
+    }
+
     #[test]
     fn help_shows_the_defaults() {
         // Words only: the help is wrapped to the terminal's width.
@@ -746,6 +878,7 @@ rules:
             "[default: 10000, or the rules file's]",
             "[default: 0ms, or the largest `post_trigger` of the rules file]",
             "[possible values: auto, intel-pt, sampling]",
+            "[default: returned] [possible values: returned, running]",
         ] {
             assert!(help.contains(default), "{default} missing from:\n{help}");
         }

@@ -139,6 +139,8 @@ struct Seen {
     target_set_full: u64,
     /// Processes selected at exec (and their lost records), as last read.
     exec_selected: ExecSelected,
+    /// The in-flight watcher's fired, ended and unproven counts, as last read.
+    inflight: [u64; 3],
     /// Files the held-file limit turned away, as last read.
     held_files_refused: u64,
 }
@@ -176,6 +178,9 @@ pub struct Metrics {
     decode_duration: HistogramVec,
     /// Function calls a latency rule could not measure, by reason (extension).
     unmeasured: IntCounterVec,
+    /// `detect: running` candidates judged by the in-flight watcher, by outcome
+    /// (extension).
+    inflight: IntCounterVec,
     events_lost: IntCounterVec,
     /// Recorder and probe failures by operation and errno.
     errors: IntCounterVec,
@@ -324,6 +329,18 @@ fn held_files_refused_counter(r: &Registry) -> Result<IntCounter, MetricsError> 
     register(r, NAME, counter)
 }
 
+/// `lookback_inflight_checks_total{outcome}`.
+fn inflight_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
+    counter_vec(
+        r,
+        "lookback_inflight_checks_total",
+        "detect: running calls judged by a look at their thread, by outcome: fired (still \
+         inside past the threshold), ended (the look showed the call over: a sibling's \
+         frame, SP above it), unproven (not unwound to the call).",
+        &["outcome"],
+    )
+}
+
 /// `lookback_function_calls_unmeasured_total` (extension).
 fn unmeasured_counter(r: &Registry) -> Result<IntCounterVec, MetricsError> {
     counter_vec(
@@ -453,6 +470,7 @@ impl Metrics {
                 "Triggers met but not turned into a snapshot, by reason.",
                 &["rule", "reason"],
             )?,
+            inflight: inflight_counter(&r)?,
             snapshots: counter_vec(
                 &r,
                 "lookback_snapshots_total",
@@ -626,6 +644,23 @@ impl Metrics {
         let _ = self.probes_attached.remove_label_values(&[rule]);
         self.set_probe_error(rule, None);
         self.seen().rules.remove(rule);
+    }
+
+    /// The in-flight watcher's counts (cumulative) since the last call become increments
+    /// of `lookback_inflight_checks_total{outcome}`.
+    pub fn observe_inflight(&self, stats: &crate::inflight::Stats) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = [
+            stats.fired.load(Relaxed),
+            stats.refused.load(Relaxed),
+            stats.unproven.load(Relaxed),
+        ];
+        let last = std::mem::replace(&mut self.seen().inflight, now);
+        for ((outcome, now), last) in ["fired", "ended", "unproven"].iter().zip(now).zip(last) {
+            self.inflight
+                .with_label_values(&[outcome])
+                .inc_by(delta(last, now));
+        }
     }
 
     /// Takes in the kernel's counters of `rule` (absolute, summed over CPUs): `met`, the

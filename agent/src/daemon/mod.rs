@@ -316,6 +316,8 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
     pipeline.set_uploads(uploads.clone());
     let changes = tracer.apply_rules(&rules)?;
     report_changes(&changes);
+    let mut inflight = None;
+    crate::inflight::ensure_watcher(&mut inflight, tracer.engine());
     set_upload_rules(&opts, &rules, &uploads, &metrics);
     // Rules the last accepted rule file could not install, for readiness.
     let mut failed = changes.failed;
@@ -382,6 +384,9 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
             Some(()) = pipeline.next_done() => {}
             _ = tick.tick() => {
                 refresh_metrics(&tracer, &metrics);
+                if let Some(watcher) = &inflight {
+                    metrics.observe_inflight(watcher.stats());
+                }
                 refresh_kernel_targets(&tracer, &metrics, &mut kernel_targets_at);
                 tracer.retry_recorders();
                 update_readiness(&tracer, &state, &failed, &uploads);
@@ -396,6 +401,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                 if config.changed() {
                     log::info!("{} changed; reloading", config.path().display());
                     if let Some(f) = reload(&opts, &mut config, &mut tracer, &metrics, &state, &uploads) {
+                        crate::inflight::ensure_watcher(&mut inflight, tracer.engine());
                         failed = f;
                     }
                     reload_pods(&opts, &mut pods, &mut tracer);
@@ -417,6 +423,7 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
                     _ => log::info!("SIGHUP: reloading {}", config.path().display()),
                 }
                 if let Some(f) = reload(&opts, &mut config, &mut tracer, &metrics, &state, &uploads) {
+                    crate::inflight::ensure_watcher(&mut inflight, tracer.engine());
                     failed = f;
                 }
                 reload_pods(&opts, &mut pods, &mut tracer);

@@ -363,6 +363,7 @@ pub(super) mod tests {
             rule_id: 0,
             kind: TriggerKind::Signal,
             on_entry: true,
+            running: false,
             pid: 42,
             tid: 43,
             comm: "workload".to_owned(),

@@ -16,7 +16,7 @@ use super::names::{
 };
 use super::spec::{dedup, valid_symbol};
 use super::units::{format_size, parse_duration, parse_size};
-use super::{Backend, OutputFormat, Peers, ReturnProbe, SnapshotScope, error::snippet};
+use super::{Backend, Detect, OutputFormat, Peers, ReturnProbe, SnapshotScope, error::snippet};
 
 /// A leaf read from one YAML scalar (as a string) and checked by `parse`.
 pub(super) trait Scalar: Sized {
@@ -77,6 +77,7 @@ deserialize_scalar!(
     Backend,
     OutputFormat,
     ReturnProbe,
+    Detect,
     SnapshotScope,
     Peers,
 );
@@ -385,6 +386,15 @@ impl Scalar for ReturnProbe {
     fn parse(text: &str) -> Result<Self, String> {
         text.parse()
             .map_err(|err: super::ParseReturnProbeError| err.to_string())
+    }
+}
+
+impl Scalar for Detect {
+    const EXPECTING: &'static str = "detect: returned or running";
+
+    fn parse(text: &str) -> Result<Self, String> {
+        text.parse()
+            .map_err(|err: super::ParseDetectError| err.to_string())
     }
 }
 

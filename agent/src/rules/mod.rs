@@ -154,6 +154,8 @@ pub struct FunctionTrigger {
     pub min_duration: Option<Duration>,
     /// How a latency rule sees the function return.
     pub return_probe: ReturnProbe,
+    /// When a latency rule judges a call: at its return, or while it still runs.
+    pub detect: Detect,
     /// Probe every function the name selects (overloads, template or generic instances)
     /// instead of refusing an ambiguous name (`all: true`); glob patterns imply it.
     pub all: bool,
@@ -207,6 +209,117 @@ impl FromStr for ReturnProbe {
     }
 }
 
+/// When a latency rule (`min_duration`) judges a call (`detect:`, `--detect`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Detect {
+    /// At the return: entry and exit probes measure each call. The default.
+    #[default]
+    Returned,
+    /// While the call still runs, once it has run longer than `min_duration`: calls that
+    /// never return fire too. Functions get only the entry probe.
+    Running,
+}
+
+impl Detect {
+    /// The spelling used in files and flags.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Returned => "returned",
+            Self::Running => "running",
+        }
+    }
+}
+
+impl fmt::Display for Detect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `returned` or `running` did not match.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown detect `{0}`: expected returned or running")]
+pub struct ParseDetectError(String);
+
+impl FromStr for Detect {
+    type Err = ParseDetectError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        [Self::Returned, Self::Running]
+            .into_iter()
+            .find(|detect| detect.as_str() == text)
+            .ok_or_else(|| ParseDetectError(error::snippet(text)))
+    }
+}
+
+/// Why a trigger's `detect: running` cannot be honoured ([`Trigger::detect_conflict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DetectConflict {
+    /// No `min_duration`: nothing says when a running call is slow.
+    NoDuration,
+    /// A syscall rule with `errno:`: the result exists only at the return.
+    Errno,
+    /// A function rule with `return_probe: uretprobe`: running places no return probe.
+    Uretprobe,
+}
+
+impl DetectConflict {
+    /// The reason, in the rules file's words.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::NoDuration => {
+                "detect: running needs min_duration (a call is judged slow once it has run \
+                 that long)"
+            }
+            Self::Errno => "an errno is known only at the return: detect: running cannot test it",
+            Self::Uretprobe => {
+                "detect: running places no return probe: return_probe: uretprobe cannot go \
+                 with it"
+            }
+        }
+    }
+}
+
+impl Trigger {
+    /// The trigger with `detect` set, for a function or syscall trigger (a signal trigger
+    /// is returned as it is).
+    #[must_use]
+    pub fn with_detect(self, detect: Detect) -> Self {
+        match self {
+            Self::Function(f) => Self::Function(FunctionTrigger { detect, ..f }),
+            Self::Syscall(s) => Self::Syscall(SyscallTrigger { detect, ..s }),
+            signal @ Self::Signal(_) => signal,
+        }
+    }
+
+    /// Why the trigger's `detect: running` cannot be honoured; `None` when it can, or when
+    /// the trigger detects at the return.
+    #[must_use]
+    pub fn detect_conflict(&self) -> Option<DetectConflict> {
+        match self {
+            Self::Function(f) if f.detect == Detect::Running => {
+                if f.min_duration.is_none() {
+                    Some(DetectConflict::NoDuration)
+                } else if f.return_probe == ReturnProbe::Uretprobe {
+                    Some(DetectConflict::Uretprobe)
+                } else {
+                    None
+                }
+            }
+            Self::Syscall(s) if s.detect == Detect::Running => {
+                if s.min_duration.is_none() {
+                    Some(DetectConflict::NoDuration)
+                } else if !s.errnos.is_empty() {
+                    Some(DetectConflict::Errno)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Which syscalls a syscall trigger watches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SyscallSet {
@@ -223,6 +336,8 @@ pub struct SyscallTrigger {
     pub min_duration: Option<Duration>,
     /// Positive errno values (the syscall returned `-errno`); empty: any result.
     pub errnos: Vec<u32>,
+    /// When a latency rule judges a call: at its return, or while it still runs.
+    pub detect: Detect,
 }
 
 /// Delivery of one of `signals` (numbers, 1–64) to the target.

@@ -11,7 +11,7 @@ use super::leaf::{
     Signal, Size, StackSize, Symbol, SyscallNames, Text, Version,
 };
 use super::upload::RawUpload;
-use super::{Backend, OutputFormat, Peers, ReturnProbe, SnapshotScope};
+use super::{Backend, Detect, OutputFormat, Peers, ReturnProbe, SnapshotScope};
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -94,14 +94,15 @@ pub(super) struct RawTrigger {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with symbol and optional binary, min_duration, return_probe, all, \
-                 debug_dirs"
+    expecting = "a mapping with symbol and optional binary, min_duration, detect, return_probe, \
+                 all, debug_dirs"
 )]
 pub(super) struct RawFunction {
     pub symbol: Symbol,
     pub binary: Option<AbsolutePath>,
     #[serde(default, deserialize_with = "present")]
     pub min_duration: Option<HumanDuration>,
+    pub detect: Option<Detect>,
     pub return_probe: Option<ReturnProbe>,
     pub all: Option<bool>,
     pub debug_dirs: Option<List<AbsolutePath>>,
@@ -110,12 +111,13 @@ pub(super) struct RawFunction {
 #[derive(Debug, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping with names and optional min_duration, errno"
+    expecting = "a mapping with names and optional min_duration, detect, errno"
 )]
 pub(super) struct RawSyscall {
     pub names: SyscallNames,
     #[serde(default, deserialize_with = "present")]
     pub min_duration: Option<HumanDuration>,
+    pub detect: Option<Detect>,
     pub errno: Option<List<Errno>>,
 }
 

@@ -15,7 +15,7 @@ use super::names::{
     unknown_errno, unknown_signal, unknown_syscall,
 };
 use super::units::{format_duration, parse_duration};
-use super::{FunctionTrigger, SignalTrigger, SyscallSet, SyscallTrigger, Trigger};
+use super::{Detect, FunctionTrigger, SignalTrigger, SyscallSet, SyscallTrigger, Trigger};
 
 /// Parses a `--trigger` spec. `func:` specs leave `binary` as `None` (the traced program).
 pub fn parse_trigger_spec(spec: &str) -> Result<Trigger, SpecError> {
@@ -112,6 +112,7 @@ fn parse_syscall(spec: &str, body: &str) -> Result<SyscallTrigger, SpecError> {
         syscalls,
         min_duration,
         errnos,
+        detect: Detect::Returned,
     })
 }
 
@@ -277,6 +278,7 @@ mod tests {
             syscalls: SyscallSet::Numbers(vec![74, 75]),
             min_duration: Some(Duration::from_millis(50)),
             errnos: vec![],
+            detect: Detect::Returned,
         };
         assert_eq!(
             parse("syscall:fsync,fdatasync>50ms"),
@@ -286,6 +288,7 @@ mod tests {
             syscalls: SyscallSet::Numbers(vec![257]),
             min_duration: None,
             errnos: vec![2, 13],
+            detect: Detect::Returned,
         };
         assert_eq!(
             parse("syscall:openat=ENOENT,EACCES"),
@@ -348,6 +351,43 @@ mod tests {
                 "{spec:?}: {message:?} lacks {want:?}"
             );
             assert!(message.starts_with("invalid trigger `"), "{message}");
+        }
+    }
+
+    #[test]
+    fn with_detect_sets_latency_kinds_and_names_conflicts() {
+        use crate::rules::{DetectConflict, ReturnProbe};
+        let running = |spec: &str| parse(spec).with_detect(Detect::Running);
+        assert_eq!(running("func:f>5s").detect_conflict(), None);
+        assert_eq!(running("syscall:read,futex>1s").detect_conflict(), None);
+        let Trigger::Syscall(s) = running("syscall:read>1s") else {
+            panic!("not a syscall trigger");
+        };
+        assert_eq!(s.detect, Detect::Running);
+        for spec in ["func:f", "syscall:read", "syscall:openat=ENOENT"] {
+            assert_eq!(
+                running(spec).detect_conflict(),
+                Some(DetectConflict::NoDuration),
+                "{spec}"
+            );
+        }
+        assert_eq!(
+            running("syscall:read>1s=EIO").detect_conflict(),
+            Some(DetectConflict::Errno)
+        );
+        let Trigger::Function(f) = running("func:f>1s") else {
+            panic!("not a function trigger");
+        };
+        let uretprobe = Trigger::Function(FunctionTrigger {
+            return_probe: ReturnProbe::Uretprobe,
+            ..f
+        });
+        assert_eq!(uretprobe.detect_conflict(), Some(DetectConflict::Uretprobe));
+        // A signal has no call in flight: left as it is; `returned` conflicts with nothing.
+        assert_eq!(running("signal:SIGSEGV"), parse("signal:SIGSEGV"));
+        for spec in ["func:f", "syscall:read=EIO"] {
+            let returned = parse(spec).with_detect(Detect::Returned);
+            assert_eq!(returned.detect_conflict(), None, "{spec}");
         }
     }
 

@@ -463,3 +463,64 @@ fn a_bad_return_probe_names_the_choices() {
         "{message}"
     );
 }
+
+#[test]
+fn a_bad_detect_names_the_choices() {
+    let text = doc(
+        "    target: {pid: 1}\n    trigger: {function: {symbol: f, min_duration: 2ms, \
+         detect: inflight}}\n",
+    );
+    assert_error(
+        &text,
+        5,
+        64,
+        "unknown detect `inflight`: expected returned or running",
+    );
+}
+
+#[test]
+fn detect_running_needs_min_duration() {
+    let needle = "detect: running needs min_duration (a call is judged slow once it has run \
+                  that long)";
+    let text = doc("    target: {pid: 1}\n    trigger: {function: {symbol: f, detect: running}}\n");
+    assert_error(&text, 5, 45, needle);
+    let (_, _, message) = error_of(&text);
+    assert!(
+        message.starts_with("rules[0].trigger.function.detect: "),
+        "{message}"
+    );
+    let text = doc(
+        "    target: {pid: 1}\n    trigger:\n      syscall:\n        names: read\n        \
+         detect: running\n",
+    );
+    assert_error(&text, 8, 17, needle);
+}
+
+#[test]
+fn detect_running_refuses_an_errno_at_the_later_of_the_two() {
+    let needle = "an errno is known only at the return: detect: running cannot test it";
+    let text = doc(
+        "    target: {pid: 1}\n    trigger:\n      syscall:\n        names: read\n        \
+         min_duration: 1s\n        detect: running\n        errno: EIO\n",
+    );
+    assert_error(&text, 10, 16, needle);
+    let text = doc(
+        "    target: {pid: 1}\n    trigger:\n      syscall:\n        names: read\n        \
+         errno: EIO\n        min_duration: 1s\n        detect: running\n",
+    );
+    assert_error(&text, 10, 17, needle);
+}
+
+#[test]
+fn detect_running_refuses_a_uretprobe() {
+    let text = doc(
+        "    target: {pid: 1}\n    trigger:\n      function:\n        symbol: f\n        \
+         min_duration: 1s\n        detect: running\n        return_probe: uretprobe\n",
+    );
+    assert_error(
+        &text,
+        10,
+        23,
+        "detect: running places no return probe: return_probe: uretprobe cannot go with it",
+    );
+}

@@ -186,6 +186,7 @@ rules:
             syscalls: SyscallSet::Numbers(vec![257]),
             min_duration: None,
             errnos: vec![2],
+            detect: Detect::Returned,
         })
     );
 }
@@ -405,4 +406,55 @@ fn peers_are_false_true_rule_or_all() {
         22,
         "unknown peers `everyone`: expected false, true",
     );
+}
+
+#[test]
+fn detect_defaults_to_returned_and_takes_running_with_min_duration() {
+    let function = |extra: &str| {
+        format!(
+            "version: 1\nrules:\n  - name: hung\n    target: {{comm: app}}\n    \
+             trigger: {{function: {{symbol: f, min_duration: 5s{extra}}}}}\n"
+        )
+    };
+    let syscall = |extra: &str| {
+        format!(
+            "version: 1\nrules:\n  - name: hung\n    target: {{comm: app}}\n    \
+             trigger: {{syscall: {{names: [read, futex], min_duration: 5s{extra}}}}}\n"
+        )
+    };
+    let detect = |rule: Rule| match rule.trigger {
+        Trigger::Function(f) => f.detect,
+        Trigger::Syscall(s) => s.detect,
+        other @ Trigger::Signal(_) => panic!("{other:?}"),
+    };
+    for text in [function, syscall] {
+        assert_eq!(detect(only_rule(&text(""))), Detect::Returned);
+        assert_eq!(
+            detect(only_rule(&text(", detect: returned"))),
+            Detect::Returned
+        );
+        assert_eq!(
+            detect(only_rule(&text(", detect: running"))),
+            Detect::Running
+        );
+    }
+    // The return probe stays free to choose with `returned`; `exits` (the default) goes
+    // with `running` too.
+    let rule = only_rule(&function(", detect: returned, return_probe: uretprobe"));
+    assert_eq!(detect(rule), Detect::Returned);
+    let rule = only_rule(&function(", detect: running, return_probe: exits"));
+    assert_eq!(detect(rule), Detect::Running);
+    // An entry trigger and an errno rule detect at the return, as ever.
+    let rule = only_rule(&syscall(", errno: EIO, detect: returned"));
+    assert_eq!(detect(rule), Detect::Returned);
+}
+
+#[test]
+fn detect_spellings_round_trip() {
+    for detect in [Detect::Returned, Detect::Running] {
+        assert_eq!(detect.as_str().parse::<Detect>(), Ok(detect));
+        assert_eq!(detect.to_string(), detect.as_str());
+    }
+    assert_eq!(Detect::default(), Detect::Returned);
+    assert!("Running".parse::<Detect>().is_err());
 }

@@ -16,9 +16,9 @@ use super::raw::{
 };
 use super::upload;
 use super::{
-    Capture, FunctionTrigger, KubernetesSelector, MAX_FILE_BYTES, OutputPolicy, Retention, Rule,
-    RuleSet, RulesError, SignalTrigger, SnapshotPolicy, SyscallSet, SyscallTrigger, Target,
-    Trigger,
+    Capture, DetectConflict, FunctionTrigger, KubernetesSelector, MAX_FILE_BYTES, OutputPolicy,
+    Retention, Rule, RuleSet, RulesError, SignalTrigger, SnapshotPolicy, SyscallSet,
+    SyscallTrigger, Target, Trigger,
 };
 
 /// Reads at most [`MAX_FILE_BYTES`] + 1 bytes of `path` and validates them.
@@ -156,6 +156,7 @@ fn build_trigger(raw: RawTrigger) -> Result<Trigger, Problem> {
             binary: function.binary.map(|binary| binary.0),
             min_duration: function.min_duration.map(|duration| duration.0),
             return_probe: function.return_probe.unwrap_or_default(),
+            detect: function.detect.unwrap_or_default(),
             all: function.all.unwrap_or(false),
             debug_dirs: function
                 .debug_dirs
@@ -173,6 +174,7 @@ fn build_trigger(raw: RawTrigger) -> Result<Trigger, Problem> {
             syscalls,
             min_duration: syscall.min_duration.map(|duration| duration.0),
             errnos: syscall.errno.map(|list| list.numbers()).unwrap_or_default(),
+            detect: syscall.detect.unwrap_or_default(),
         };
         kinds.push(("syscall", Trigger::Syscall(trigger)));
     }
@@ -182,7 +184,7 @@ fn build_trigger(raw: RawTrigger) -> Result<Trigger, Problem> {
     }
     let mut kinds = kinds.into_iter();
     match (kinds.next(), kinds.next()) {
-        (Some((_, trigger)), None) => Ok(trigger),
+        (Some((kind, trigger)), None) => check_detect(kind, trigger),
         (None, _) => Err(Problem::at_key(
             vec![Step::Key("trigger")],
             "trigger has no kind; expected exactly one of function, syscall, signal",
@@ -198,6 +200,21 @@ fn build_trigger(raw: RawTrigger) -> Result<Trigger, Problem> {
             )
         }
     }
+}
+
+/// `trigger` if its `detect` can be honoured; otherwise the problem, at `detect:` or at the
+/// field that conflicts with it, whichever comes later.
+fn check_detect(kind: &'static str, trigger: Trigger) -> Result<Trigger, Problem> {
+    let Some(conflict) = trigger.detect_conflict() else {
+        return Ok(trigger);
+    };
+    let at = |field| vec![Step::Key("trigger"), Step::Key(kind), Step::Key(field)];
+    let problem = Problem::at_value(at("detect"), conflict.message());
+    Err(match conflict {
+        DetectConflict::NoDuration => problem,
+        DetectConflict::Errno => problem.or_later(at("errno")),
+        DetectConflict::Uretprobe => problem.or_later(at("return_probe")),
+    })
 }
 
 /// The rule's value of a field, else the defaults' value.

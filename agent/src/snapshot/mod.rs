@@ -66,6 +66,11 @@ pub struct TriggerMeta {
     /// [`Metadata::kernel_symbols`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernel_stack: Vec<u64>,
+    /// A function trigger fired while the call ran (`detect: running`): the probed
+    /// function's entry address. Its frame is inside `stack` (whose leaf is where the call
+    /// was at the look: a lock wait, a read), not the leaf.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<u64>,
 }
 
 impl TriggerMeta {
@@ -106,6 +111,7 @@ impl TriggerMeta {
             duration_ns: event.duration_ns,
             stack: event.stack.clone(),
             kernel_stack: event.kernel_stack.clone(),
+            call: event.ip.filter(|_| event.running),
         }
     }
 }

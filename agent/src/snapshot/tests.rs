@@ -105,6 +105,7 @@ fn sample_snapshot() -> Snapshot {
         duration_ns: Some(8_290_000),
         stack: Vec::new(),
         kernel_stack: Vec::new(),
+        call: None,
     };
     Snapshot::from_captured(data, Some(trigger))
 }

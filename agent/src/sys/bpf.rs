@@ -16,7 +16,11 @@ use super::SyscallError;
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_ITER_CREATE: libc::c_long = 33;
+/// `BPF_TRACE_ITER` (`enum bpf_attach_type`).
+const ATTACH_TRACE_ITER: u32 = 28;
 
 /// `BPF_TRACE_UPROBE_MULTI` (`enum bpf_attach_type`, Linux 6.6): the expected attach type
 /// of a program for [`uprobe_multi_link`].
@@ -135,6 +139,105 @@ struct RawTracepointAttr {
     name: u64,
     prog_fd: u32,
     pad: u32,
+}
+
+/// The `BPF_PROG_TEST_RUN` prefix of `union bpf_attr` (explicit padding: 80 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    pad: u32,
+}
+
+/// The `BPF_LINK_CREATE` prefix for an iterator link (no padding: 16 bytes; the iterator
+/// info pointer and length left 0).
+#[repr(C)]
+#[derive(Default)]
+struct IterLinkAttr {
+    prog_fd: u32,
+    target_fd: u32,
+    attach_type: u32,
+    flags: u32,
+}
+
+/// The `BPF_ITER_CREATE` prefix (no padding: 8 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct IterCreateAttr {
+    link_fd: u32,
+    flags: u32,
+}
+
+/// Runs the raw tracepoint program `prog` once on this CPU with `args` as its context
+/// (`BPF_PROG_TEST_RUN`, Linux 5.10; at most 12 arguments); its return value.
+pub fn test_run_raw_tp(prog: BorrowedFd<'_>, args: &[u64]) -> Result<u32, SyscallError> {
+    const CALL: &str = "bpf(BPF_PROG_TEST_RUN)";
+    let mut attr = TestRunAttr {
+        prog_fd: fd_u32(prog, CALL)?,
+        ctx_size_in: u32::try_from(size_of_val(args)).unwrap_or(u32::MAX),
+        ctx_in: args.as_ptr() as u64,
+        ..TestRunAttr::default()
+    };
+    bpf_raw(BPF_PROG_TEST_RUN, &mut attr, CALL)?;
+    Ok(attr.retval)
+}
+
+/// Links the loaded iterator program `prog` (`BPF_LINK_CREATE`, `BPF_TRACE_ITER`); each
+/// [`iter_create`] on the link then runs it once over its objects. Linux 5.8.
+pub fn iter_link_create(prog: BorrowedFd<'_>) -> Result<OwnedFd, SyscallError> {
+    const CALL: &str = "bpf(BPF_LINK_CREATE, iter)";
+    let mut attr = IterLinkAttr {
+        prog_fd: fd_u32(prog, CALL)?,
+        attach_type: ATTACH_TRACE_ITER,
+        ..IterLinkAttr::default()
+    };
+    bpf(BPF_LINK_CREATE, &mut attr, CALL)
+}
+
+/// A new pass of the iterator of `link` (`BPF_ITER_CREATE`): reading the returned file to
+/// its end runs the program over every object.
+pub fn iter_create(link: BorrowedFd<'_>) -> Result<OwnedFd, SyscallError> {
+    const CALL: &str = "bpf(BPF_ITER_CREATE)";
+    let mut attr = IterCreateAttr {
+        link_fd: fd_u32(link, CALL)?,
+        flags: 0,
+    };
+    bpf(BPF_ITER_CREATE, &mut attr, CALL)
+}
+
+/// A descriptor as the `u32` `bpf_attr` holds; `EBADF` when negative.
+fn fd_u32(fd: BorrowedFd<'_>, call: &'static str) -> Result<u32, SyscallError> {
+    u32::try_from(fd.as_raw_fd()).map_err(|_| SyscallError {
+        call,
+        source: std::io::Error::from_raw_os_error(libc::EBADF),
+    })
+}
+
+/// Calls `bpf(cmd, attr, sizeof attr)` once for a command that returns 0 on success.
+fn bpf_raw<T>(cmd: libc::c_long, attr: &mut T, call: &'static str) -> Result<(), SyscallError> {
+    // SAFETY: `attr` is a live, initialised `#[repr(C)]` prefix of `union bpf_attr` with
+    // explicit padding, valid for `size_of::<T>()` bytes; the pointers it holds are
+    // borrowed by the caller for this call.
+    let ret =
+        unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) };
+    if ret < 0 {
+        return Err(SyscallError::last(call));
+    }
+    Ok(())
 }
 
 /// Calls `bpf(cmd, attr, sizeof attr)`, retrying `EINTR`/`EAGAIN` a few times (the verifier
@@ -302,6 +405,9 @@ mod tests {
         assert_eq!(size_of::<UprobeMultiLinkAttr>(), 64);
         assert_eq!(size_of::<MapCreateAttr>(), 20);
         assert_eq!(size_of::<RawTracepointAttr>(), 16);
+        assert_eq!(size_of::<TestRunAttr>(), 80);
+        assert_eq!(size_of::<IterLinkAttr>(), 16);
+        assert_eq!(size_of::<IterCreateAttr>(), 8);
         assert_eq!(size_of::<Insn>(), 8);
     }
 

@@ -33,7 +33,8 @@ use lookback_common::{
         COUNTER_DEPTH_OVERFLOW, COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL,
         COUNTER_SUPPRESSED_COOLDOWN, COUNTER_SUPPRESSED_RATE, COUNTER_UNMATCHED_RETURN,
         COUNTER_UNWOUND, COUNTERS_PER_RULE, EngineConfig, FLAG_FOLLOW_FORKS, FLAG_FREEZE_IN_KERNEL,
-        KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, ProcessRuleKey, RuleSpec, RuleState,
+        FLAG_RUNNING, KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, ProcessRuleKey, RuleSpec,
+        RuleState,
     },
 };
 use serde::Serialize;
@@ -41,6 +42,7 @@ use serde::Serialize;
 use super::{
     btf::{Btf, BtfError},
     exits::{ExitKind, WalkError},
+    inflight,
     plan::{EngineRule, PlanError, rule_spec},
     resolve::{ProbeKind, ProbePoint},
     uprobe_multi::MultiPrograms,
@@ -120,6 +122,20 @@ pub enum TriggerError {
          stacks and checks return addresses); use the default `return_probe: exits`"
     )]
     UretprobeOnGo { rule: String, path: String },
+    #[error(
+        "rule {rule}: detect: running is not available in Go binaries ({path}): a \
+         goroutine's calls are not tied to the thread a look sees; use detect: returned"
+    )]
+    RunningOnGo { rule: String, path: String },
+    #[error(
+        "rule {rule}: detect: running needs the size of {symbol} in {path} (its symbol has \
+         none), to tell its frame from a sibling's"
+    )]
+    RunningWithoutSize {
+        rule: String,
+        symbol: String,
+        path: String,
+    },
     #[error("rule {rule}: more than {MAX_JUMP_SITES} indirect exit jumps")]
     JumpSitesFull { rule: String },
     #[error("cannot attach {what} for rule {rule} at {path}+{offset:#x}")]
@@ -156,14 +172,14 @@ impl TriggerError {
     }
 }
 
-fn map_err(name: &'static str) -> impl FnOnce(MapError) -> TriggerError {
+pub(super) fn map_err(name: &'static str) -> impl FnOnce(MapError) -> TriggerError {
     move |source| TriggerError::Map {
         name,
         source: Box::new(source),
     }
 }
 
-fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> TriggerError {
+pub(super) fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> TriggerError {
     move |source| TriggerError::Program {
         name,
         source: Box::new(source),
@@ -310,6 +326,9 @@ impl TriggerEngine {
         let config = EngineConfig {
             task_tgid_offset: btf.member_offset("task_struct", "tgid")?,
             task_pid_offset: btf.member_offset("task_struct", "pid")?,
+            task_on_cpu_offset: btf.member_offset("task_struct", "on_cpu")?,
+            task_nvcsw_offset: btf.member_offset("task_struct", "nvcsw")?,
+            task_nivcsw_offset: btf.member_offset("task_struct", "nivcsw")?,
             ..EngineConfig::default()
         };
         let mut ebpf = EbpfLoader::new()
@@ -675,7 +694,25 @@ impl TriggerEngine {
         let id = loaded.rule.id;
         let rule = &loaded.rule.name;
         let path = || point.path.display().to_string();
-        if loaded.spec.min_duration_ns > 0 {
+        let mut entry_cookie = probe::cookie(id, SITE_ENTRY, point.go, 0, 0);
+        if loaded.spec.flags & FLAG_RUNNING != 0 {
+            // Only the entry probe; its cookie carries the function's size.
+            if point.go {
+                return Err(TriggerError::RunningOnGo {
+                    rule: rule.clone(),
+                    path: path(),
+                });
+            }
+            let size = u32::try_from(point.size)
+                .ok()
+                .filter(|&s| s > 0)
+                .ok_or_else(|| TriggerError::RunningWithoutSize {
+                    rule: rule.clone(),
+                    symbol: point.display.clone(),
+                    path: path(),
+                })?;
+            entry_cookie = probe::cookie(id, SITE_ENTRY, false, 0, size);
+        } else if loaded.spec.min_duration_ns > 0 {
             let return_probe = match &loaded.rule.trigger {
                 Trigger::Function(f) => f.return_probe,
                 _ => ReturnProbe::default(),
@@ -733,8 +770,7 @@ impl TriggerEngine {
                 }
             }
         }
-        let cookie = probe::cookie(id, SITE_ENTRY, point.go, 0, 0);
-        let sites = [(point.file_offset, cookie)];
+        let sites = [(point.file_offset, entry_cookie)];
         self.attach_sites(PROG_FUNCTION_ENTRY, rule, point, &sites, &mut links.entry)?;
         attached.push(attached_probe(point, point.file_offset, "entry"));
         Ok(())
@@ -1032,6 +1068,10 @@ impl TriggerEngine {
         self.config.syscall_rules = mask_of(&|s| s.kind == KIND_SYSCALL);
         self.config.signal_rules = mask_of(&|s| s.kind == KIND_SIGNAL);
         self.config.follow_fork_rules = mask_of(&|s| s.flags & FLAG_FOLLOW_FORKS != 0);
+        self.config.running_rules = mask_of(&|s| s.flags & FLAG_RUNNING != 0);
+        if self.config.running_rules != 0 {
+            inflight::load_programs(&mut self.ebpf)?;
+        }
         self.write_config()?;
         let want = [
             (PROG_SYS_ENTER, self.config.syscall_rules != 0),
@@ -1064,6 +1104,12 @@ impl TriggerEngine {
         let config = self.config;
         let mut map: Array<_, EngineConfig> = map_mut(&mut self.ebpf, "CONFIG")?;
         map.set(0, config, 0).map_err(map_err("CONFIG"))
+    }
+
+    /// Descriptors for the in-flight watcher ([`crate::inflight::Watcher`]) once a
+    /// `detect: running` rule is loaded; `None` before.
+    pub fn inflight_handles(&self) -> Option<Result<inflight::Handles, TriggerError>> {
+        (self.config.running_rules != 0).then(|| inflight::Handles::new(&self.ebpf))
     }
 
     /// Run-time statistics of every loaded program (for `lookback_bpf_program_*`). The
@@ -1251,7 +1297,10 @@ where
     T::try_from(map).map_err(map_err(name))
 }
 
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, TriggerError>
+pub(super) fn program<'a, T>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut T, TriggerError>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
 {

@@ -5,8 +5,8 @@
 use std::fmt;
 
 use lookback_common::trigger::{
-    PHASE_ENTRY, RecordKind, TRIGGER_ENTRY_SIZE, TRIGGER_KERNEL_FRAMES, TRIGGER_RECORD_SIZE,
-    TRIGGER_STACK_COPY, TRIGGER_STACK_FRAMES, TriggerRecord, TriggerStack,
+    PHASE_ENTRY, PHASE_RUNNING, RecordKind, TRIGGER_ENTRY_SIZE, TRIGGER_KERNEL_FRAMES,
+    TRIGGER_RECORD_SIZE, TRIGGER_STACK_COPY, TRIGGER_STACK_FRAMES, TriggerRecord, TriggerStack,
 };
 
 use serde::Serialize;
@@ -29,6 +29,10 @@ pub struct TriggerEvent {
     pub kind: TriggerKind,
     /// Fired on entry (function/syscall entry, signal) rather than on return.
     pub on_entry: bool,
+    /// Fired while the call was still running (`detect: running`): `duration_ns` is how
+    /// long it had run at `timestamp_ns`, and it has no return value.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub running: bool,
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
@@ -201,20 +205,22 @@ impl TriggerEvent {
             Err(kind) => return Err(EventError::Kind { kind }),
         };
         let on_entry = r.phase == PHASE_ENTRY;
+        let running = r.phase == PHASE_RUNNING;
         let comm_len = r.comm.iter().position(|&b| b == 0).unwrap_or(r.comm.len());
         let is = |k| (kind == k).then_some(());
         Ok(Self {
             rule_id: r.rule_id,
             kind,
             on_entry,
+            running,
             pid: r.pid,
             tid: r.tid,
             comm: String::from_utf8_lossy(&r.comm[..comm_len]).into_owned(),
             timestamp_ns: r.timestamp_ns,
             duration_ns: (!on_entry && kind != TriggerKind::Signal).then_some(r.duration_ns),
             syscall: is(TriggerKind::Syscall).map(|()| r.syscall_nr),
-            ret: (kind != TriggerKind::Signal && !on_entry).then_some(r.ret),
-            errno: (kind == TriggerKind::Syscall && !on_entry && r.ret < 0)
+            ret: (kind != TriggerKind::Signal && !on_entry && !running).then_some(r.ret),
+            errno: (kind == TriggerKind::Syscall && !on_entry && !running && r.ret < 0)
                 .then(|| u32::try_from(r.ret.unsigned_abs()).unwrap_or(u32::MAX)),
             signal: is(TriggerKind::Signal).map(|()| r.signal),
             sender_pid: is(TriggerKind::Signal).map(|()| r.sender_pid),
@@ -231,11 +237,9 @@ impl TriggerEvent {
         let mut parts = Vec::new();
         match self.kind {
             TriggerKind::Function => {
-                parts.push(if self.on_entry {
-                    "entry".to_owned()
-                } else {
-                    "return".to_owned()
-                });
+                if !self.running {
+                    parts.push(if self.on_entry { "entry" } else { "return" }.to_owned());
+                }
             }
             TriggerKind::Syscall => {
                 let nr = self.syscall.unwrap_or(u32::MAX);
@@ -254,8 +258,12 @@ impl TriggerEvent {
                 parts.push(format!("{name} from pid {}", self.sender_pid.unwrap_or(0)));
             }
         }
-        if let Some(d) = self.duration_ns {
-            parts.push(format!("duration {}", format_ns(d)));
+        match self.duration_ns {
+            Some(d) if self.running => {
+                parts.push(format!("running for {} (still inside)", format_ns(d)));
+            }
+            Some(d) => parts.push(format!("duration {}", format_ns(d))),
+            None => {}
         }
         parts.join(", ")
     }

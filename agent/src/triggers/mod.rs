@@ -10,6 +10,7 @@ pub mod btf;
 pub mod engine;
 pub mod event;
 pub mod exits;
+pub mod inflight;
 pub mod names;
 pub mod plan;
 pub mod pump;

@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use lookback_common::rule::{
     ERRNO_BITMAP_WORDS, FLAG_ANY_SYSCALL, FLAG_ERRNO, FLAG_FOLLOW_FORKS, FLAG_ON_ENTRY,
-    FLAG_SCOPE_RULE, KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, RuleSpec, SYSCALL_BITMAP_WORDS,
-    set_bit,
+    FLAG_RUNNING, FLAG_SCOPE_RULE, KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, RuleSpec,
+    SYSCALL_BITMAP_WORDS, set_bit,
 };
 
-use crate::rules::{SyscallSet, Trigger};
+use crate::rules::{Detect, SyscallSet, Trigger};
 
 /// A rule as the trigger engine needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +67,9 @@ pub fn rule_spec(rule: &EngineRule) -> Result<RuleSpec, PlanError> {
                 Some(d) => spec.min_duration_ns = ns(d),
                 None => spec.flags |= FLAG_ON_ENTRY,
             }
+            if f.detect == Detect::Running {
+                spec.flags |= FLAG_RUNNING;
+            }
         }
         Trigger::Syscall(s) => {
             spec.kind = KIND_SYSCALL;
@@ -101,6 +104,9 @@ pub fn rule_spec(rule: &EngineRule) -> Result<RuleSpec, PlanError> {
                 None if s.errnos.is_empty() => spec.flags |= FLAG_ON_ENTRY,
                 None => {}
             }
+            if s.detect == Detect::Running {
+                spec.flags |= FLAG_RUNNING;
+            }
         }
         Trigger::Signal(s) => {
             spec.kind = KIND_SIGNAL;
@@ -122,6 +128,24 @@ pub fn rule_spec(rule: &EngineRule) -> Result<RuleSpec, PlanError> {
 mod tests {
     use super::*;
     use crate::rules::{FunctionTrigger, SignalTrigger, SyscallTrigger};
+
+    fn slow_function(detect: Detect) -> Trigger {
+        Trigger::Function(FunctionTrigger {
+            symbol: "slow".into(),
+            min_duration: Some(Duration::from_secs(5)),
+            detect,
+            ..FunctionTrigger::default()
+        })
+    }
+
+    fn slow_read(detect: Detect) -> Trigger {
+        Trigger::Syscall(SyscallTrigger {
+            syscalls: SyscallSet::Numbers(vec![0]),
+            min_duration: Some(Duration::from_secs(5)),
+            errnos: vec![],
+            detect,
+        })
+    }
 
     fn rule(trigger: Trigger) -> EngineRule {
         EngineRule {
@@ -177,6 +201,7 @@ mod tests {
             syscalls: SyscallSet::Numbers(vec![74, 257, 450]),
             min_duration: None,
             errnos: vec![2, 5],
+            detect: Detect::Returned,
         });
         let s = rule_spec(&rule(t)).expect("valid");
         assert!(s.has_syscall(74) && s.has_syscall(257) && s.has_syscall(450));
@@ -188,6 +213,7 @@ mod tests {
             syscalls: SyscallSet::Any,
             min_duration: None,
             errnos: vec![],
+            detect: Detect::Returned,
         });
         let s = rule_spec(&rule(any)).expect("valid");
         assert!(s.has_syscall(0) && s.has_syscall(400));
@@ -197,6 +223,7 @@ mod tests {
             syscalls: SyscallSet::Numbers(vec![512]),
             min_duration: None,
             errnos: vec![],
+            detect: Detect::Returned,
         });
         assert!(matches!(
             rule_spec(&rule(bad)),
@@ -213,5 +240,25 @@ mod tests {
         assert!(s.has_signal(6) && s.has_signal(11) && !s.has_signal(9));
         let bad = Trigger::Signal(SignalTrigger { signals: vec![0] });
         assert!(rule_spec(&rule(bad)).is_err());
+    }
+
+    #[test]
+    fn running_detection_sets_the_running_flag_for_functions_and_syscalls() {
+        for (trigger, kind) in [
+            (slow_function as fn(Detect) -> Trigger, KIND_FUNCTION),
+            (slow_read, KIND_SYSCALL),
+        ] {
+            let running = rule_spec(&rule(trigger(Detect::Running))).expect("valid");
+            assert_eq!(running.kind, kind);
+            assert_ne!(running.flags & FLAG_RUNNING, 0, "kind {kind}");
+            assert_eq!(running.flags & FLAG_ON_ENTRY, 0, "kind {kind}");
+            assert_eq!(running.min_duration_ns, 5_000_000_000);
+            let returned = rule_spec(&rule(trigger(Detect::Returned))).expect("valid");
+            assert_eq!(returned.flags & FLAG_RUNNING, 0, "kind {kind}");
+            assert_eq!(returned.flags, running.flags & !FLAG_RUNNING);
+        }
+        let signal = Trigger::Signal(SignalTrigger { signals: vec![11] });
+        let spec = rule_spec(&rule(signal)).expect("valid");
+        assert_eq!(spec.flags & FLAG_RUNNING, 0);
     }
 }

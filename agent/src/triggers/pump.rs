@@ -23,7 +23,7 @@ use std::{
 };
 
 use aya::maps::{MapData, RingBuf};
-use lookback_common::trigger::{TriggerRecord, record_rules};
+use lookback_common::trigger::{PHASE_RUNNING, TriggerRecord, record_rules};
 use tokio::sync::mpsc;
 
 use super::event::{
@@ -213,8 +213,13 @@ fn drain_ring(
         let stack = stack_from_bytes(&item);
         // 8 KiB copied before the freeze: ~0.2 µs, while the process is already frozen
         // in the kernel when its rule asks for that.
-        let copy = stack_copy_from_bytes(&item);
+        let mut copy = stack_copy_from_bytes(&item);
         drop(item);
+        if copy.is_none() && record.phase == PHASE_RUNNING {
+            // Fired from the agent's context: the look that proved it left the stack.
+            let entry_ns = record.timestamp_ns.saturating_sub(record.duration_ns);
+            copy = super::inflight::stacks().take(record.tid, entry_ns);
+        }
         // One entry per event, whatever number of rules it met: one record per rule here,
         // each hooked (the freeze decision is per rule) and delivered on its own.
         for rule_id in record_rules(&record) {

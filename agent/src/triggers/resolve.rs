@@ -173,6 +173,9 @@ pub struct ProbePoint {
     pub file_offset: u64,
     /// The symbol's virtual address in the ELF file.
     pub address: u64,
+    /// The symbol's size in bytes (0: unknown), which `detect: running` checks a frame
+    /// against.
+    pub size: u64,
     pub kind: ProbeKind,
     /// The file is a Go binary (`.go.buildinfo` or `runtime.buildVersion`): latency is
     /// tracked per goroutine, and uretprobes are refused (Go copies goroutine stacks and
@@ -279,6 +282,7 @@ fn probe_point(
         global: function.global,
         file_offset,
         address,
+        size,
         kind,
         go,
         exits: exit_probes(file, data, index, symbol, address, size),

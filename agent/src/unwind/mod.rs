@@ -49,6 +49,34 @@ pub struct UnwindStats {
     pub stopped_early: u64,
 }
 
+/// Each file's unwind sections (`None`: not readable), kept between unwinders.
+#[derive(Default)]
+pub struct UnwindFiles(HashMap<PathBuf, Option<Arc<UnwindSections>>>);
+
+impl UnwindFiles {
+    /// How many files it holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it holds none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// One frame of [`StackUnwinder::frames_with_cfa`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CfaFrame {
+    /// The IP (leaf) or the return address into the frame's code (after its call).
+    pub address: u64,
+    pub is_return: bool,
+    /// The frame's canonical frame address.
+    pub cfa: u64,
+}
+
 /// Unwinds the samples of one snapshot's processes.
 pub struct StackUnwinder<'a> {
     maps: HashMap<u32, &'a ProcessMaps>,
@@ -65,11 +93,22 @@ impl<'a> StackUnwinder<'a> {
     /// An unwinder for the processes of `processes`, with the snapshot's embedded `code`.
     #[must_use]
     pub fn new(processes: &'a [ProcessMaps], code: &'a [CodeRegion]) -> Self {
+        Self::with_files(processes, code, UnwindFiles::default())
+    }
+
+    /// [`Self::new`] with the unwind sections an earlier unwinder read
+    /// ([`Self::into_files`]): a caller that unwinds a few stacks at a time (the in-flight
+    /// watcher) reads each file's CFI once, not at every stack.
+    pub fn with_files(
+        processes: &'a [ProcessMaps],
+        code: &'a [CodeRegion],
+        files: UnwindFiles,
+    ) -> Self {
         Self {
             maps: processes.iter().map(|p| (p.pid, p)).collect(),
             code,
             processes: HashMap::new(),
-            files: HashMap::new(),
+            files: files.0,
             cache: CacheX86_64::new(),
             stats: UnwindStats::default(),
         }
@@ -118,6 +157,52 @@ impl<'a> StackUnwinder<'a> {
         }
         self.stats.stacks += 1;
         self.stats.frames += out.len() as u64;
+        out
+    }
+
+    /// The unwind sections read so far, for [`Self::with_files`].
+    #[must_use]
+    pub fn into_files(self) -> UnwindFiles {
+        UnwindFiles(self.files)
+    }
+
+    /// The frames of a stack of process `pid` as [`Self::unwind`] finds them, each with
+    /// its canonical frame address (the caller's SP after the frame returns: for a
+    /// function entered with SP = `h`, `h + 8`), leaf first; the walk stops at the first
+    /// frame it cannot unwind (that frame is left out: its CFA is unknown).
+    pub fn frames_with_cfa(&mut self, pid: u32, regs: UserRegs, stack: &[u8]) -> Vec<CfaFrame> {
+        if !self.processes.contains_key(&pid) {
+            let unwinder = self.process_unwinder(pid);
+            self.processes.insert(pid, unwinder);
+        }
+        let Some(unwinder) = self.processes.get(&pid) else {
+            return Vec::new();
+        };
+        let sp = regs.sp;
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let at = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
+            let word = stack.get(at..at.checked_add(8).ok_or(())?).ok_or(())?;
+            Ok(u64::from_le_bytes(word.try_into().map_err(|_| ())?))
+        };
+        let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+        let mut address = framehop::FrameAddress::from_instruction_pointer(regs.ip);
+        let mut out = Vec::new();
+        while out.len() < MAX_FRAMES {
+            let Ok(next) =
+                unwinder.unwind_frame(address, &mut uregs, &mut self.cache, &mut read_stack)
+            else {
+                break;
+            };
+            out.push(CfaFrame {
+                address: address.address(),
+                is_return: address.is_return_address(),
+                cfa: uregs.sp(),
+            });
+            let Some(next) = next.and_then(framehop::FrameAddress::from_return_address) else {
+                break;
+            };
+            address = next;
+        }
         out
     }
 

@@ -166,6 +166,12 @@ fn trigger_stack(snap: &Snapshot, symbols: &mut Symbolizer<'_>) -> Vec<StackFram
         .collect()
 }
 
+/// The probed function's name of a trigger fired while the call ran.
+fn call_name(snap: &Snapshot, symbols: &mut Symbolizer<'_>) -> Option<String> {
+    let t = snap.meta.trigger.as_ref()?;
+    Some(symbols.frame(t.pid, t.call?).name.clone())
+}
+
 /// The name of process `pid`'s track: `comm [pid]`, and ` (container <12 hex digits>)`
 /// when it runs in a container (its maps' origin, or the snapshot's for the triggering
 /// process).
@@ -254,6 +260,9 @@ pub struct TraceSummary {
     pub truncated_stacks: u64,
     /// The stack the kernel took at the trigger, symbolized, leaf first.
     pub trigger_stack: Vec<StackFrameName>,
+    /// The probed function of a trigger fired while the call ran (`TriggerMeta::call`),
+    /// symbolized: the call's name, which the leaf of `trigger_stack` is not.
+    pub call_name: Option<String>,
     /// Frames and `[unknown]` frames per mapped file, with the hint to install debug
     /// symbols where most are unknown.
     pub symbols: Vec<crate::symbols::ModuleSymbols>,
@@ -459,7 +468,9 @@ fn trigger_call(
     let Some(duration) = t.duration_ns.filter(|_| report::is_latency_kind(&t.kind)) else {
         return Ok(());
     };
-    let name = if t.kind == "function" {
+    let name = if let Some(name) = &summary.call_name {
+        name.clone()
+    } else if t.kind == "function" {
         summary
             .trigger_stack
             .iter()
@@ -511,6 +522,7 @@ fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceS
         ..TraceSummary::default()
     };
     summary.trigger_stack = trigger_stack(snap, &mut symbols);
+    summary.call_name = call_name(snap, &mut symbols);
     let ctx = Context {
         snap,
         period_ns: period_ns(snap, &threads),

@@ -267,6 +267,7 @@ pub fn emit(
     };
     let trigger = snap.meta.trigger.as_ref().filter(|t| t.pid != 0);
     summary.trigger_stack = super::trigger_stack(snap, &mut lookup.borrow_mut().symbols);
+    summary.call_name = super::call_name(snap, &mut lookup.borrow_mut().symbols);
     let trigger_stack = stack_line(&summary.trigger_stack);
     let keys: Vec<(u32, u32)> = stacks.tracks.keys().map(|&t| track_key(snap, t)).collect();
     let pids: BTreeSet<u32> = keys.iter().map(|k| k.0).collect();

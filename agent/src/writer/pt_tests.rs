@@ -261,6 +261,7 @@ pub(crate) fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
         duration_ns: None,
         stack: Vec::new(),
         kernel_stack: Vec::new(),
+        call: None,
     };
     Snapshot::from_captured(captured, Some(trigger))
 }

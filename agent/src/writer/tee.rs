@@ -56,12 +56,19 @@ impl<'a, S: TraceSink> Tee<'a, S> {
     pub(super) fn report(&self, snap: &Snapshot, summary: &TraceSummary) -> Option<Report> {
         let collector = self.collector.as_ref()?;
         let t = snap.meta.trigger.as_ref()?;
-        let stack = summary
+        let mut stack: Vec<String> = summary
             .trigger_stack
             .iter()
             .rev()
             .map(|f| f.function.clone())
             .collect();
+        // Fired while the call ran: the stack goes on below the probed function (where
+        // the call was at the look); the report's call ends at its innermost frame.
+        if let Some(call) = &summary.call_name
+            && let Some(at) = stack.iter().rposition(|f| f == call)
+        {
+            stack.truncate(at + 1);
+        }
         Some(collector.report(&info(t, stack), self.depth))
     }
 }

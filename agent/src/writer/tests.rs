@@ -138,6 +138,7 @@ fn snapshot() -> Snapshot {
         duration_ns: Some(1_200_000),
         stack: Vec::new(),
         kernel_stack: Vec::new(),
+        call: None,
     };
     Snapshot::from_captured(captured, Some(trigger))
 }

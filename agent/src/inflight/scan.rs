@@ -1,0 +1,481 @@
+//! One scan of the calls in flight: candidates from the kernel's maps, looks at their
+//! threads, the proof, and the fire (see the module above).
+
+use std::{
+    collections::{HashMap, HashSet},
+    io::Read as _,
+    os::fd::{AsFd as _, OwnedFd},
+    sync::{Arc, atomic::Ordering},
+};
+
+use lookback_common::rule::{
+    EntryFrame, INFLIGHT_ARGS, INFLIGHT_FUNCTION, INFLIGHT_SYSCALL, KIND_FUNCTION, KIND_SYSCALL,
+    MAX_LOOKS, RuleSpec,
+};
+
+use super::{
+    Stats,
+    proof::{self, Proof},
+    ticks::Ticks,
+};
+use crate::{
+    capture::{ProcessMaps, procmaps},
+    sys::{self, bpf},
+    triggers::{
+        event::{StackCopy, UserRegs},
+        inflight::{Handles, stacks},
+    },
+    unwind::{StackUnwinder, UnwindFiles},
+};
+
+/// `exit` and `exit_group`: they never return, and the thread is gone after them.
+const NEVER_RETURN: [u64; 2] = [60, 231];
+
+/// Calls decided (fired, or shown ended) kept at most, then forgotten (the kernel's
+/// `INFLIGHT_REPORTED` still keeps a fired call from firing twice).
+const MAX_DECIDED: usize = 1 << 16;
+
+/// A function call that has run past its threshold, not yet decided.
+struct FunctionCall {
+    thread: u64,
+    tgid: u32,
+    rule_id: u32,
+    min_ns: u64,
+    frame: EntryFrame,
+}
+
+/// A syscall that has run past a running rule's threshold.
+struct Syscall {
+    tid: u32,
+    entry_ns: u64,
+    nr: u64,
+}
+
+/// A look the scan asked for: its slot in `LOOKS`, and when it asked.
+#[derive(Clone, Copy)]
+struct Wanted {
+    slot: u32,
+    since_ns: u64,
+}
+
+/// A look taken.
+struct Taken {
+    look_ns: u64,
+    copy: StackCopy,
+}
+
+pub(super) struct Scanner {
+    handles: Handles,
+    stats: Arc<Stats>,
+    decided: HashSet<(u64, u64)>,
+    wanted: HashMap<u32, Wanted>,
+    link: Option<OwnedFd>,
+    unwind: UnwindCache,
+    ticks: Ticks,
+}
+
+impl Scanner {
+    pub(super) fn new(handles: Handles, stats: Arc<Stats>) -> Self {
+        let ticks = Ticks::open(handles.tick.as_fd());
+        Self {
+            ticks,
+            handles,
+            stats,
+            decided: HashSet::new(),
+            wanted: HashMap::new(),
+            link: None,
+            unwind: UnwindCache::default(),
+        }
+    }
+
+    /// One pass; errors of the kernel maps are logged and the pass ends.
+    pub(super) fn scan(&mut self) {
+        let Ok(config) = self.handles.config.get(&0, 0) else {
+            return;
+        };
+        if config.running_rules == 0 {
+            return;
+        }
+        let rules = self.running_rules(config.running_rules);
+        let now = sys::monotonic_ns();
+        if self.decided.len() > MAX_DECIDED {
+            self.decided.clear();
+        }
+        let calls = self.function_calls(&rules, now);
+        let syscalls = self.syscalls(&rules, config.syscall_rules, now);
+        let tids: HashSet<u32> = calls
+            .iter()
+            .map(|c| thread_tid(c.thread))
+            .chain(syscalls.iter().map(|s| s.tid))
+            .collect();
+        self.want(&tids, now);
+        if !self.wanted.is_empty() {
+            self.run_iterator();
+        }
+        // What the iterator could not look at is running: the CPU ticks look at it.
+        let on_cpu = self.wanted.iter().any(|(tid, w)| {
+            self.handles
+                .want_look
+                .get(tid, 0)
+                .is_ok_and(|s| s == w.slot)
+        });
+        self.ticks.set(on_cpu);
+        // One look per thread judges all its calls (recursion: several frames).
+        let mut looks: HashMap<u32, Option<Taken>> = HashMap::new();
+        for call in calls {
+            let tid = thread_tid(call.thread);
+            let look = looks.entry(tid).or_insert_with(|| self.taken(tid));
+            if let Some(look) = look.as_ref() {
+                self.judge_call(&call, look);
+            }
+        }
+        // A thread whose look was taken is asked again at the next scan if it still has
+        // a candidate (`taken` ended the ask).
+        for call in syscalls {
+            let tgid = tgid_of(call.tid).unwrap_or(0);
+            let look = self.taken(call.tid);
+            if let Some(look) = look {
+                stacks().put(call.tid, call.entry_ns, look.copy);
+            }
+            let args = args(INFLIGHT_SYSCALL, u64::from(call.tid), tgid, call.tid);
+            let args = [args[0], args[1], args[2], 0, call.entry_ns, 0, 0, call.nr];
+            if self.fire(call.tid, call.entry_ns, &args) {
+                self.decided.insert((u64::from(call.tid), call.entry_ns));
+            }
+        }
+    }
+
+    /// The `detect: running` rules: (id, spec).
+    fn running_rules(&self, mask: u64) -> Vec<(u32, RuleSpec)> {
+        (0..64u32)
+            .filter(|id| mask >> id & 1 == 1)
+            .filter_map(|id| Some((id, self.handles.rules.get(&id, 0).ok()?)))
+            .collect()
+    }
+
+    /// Every frame of `ENTRY_TIMES` of a running function rule that is older than the
+    /// rule's threshold and not decided, whose thread is alive.
+    fn function_calls(&self, rules: &[(u32, RuleSpec)], now: u64) -> Vec<FunctionCall> {
+        let min_of: HashMap<u32, u64> = rules
+            .iter()
+            .filter(|(_, r)| r.kind == KIND_FUNCTION)
+            .map(|(id, r)| (*id, r.min_duration_ns))
+            .collect();
+        if min_of.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for item in &self.handles.entry_times {
+            let Ok((key, stack)) = item else {
+                continue;
+            };
+            let Some(&min_ns) = min_of.get(&key.rule_id) else {
+                continue;
+            };
+            let depth = usize::try_from(stack.depth)
+                .unwrap_or(0)
+                .min(stack.frames.len());
+            for frame in &stack.frames[..depth] {
+                let old = now.saturating_sub(frame.entry_ns) >= min_ns;
+                if old
+                    && frame.func != 0
+                    && !self.decided.contains(&(key.thread, frame.entry_ns))
+                    && thread_alive(key.tgid, thread_tid(key.thread))
+                {
+                    out.push(FunctionCall {
+                        thread: key.thread,
+                        tgid: key.tgid,
+                        rule_id: key.rule_id,
+                        min_ns,
+                        frame: *frame,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Every syscall in flight past a running syscall rule's threshold, not decided.
+    fn syscalls(&self, rules: &[(u32, RuleSpec)], syscall_rules: u64, now: u64) -> Vec<Syscall> {
+        let rules: Vec<&(u32, RuleSpec)> = rules
+            .iter()
+            .filter(|(id, r)| r.kind == KIND_SYSCALL && syscall_rules >> id & 1 == 1)
+            .collect();
+        if rules.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for item in &self.handles.syscall_start {
+            let Ok((tid, start)) = item else {
+                continue;
+            };
+            let age = now.saturating_sub(start.enter_ns);
+            let met = rules.iter().any(|(id, r)| {
+                start.rules >> id & 1 == 1 && r.has_syscall(start.nr) && age >= r.min_duration_ns
+            });
+            if met
+                && !NEVER_RETURN.contains(&start.nr)
+                && !self.decided.contains(&(u64::from(tid), start.enter_ns))
+                && std::path::Path::new(&format!("/proc/{tid}")).exists()
+            {
+                out.push(Syscall {
+                    tid,
+                    entry_ns: start.enter_ns,
+                    nr: start.nr,
+                });
+            }
+        }
+        out
+    }
+
+    /// Asks for a look at each of `tids` not asked for yet (as many as there are slots),
+    /// and withdraws the asks for threads no longer wanted.
+    fn want(&mut self, tids: &HashSet<u32>, now: u64) {
+        let gone: Vec<u32> = self
+            .wanted
+            .keys()
+            .filter(|t| !tids.contains(t))
+            .copied()
+            .collect();
+        for tid in gone {
+            self.wanted.remove(&tid);
+            let _ = self.handles.want_look.remove(&tid);
+        }
+        for &tid in tids {
+            if self.wanted.contains_key(&tid) {
+                continue;
+            }
+            let used: HashSet<u32> = self.wanted.values().map(|w| w.slot).collect();
+            let Some(slot) = (0..MAX_LOOKS).find(|s| !used.contains(s)) else {
+                break; // the rest waits for a free slot
+            };
+            if self.handles.want_look.insert(tid, slot, 0).is_ok() {
+                self.wanted.insert(
+                    tid,
+                    Wanted {
+                        slot,
+                        since_ns: now,
+                    },
+                );
+            }
+        }
+    }
+
+    /// One pass of the task iterator: looks at the wanted threads that are off CPU.
+    fn run_iterator(&mut self) {
+        if self.link.is_none() {
+            match bpf::iter_link_create(self.handles.look.as_fd()) {
+                Ok(link) => self.link = Some(link),
+                Err(e) => {
+                    log::warn!("in-flight looks off CPU unavailable: {e}");
+                    return;
+                }
+            }
+        }
+        let Some(link) = &self.link else {
+            return;
+        };
+        match bpf::iter_create(link.as_fd()) {
+            Ok(fd) => {
+                let mut file = std::fs::File::from(fd);
+                let mut sink = Vec::new();
+                if let Err(e) = file.read_to_end(&mut sink) {
+                    log::debug!("in-flight task iterator: {e}");
+                }
+            }
+            Err(e) => log::debug!("in-flight task iterator: {e}"),
+        }
+    }
+
+    /// The look at `tid` taken since it was asked for, if any; the ask is then done.
+    fn taken(&mut self, tid: u32) -> Option<Taken> {
+        let wanted = *self.wanted.get(&tid)?;
+        let look = self.handles.looks.get(&wanted.slot, 0).ok()?;
+        if look.tid != tid || look.look_ns < wanted.since_ns {
+            return None;
+        }
+        self.wanted.remove(&tid);
+        self.stats.looks.fetch_add(1, Ordering::Relaxed);
+        let len = usize::try_from(look.copy.len)
+            .unwrap_or(0)
+            .min(look.copy.bytes.len());
+        Some(Taken {
+            look_ns: look.look_ns,
+            copy: StackCopy {
+                regs: UserRegs {
+                    ip: look.copy.ip,
+                    sp: look.copy.sp,
+                    bp: look.copy.bp,
+                },
+                bytes: look.copy.bytes[..len].to_vec(),
+            },
+        })
+    }
+
+    /// Judges a function call on a look at its thread, and fires it when the look proves
+    /// it inside past its threshold.
+    fn judge_call(&mut self, call: &FunctionCall, look: &Taken) {
+        let tid = thread_tid(call.thread);
+        if look.look_ns < call.frame.entry_ns.saturating_add(call.min_ns) {
+            return; // looked too early: asked again next scan
+        }
+        let proof = self
+            .unwind
+            .prove(call.tgid, &call.frame, &look.copy, look.look_ns);
+        log::debug!(
+            "in-flight: thread {tid} call entered at {} (height {:#x}): {proof:?} by a look at {}",
+            call.frame.entry_ns,
+            call.frame.height,
+            look.look_ns
+        );
+        let key = (call.thread, call.frame.entry_ns);
+        match proof {
+            Proof::Inside => {
+                stacks().put(tid, call.frame.entry_ns, look.copy.clone());
+                let a = args(INFLIGHT_FUNCTION, call.thread, call.tgid, tid);
+                let args = [
+                    a[0],
+                    a[1],
+                    a[2],
+                    u64::from(call.rule_id),
+                    call.frame.entry_ns,
+                    look.look_ns,
+                    call.frame.height,
+                    0,
+                ];
+                self.fire(tid, call.frame.entry_ns, &args);
+            }
+            Proof::Ended => {
+                self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Proof::Unproven => {
+                self.stats.unproven.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.decided.insert(key);
+    }
+
+    /// Runs the fire program with `head` (8 arguments) and the thread's comm; whether it
+    /// sent a trigger. The stack left for it is taken back when it did not.
+    fn fire(&self, tid: u32, entry_ns: u64, head: &[u64; 8]) -> bool {
+        let process = u32::try_from(head[2] >> 32).unwrap_or(0);
+        let comm = comm_words(process, tid);
+        let mut all = [0u64; INFLIGHT_ARGS + 4];
+        all[..8].copy_from_slice(head);
+        all[8] = comm[0];
+        all[9] = comm[1];
+        match bpf::test_run_raw_tp(self.handles.fire.as_fd(), &all) {
+            Ok(1) => {
+                self.stats.fired.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Ok(_) => {
+                let _ = stacks().take(tid, entry_ns);
+                false
+            }
+            Err(e) => {
+                log::warn!("in-flight trigger of thread {tid} not fired: {e}");
+                let _ = stacks().take(tid, entry_ns);
+                false
+            }
+        }
+    }
+}
+
+/// The first arguments of the fire program: kind, thread key, and the kernel's
+/// `pid_tgid` (process above, thread below).
+fn args(kind: u64, thread: u64, process: u32, tid: u32) -> [u64; 3] {
+    [kind, thread, u64::from(process) << 32 | u64::from(tid)]
+}
+
+/// The kernel thread id behind an `ENTRY_TIMES` thread key (not Go: a tid).
+fn thread_tid(thread: u64) -> u32 {
+    u32::try_from(thread).unwrap_or(0)
+}
+
+fn thread_alive(process: u32, tid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{process}/task/{tid}")).exists()
+}
+
+/// The process of thread `tid` (`Tgid:` of `/proc/TID/status`).
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The thread's comm as the two little-endian words of the record's 16 bytes.
+fn comm_words(process: u32, tid: u32) -> [u64; 2] {
+    let comm =
+        std::fs::read_to_string(format!("/proc/{process}/task/{tid}/comm")).unwrap_or_default();
+    let mut bytes = [0u8; 16];
+    for (dst, src) in bytes.iter_mut().zip(comm.trim_end().bytes().take(15)) {
+        *dst = src;
+    }
+    let word = |at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_le_bytes(w)
+    };
+    [word(0), word(8)]
+}
+
+/// How long a process's maps are used for unwinding before they are read again.
+const MAPS_FOR_NS: u64 = 2_000_000_000;
+
+/// Processes' maps and files' unwind sections, kept between scans so that a proof costs
+/// an unwind, not a read of every file's CFI (which took 20 ms: long enough for a slow
+/// call to end between its look and its fire).
+#[derive(Default)]
+struct UnwindCache {
+    maps: HashMap<u32, ProcessMaps>,
+    files: UnwindFiles,
+}
+
+impl UnwindCache {
+    /// Unwinds `copy` with process `tgid`'s modules and judges `frame` on it; an
+    /// unproven judgement on maps older than the look is tried again on fresh maps (a
+    /// library loaded since).
+    fn prove(&mut self, tgid: u32, frame: &EntryFrame, copy: &StackCopy, look_ns: u64) -> Proof {
+        let now = sys::monotonic_ns();
+        let stale = self
+            .maps
+            .get(&tgid)
+            .is_none_or(|m| now.saturating_sub(m.read_at_ns) > MAPS_FOR_NS);
+        if stale {
+            self.refresh(tgid, now);
+        }
+        let proof = self.judge(tgid, frame, copy);
+        let older = self.maps.get(&tgid).is_some_and(|m| m.read_at_ns < look_ns);
+        if proof == Proof::Unproven && older {
+            self.refresh(tgid, now);
+            return self.judge(tgid, frame, copy);
+        }
+        proof
+    }
+
+    fn refresh(&mut self, tgid: u32, now: u64) {
+        if self.maps.len() > 1024 {
+            self.maps.clear();
+        }
+        match procmaps::read_process(tgid, now) {
+            Ok(maps) => {
+                self.maps.insert(tgid, maps);
+            }
+            Err(_) => {
+                self.maps.remove(&tgid);
+            }
+        }
+    }
+
+    fn judge(&mut self, tgid: u32, frame: &EntryFrame, copy: &StackCopy) -> Proof {
+        let maps: Vec<ProcessMaps> = self.maps.get(&tgid).cloned().into_iter().collect();
+        let files = std::mem::take(&mut self.files);
+        let mut unwinder = StackUnwinder::with_files(&maps, &[], files);
+        let frames = unwinder.frames_with_cfa(tgid, copy.regs, &copy.bytes);
+        self.files = unwinder.into_files();
+        proof::judge(frame, copy.regs.sp, &copy.bytes, &frames)
+    }
+}
