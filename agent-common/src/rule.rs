@@ -215,8 +215,14 @@ pub struct InflightKey {
 }
 
 /// Arguments of the `inflight_fire` program (run with `BPF_PROG_TEST_RUN`, never
-/// attached), as the raw tracepoint context's `u64`s.
-pub const INFLIGHT_ARGS: usize = 8;
+/// attached), as the raw tracepoint context's `u64`s: kind, thread key, `pid_tgid`, rule
+/// id, entry time, look time, height, syscall number, and the comm's two words.
+pub const INFLIGHT_ARGS: usize = 10;
+/// `inflight_fire`'s return: the call fired.
+pub const INFLIGHT_SENT: i32 = 1;
+/// `inflight_fire`'s return: the call met its rule, and the cooldown or the hourly limit
+/// suppressed it (decided all the same).
+pub const INFLIGHT_SUPPRESSED: i32 = 2;
 /// `inflight_fire` argument 0: a function call (`ENTRY_TIMES`) or a syscall
 /// (`SYSCALL_START`).
 pub const INFLIGHT_FUNCTION: u64 = 1;
@@ -236,15 +242,49 @@ pub struct EntryFrame {
     pub height: u64,
     /// `CLOCK_MONOTONIC` ns at entry.
     pub entry_ns: u64,
-    /// `detect: running` rules: the return address at entry (the word at `height`), and
-    /// the function's code, `[func, func_end)` (entry address and the symbol's size from
-    /// the probe's cookie), which userspace checks a later look's unwound frame against.
-    /// 0 for other rules.
+}
+
+/// A call in flight of a `detect: running` rule (`RUNNING_TIMES`): an [`EntryFrame`] and
+/// what userspace checks a later look's unwound frame against: the return address at
+/// entry (the word at `height`), and the function's code `[func, func_end)` (its entry
+/// address, and its symbol's size from the probe's cookie).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunningFrame {
+    pub height: u64,
+    pub entry_ns: u64,
     pub return_address: u64,
     pub func: u64,
     pub func_end: u64,
-    /// Padding, 0.
-    pub reserved: u64,
+}
+
+/// The calls in flight of one thread for one `detect: running` rule (`RUNNING_TIMES`),
+/// outermost first, as [`EntryStack`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RunningStack {
+    pub depth: u64,
+    pub frames: [RunningFrame; MAX_CALL_DEPTH],
+}
+
+/// A frame of a per-thread stack of calls in flight, by its height.
+pub trait Frame {
+    /// The stack pointer at entry (see [`EntryFrame::height`]).
+    fn height(&self) -> u64;
+}
+
+impl Frame for EntryFrame {
+    #[inline(always)]
+    fn height(&self) -> u64 {
+        self.height
+    }
+}
+
+impl Frame for RunningFrame {
+    #[inline(always)]
+    fn height(&self) -> u64 {
+        self.height
+    }
 }
 
 /// The calls in flight of one thread (or goroutine) for one function rule (`ENTRY_TIMES`),
@@ -285,6 +325,10 @@ pub struct SyscallStart {
     /// The rules that applied to the thread's process at `sys_enter` (bit = rule id): the
     /// in-flight scan fires only those.
     pub rules: u64,
+    /// The thread's process.
+    pub tgid: u32,
+    /// Padding, 0.
+    pub reserved: u32,
 }
 
 #[cfg(feature = "user")]
@@ -306,6 +350,8 @@ mod pod {
     unsafe impl aya::Pod for super::ProcessRuleKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Look {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RunningStack {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::InflightKey {}
 }

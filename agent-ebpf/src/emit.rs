@@ -108,12 +108,27 @@ fn launder(mask: u64) -> Option<u64> {
 /// loop over rule ids.
 #[inline(always)]
 pub fn fire_rule(ctx: *mut c_void, rule_id: u32, rule: &RuleSpec, record: TriggerRecord) {
-    if rule_id >= MAX_RULES || !admit(rule_id, rule, record.timestamp_ns, record.pid) {
-        return;
+    fire_one(ctx, rule_id, rule, record, record.timestamp_ns, true);
+}
+
+/// [`fire_rule`] admitted at `now`, with the current thread's stacks only when `own`;
+/// whether the record was sent (not suppressed, the ring not full).
+#[inline(always)]
+pub fn fire_one(
+    ctx: *mut c_void,
+    rule_id: u32,
+    rule: &RuleSpec,
+    record: TriggerRecord,
+    now: u64,
+    own: bool,
+) -> bool {
+    if rule_id >= MAX_RULES || !admit(rule_id, rule, now, record.pid) {
+        return false;
     }
     let freeze = rule.flags & FLAG_FREEZE_IN_KERNEL != 0;
-    let outcome = send(ctx, 1 << rule_id, record, true, freeze);
+    let outcome = send(ctx, 1 << rule_id, record, own, freeze);
     count(rule_id, outcome);
+    outcome == COUNTER_EMITTED
 }
 
 /// Counts a met condition of rule `rule_id` at `now` in process `tgid`; whether it is not
@@ -251,23 +266,29 @@ pub unsafe fn copy_stack(copy: *mut TriggerStackCopy) {
         addr_of_mut!((*copy).bp).write(bp);
         let dst: *mut c_void = addr_of_mut!((*copy).bytes).cast();
         let from = sp as *const c_void;
-        // The stack's mapping ends at a page boundary above SP: within the copy's 8 KiB
-        // that is at the end of SP's page or of the next one. Fixed halvings missed up to
-        // 4 KiB of stack (a 4 KiB copy where 7 KiB were there, and main's frame above a
-        // 4 KiB local buffer left out); the sizes are masked so that the verifier sees
-        // them bounded by the buffer.
-        let in_page = 4096 - (sp & 4095); // 1..=4096
-        let two_pages = (in_page + 4096) & 8191; // 0 when it would be 8192, tried first
-        let len: u64 = if bpf_probe_read_user(dst, 8192, from) == 0 {
-            8192
-        } else if two_pages != 0 && bpf_probe_read_user(dst, two_pages as u32, from) == 0 {
-            two_pages
-        } else if bpf_probe_read_user(dst, (in_page & 8191) as u32, from) == 0 {
-            in_page
-        } else {
-            0
-        };
+        let len = copy_sized(sp, |size| bpf_probe_read_user(dst, size, from) == 0);
         addr_of_mut!((*copy).len).write(len);
+    }
+}
+
+/// How many bytes of a user stack `read(size)` (which copies `size` bytes from `sp` up, or
+/// fails as a whole) copied: 8 KiB, else up to the end of the stack's mapping, which is at
+/// a page boundary above SP: within 8 KiB, the end of SP's page or of the next one. Fixed
+/// halvings missed up to 4 KiB of stack (a 4 KiB copy where 7 KiB were there, and main's
+/// frame above a 4 KiB local buffer left out); the sizes are masked so that the verifier
+/// sees them bounded by the 8 KiB buffer. 0: nothing could be read.
+#[inline(always)]
+pub fn copy_sized(sp: u64, mut read: impl FnMut(u32) -> bool) -> u64 {
+    let in_page = 4096 - (sp & 4095); // 1..=4096
+    let two_pages = (in_page + 4096) & 8191; // 0 when it would be 8192, tried first
+    if read(8192) {
+        8192
+    } else if two_pages != 0 && read(two_pages as u32) {
+        two_pages
+    } else if read((in_page & 8191) as u32) {
+        in_page
+    } else {
+        0
     }
 }
 
@@ -280,7 +301,7 @@ fn non_negative(rc: i64) -> u64 {
 
 /// One `u64` of kernel memory at `at`, `None` when it faults.
 #[inline(always)]
-fn read_kernel_u64(at: *const c_void) -> Option<u64> {
+pub fn read_kernel_u64(at: *const c_void) -> Option<u64> {
     let mut value: u64 = 0;
     // SAFETY: the helper writes at most 8 bytes into `value` and faults safely.
     let rc = unsafe { bpf_probe_read_kernel(addr_of_mut!(value).cast(), 8, at) };

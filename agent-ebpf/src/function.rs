@@ -31,14 +31,17 @@ use lookback_common::{
     },
     rule::{
         COUNTER_DEPTH_OVERFLOW, COUNTER_UNMATCHED_RETURN, COUNTER_UNWOUND, EntryFrame, EntryKey,
-        EntryStack, FLAG_ON_ENTRY, FLAG_RUNNING, KIND_FUNCTION, MAX_CALL_DEPTH, RuleSpec,
+        FLAG_ON_ENTRY, FLAG_RUNNING, Frame, KIND_FUNCTION, MAX_CALL_DEPTH, RuleSpec, RunningFrame,
     },
     trigger::{PHASE_ENTRY, PHASE_RETURN},
 };
 
 use crate::{
     emit::{count, count_n, fire_rule, now_ns, record_for_current},
-    maps::{EMPTY_ENTRY_STACK, ENTRY_TIMES, JUMP_SITES, RULES, config, current_rules},
+    maps::{
+        EMPTY_ENTRY_STACK, EMPTY_RUNNING_STACK, ENTRY_TIMES, JUMP_SITES, RULES, RUNNING_TIMES,
+        config, current_rules,
+    },
 };
 
 #[uprobe]
@@ -116,22 +119,27 @@ fn frame_of(
     Some((key, sp.wrapping_sub(hi)))
 }
 
-/// Drops the frames at or below `height` (`inclusive`) or strictly below it; returns how
-/// many.
+/// Drops the frames of `frames[..depth]` at or below `height` (`inclusive`) or strictly
+/// below it; returns how many.
 #[inline(always)]
-fn drop_below(stack: &mut EntryStack, height: u64, inclusive: bool) -> u64 {
+fn drop_below<F: Frame>(
+    depth: &mut u64,
+    frames: &[F; MAX_CALL_DEPTH],
+    height: u64,
+    inclusive: bool,
+) -> u64 {
     let mut dropped = 0;
     for _ in 0..MAX_CALL_DEPTH {
-        let depth = stack.depth as usize;
-        if depth == 0 {
+        let d = *depth as usize;
+        if d == 0 {
             break;
         }
-        let Some(top) = stack.frames.get((depth - 1) & (MAX_CALL_DEPTH - 1)) else {
+        let Some(top) = frames.get((d - 1) & (MAX_CALL_DEPTH - 1)) else {
             break;
         };
-        let (top, at) = (top.height.cast_signed(), height.cast_signed());
+        let (top, at) = (top.height().cast_signed(), height.cast_signed());
         if top < at || (inclusive && top == at) {
-            stack.depth -= 1;
+            *depth -= 1;
             dropped += 1;
         } else {
             break;
@@ -157,6 +165,9 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     }
     let now = now_ns();
     let (key, height) = frame_of(regs, regs.rsp, cookie_go(cookie), pid_tgid, rule_id)?;
+    if rule.flags & FLAG_RUNNING != 0 {
+        return push_running(regs, cookie, key, height, now);
+    }
     let stack = if let Some(stack) = ENTRY_TIMES.get_ptr_mut(key) {
         stack
     } else {
@@ -169,10 +180,8 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     // SAFETY: map value pointer valid for this invocation; only this thread uses this key
     // (Go: only the thread running this goroutine).
     let stack = unsafe { &mut *stack };
-    let dropped = drop_below(stack, height, true);
-    // Without exit probes (`detect: running`) every returned call is dropped here: not
-    // an abandoned frame.
-    if dropped != 0 && rule.flags & FLAG_RUNNING == 0 {
+    let dropped = drop_below(&mut stack.depth, &stack.frames, height, true);
+    if dropped != 0 {
         count_n(rule_id, COUNTER_UNWOUND, dropped);
     }
     let depth = stack.depth as usize;
@@ -184,16 +193,42 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     *slot = EntryFrame {
         height,
         entry_ns: now,
-        ..EntryFrame::default()
     };
-    if rule.flags & FLAG_RUNNING != 0 {
-        // What a later look is checked against (`detect: running`): the return address
-        // (SP points at it here) and the function's code, sized by the cookie.
-        // SAFETY: the checked helper reads user memory or fails.
-        slot.return_address = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
-        slot.func = regs.rip;
-        slot.func_end = regs.rip.wrapping_add(cookie_jump_site(cookie).into());
+    stack.depth += 1;
+    Some(())
+}
+
+/// A `detect: running` entry: the frame goes to `RUNNING_TIMES` with what a later look is
+/// checked against (the return address SP points at here, and the function's code, sized
+/// by the cookie). Frames dropped here are calls that returned (no exit probe pops them):
+/// not counted as abandoned.
+#[inline(always)]
+fn push_running(regs: &pt_regs, cookie: u64, key: EntryKey, height: u64, now: u64) -> Option<()> {
+    let stack = if let Some(stack) = RUNNING_TIMES.get_ptr_mut(key) {
+        stack
+    } else {
+        // SAFETY: array map values are preallocated and never written.
+        let empty = unsafe { &*EMPTY_RUNNING_STACK.get_ptr(0)? };
+        RUNNING_TIMES.insert(key, empty, 0).ok()?;
+        RUNNING_TIMES.get_ptr_mut(key)?
+    };
+    // SAFETY: map value pointer valid for this invocation; only this thread uses this key.
+    let stack = unsafe { &mut *stack };
+    drop_below(&mut stack.depth, &stack.frames, height, true);
+    let depth = stack.depth as usize;
+    if depth >= MAX_CALL_DEPTH {
+        count(key.rule_id, COUNTER_DEPTH_OVERFLOW);
+        return Some(());
     }
+    let slot = stack.frames.get_mut(depth & (MAX_CALL_DEPTH - 1))?;
+    *slot = RunningFrame {
+        height,
+        entry_ns: now,
+        // SAFETY: the checked helper reads user memory or fails.
+        return_address: unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0),
+        func: regs.rip,
+        func_end: regs.rip.wrapping_add(cookie_jump_site(cookie).into()),
+    };
     stack.depth += 1;
     Some(())
 }
@@ -298,7 +333,7 @@ fn try_function_exit(regs: *mut pt_regs, cookie: u64) -> Option<()> {
     };
     // SAFETY: map value pointer valid for this invocation; only this thread uses this key.
     let stack = unsafe { &mut *stack };
-    let dropped = drop_below(stack, height, false);
+    let dropped = drop_below(&mut stack.depth, &stack.frames, height, false);
     if dropped != 0 {
         count_n(rule_id, COUNTER_UNWOUND, dropped);
     }

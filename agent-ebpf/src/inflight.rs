@@ -1,10 +1,10 @@
 //! In-flight latency (`detect: running`): the calls that have run longer than their rule's
 //! `min_duration` and are still running are found by the agent's periodic scan of
-//! `ENTRY_TIMES` and `SYSCALL_START`; these programs give it what the kernel alone can.
+//! `RUNNING_TIMES` and `SYSCALL_START`; these programs give it what the kernel alone can.
 //!
 //! - Looks: the registers and user stack of a thread the scan names in `WANT_LOOK`, taken
-//!   either on its CPU by `inflight_tick` (the thread is running) or by the task
-//!   iterator `inflight_look`
+//!   (and claimed by removing the ask, so only one writes) either on its CPU by
+//!   `inflight_tick` (the thread is running) or by the task iterator `inflight_look`
 //!   while the thread is off CPU — copied only when its switch counts and `on_cpu` are the
 //!   same before and after the copy, so the copy is the stack of one moment at which the
 //!   thread did not run. Userspace unwinds a function call's look and checks that the
@@ -12,8 +12,9 @@
 //!   same height is not it).
 //! - `inflight_fire` (run by the agent with `BPF_PROG_TEST_RUN`, never attached): checks
 //!   again that the call is still the one in the map (the entry frame, or the syscall's
-//!   start, unchanged), and fires it through `emit::fire` — the cooldown, hourly limit and
-//!   in-kernel freeze of every other trigger — once per call (`INFLIGHT_REPORTED`).
+//!   start, unchanged), and fires it for one rule through `emit::fire_one` — the
+//!   cooldown, hourly limit and in-kernel freeze of every other trigger — once per call
+//!   and rule (`INFLIGHT_REPORTED`).
 use core::{
     ffi::c_void,
     ptr::{addr_of, addr_of_mut, write_volatile},
@@ -24,60 +25,71 @@ use aya_ebpf::{
     bindings::{pt_regs, task_struct},
     helpers::{
         bpf_get_current_pid_tgid,
-        generated::{bpf_copy_from_user_task, bpf_probe_read_kernel, bpf_task_pt_regs},
+        generated::{bpf_copy_from_user_task, bpf_task_pt_regs},
     },
     programs::RawTracePointContext,
 };
 use lookback_common::{
     MAX_RULES,
     rule::{
-        EntryKey, FLAG_RUNNING, INFLIGHT_FUNCTION, InflightKey, KIND_FUNCTION, KIND_SYSCALL,
-        LOOK_ITER, LOOK_SAMPLE, MAX_CALL_DEPTH,
+        EngineConfig, EntryKey, FLAG_RUNNING, INFLIGHT_FUNCTION, INFLIGHT_SENT,
+        INFLIGHT_SUPPRESSED, InflightKey, KIND_FUNCTION, KIND_SYSCALL, LOOK_ITER, LOOK_SAMPLE,
+        Look, MAX_CALL_DEPTH, RuleSpec,
     },
-    trigger::{PHASE_RUNNING, TRIGGER_STACK_COPY, TriggerRecord, TriggerStackCopy},
+    trigger::{PHASE_RUNNING, TriggerRecord, TriggerStackCopy},
 };
 
 use crate::{
-    emit::{Firing, copy_stack, fire, now_ns},
+    emit::{copy_sized, copy_stack, fire_one, now_ns, read_kernel_u64},
     maps::{
-        ENTRY_TIMES, INFLIGHT_REPORTED, LOOKS, RULES, SYSCALL_START, WANT_LOOK, config, rule_slots,
+        INFLIGHT_REPORTED, LOOKS, RULES, RUNNING_TIMES, SYSCALL_START, TARGET_TGIDS, WANT_LOOK,
+        config, rule_slots, task_u32,
     },
 };
 
-/// The watcher's CPU ticks (a `cpu-clock` event per CPU, every 10 ms, enabled only while
+/// The watcher's CPU ticks (a `cpu-clock` event per CPU, every 5 ms, enabled only while
 /// a look is wanted): the thread on the CPU fills its look if the scan asked for one.
 /// Keeps no sample (returns 0).
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "perf_event")]
 pub extern "C" fn inflight_tick(_ctx: *mut c_void) -> u32 {
-    look_at_current(bpf_get_current_pid_tgid() as u32);
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // Claimed by removing the ask: the iterator and a tick cannot both write the slot.
+    // SAFETY: a plain u32 value, copied before the entry is removed.
+    let Some(slot) = (unsafe { WANT_LOOK.get(tid) }).copied() else {
+        return 0;
+    };
+    if WANT_LOOK.remove(tid).is_err() {
+        return 0;
+    }
+    let Some(look) = LOOKS.get_ptr_mut(slot) else {
+        return 0;
+    };
+    // SAFETY: `look` points at a preallocated array value this program claimed above; the
+    // scan accepts it only once `look_ns` is written, last.
+    unsafe {
+        copy_stack(addr_of_mut!((*look).copy));
+        publish(look, tid, LOOK_SAMPLE);
+    }
     0
 }
 
-/// Fills the look the scan asked for at the current thread, if any. One hash lookup when
-/// none is wanted.
+/// Marks a filled look as taken now, by `how`, for `tid` (`look_ns` last).
+///
+/// # Safety
+/// `look` points at a `LOOKS` value the caller claimed.
 #[inline(always)]
-fn look_at_current(tid: u32) {
-    // SAFETY: a plain u32 value.
-    let Some(&slot) = (unsafe { WANT_LOOK.get(tid) }) else {
-        return;
-    };
-    let Some(look) = LOOKS.get_ptr_mut(slot) else {
-        return;
-    };
-    // SAFETY: `look` points at a preallocated array value; the scan reads it only after
-    // the `WANT_LOOK` entry is gone, which is removed after these writes.
+unsafe fn publish(look: *mut Look, tid: u32, how: u32) {
+    // SAFETY: as the caller promises.
     unsafe {
-        copy_stack(addr_of_mut!((*look).copy));
         write_volatile(addr_of_mut!((*look).tid), tid);
-        write_volatile(addr_of_mut!((*look).how), LOOK_SAMPLE);
+        write_volatile(addr_of_mut!((*look).how), how);
         write_volatile(addr_of_mut!((*look).look_ns), now_ns());
     }
-    let _ = WANT_LOOK.remove(tid);
 }
 
-/// The task iterator (`iter.s/task`: sleepable, for `bpf_copy_from_user_task`). The
-/// agent reads it once per scan that has threads off CPU to look at.
+/// The task iterator (`iter.s/task`: sleepable, for `bpf_copy_from_user_task`; Linux
+/// 5.18). The agent reads it once per scan that has threads to look at.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter.s/task")]
 pub extern "C" fn inflight_look(ctx: *mut c_void) -> i32 {
@@ -85,19 +97,14 @@ pub extern "C" fn inflight_look(ctx: *mut c_void) -> i32 {
     0
 }
 
-/// A `u64`-sized field of kernel memory at `base + offset`; `None` when it faults.
+/// A `task_struct`'s `on_cpu` and switch count (`nvcsw + nivcsw`).
 #[inline(always)]
-fn kernel_word(base: *const u8, offset: u32, size: u32) -> Option<u64> {
-    let mut value: u64 = 0;
-    // SAFETY: the helper writes at most `size` (≤ 8) bytes into `value`, faults safely.
-    let rc = unsafe {
-        bpf_probe_read_kernel(
-            addr_of_mut!(value).cast(),
-            size & 15,
-            base.wrapping_add(offset as usize).cast(),
-        )
-    };
-    (rc == 0).then_some(value)
+fn run_state(task: *const u8, config: &EngineConfig) -> Option<(u32, u64)> {
+    let at = |offset: u32| task.wrapping_add(offset as usize).cast::<c_void>();
+    let on_cpu = task_u32(task, config.task_on_cpu_offset)?;
+    let switches = read_kernel_u64(at(config.task_nvcsw_offset))?
+        .wrapping_add(read_kernel_u64(at(config.task_nivcsw_offset))?);
+    Some((on_cpu, switches))
 }
 
 fn try_look(ctx: *mut c_void) -> Option<()> {
@@ -109,99 +116,84 @@ fn try_look(ctx: *mut c_void) -> Option<()> {
     }
     let config = config()?;
     let base = task.cast::<u8>().cast_const();
-    let tid = kernel_word(base, config.task_pid_offset, 4)? as u32;
+    let tid = task_u32(base, config.task_pid_offset)?;
     // SAFETY: a plain u32 value.
-    let slot = *unsafe { WANT_LOOK.get(tid) }?;
-    let look = LOOKS.get_ptr_mut(slot)?;
-    let state =
-        || -> Option<(u64, u64)> {
-            let on_cpu = kernel_word(base, config.task_on_cpu_offset, 4)? & 0xffff_ffff;
-            let switches = kernel_word(base, config.task_nvcsw_offset, 8)?
-                .wrapping_add(kernel_word(base, config.task_nivcsw_offset, 8)?);
-            Some((on_cpu, switches))
-        };
-    let before = state()?;
+    let slot = unsafe { WANT_LOOK.get(tid) }.copied()?;
+    let before = run_state(base, config)?;
     if before.0 != 0 {
-        return None; // running: its own next sample takes the look
+        return None; // running: a tick on its CPU takes the look
     }
+    WANT_LOOK.remove(tid).ok()?; // claimed
+    let look = LOOKS.get_ptr_mut(slot)?;
     // SAFETY: `task` is the iterator's live task; the regs pointer is only read through
     // `bpf_probe_read_kernel`.
     let regs = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
-    let word = |at: *const u64| kernel_word(at.cast(), 0, 8);
-    // SAFETY: field addresses of the kernel's pt_regs, read through the checked helper.
-    let (ip, sp, bp) = unsafe {
-        (
-            word(addr_of!((*regs).rip))?,
-            word(addr_of!((*regs).rsp))?,
-            word(addr_of!((*regs).rbp))?,
-        )
+    let word = |at: *const u64| read_kernel_u64(at.cast());
+    // SAFETY: field addresses of the kernel's pt_regs and of the claimed look value.
+    let taken = unsafe {
+        let copy: *mut TriggerStackCopy = addr_of_mut!((*look).copy);
+        match (
+            word(addr_of!((*regs).rip)),
+            word(addr_of!((*regs).rsp)),
+            word(addr_of!((*regs).rbp)),
+        ) {
+            (Some(ip), Some(sp), Some(bp)) => {
+                let dst: *mut c_void = addr_of_mut!((*copy).bytes).cast();
+                let from = sp as *const c_void;
+                let len = copy_sized(sp, |size| {
+                    bpf_copy_from_user_task(dst, size, from, task, 0) == 0
+                });
+                write_volatile(addr_of_mut!((*copy).ip), ip);
+                write_volatile(addr_of_mut!((*copy).sp), sp);
+                write_volatile(addr_of_mut!((*copy).bp), bp);
+                write_volatile(addr_of_mut!((*copy).len), len);
+                len != 0 && run_state(base, config) == Some(before)
+            }
+            _ => false,
+        }
     };
-    // SAFETY: `look` points at a preallocated array value the scan reads only after the
-    // `WANT_LOOK` entry is removed below.
-    let copy: *mut TriggerStackCopy = unsafe { addr_of_mut!((*look).copy) };
-    let len = copy_user_stack(copy, sp, task);
-    if len == 0 || state()? != before {
-        return None; // it ran meanwhile: the next scan tries again
+    if taken {
+        // SAFETY: claimed above.
+        unsafe { publish(look, tid, LOOK_ITER) };
+    } else {
+        // It ran meanwhile (or nothing could be read): asked again for the next pass.
+        let _ = WANT_LOOK.insert(tid, slot, 0);
     }
-    // SAFETY: as above.
-    unsafe {
-        write_volatile(addr_of_mut!((*copy).ip), ip);
-        write_volatile(addr_of_mut!((*copy).sp), sp);
-        write_volatile(addr_of_mut!((*copy).bp), bp);
-        write_volatile(addr_of_mut!((*copy).len), len);
-        write_volatile(addr_of_mut!((*look).tid), tid);
-        write_volatile(addr_of_mut!((*look).how), LOOK_ITER);
-        write_volatile(addr_of_mut!((*look).look_ns), now_ns());
-    }
-    let _ = WANT_LOOK.remove(tid);
     Some(())
 }
 
-/// Copies `task`'s user stack from `sp` upwards into `copy.bytes` (8 KiB, else to the end
-/// of SP's page or the next one, as `emit::copy_stack`); the bytes copied, 0 on failure.
-#[inline(always)]
-fn copy_user_stack(copy: *mut TriggerStackCopy, sp: u64, task: *mut task_struct) -> u64 {
-    // SAFETY: `copy.bytes` is writable for TRIGGER_STACK_COPY bytes; the helper copies at
-    // most the size given from the task's memory, or fails (and zeroes).
-    unsafe {
-        let dst: *mut c_void = addr_of_mut!((*copy).bytes).cast();
-        let from = sp as *const c_void;
-        let in_page = 4096 - (sp & 4095);
-        let two_pages = (in_page + 4096) & 8191;
-        let full = TRIGGER_STACK_COPY as u32;
-        if bpf_copy_from_user_task(dst, full, from, task, 0) == 0 {
-            u64::from(full)
-        } else if two_pages != 0
-            && bpf_copy_from_user_task(dst, two_pages as u32, from, task, 0) == 0
-        {
-            two_pages
-        } else if bpf_copy_from_user_task(dst, (in_page & 8191) as u32, from, task, 0) == 0 {
-            in_page
-        } else {
-            0
-        }
-    }
-}
-
 /// Fires one call in flight; run by the agent (`BPF_PROG_TEST_RUN`) with the arguments
-/// `lookback_common::rule::INFLIGHT_*` names. Returns 1 when a trigger was sent (written
-/// without `#[raw_tracepoint]`: that macro returns 0 whatever the function returns).
+/// `lookback_common::rule::INFLIGHT_*` names. Returns `INFLIGHT_SENT`, `INFLIGHT_SUPPRESSED`
+/// (met, and the cooldown or hourly limit held it back) or 0 (not met: the call ended, or
+/// it is not a target's any more). Written without `#[raw_tracepoint]`: that macro
+/// returns 0 whatever the function returns.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "raw_tp/lookback_inflight")]
 pub extern "C" fn inflight_fire(ctx: *mut c_void) -> i32 {
     let ctx = RawTracePointContext::new(ctx);
-    i32::from(try_fire(&ctx).unwrap_or(false))
+    try_fire(&ctx).unwrap_or(0)
 }
 
-fn try_fire(ctx: &RawTracePointContext) -> Option<bool> {
+fn try_fire(ctx: &RawTracePointContext) -> Option<i32> {
     let kind: u64 = ctx.arg(0);
     let thread: u64 = ctx.arg(1);
     let pid_tgid: u64 = ctx.arg(2);
+    let rule_id = ctx.arg::<u64>(3) as u32;
     let entry_ns: u64 = ctx.arg(4);
     let tgid = (pid_tgid >> 32) as u32;
+    // One rule per run (the scan names it): no loop over rule ids, which with 64 of them
+    // took the verifier past its million instructions.
+    if rule_id >= MAX_RULES || rule_id >= rule_slots() {
+        return Some(0);
+    }
+    let rule = RULES.get(rule_id)?;
+    let bit = 1u64 << rule_id;
     let key = InflightKey { thread, entry_ns };
     // SAFETY: a plain u64 value.
     let already = unsafe { INFLIGHT_REPORTED.get(key) }.copied().unwrap_or(0);
+    if rule.flags & FLAG_RUNNING == 0 || already & bit != 0 || target_rules(tgid) & bit == 0 {
+        return Some(0);
+    }
     let mut record = TriggerRecord {
         pid: tgid,
         tid: pid_tgid as u32,
@@ -214,49 +206,48 @@ fn try_fire(ctx: &RawTracePointContext) -> Option<bool> {
             record.comm[(i * 8 + j) & 15] = *byte;
         }
     }
-    let mut firing = Firing::default();
     let met = if kind == INFLIGHT_FUNCTION {
-        function_met(ctx, &key, tgid, already, &mut record, &mut firing)?
+        function_met(ctx, &key, tgid, rule_id, rule, &mut record)
     } else {
-        syscall_met(
-            pid_tgid as u32,
-            entry_ns,
-            tgid,
-            already,
-            &mut record,
-            &mut firing,
-        )?
+        syscall_met(pid_tgid as u32, entry_ns, tgid, bit, rule, &mut record)
     };
-    if met == 0 {
-        return Some(false);
+    if met != Some(true) {
+        return Some(0);
     }
-    let _ = INFLIGHT_REPORTED.insert(key, already | met, 0);
-    let sent = firing.rules != 0;
-    fire(ctx.as_ptr(), firing, record, false);
-    Some(sent)
+    let _ = INFLIGHT_REPORTED.insert(key, already | bit, 0);
+    // Admitted at the kernel's now, as every trigger (the look may be older than the
+    // last emit the cooldown compares with); the record keeps the look's time.
+    if fire_one(ctx.as_ptr(), rule_id, rule, record, now_ns(), false) {
+        Some(INFLIGHT_SENT)
+    } else {
+        Some(INFLIGHT_SUPPRESSED)
+    }
+}
+
+/// The rules that apply to process `tgid` now (`TARGET_TGIDS`; the agent adds the
+/// processes of cgroup targets there too). The fire program runs in the agent's context,
+/// where `current_rules` would read the agent's cgroup.
+#[inline(always)]
+fn target_rules(tgid: u32) -> u64 {
+    // SAFETY: a plain u64 value.
+    unsafe { TARGET_TGIDS.get(tgid) }.copied().unwrap_or(0)
 }
 
 /// A function call: still the frame at the given height with the given entry time in
-/// `ENTRY_TIMES`, of a `detect: running` rule, old enough at the look. Returns the rule's
-/// bit (0: nothing to fire).
+/// `RUNNING_TIMES` of function rule `rule_id`, old enough at the look. Fills `record`.
 #[inline(always)]
 fn function_met(
     ctx: &RawTracePointContext,
     key: &InflightKey,
     tgid: u32,
-    already: u64,
+    rule_id: u32,
+    rule: &RuleSpec,
     record: &mut TriggerRecord,
-    firing: &mut Firing,
-) -> Option<u64> {
-    let rule_id = ctx.arg::<u64>(3) as u32;
+) -> Option<bool> {
     let look_ns: u64 = ctx.arg(5);
     let height: u64 = ctx.arg(6);
-    if rule_id >= MAX_RULES || rule_id >= rule_slots() || already & (1 << rule_id) != 0 {
-        return Some(0);
-    }
-    let rule = RULES.get(rule_id)?;
-    if rule.kind != KIND_FUNCTION || rule.flags & FLAG_RUNNING == 0 {
-        return Some(0);
+    if rule.kind != KIND_FUNCTION {
+        return Some(false);
     }
     let entry_key = EntryKey {
         thread: key.thread,
@@ -264,7 +255,7 @@ fn function_met(
         rule_id,
     };
     // SAFETY: plain-data value, read only.
-    let stack = unsafe { ENTRY_TIMES.get(entry_key) }?;
+    let stack = unsafe { RUNNING_TIMES.get(entry_key) }?;
     let mut found = None;
     for i in 0..MAX_CALL_DEPTH {
         if i as u64 >= stack.depth {
@@ -277,62 +268,48 @@ fn function_met(
         }
     }
     let Some((depth, frame)) = found else {
-        return Some(0); // a later entry replaced it: the call ended
+        return Some(false); // a later entry replaced it: the call ended
     };
     let duration = look_ns.saturating_sub(frame.entry_ns);
     if look_ns == 0 || duration < rule.min_duration_ns {
-        return Some(0);
+        return Some(false);
     }
-    firing.add(rule_id, rule, look_ns, tgid);
     record.kind = KIND_FUNCTION;
     record.timestamp_ns = look_ns;
     record.duration_ns = duration;
     record.ip = frame.func;
     record.depth = depth as u32;
-    Some(1 << rule_id)
+    Some(true)
 }
 
-/// A syscall: the thread's `SYSCALL_START` still the one that entered at `entry_ns`, for
-/// the `detect: running` syscall rules that applied at entry and whose threshold it
-/// passed. Returns their bits.
+/// A syscall: the thread's `SYSCALL_START` still the one that entered at `entry_ns` in
+/// process `tgid`, with syscall rule `bit` applying at entry, past its threshold now.
+/// Fills `record`.
 #[inline(always)]
 fn syscall_met(
     thread: u32,
     entry_ns: u64,
     tgid: u32,
-    already: u64,
+    bit: u64,
+    rule: &RuleSpec,
     record: &mut TriggerRecord,
-    firing: &mut Firing,
-) -> Option<u64> {
-    let config = config()?;
+) -> Option<bool> {
     // SAFETY: plain-data value copied out.
     let start = unsafe { SYSCALL_START.get(thread) }.copied()?;
-    if start.enter_ns != entry_ns {
-        return Some(0);
-    }
     let now = now_ns();
     let duration = now.saturating_sub(entry_ns);
-    let mask = start.rules & config.running_rules & config.syscall_rules & !already;
-    let mut met = 0u64;
-    let slots = rule_slots();
-    for rule_id in 0..MAX_RULES {
-        if rule_id >= slots || mask >> rule_id == 0 {
-            break;
-        }
-        if mask & (1 << rule_id) == 0 {
-            continue;
-        }
-        let Some(rule) = RULES.get(rule_id) else {
-            continue;
-        };
-        if rule.has_syscall(start.nr) && duration >= rule.min_duration_ns {
-            firing.add(rule_id, rule, now, tgid);
-            met |= 1 << rule_id;
-        }
+    if start.enter_ns != entry_ns
+        || start.tgid != tgid
+        || start.rules & bit == 0
+        || rule.kind != KIND_SYSCALL
+        || !rule.has_syscall(start.nr)
+        || duration < rule.min_duration_ns
+    {
+        return Some(false);
     }
     record.kind = KIND_SYSCALL;
     record.timestamp_ns = now;
     record.duration_ns = duration;
     record.syscall_nr = start.nr as u32;
-    Some(met)
+    Some(true)
 }

@@ -8,7 +8,7 @@ use lookback_common::{
     probe::{JumpSite, MAX_JUMP_SITES},
     rule::{
         COUNTERS_PER_RULE, EngineConfig, EntryKey, EntryStack, InflightKey, Look, MAX_FROZEN,
-        MAX_LOOKS, ProcessRuleKey, RuleSpec, RuleState, SyscallStart,
+        MAX_LOOKS, ProcessRuleKey, RuleSpec, RuleState, RunningStack, SyscallStart,
     },
 };
 
@@ -70,6 +70,18 @@ pub static ENTRY_TIMES: LruHashMap<EntryKey, EntryStack> = LruHashMap::with_max_
 /// inserted from (it does not fit on the BPF stack).
 #[map]
 pub static EMPTY_ENTRY_STACK: Array<EntryStack> = Array::with_max_entries(1, 0);
+
+/// (rule, tgid, thread) → the calls in flight of `detect: running` rules, with what a look
+/// is checked against; apart from `ENTRY_TIMES` so that the in-flight scan reads these
+/// alone, and the other rules' frames stay 16 bytes.
+#[map]
+pub static RUNNING_TIMES: LruHashMap<EntryKey, RunningStack> =
+    LruHashMap::with_max_entries(16384, 0);
+
+/// Index 0: an empty `RunningStack`, never written (the value a new `RUNNING_TIMES` entry
+/// is inserted from).
+#[map]
+pub static EMPTY_RUNNING_STACK: Array<RunningStack> = Array::with_max_entries(1, 0);
 
 /// How each indirect exit jump computes its target (index in the probe's cookie).
 #[map]

@@ -75,6 +75,8 @@ fn try_sys_enter(ctx: &RawTracePointContext) -> Option<()> {
             enter_ns: now,
             nr,
             rules: mask,
+            tgid: (pid_tgid >> 32) as u32,
+            reserved: 0,
         };
         SYSCALL_START.insert(pid_tgid as u32, start, 0).ok()?;
     }
@@ -87,11 +89,16 @@ fn try_sys_exit(ctx: &RawTracePointContext) -> Option<()> {
         return None;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
     let mask = current_rules((pid_tgid >> 32) as u32, config) & config.syscall_rules;
     if mask == 0 {
+        // No longer a target (exiting, retargeted, a rule removed): its start must still
+        // go, or the in-flight scan would see a syscall that ended as running.
+        if config.running_rules & config.syscall_rules != 0 {
+            let _ = SYSCALL_START.remove(tid);
+        }
         return None;
     }
-    let tid = pid_tgid as u32;
     // SAFETY: plain-data value copied out before the entry is removed.
     let start = unsafe { SYSCALL_START.get(tid) }.copied()?;
     let _ = SYSCALL_START.remove(tid);

@@ -396,6 +396,19 @@ pub fn read_snapshots(dir: &Path) -> Vec<Snapshot> {
         .collect()
 }
 
+/// The metadata (`<stem>.json`) of each snapshot in `dir` (a rule's directory), oldest
+/// first.
+pub fn snapshot_metadata(dir: &Path) -> Vec<serde_json::Value> {
+    files(dir)
+        .iter()
+        .filter(|n| Path::new(n).extension().is_some_and(|e| e == "json"))
+        .map(|n| {
+            let bytes = std::fs::read(dir.join(n)).expect("reading snapshot metadata");
+            serde_json::from_slice(&bytes).expect("snapshot metadata is JSON")
+        })
+        .collect()
+}
+
 /// Sample times of process `pid` in `snap`.
 pub fn sample_times(snap: &Snapshot, pid: u32) -> Vec<u64> {
     ring_samples(&snap.rings, snap.meta.recorder.sample_layout())

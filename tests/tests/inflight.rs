@@ -24,7 +24,9 @@ use std::{
 };
 
 use lookback_tests::{
-    DryRun, can_run, chrome_events, dry_run_of, lookback_bin, succeeded,
+    DryRun,
+    agent::{Agent, files, snapshot_metadata},
+    can_run, chrome_events, dry_run_of, lookback_bin, succeeded,
     toolchains::{c_inflight, cxx_inflight_throw, measured, run_plain, rust_inflight_panic},
 };
 use serde_json::Value;
@@ -83,6 +85,13 @@ fn field(t: &Value, key: &str) -> u64 {
 /// threshold by at most [`LATE_NS`], and `(still inside)` in its human `detail`.
 fn assert_running(t: &Value, detail: &str, threshold_ns: u64) {
     assert_eq!(t["running"], true, "not a running trigger: {t}");
+    assert_fired_inside(t, detail, threshold_ns);
+}
+
+/// What a running trigger `t` says of its call, in the `run --json` line or the agent's
+/// metadata alike: a `duration_ns` past the threshold by at most [`LATE_NS`], and `(still
+/// inside)` in its human `detail`.
+fn assert_fired_inside(t: &Value, detail: &str, threshold_ns: u64) {
     let ran = field(t, "duration_ns");
     assert!(
         (threshold_ns..=threshold_ns + LATE_NS).contains(&ran),
@@ -319,6 +328,58 @@ impl Waiting {
         }
     }
 
+    /// `deadlock`: the tids of its two threads (their `thread=K tid=TID` lines).
+    fn workers(&self) -> Vec<u64> {
+        let workers: Vec<u64> = self
+            .values("thread")
+            .iter()
+            .filter_map(|v| v.split_once(" tid=")?.1.parse().ok())
+            .collect();
+        assert_eq!(workers.len(), 2, "{:?}", self.lines());
+        workers
+    }
+
+    /// `pipe`, released: the tid that reads (`reading tid=TID`), the main thread's.
+    fn reader(&self) -> u64 {
+        let reader: u64 = self
+            .line("reading tid=")
+            .trim_start_matches("reading tid=")
+            .parse()
+            .expect("tid");
+        assert_eq!(reader, self.pid(), "main reads");
+        reader
+    }
+
+    /// `deadlock`, released, once lookback is gone: both `workers` still wait for each
+    /// other's mutex, after 6 calls each, and make no progress.
+    fn assert_still_deadlocked(&mut self, workers: &[u64]) {
+        self.assert_blocked(workers, libc::SYS_futex);
+        let progress = self.values("progress");
+        for tid in workers {
+            let last = progress
+                .iter()
+                .filter_map(|p| p.split_once(' '))
+                .filter(|(t, _)| t.parse::<u64>().ok() == Some(*tid))
+                .filter_map(|(_, calls)| calls.parse::<u64>().ok())
+                .max();
+            assert_eq!(last, Some(6), "thread {tid}: {progress:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(self.values("progress"), progress, "no progress since");
+        self.assert_blocked(workers, libc::SYS_futex);
+    }
+
+    /// `pipe`, released, once lookback is gone: `reader` is still blocked in read, which
+    /// never returned.
+    fn assert_still_reading(&mut self, reader: u64) {
+        self.assert_blocked(&[reader], libc::SYS_read);
+        assert!(
+            !self.lines().iter().any(|l| l.starts_with("read returned")),
+            "{:?}",
+            self.lines()
+        );
+    }
+
     fn release(&self) {
         let pid = i32::try_from(self.child.id()).expect("pid");
         // SAFETY: kill has no memory preconditions.
@@ -536,12 +597,7 @@ fn a_deadlock_fires_once_per_stuck_thread_and_is_left_as_it_was() {
         return;
     }
     let mut target = Waiting::start("deadlock");
-    let workers: Vec<u64> = target
-        .values("thread")
-        .iter()
-        .filter_map(|v| v.split_once(" tid=")?.1.parse().ok())
-        .collect();
-    assert_eq!(workers.len(), 2, "{:?}", target.lines());
+    let workers = target.workers();
     let dir = tempfile::tempdir().expect("tempdir");
     let run = attach_to_stuck(&target, "func:lb_transfer>50ms", dir.path());
     assert_one_snapshot_per_stuck_thread(
@@ -552,20 +608,7 @@ fn a_deadlock_fires_once_per_stuck_thread_and_is_left_as_it_was() {
         &["mutex_lock", "lll_lock"],
     );
     // Detached: both threads still wait for each other's mutex, after 6 calls each.
-    target.assert_blocked(&workers, libc::SYS_futex);
-    let progress = target.values("progress");
-    for tid in &workers {
-        let last = progress
-            .iter()
-            .filter_map(|p| p.split_once(' '))
-            .filter(|(t, _)| t.parse::<u64>().ok() == Some(*tid))
-            .filter_map(|(_, calls)| calls.parse::<u64>().ok())
-            .max();
-        assert_eq!(last, Some(6), "thread {tid}: {progress:?}");
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(target.values("progress"), progress, "no progress since");
-    target.assert_blocked(&workers, libc::SYS_futex);
+    target.assert_still_deadlocked(&workers);
 }
 
 #[test]
@@ -576,24 +619,11 @@ fn a_read_nobody_answers_fires_once_and_stays_blocked() {
     let mut target = Waiting::start("pipe");
     let dir = tempfile::tempdir().expect("tempdir");
     let run = attach_to_stuck(&target, "syscall:read>50ms", dir.path());
-    let reader: u64 = target
-        .line("reading tid=")
-        .trim_start_matches("reading tid=")
-        .parse()
-        .expect("tid");
-    assert_eq!(reader, target.pid(), "main reads");
+    let reader = target.reader();
     let triggers =
         assert_one_snapshot_per_stuck_thread(&run, &[reader], "syscall", "lb_wait_pipe", &["read"]);
     assert_eq!(triggers[0]["syscall"], libc::SYS_read, "{}", triggers[0]);
-    target.assert_blocked(&[reader], libc::SYS_read);
-    assert!(
-        !target
-            .lines()
-            .iter()
-            .any(|l| l.starts_with("read returned")),
-        "{:?}",
-        target.lines()
-    );
+    target.assert_still_reading(reader);
 }
 
 #[test]
@@ -811,4 +841,156 @@ fn a_rules_file_asks_for_running_detection_per_function_and_syscall() {
             .iter()
             .all(|t| t["kind"] == "syscall" && t["rule"] == "slow-sleeps")
     );
+}
+
+/// Checks the snapshots the agent wrote in `dir` for `rule` (their metadata `.json`): one
+/// per thread of `tids`, each a running trigger of `kind` past [`STUCK_THRESHOLD_NS`] (of
+/// `syscall`, for a syscall rule), whose interval is the call's, whose verdict is about
+/// `called` (the probed function, or the syscall) and whose stack at the look holds
+/// `on_stack`; its trace is there.
+fn assert_agent_snapshots(
+    dir: &Path,
+    rule: &str,
+    (kind, syscall): (&str, Option<&str>),
+    tids: &[u64],
+    on_stack: &str,
+) {
+    let metas = snapshot_metadata(dir);
+    let mut fired: Vec<u64> = metas.iter().map(|m| field(m, "tid")).collect();
+    fired.sort_unstable();
+    let mut want = tids.to_vec();
+    want.sort_unstable();
+    assert_eq!(
+        fired, want,
+        "{rule}: one snapshot per stuck thread: {metas:#?}"
+    );
+    let called = syscall.unwrap_or(on_stack);
+    for meta in &metas {
+        let trigger = &meta["trigger"];
+        assert_eq!(meta["rule"], rule, "{meta}");
+        assert_eq!(trigger["kind"], kind, "{meta}");
+        assert_fired_inside(
+            trigger,
+            trigger["detail"].as_str().unwrap_or(""),
+            STUCK_THRESHOLD_NS,
+        );
+        if let Some(name) = syscall {
+            assert_eq!(trigger["syscall"], name, "{meta}");
+        }
+        assert_eq!(meta["interval_ns"], trigger["duration_ns"], "{meta}");
+        assert!(
+            meta["verdict"]
+                .as_str()
+                .is_some_and(|v| v.starts_with(&format!("{called} "))),
+            "{meta:#}"
+        );
+        let stack = meta["trigger_stack"].as_array().expect("trigger_stack");
+        assert!(
+            stack.iter().any(|f| f["function"] == on_stack),
+            "{rule}: {on_stack} not on the stack at the trigger: {meta:#}"
+        );
+        let trace = dir.join(meta["trace_file"].as_str().expect("trace_file"));
+        assert!(trace.is_file(), "{}: {:?}", trace.display(), files(dir));
+    }
+}
+
+/// The agent (`lookback agent`, the mode a `DaemonSet` runs) serves `detect: running` rules
+/// from its rules file: started before the programs, it catches both threads of the
+/// deadlock (a function rule) and the read nobody answers (a syscall rule), one snapshot
+/// each, and leaves the programs stuck as they were when it stops. `cooldown: 0s`: the
+/// default 10 s per rule and process would suppress the deadlock's second thread, which
+/// crosses the threshold in the same scan as the first. (`Agent` queues 64 snapshots, so
+/// none is dropped as busy.)
+#[test]
+#[expect(
+    clippy::float_cmp,
+    reason = "metric values are integer counts, exactly representable"
+)]
+fn the_agent_snapshots_a_deadlock_and_a_hung_read_from_its_rules_file() {
+    if !can_run("the_agent_snapshots_a_deadlock_and_a_hung_read_from_its_rules_file") {
+        return;
+    }
+    let bin = c_inflight();
+    let bin = bin.display();
+    let rules = format!(
+        "version: 1\n\
+         defaults:\n\
+         \x20 capture: {{ backend: sampling }}\n\
+         \x20 snapshot: {{ cooldown: 0s }}\n\
+         \x20 output: {{ keep_raw: false }}\n\
+         rules:\n\
+         \x20 - name: stuck-transfer\n\
+         \x20   target: {{ exe: {bin} }}\n\
+         \x20   trigger: {{ function: {{ symbol: lb_transfer, min_duration: 50ms, detect: running }} }}\n\
+         \x20 - name: hung-read\n\
+         \x20   target: {{ exe: {bin} }}\n\
+         \x20   trigger: {{ syscall: {{ names: [read], min_duration: 50ms, detect: running }} }}\n"
+    );
+    // Loading the in-flight programs for all 64 rule slots takes the verifier seconds: more
+    // than `Agent::start`'s 30 s on a busy machine, and a refusal says why on /readyz.
+    let mut agent = Agent::launch(&rules, &[], &[]);
+    agent.wait_readyz(200, Duration::from_mins(1));
+    let mut deadlock = Waiting::start("deadlock");
+    let mut pipe = Waiting::start("pipe");
+    for target in [&deadlock, &pipe] {
+        let traced = agent.wait_log(
+            &format!("tracing process {} ", target.pid()),
+            Duration::from_secs(10),
+        );
+        assert!(
+            traced.contains("stuck-transfer") && traced.contains("hung-read"),
+            "{traced}"
+        );
+    }
+    let workers = deadlock.workers();
+    deadlock.release();
+    pipe.release();
+    let reader = pipe.reader();
+    // One trigger per stuck call, each sent (none suppressed) and snapshotted; the in-flight
+    // watcher counts the three it fired (two calls, one syscall).
+    for (rule, n) in [("stuck-transfer", 2.0), ("hung-read", 1.0)] {
+        agent.expect_metric("lookback_triggers_total", &[("rule", rule)], n);
+        agent.expect_metric(
+            "lookback_snapshots_total",
+            &[("rule", rule), ("backend", "sampling"), ("result", "ok")],
+            n,
+        );
+        for reason in ["cooldown", "rate_limit", "busy"] {
+            let suppressed = agent.metric(
+                "lookback_triggers_suppressed_total",
+                &[("rule", rule), ("reason", reason)],
+            );
+            assert_eq!(suppressed, 0.0, "{rule}: {reason}\n{}", agent.log());
+        }
+    }
+    agent.expect_metric(
+        "lookback_inflight_checks_total",
+        &[("outcome", "fired")],
+        3.0,
+    );
+    let ended = agent.metric("lookback_inflight_checks_total", &[("outcome", "ended")]);
+    assert_eq!(ended, 0.0, "{}", agent.get("/metrics").1);
+    assert_agent_snapshots(
+        &agent.out().join("stuck-transfer"),
+        "stuck-transfer",
+        ("function", None),
+        &workers,
+        "lb_transfer",
+    );
+    assert_agent_snapshots(
+        &agent.out().join("hung-read"),
+        "hung-read",
+        ("syscall", Some("read")),
+        &[reader],
+        "lb_wait_pipe",
+    );
+    // Still stuck: no call fires twice while the agent keeps watching.
+    std::thread::sleep(Duration::from_secs(1));
+    for (rule, n) in [("stuck-transfer", 2.0), ("hung-read", 1.0)] {
+        let triggers = agent.metric("lookback_triggers_total", &[("rule", rule)]);
+        assert_eq!(triggers, n, "{rule}\n{}", agent.log());
+    }
+    agent.stop_ok();
+    deadlock.assert_still_deadlocked(&workers);
+    pipe.assert_still_reading(reader);
 }

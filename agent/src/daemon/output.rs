@@ -166,6 +166,11 @@ fn metadata_json(
         if let Some(d) = e.duration_ns {
             obj.insert("duration_ns".into(), json!(d));
         }
+        if e.running {
+            // Fired while the call ran (`detect: running`): `duration_ns` is how long it
+            // had run (extension).
+            obj.insert("running".into(), json!(true));
+        }
         if let Some(nr) = e.syscall {
             obj.insert(
                 "syscall".into(),

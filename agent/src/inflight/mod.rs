@@ -118,7 +118,15 @@ impl Drop for Watcher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // A look may wait on the target's memory (a stack page on a hung network
+            // file system): lookback's own exit does not wait for it past a second.
+            for _ in 0..100 {
+                if thread.is_finished() {
+                    let _ = thread.join();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         let s = &self.stats;
         log::info!(

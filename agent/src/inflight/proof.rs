@@ -1,6 +1,6 @@
 //! Is a probed call still running? The judgement of one look at its thread.
 //!
-//! In: the call's entry frame (`ENTRY_TIMES`: SP at entry = `height`, the return address
+//! In: the call's entry frame (`RUNNING_TIMES`: SP at entry = `height`, the return address
 //! there, the function's code `[func, func_end)`) and a look at the thread: its SP, its
 //! stack from SP upwards, unwound into frames with their CFAs. Out: [`Proof`].
 //!
@@ -9,7 +9,7 @@
 //! return address. Only the frame whose CFA is `height + 8` says whose code it is; it must
 //! be the probed function's.
 
-use lookback_common::rule::EntryFrame;
+use lookback_common::rule::RunningFrame;
 
 use crate::unwind::CfaFrame;
 
@@ -28,7 +28,7 @@ pub enum Proof {
 /// Judges `frame` against a look: `sp` and `stack` (the bytes from `sp` up), unwound into
 /// `frames` (leaf first).
 #[must_use]
-pub fn judge(frame: &EntryFrame, sp: u64, stack: &[u8], frames: &[CfaFrame]) -> Proof {
+pub fn judge(frame: &RunningFrame, sp: u64, stack: &[u8], frames: &[CfaFrame]) -> Proof {
     let height = frame.height;
     if sp > height {
         return Proof::Ended;
@@ -64,14 +64,13 @@ mod tests {
 
     const H: u64 = 0x7ffc_0000_1000;
 
-    fn entry() -> EntryFrame {
-        EntryFrame {
+    fn entry() -> RunningFrame {
+        RunningFrame {
             height: H,
             entry_ns: 1,
             return_address: 0x40_1234,
             func: 0x40_2000,
             func_end: 0x40_2100,
-            reserved: 0,
         }
     }
 

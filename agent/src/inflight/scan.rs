@@ -6,17 +6,18 @@ use std::{
     io::Read as _,
     os::fd::{AsFd as _, OwnedFd},
     sync::{Arc, atomic::Ordering},
+    time::Duration,
 };
 
 use lookback_common::rule::{
-    EntryFrame, INFLIGHT_ARGS, INFLIGHT_FUNCTION, INFLIGHT_SYSCALL, KIND_FUNCTION, KIND_SYSCALL,
-    MAX_LOOKS, RuleSpec,
+    INFLIGHT_ARGS, INFLIGHT_FUNCTION, INFLIGHT_SENT, INFLIGHT_SUPPRESSED, INFLIGHT_SYSCALL,
+    KIND_FUNCTION, KIND_SYSCALL, MAX_LOOKS, RuleSpec, RunningFrame,
 };
 
 use super::{
     Stats,
     proof::{self, Proof},
-    ticks::Ticks,
+    ticks::{TICK_NS, Ticks},
 };
 use crate::{
     capture::{ProcessMaps, procmaps},
@@ -29,11 +30,11 @@ use crate::{
 };
 
 /// `exit` and `exit_group`: they never return, and the thread is gone after them.
-const NEVER_RETURN: [u64; 2] = [60, 231];
+const NEVER_RETURN: [u64; 2] = [libc::SYS_exit as u64, libc::SYS_exit_group as u64];
 
-/// Calls decided (fired, or shown ended) kept at most, then forgotten (the kernel's
-/// `INFLIGHT_REPORTED` still keeps a fired call from firing twice).
-const MAX_DECIDED: usize = 1 << 16;
+/// Looks at a call that could not be unwound to its height before it is given up
+/// (`unproven`): a torn or early look gets another chance.
+const UNPROVEN_TRIES: u8 = 3;
 
 /// A function call that has run past its threshold, not yet decided.
 struct FunctionCall {
@@ -41,14 +42,17 @@ struct FunctionCall {
     tgid: u32,
     rule_id: u32,
     min_ns: u64,
-    frame: EntryFrame,
+    frame: RunningFrame,
 }
 
 /// A syscall that has run past a running rule's threshold.
 struct Syscall {
     tid: u32,
+    tgid: u32,
     entry_ns: u64,
     nr: u64,
+    /// The running syscall rules it met (fired one by one).
+    rules: Vec<u32>,
 }
 
 /// A look the scan asked for: its slot in `LOOKS`, and when it asked.
@@ -64,12 +68,28 @@ struct Taken {
     copy: StackCopy,
 }
 
+/// What `inflight_fire` did with a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fired {
+    Sent,
+    /// Met, and held back by the cooldown or the hourly limit.
+    Suppressed,
+    /// Not met (any more): the call ended, or its process is no target now.
+    NotMet,
+}
+
 pub(super) struct Scanner {
     handles: Handles,
     stats: Arc<Stats>,
+    /// Calls decided (fired, suppressed, shown ended, given up), by (thread, entry time);
+    /// kept while they are in the kernel's maps.
     decided: HashSet<(u64, u64)>,
+    /// Unproven looks per call so far.
+    unproven: HashMap<(u64, u64), u8>,
     wanted: HashMap<u32, Wanted>,
     link: Option<OwnedFd>,
+    /// The iterator could not be linked (logged once).
+    no_iterator: bool,
     unwind: UnwindCache,
     ticks: Ticks,
 }
@@ -82,27 +102,35 @@ impl Scanner {
             handles,
             stats,
             decided: HashSet::new(),
+            unproven: HashMap::new(),
             wanted: HashMap::new(),
             link: None,
+            no_iterator: false,
             unwind: UnwindCache::default(),
         }
     }
 
-    /// One pass; errors of the kernel maps are logged and the pass ends.
+    /// One pass. A kernel map that cannot be read ends it (the next pass tries again).
     pub(super) fn scan(&mut self) {
-        let Ok(config) = self.handles.config.get(&0, 0) else {
-            return;
+        let config = match self.handles.config.get(&0, 0) {
+            Ok(config) => config,
+            Err(e) => {
+                log::debug!("in-flight scan: reading CONFIG: {e}");
+                return;
+            }
         };
         if config.running_rules == 0 {
+            self.idle();
             return;
         }
         let rules = self.running_rules(config.running_rules);
         let now = sys::monotonic_ns();
-        if self.decided.len() > MAX_DECIDED {
-            self.decided.clear();
-        }
-        let calls = self.function_calls(&rules, now);
-        let syscalls = self.syscalls(&rules, config.syscall_rules, now);
+        let mut present = HashSet::new();
+        let calls = self.function_calls(&rules, now, &mut present);
+        let syscalls = self.syscalls(&rules, config.syscall_rules, now, &mut present);
+        // Decisions are kept while their calls are in the maps, and only then.
+        self.decided.retain(|k| present.contains(k));
+        self.unproven.retain(|k, _| present.contains(k));
         let tids: HashSet<u32> = calls
             .iter()
             .map(|c| thread_tid(c.thread))
@@ -120,8 +148,20 @@ impl Scanner {
                 .is_ok_and(|s| s == w.slot)
         });
         self.ticks.set(on_cpu);
-        // One look per thread judges all its calls (recursion: several frames).
+        if on_cpu {
+            // A tick comes within TICK_NS: judged in this scan, the look is fresh when the
+            // call fires (and the recorder freezes).
+            std::thread::sleep(Duration::from_nanos(TICK_NS + 1_000_000));
+        }
+        // Syscalls first: they need no unwind, and fire at once.
         let mut looks: HashMap<u32, Option<Taken>> = HashMap::new();
+        for call in syscalls {
+            let look = self.taken(call.tid);
+            self.fire_syscall(&call, look.as_ref());
+            looks.insert(call.tid, look);
+        }
+        // One look per thread judges all its calls (recursion: several frames). A thread
+        // whose look was taken is asked again next scan if it still has a candidate.
         for call in calls {
             let tid = thread_tid(call.thread);
             let look = looks.entry(tid).or_insert_with(|| self.taken(tid));
@@ -129,20 +169,42 @@ impl Scanner {
                 self.judge_call(&call, look);
             }
         }
-        // A thread whose look was taken is asked again at the next scan if it still has
-        // a candidate (`taken` ended the ask).
-        for call in syscalls {
-            let tgid = tgid_of(call.tid).unwrap_or(0);
-            let look = self.taken(call.tid);
+    }
+
+    /// Fires a syscall still in flight for each running rule it met, with the look at its
+    /// thread (when there is one) as its stack.
+    fn fire_syscall(&mut self, call: &Syscall, look: Option<&Taken>) {
+        let head = args(INFLIGHT_SYSCALL, u64::from(call.tid), call.tgid, call.tid);
+        let mut decided = false;
+        for &rule in &call.rules {
             if let Some(look) = look {
-                stacks().put(call.tid, call.entry_ns, look.copy);
+                stacks().put(call.tid, call.entry_ns, look.copy.clone());
             }
-            let args = args(INFLIGHT_SYSCALL, u64::from(call.tid), tgid, call.tid);
-            let args = [args[0], args[1], args[2], 0, call.entry_ns, 0, 0, call.nr];
-            if self.fire(call.tid, call.entry_ns, &args) {
-                self.decided.insert((u64::from(call.tid), call.entry_ns));
-            }
+            let all = [
+                head[0],
+                head[1],
+                head[2],
+                u64::from(rule),
+                call.entry_ns,
+                0,
+                0,
+                call.nr,
+            ];
+            decided |= self.fire(call.tid, call.entry_ns, &all) != Fired::NotMet;
         }
+        if decided {
+            self.decided.insert((u64::from(call.tid), call.entry_ns));
+        }
+    }
+
+    /// No running rule (any more): no look wanted, no tick.
+    fn idle(&mut self) {
+        for tid in std::mem::take(&mut self.wanted).into_keys() {
+            let _ = self.handles.want_look.remove(&tid);
+        }
+        self.ticks.set(false);
+        self.decided.clear();
+        self.unproven.clear();
     }
 
     /// The `detect: running` rules: (id, spec).
@@ -153,9 +215,15 @@ impl Scanner {
             .collect()
     }
 
-    /// Every frame of `ENTRY_TIMES` of a running function rule that is older than the
-    /// rule's threshold and not decided, whose thread is alive.
-    fn function_calls(&self, rules: &[(u32, RuleSpec)], now: u64) -> Vec<FunctionCall> {
+    /// Every frame of `RUNNING_TIMES` of a running function rule that is older than the
+    /// rule's threshold and not decided, whose thread is alive; every such frame's key
+    /// goes to `present`.
+    fn function_calls(
+        &mut self,
+        rules: &[(u32, RuleSpec)],
+        now: u64,
+        present: &mut HashSet<(u64, u64)>,
+    ) -> Vec<FunctionCall> {
         let min_of: HashMap<u32, u64> = rules
             .iter()
             .filter(|(_, r)| r.kind == KIND_FUNCTION)
@@ -165,7 +233,11 @@ impl Scanner {
             return Vec::new();
         }
         let mut out = Vec::new();
-        for item in &self.handles.entry_times {
+        // Processes with calls in flight: their unwind tables are read before any call is
+        // old enough, so that a proof is an unwind, not a read of every file's CFI (tens
+        // of ms between the look and the fire, and the freeze).
+        let mut young = HashSet::new();
+        for item in &self.handles.running_times {
             let Ok((key, stack)) = item else {
                 continue;
             };
@@ -175,13 +247,16 @@ impl Scanner {
             let depth = usize::try_from(stack.depth)
                 .unwrap_or(0)
                 .min(stack.frames.len());
+            if depth > 0 {
+                young.insert(key.tgid);
+            }
             for frame in &stack.frames[..depth] {
-                let old = now.saturating_sub(frame.entry_ns) >= min_ns;
-                if old
-                    && frame.func != 0
-                    && !self.decided.contains(&(key.thread, frame.entry_ns))
-                    && thread_alive(key.tgid, thread_tid(key.thread))
-                {
+                if now.saturating_sub(frame.entry_ns) < min_ns {
+                    continue;
+                }
+                let id = (key.thread, frame.entry_ns);
+                present.insert(id);
+                if !self.decided.contains(&id) && thread_alive(key.tgid, thread_tid(key.thread)) {
                     out.push(FunctionCall {
                         thread: key.thread,
                         tgid: key.tgid,
@@ -192,11 +267,21 @@ impl Scanner {
                 }
             }
         }
+        for tgid in young {
+            self.unwind.prepare(tgid);
+        }
         out
     }
 
-    /// Every syscall in flight past a running syscall rule's threshold, not decided.
-    fn syscalls(&self, rules: &[(u32, RuleSpec)], syscall_rules: u64, now: u64) -> Vec<Syscall> {
+    /// Every syscall in flight past a running syscall rule's threshold, not decided; their
+    /// keys go to `present`. A start whose thread is gone is removed.
+    fn syscalls(
+        &mut self,
+        rules: &[(u32, RuleSpec)],
+        syscall_rules: u64,
+        now: u64,
+        present: &mut HashSet<(u64, u64)>,
+    ) -> Vec<Syscall> {
         let rules: Vec<&(u32, RuleSpec)> = rules
             .iter()
             .filter(|(id, r)| r.kind == KIND_SYSCALL && syscall_rules >> id & 1 == 1)
@@ -205,29 +290,45 @@ impl Scanner {
             return Vec::new();
         }
         let mut out = Vec::new();
+        let mut gone = Vec::new();
         for item in &self.handles.syscall_start {
             let Ok((tid, start)) = item else {
                 continue;
             };
             let age = now.saturating_sub(start.enter_ns);
-            let met = rules.iter().any(|(id, r)| {
-                start.rules >> id & 1 == 1 && r.has_syscall(start.nr) && age >= r.min_duration_ns
-            });
-            if met
-                && !NEVER_RETURN.contains(&start.nr)
-                && !self.decided.contains(&(u64::from(tid), start.enter_ns))
-                && std::path::Path::new(&format!("/proc/{tid}")).exists()
-            {
+            let met: Vec<u32> = rules
+                .iter()
+                .filter(|(id, r)| {
+                    start.rules >> id & 1 == 1
+                        && r.has_syscall(start.nr)
+                        && age >= r.min_duration_ns
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            if met.is_empty() || NEVER_RETURN.contains(&start.nr) {
+                continue;
+            }
+            if start.tgid == 0 || !thread_alive(start.tgid, tid) {
+                gone.push(tid);
+                continue;
+            }
+            let id = (u64::from(tid), start.enter_ns);
+            present.insert(id);
+            if !self.decided.contains(&id) {
                 out.push(Syscall {
                     tid,
+                    tgid: start.tgid,
                     entry_ns: start.enter_ns,
                     nr: start.nr,
+                    rules: met,
                 });
             }
         }
+        for tid in gone {
+            let _ = self.handles.syscall_start.remove(&tid);
+        }
         out
     }
-
     /// Asks for a look at each of `tids` not asked for yet (as many as there are slots),
     /// and withdraws the asks for threads no longer wanted.
     fn want(&mut self, tids: &HashSet<u32>, now: u64) {
@@ -267,7 +368,10 @@ impl Scanner {
             match bpf::iter_link_create(self.handles.look.as_fd()) {
                 Ok(link) => self.link = Some(link),
                 Err(e) => {
-                    log::warn!("in-flight looks off CPU unavailable: {e}");
+                    if !self.no_iterator {
+                        log::warn!("in-flight looks at threads off CPU unavailable: {e}");
+                        self.no_iterator = true;
+                    }
                     return;
                 }
             }
@@ -291,7 +395,11 @@ impl Scanner {
     fn taken(&mut self, tid: u32) -> Option<Taken> {
         let wanted = *self.wanted.get(&tid)?;
         let look = self.handles.looks.get(&wanted.slot, 0).ok()?;
-        if look.tid != tid || look.look_ns < wanted.since_ns {
+        if look.tid != tid || look.look_ns < wanted.since_ns || look.copy.len == 0 {
+            if self.handles.want_look.get(&tid, 0).is_err() {
+                // Claimed and not published (a look that could not be taken): ask again.
+                self.wanted.remove(&tid);
+            }
             return None;
         }
         self.wanted.remove(&tid);
@@ -349,36 +457,41 @@ impl Scanner {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
             }
             Proof::Unproven => {
+                let tries = self.unproven.entry(key).or_insert(0);
+                *tries += 1;
+                if *tries < UNPROVEN_TRIES {
+                    return; // another look next scan
+                }
                 self.stats.unproven.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.decided.insert(key);
     }
 
-    /// Runs the fire program with `head` (8 arguments) and the thread's comm; whether it
-    /// sent a trigger. The stack left for it is taken back when it did not.
-    fn fire(&self, tid: u32, entry_ns: u64, head: &[u64; 8]) -> bool {
+    /// Runs the fire program with `head` (8 arguments) and the thread's comm. The stack
+    /// left for the call is taken back unless a trigger was sent.
+    fn fire(&self, tid: u32, entry_ns: u64, head: &[u64; 8]) -> Fired {
         let process = u32::try_from(head[2] >> 32).unwrap_or(0);
         let comm = comm_words(process, tid);
-        let mut all = [0u64; INFLIGHT_ARGS + 4];
+        let mut all = [0u64; INFLIGHT_ARGS];
         all[..8].copy_from_slice(head);
         all[8] = comm[0];
         all[9] = comm[1];
-        match bpf::test_run_raw_tp(self.handles.fire.as_fd(), &all) {
-            Ok(1) => {
-                self.stats.fired.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Ok(_) => {
-                let _ = stacks().take(tid, entry_ns);
-                false
-            }
+        let fired = match bpf::test_run_raw_tp(self.handles.fire.as_fd(), &all) {
+            Ok(rc) if rc == INFLIGHT_SENT.cast_unsigned() => Fired::Sent,
+            Ok(rc) if rc == INFLIGHT_SUPPRESSED.cast_unsigned() => Fired::Suppressed,
+            Ok(_) => Fired::NotMet,
             Err(e) => {
-                log::warn!("in-flight trigger of thread {tid} not fired: {e}");
-                let _ = stacks().take(tid, entry_ns);
-                false
+                log::debug!("in-flight trigger of thread {tid} not fired: {e}");
+                Fired::NotMet
             }
+        };
+        if fired == Fired::Sent {
+            self.stats.fired.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let _ = stacks().take(tid, entry_ns);
         }
+        fired
     }
 }
 
@@ -397,21 +510,18 @@ fn thread_alive(process: u32, tid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{process}/task/{tid}")).exists()
 }
 
-/// The process of thread `tid` (`Tgid:` of `/proc/TID/status`).
-fn tgid_of(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// The thread's comm as the two little-endian words of the record's 16 bytes.
 fn comm_words(process: u32, tid: u32) -> [u64; 2] {
-    let comm =
-        std::fs::read_to_string(format!("/proc/{process}/task/{tid}/comm")).unwrap_or_default();
+    // Never empty: the kernel would put the agent's own comm in an empty one.
+    let comm = std::fs::read_to_string(format!("/proc/{process}/task/{tid}/comm"))
+        .unwrap_or_else(|_| "?".to_owned());
+    let comm = if comm.trim_end().is_empty() {
+        "?"
+    } else {
+        comm.trim_end()
+    };
     let mut bytes = [0u8; 16];
-    for (dst, src) in bytes.iter_mut().zip(comm.trim_end().bytes().take(15)) {
+    for (dst, src) in bytes.iter_mut().zip(comm.bytes().take(15)) {
         *dst = src;
     }
     let word = |at: usize| {
@@ -421,6 +531,9 @@ fn comm_words(process: u32, tid: u32) -> [u64; 2] {
     };
     [word(0), word(8)]
 }
+
+/// Files whose unwind sections are kept between scans at most (then read again).
+const MAX_UNWIND_FILES: usize = 512;
 
 /// How long a process's maps are used for unwinding before they are read again.
 const MAPS_FOR_NS: u64 = 2_000_000_000;
@@ -438,7 +551,7 @@ impl UnwindCache {
     /// Unwinds `copy` with process `tgid`'s modules and judges `frame` on it; an
     /// unproven judgement on maps older than the look is tried again on fresh maps (a
     /// library loaded since).
-    fn prove(&mut self, tgid: u32, frame: &EntryFrame, copy: &StackCopy, look_ns: u64) -> Proof {
+    fn prove(&mut self, tgid: u32, frame: &RunningFrame, copy: &StackCopy, look_ns: u64) -> Proof {
         let now = sys::monotonic_ns();
         let stale = self
             .maps
@@ -456,6 +569,24 @@ impl UnwindCache {
         proof
     }
 
+    /// Reads process `tgid`'s maps and its files' unwind sections if they are not read
+    /// yet (or are stale).
+    fn prepare(&mut self, tgid: u32) {
+        let now = sys::monotonic_ns();
+        let stale = self
+            .maps
+            .get(&tgid)
+            .is_none_or(|m| now.saturating_sub(m.read_at_ns) > MAPS_FOR_NS);
+        if stale {
+            self.refresh(tgid, now);
+            let empty = StackCopy {
+                regs: UserRegs::default(),
+                bytes: Vec::new(),
+            };
+            let _ = self.judge(tgid, &RunningFrame::default(), &empty);
+        }
+    }
+
     fn refresh(&mut self, tgid: u32, now: u64) {
         if self.maps.len() > 1024 {
             self.maps.clear();
@@ -470,9 +601,12 @@ impl UnwindCache {
         }
     }
 
-    fn judge(&mut self, tgid: u32, frame: &EntryFrame, copy: &StackCopy) -> Proof {
+    fn judge(&mut self, tgid: u32, frame: &RunningFrame, copy: &StackCopy) -> Proof {
         let maps: Vec<ProcessMaps> = self.maps.get(&tgid).cloned().into_iter().collect();
-        let files = std::mem::take(&mut self.files);
+        let mut files = std::mem::take(&mut self.files);
+        if files.len() > MAX_UNWIND_FILES {
+            files = UnwindFiles::default();
+        }
         let mut unwinder = StackUnwinder::with_files(&maps, &[], files);
         let frames = unwinder.frames_with_cfa(tgid, copy.regs, &copy.bytes);
         self.files = unwinder.into_files();

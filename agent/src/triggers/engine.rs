@@ -32,9 +32,9 @@ use lookback_common::{
     rule::{
         COUNTER_DEPTH_OVERFLOW, COUNTER_EMITTED, COUNTER_MET, COUNTER_RINGBUF_FULL,
         COUNTER_SUPPRESSED_COOLDOWN, COUNTER_SUPPRESSED_RATE, COUNTER_UNMATCHED_RETURN,
-        COUNTER_UNWOUND, COUNTERS_PER_RULE, EngineConfig, FLAG_FOLLOW_FORKS, FLAG_FREEZE_IN_KERNEL,
-        FLAG_RUNNING, KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL, ProcessRuleKey, RuleSpec,
-        RuleState,
+        COUNTER_UNWOUND, COUNTERS_PER_RULE, EngineConfig, EntryKey, FLAG_FOLLOW_FORKS,
+        FLAG_FREEZE_IN_KERNEL, FLAG_RUNNING, KIND_FUNCTION, KIND_SIGNAL, KIND_SYSCALL,
+        ProcessRuleKey, RuleSpec, RuleState, RunningStack,
     },
 };
 use serde::Serialize;
@@ -127,6 +127,12 @@ pub enum TriggerError {
          goroutine's calls are not tied to the thread a look sees; use detect: returned"
     )]
     RunningOnGo { rule: String, path: String },
+    #[error(
+        "rule {rule}: the programs of detect: running could not be loaded ({reason}); they \
+         need Linux 5.18 or newer (a sleepable task iterator, bpf_copy_from_user_task) and \
+         task_struct.on_cpu/nvcsw/nivcsw in the kernel's BTF; use detect: returned"
+    )]
+    RunningUnsupported { rule: String, reason: String },
     #[error(
         "rule {rule}: detect: running needs the size of {symbol} in {path} (its symbol has \
          none), to tell its frame from a sibling's"
@@ -296,6 +302,8 @@ pub struct TriggerEngine {
     rule_slots: u32,
     /// Entries of the kernel's target set.
     max_targets: u32,
+    /// Why the `detect: running` programs could not be loaded, once they could not.
+    running_refused: Option<String>,
 }
 
 impl TriggerEngine {
@@ -326,9 +334,10 @@ impl TriggerEngine {
         let config = EngineConfig {
             task_tgid_offset: btf.member_offset("task_struct", "tgid")?,
             task_pid_offset: btf.member_offset("task_struct", "pid")?,
-            task_on_cpu_offset: btf.member_offset("task_struct", "on_cpu")?,
-            task_nvcsw_offset: btf.member_offset("task_struct", "nvcsw")?,
-            task_nivcsw_offset: btf.member_offset("task_struct", "nivcsw")?,
+            // Only `detect: running` needs these (0: absent, and such rules are refused).
+            task_on_cpu_offset: btf.member_offset("task_struct", "on_cpu").unwrap_or(0),
+            task_nvcsw_offset: btf.member_offset("task_struct", "nvcsw").unwrap_or(0),
+            task_nivcsw_offset: btf.member_offset("task_struct", "nivcsw").unwrap_or(0),
             ..EngineConfig::default()
         };
         let mut ebpf = EbpfLoader::new()
@@ -386,6 +395,7 @@ impl TriggerEngine {
             next_jump_site: 0,
             rule_slots,
             max_targets,
+            running_refused: None,
         };
         engine.write_config()?;
         Ok(engine)
@@ -510,6 +520,7 @@ impl TriggerEngine {
         }
         self.remove_rule(rule.id)?;
         let spec = rule_spec(&rule)?;
+        self.running_programs(&rule.name, &spec)?;
         let mut loaded = LoadedRule {
             rule,
             spec,
@@ -555,6 +566,7 @@ impl TriggerEngine {
         }
         let mut spec = rule_spec(rule)?;
         spec.flags |= loaded.spec.flags & FLAG_FREEZE_IN_KERNEL;
+        self.running_programs(&rule.name, &spec)?;
         let mut rules: Array<_, RuleSpec> = map_mut(&mut self.ebpf, "RULES")?;
         rules.set(rule.id, spec, 0).map_err(map_err("RULES"))?;
         if let Some(loaded) = self.rules.get_mut(&rule.id) {
@@ -894,7 +906,46 @@ impl TriggerEngine {
             self.set_target(tgid, mask)?;
         }
         self.reset_counters(id)?;
+        self.forget_running_calls(id);
         self.sync_kinds()
+    }
+
+    /// Loads the in-flight programs for a `detect: running` rule `spec`, before anything of
+    /// the rule is written: a kernel without them refuses the rule alone.
+    fn running_programs(&mut self, rule: &str, spec: &RuleSpec) -> Result<(), TriggerError> {
+        if spec.flags & FLAG_RUNNING == 0 {
+            return Ok(());
+        }
+        // A kernel that refused them once refuses them again: said at once for later rules.
+        if self.running_refused.is_none()
+            && let Err(e) = inflight::load_programs(&mut self.ebpf, &self.config)
+        {
+            self.running_refused = Some(crate::sys::error_chain(&e));
+        }
+        match &self.running_refused {
+            None => Ok(()),
+            Some(reason) => Err(TriggerError::RunningUnsupported {
+                rule: rule.to_owned(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// Drops the calls in flight of rule `id` (`RUNNING_TIMES`), so that a rule that later
+    /// gets the id does not judge the old function's calls. Best effort: an entry the map
+    /// refuses to drop is logged.
+    fn forget_running_calls(&mut self, id: u32) {
+        let Ok(mut map) =
+            map_mut::<BpfHashMap<_, EntryKey, RunningStack>>(&mut self.ebpf, "RUNNING_TIMES")
+        else {
+            return;
+        };
+        let keys: Vec<EntryKey> = map.keys().filter_map(Result::ok).collect();
+        for key in keys.into_iter().filter(|k| k.rule_id == id) {
+            if let Err(e) = map.remove(&key) {
+                log::debug!("RUNNING_TIMES: dropping rule {id}'s entry: {e}");
+            }
+        }
     }
 
     /// Makes `tgid` a target of the rules in `rule_mask` (bit = rule id), in addition to
@@ -1069,9 +1120,6 @@ impl TriggerEngine {
         self.config.signal_rules = mask_of(&|s| s.kind == KIND_SIGNAL);
         self.config.follow_fork_rules = mask_of(&|s| s.flags & FLAG_FOLLOW_FORKS != 0);
         self.config.running_rules = mask_of(&|s| s.flags & FLAG_RUNNING != 0);
-        if self.config.running_rules != 0 {
-            inflight::load_programs(&mut self.ebpf)?;
-        }
         self.write_config()?;
         let want = [
             (PROG_SYS_ENTER, self.config.syscall_rules != 0),
@@ -1237,7 +1285,8 @@ fn same_probes(a: &Trigger, b: &Trigger) -> bool {
                 && a.all == b.all
                 && a.debug_dirs == b.debug_dirs
                 && a.min_duration.is_some() == b.min_duration.is_some()
-                && (a.min_duration.is_none() || a.return_probe == b.return_probe)
+                && (a.min_duration.is_none()
+                    || (a.return_probe == b.return_probe && a.detect == b.detect))
         }
         (Trigger::Function(_), _) | (_, Trigger::Function(_)) => false,
         _ => true,

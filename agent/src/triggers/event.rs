@@ -116,7 +116,7 @@ pub fn stack_from_bytes(bytes: &[u8]) -> TriggerStack {
 
 /// The user registers that unwinding needs: of the trigger's [`StackCopy`] here, and of
 /// perf samples (`capture::records::Sample`, which re-exports this type).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UserRegs {
     pub ip: u64,
     pub sp: u64,

@@ -18,7 +18,7 @@ use aya::{
     maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError},
     programs::{Iter, PerfEvent, ProgramError, RawTracePoint},
 };
-use lookback_common::rule::{EngineConfig, EntryKey, EntryStack, Look, RuleSpec, SyscallStart};
+use lookback_common::rule::{EngineConfig, EntryKey, Look, RuleSpec, RunningStack, SyscallStart};
 
 use super::{
     engine::{TriggerError, map_err, prog_err, program},
@@ -32,8 +32,15 @@ pub const PROG_INFLIGHT_LOOK: &str = "inflight_look";
 /// The CPU tick that looks at threads on CPU.
 pub const PROG_INFLIGHT_TICK: &str = "inflight_tick";
 
-/// Loads the in-flight programs if they are not yet (the iterator needs the kernel's BTF).
-pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), TriggerError> {
+/// Loads the in-flight programs if they are not yet (the iterator needs the kernel's BTF;
+/// the look needs `task_struct.on_cpu`, `nvcsw` and `nivcsw`, whose offsets the engine
+/// wrote into `config`).
+pub fn load_programs(ebpf: &mut Ebpf, config: &EngineConfig) -> Result<(), TriggerError> {
+    if config.task_on_cpu_offset == 0 || config.task_nvcsw_offset == 0 {
+        return Err(TriggerError::MissingProgram {
+            name: "inflight_look (task_struct has no on_cpu or nvcsw in this kernel's BTF)",
+        });
+    }
     let fire: &mut RawTracePoint = program(ebpf, PROG_INFLIGHT_FIRE)?;
     if fire.fd().is_err() {
         fire.load().map_err(prog_err(PROG_INFLIGHT_FIRE))?;
@@ -56,7 +63,7 @@ pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), TriggerError> {
 pub struct Handles {
     pub config: Array<MapData, EngineConfig>,
     pub rules: Array<MapData, RuleSpec>,
-    pub entry_times: BpfHashMap<MapData, EntryKey, EntryStack>,
+    pub running_times: BpfHashMap<MapData, EntryKey, RunningStack>,
     pub syscall_start: BpfHashMap<MapData, u32, SyscallStart>,
     pub looks: Array<MapData, Look>,
     pub want_look: BpfHashMap<MapData, u32, u32>,
@@ -81,8 +88,8 @@ impl Handles {
         Ok(Self {
             config: Array::try_from(dup(ebpf, "CONFIG", Map::Array)?).map_err(map_err("CONFIG"))?,
             rules: Array::try_from(dup(ebpf, "RULES", Map::Array)?).map_err(map_err("RULES"))?,
-            entry_times: BpfHashMap::try_from(dup(ebpf, "ENTRY_TIMES", Map::LruHashMap)?)
-                .map_err(map_err("ENTRY_TIMES"))?,
+            running_times: BpfHashMap::try_from(dup(ebpf, "RUNNING_TIMES", Map::LruHashMap)?)
+                .map_err(map_err("RUNNING_TIMES"))?,
             syscall_start: BpfHashMap::try_from(dup(ebpf, "SYSCALL_START", Map::LruHashMap)?)
                 .map_err(map_err("SYSCALL_START"))?,
             looks: Array::try_from(dup(ebpf, "LOOKS", Map::Array)?).map_err(map_err("LOOKS"))?,

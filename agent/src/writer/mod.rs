@@ -166,6 +166,19 @@ fn trigger_stack(snap: &Snapshot, symbols: &mut Symbolizer<'_>) -> Vec<StackFram
         .collect()
 }
 
+/// How the trigger call's slice was timed: to the return, or (fired while it ran) to the
+/// look that found it still inside; the call is open at the slice's end.
+fn timed_by(t: &TriggerMeta) -> &'static str {
+    if t.detail.ends_with(STILL_INSIDE) {
+        "kernel: entry, and a look while it still ran (open at the end)"
+    } else {
+        "kernel: entry and return"
+    }
+}
+
+/// The end of the detail of a trigger fired while the call ran (`TriggerEvent::detail`).
+const STILL_INSIDE: &str = "(still inside)";
+
 /// The probed function's name of a trigger fired while the call ran.
 fn call_name(snap: &Snapshot, symbols: &mut Symbolizer<'_>) -> Option<String> {
     let t = snap.meta.trigger.as_ref()?;
@@ -495,7 +508,7 @@ fn trigger_call(
         Arg::new("rule", ArgValue::Str(&t.rule)),
         Arg::new("duration_ns", ArgValue::U64(duration)),
         Arg::new("tid", ArgValue::U64(u64::from(t.tid))),
-        Arg::new("timed_by", ArgValue::Str("kernel: entry and return")),
+        Arg::new("timed_by", ArgValue::Str(timed_by(t))),
     ];
     sink.begin(
         key,
