@@ -35,6 +35,7 @@ pub struct Only {
     pub startup: bool,
     pub agent_scale: bool,
     pub upload: bool,
+    pub overhead: bool,
 }
 
 pub fn bench(env: &BuildEnv, only: Only, triggers: usize) -> Result<()> {
@@ -120,6 +121,9 @@ pub fn bench(env: &BuildEnv, only: Only, triggers: usize) -> Result<()> {
         );
     }
     syscall_rows(&lookback, &workload, bpftrace.as_deref())?;
+    if only.overhead {
+        return Ok(());
+    }
     crate::bench_startup::startup(&lookback, &workload, bpftrace.as_deref())?;
     freeze_latency(env, &lookback, &workload, triggers)
 }

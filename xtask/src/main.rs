@@ -71,6 +71,9 @@ enum Command {
         /// uploading the same files.
         #[arg(long, conflicts_with_all = ["freeze_only", "startup_only", "agent_scale"])]
         upload_only: bool,
+        /// Only the trigger overhead table (function and syscall rules beside bpftrace).
+        #[arg(long, conflicts_with_all = ["freeze_only", "startup_only", "agent_scale", "upload_only"])]
+        overhead_only: bool,
         /// Triggers in the latency table (default 1000; with --upload-only, 60).
         #[arg(long)]
         triggers: Option<usize>,
@@ -134,6 +137,7 @@ fn main() -> std::process::ExitCode {
             startup_only,
             agent_scale,
             upload_only,
+            overhead_only,
             triggers,
         } => setup::setup().and_then(|env| {
             let only = bench::Only {
@@ -141,6 +145,7 @@ fn main() -> std::process::ExitCode {
                 startup: startup_only,
                 agent_scale,
                 upload: upload_only,
+                overhead: overhead_only,
             };
             let triggers = triggers.unwrap_or(if upload_only { 60 } else { 1000 });
             bench::bench(&env, only, triggers)
