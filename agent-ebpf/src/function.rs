@@ -20,6 +20,7 @@ use aya_ebpf::{
     bindings::pt_regs,
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user, generated::bpf_get_attach_cookie},
     macros::{uprobe, uretprobe},
+    maps::{Array, LruHashMap},
     programs::{ProbeContext, RetProbeContext},
 };
 use lookback_common::{
@@ -168,18 +169,9 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     if rule.flags & FLAG_RUNNING != 0 {
         return push_running(regs, cookie, key, height, now);
     }
-    let stack = if let Some(stack) = ENTRY_TIMES.get_ptr_mut(key) {
-        stack
-    } else {
-        // The empty stack comes from a map: 520 bytes do not fit the BPF stack.
-        // SAFETY: array map values are preallocated and never written.
-        let empty = unsafe { &*EMPTY_ENTRY_STACK.get_ptr(0)? };
-        ENTRY_TIMES.insert(key, empty, 0).ok()?;
-        ENTRY_TIMES.get_ptr_mut(key)?
-    };
     // SAFETY: map value pointer valid for this invocation; only this thread uses this key
     // (Go: only the thread running this goroutine).
-    let stack = unsafe { &mut *stack };
+    let stack = unsafe { &mut *stack_of(&ENTRY_TIMES, &EMPTY_ENTRY_STACK, key)? };
     let dropped = drop_below(&mut stack.depth, &stack.frames, height, true);
     if dropped != 0 {
         count_n(rule_id, COUNTER_UNWOUND, dropped);
@@ -198,22 +190,27 @@ fn try_function_entry(ctx: &ProbeContext) -> Option<()> {
     Some(())
 }
 
+/// The per-thread stack of `key` in `map`, inserted from `empty`'s value 0 when it has
+/// none (the empty stacks come from maps: 520 bytes and more do not fit the BPF stack).
+#[inline(always)]
+fn stack_of<V>(map: &LruHashMap<EntryKey, V>, empty: &Array<V>, key: EntryKey) -> Option<*mut V> {
+    if let Some(stack) = map.get_ptr_mut(key) {
+        return Some(stack);
+    }
+    // SAFETY: array map values are preallocated and never written.
+    let empty = unsafe { &*empty.get_ptr(0)? };
+    map.insert(key, empty, 0).ok()?;
+    map.get_ptr_mut(key)
+}
+
 /// A `detect: running` entry: the frame goes to `RUNNING_TIMES` with what a later look is
 /// checked against (the return address SP points at here, and the function's code, sized
 /// by the cookie). Frames dropped here are calls that returned (no exit probe pops them):
 /// not counted as abandoned.
 #[inline(always)]
 fn push_running(regs: &pt_regs, cookie: u64, key: EntryKey, height: u64, now: u64) -> Option<()> {
-    let stack = if let Some(stack) = RUNNING_TIMES.get_ptr_mut(key) {
-        stack
-    } else {
-        // SAFETY: array map values are preallocated and never written.
-        let empty = unsafe { &*EMPTY_RUNNING_STACK.get_ptr(0)? };
-        RUNNING_TIMES.insert(key, empty, 0).ok()?;
-        RUNNING_TIMES.get_ptr_mut(key)?
-    };
     // SAFETY: map value pointer valid for this invocation; only this thread uses this key.
-    let stack = unsafe { &mut *stack };
+    let stack = unsafe { &mut *stack_of(&RUNNING_TIMES, &EMPTY_RUNNING_STACK, key)? };
     drop_below(&mut stack.depth, &stack.frames, height, true);
     let depth = stack.depth as usize;
     if depth >= MAX_CALL_DEPTH {
