@@ -216,7 +216,7 @@ pub struct InflightKey {
 
 /// Arguments of the `inflight_fire` program (run with `BPF_PROG_TEST_RUN`, never
 /// attached), as the raw tracepoint context's `u64`s: kind, thread key, `pid_tgid`, rule
-/// id, entry time, look time, height, syscall number, and the comm's two words.
+/// id, entry time, look time and height (function calls), 0, and the comm's two words.
 pub const INFLIGHT_ARGS: usize = 10;
 /// `inflight_fire`'s return: the call fired.
 pub const INFLIGHT_SENT: i32 = 1;

@@ -50,7 +50,6 @@ struct Syscall {
     tid: u32,
     tgid: u32,
     entry_ns: u64,
-    nr: u64,
     /// The running syscall rules it met (fired one by one).
     rules: Vec<u32>,
 }
@@ -188,7 +187,7 @@ impl Scanner {
                 call.entry_ns,
                 0,
                 0,
-                call.nr,
+                0,
             ];
             decided |= self.fire(call.tid, call.entry_ns, &all) != Fired::NotMet;
         }
@@ -319,7 +318,6 @@ impl Scanner {
                     tid,
                     tgid: start.tgid,
                     entry_ns: start.enter_ns,
-                    nr: start.nr,
                     rules: met,
                 });
             }
@@ -553,11 +551,7 @@ impl UnwindCache {
     /// library loaded since).
     fn prove(&mut self, tgid: u32, frame: &RunningFrame, copy: &StackCopy, look_ns: u64) -> Proof {
         let now = sys::monotonic_ns();
-        let stale = self
-            .maps
-            .get(&tgid)
-            .is_none_or(|m| now.saturating_sub(m.read_at_ns) > MAPS_FOR_NS);
-        if stale {
+        if self.stale(tgid, now) {
             self.refresh(tgid, now);
         }
         let proof = self.judge(tgid, frame, copy);
@@ -573,11 +567,7 @@ impl UnwindCache {
     /// yet (or are stale).
     fn prepare(&mut self, tgid: u32) {
         let now = sys::monotonic_ns();
-        let stale = self
-            .maps
-            .get(&tgid)
-            .is_none_or(|m| now.saturating_sub(m.read_at_ns) > MAPS_FOR_NS);
-        if stale {
+        if self.stale(tgid, now) {
             self.refresh(tgid, now);
             let empty = StackCopy {
                 regs: UserRegs::default(),
@@ -585,6 +575,13 @@ impl UnwindCache {
             };
             let _ = self.judge(tgid, &RunningFrame::default(), &empty);
         }
+    }
+
+    /// Whether process `tgid`'s maps are missing or older than [`MAPS_FOR_NS`] at `now`.
+    fn stale(&self, tgid: u32, now: u64) -> bool {
+        self.maps
+            .get(&tgid)
+            .is_none_or(|m| now.saturating_sub(m.read_at_ns) > MAPS_FOR_NS)
     }
 
     fn refresh(&mut self, tgid: u32, now: u64) {
