@@ -198,6 +198,13 @@ pub struct Look {
     pub tid: u32,
     /// 1: taken by the task iterator (the thread was off CPU), 2: by a sample (on CPU).
     pub how: u32,
+    /// The thread's user R14 at the look — in Go code the running goroutine's `g` — and
+    /// the two words at it, read at the same moment: a goroutine's stack bounds
+    /// (`g.stack.lo`, `g.stack.hi`). Meaningful only when the look's SP lies within them;
+    /// 0 when unreadable. They turn the relative height of a Go call into an address.
+    pub g: u64,
+    pub g_lo: u64,
+    pub g_hi: u64,
     pub copy: crate::trigger::TriggerStackCopy,
 }
 
@@ -264,6 +271,9 @@ pub struct RunningFrame {
 #[derive(Clone, Copy, Debug)]
 pub struct RunningStack {
     pub depth: u64,
+    /// 1: the key's `thread` is a goroutine (`g`) of a Go binary and the heights are
+    /// relative to its stack's top (see [`EntryFrame::height`]); 0: a thread id.
+    pub go: u64,
     pub frames: [RunningFrame; MAX_CALL_DEPTH],
 }
 

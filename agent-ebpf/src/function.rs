@@ -211,6 +211,7 @@ fn stack_of<V>(map: &LruHashMap<EntryKey, V>, empty: &Array<V>, key: EntryKey) -
 fn push_running(regs: &pt_regs, cookie: u64, key: EntryKey, height: u64, now: u64) -> Option<()> {
     // SAFETY: map value pointer valid for this invocation; only this thread uses this key.
     let stack = unsafe { &mut *stack_of(&RUNNING_TIMES, &EMPTY_RUNNING_STACK, key)? };
+    stack.go = u64::from(cookie_go(cookie));
     drop_below(&mut stack.depth, &stack.frames, height, true);
     let depth = stack.depth as usize;
     if depth >= MAX_CALL_DEPTH {

@@ -24,8 +24,8 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{pt_regs, task_struct},
     helpers::{
-        bpf_get_current_pid_tgid,
-        generated::{bpf_copy_from_user_task, bpf_task_pt_regs},
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        generated::{bpf_copy_from_user_task, bpf_get_current_task_btf, bpf_task_pt_regs},
     },
     programs::RawTracePointContext,
 };
@@ -69,9 +69,27 @@ pub extern "C" fn inflight_tick(_ctx: *mut c_void) -> u32 {
     // scan accepts it only once `look_ns` is written, last.
     unsafe {
         copy_stack(addr_of_mut!((*look).copy));
+        let regs = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
+        let g = read_kernel_u64(addr_of!((*regs).r14).cast()).unwrap_or(0);
+        let bounds = bpf_probe_read_user(g as *const [u64; 2]).unwrap_or([0; 2]);
+        write_goroutine(look, g, bounds);
         publish(look, tid, LOOK_SAMPLE);
     }
     0
+}
+
+/// Writes the look's R14 and the goroutine stack bounds read at it (see `Look::g`).
+///
+/// # Safety
+/// `look` points at a `LOOKS` value the caller claimed.
+#[inline(always)]
+unsafe fn write_goroutine(look: *mut Look, g: u64, bounds: [u64; 2]) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        write_volatile(addr_of_mut!((*look).g), g);
+        write_volatile(addr_of_mut!((*look).g_lo), bounds[0]);
+        write_volatile(addr_of_mut!((*look).g_hi), bounds[1]);
+    }
 }
 
 /// Marks a filled look as taken now, by `how`, for `tid` (`look_ns` last).
@@ -147,6 +165,13 @@ fn try_look(ctx: *mut c_void) -> Option<()> {
                 write_volatile(addr_of_mut!((*copy).sp), sp);
                 write_volatile(addr_of_mut!((*copy).bp), bp);
                 write_volatile(addr_of_mut!((*copy).len), len);
+                let g = word(addr_of!((*regs).r14)).unwrap_or(0);
+                let mut bounds = [0u64; 2];
+                let at = g as *const c_void;
+                if bpf_copy_from_user_task(addr_of_mut!(bounds).cast(), 16, at, task, 0) != 0 {
+                    bounds = [0; 2];
+                }
+                write_goroutine(look, g, bounds);
                 len != 0 && run_state(base, config) == Some(before)
             }
             _ => false,

@@ -73,7 +73,8 @@ pub static EMPTY_ENTRY_STACK: Array<EntryStack> = Array::with_max_entries(1, 0);
 
 /// (rule, tgid, thread) → the calls in flight of `detect: running` rules, with what a look
 /// is checked against; apart from `ENTRY_TIMES` so that the in-flight scan reads these
-/// alone, and the other rules' frames stay 16 bytes.
+/// alone, and the other rules' frames stay 16 bytes. The loader sizes it (one entry in a
+/// session without such rules: LRU maps are preallocated).
 #[map]
 pub static RUNNING_TIMES: LruHashMap<EntryKey, RunningStack> =
     LruHashMap::with_max_entries(16384, 0);

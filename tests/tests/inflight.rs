@@ -27,7 +27,9 @@ use lookback_tests::{
     DryRun,
     agent::{Agent, files, snapshot_metadata},
     can_run, chrome_events, dry_run_of, lookback_bin, succeeded,
-    toolchains::{c_inflight, cxx_inflight_throw, measured, run_plain, rust_inflight_panic},
+    toolchains::{
+        c_inflight, cxx_inflight_throw, go_program, measured, run_plain, rust_inflight_panic,
+    },
 };
 use serde_json::Value;
 
@@ -801,6 +803,136 @@ fn a_call_left_by_a_rust_panic_does_not_fire() {
     }
     let program = rust_inflight_panic();
     assert_no_trigger_once_the_call_ended(&program, "lb_panics", &["10"], 10);
+}
+
+// ---- Go: calls keyed by goroutine, the stack copied while they run ----
+
+/// The threshold of the Go rules (30 ms; the held calls take 150 ms).
+const GO_THRESHOLD_NS: u64 = 30_000_000;
+
+/// The index in `calls` (the Go program's `call=GOROUTINE START DURATION` lines) of the
+/// call trigger `t` reports: the latest call that started at or before the trigger's entry
+/// and had not ended at its `timestamp_ns`. Matched by time: the trigger's thread is the
+/// one its goroutine ran on at the look (or the process, when no thread ran it).
+fn go_call_of(t: &Value, calls: &[Call]) -> Option<usize> {
+    let at = field(t, "timestamp_ns");
+    let entry = at.checked_sub(field(t, "duration_ns"))?;
+    calls
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.start <= entry && at <= c.end())
+        .max_by_key(|(_, c)| c.start)
+        .map(|(i, _)| i)
+}
+
+/// `slow 30 30000 HOW 150` (tests/workloads/go) under `func:main.slow>30ms`, running: each
+/// goroutine's one held call of 150 ms recurses 400 levels first (the runtime copies its
+/// stack after the entry probe saw it), then holds as `how` says; each held call fires
+/// once, while it runs, and nothing else does.
+fn assert_every_held_go_call_fires(how: &str) {
+    let program = go_program();
+    let run = traced(
+        &program,
+        &running_rules(&["func:main.slow>30ms"]),
+        &["30", "30000", how, "150"],
+    );
+    assert_eq!(
+        measured(&run.program_stdout, "held_moved"),
+        4,
+        "every held call's stack moved after its entry:\n{}",
+        run.program_stdout
+    );
+    let calls = calls(&run.program_stdout);
+    assert_eq!(calls.len(), 4 * 30);
+    let triggers = run.of_rule(0);
+    let mut fired = BTreeSet::new();
+    for &t in &triggers {
+        assert_running(t, t["detail"].as_str().unwrap_or(""), GO_THRESHOLD_NS);
+        let i = go_call_of(t, &calls)
+            .unwrap_or_else(|| panic!("a trigger outside every call: {t}\n{calls:#?}"));
+        assert!(
+            calls[i].ns > GO_THRESHOLD_NS,
+            "a call the program measured at {} ns fired: {t}",
+            calls[i].ns
+        );
+        assert!(fired.insert(i), "call {i} fired twice: {triggers:#?}");
+    }
+    let held: BTreeSet<usize> = (0..calls.len())
+        .filter(|&i| calls[i].ns > GO_THRESHOLD_NS + LATE_NS)
+        .collect();
+    assert_eq!(
+        held.len(),
+        4,
+        "the four held calls:\n{}",
+        run.program_stdout
+    );
+    assert!(
+        held.is_subset(&fired),
+        "held calls that never fired: {:?} (fired: {fired:?})\n{triggers:#?}\n{}",
+        held.difference(&fired).collect::<Vec<_>>(),
+        run.stderr
+    );
+}
+
+#[test]
+fn a_go_call_spinning_on_the_cpu_fires_while_its_goroutine_moves() {
+    if !can_run("a_go_call_spinning_on_the_cpu_fires_while_its_goroutine_moves") {
+        return;
+    }
+    assert_every_held_go_call_fires("busy");
+}
+
+#[test]
+fn a_go_call_in_a_syscall_fires_on_its_thread() {
+    if !can_run("a_go_call_in_a_syscall_fires_on_its_thread") {
+        return;
+    }
+    assert_every_held_go_call_fires("nanosleep");
+}
+
+#[test]
+fn a_parked_goroutine_s_call_fires_from_its_saved_state() {
+    if !can_run("a_parked_goroutine_s_call_fires_from_its_saved_state") {
+        return;
+    }
+    assert_every_held_go_call_fires("park");
+}
+
+/// Go's sibling case: `main.slow` returns at once, then `main.sibling` runs through the
+/// same call instruction at the same height (relative to the goroutine stack's top, which
+/// moves as sibling recurses) and holds 150 ms: no trigger for slow, each of the four
+/// candidates refused by its look; a control rule on the sibling's nanosleep fires once
+/// per goroutine.
+#[test]
+fn a_go_sibling_called_from_the_same_call_instruction_does_not_fire() {
+    if !can_run("a_go_sibling_called_from_the_same_call_instruction_does_not_fire") {
+        return;
+    }
+    let program = go_program();
+    let run = traced(
+        &program,
+        &running_rules(&["func:main.slow>30ms", "syscall:nanosleep>30ms"]),
+        &["30", "30000", "sibling", "150"],
+    );
+    assert!(
+        run.of_rule(0).is_empty(),
+        "main.slow had returned: {:#?}",
+        run.of_rule(0)
+    );
+    assert_eq!(run.counter(0, "met"), 0, "{}", run.summary);
+    let control = run.of_rule(1);
+    assert_eq!(
+        control.len(),
+        4,
+        "the siblings' sleeps: {control:#?}\n{}",
+        run.stderr
+    );
+    // Each goroutine's slow call was looked at and shown ended (its frame is sibling's).
+    assert!(
+        run.stderr.contains("4 shown ended by a look"),
+        "the four candidates refused:\n{}",
+        run.stderr
+    );
 }
 
 #[test]

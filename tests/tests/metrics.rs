@@ -114,7 +114,7 @@ fn an_engine_loaded_for_few_rules_fires_its_last_slot_and_refuses_beyond() {
     }
     // Loaded for 2 rule ids: the programs' rule loops are verified for ids 0 and 1 only
     // (RULE_SLOTS in .rodata). Id 1, the last, must still fire; id 2 is refused.
-    let mut engine = TriggerEngine::load_for(2).expect("load the engine");
+    let mut engine = TriggerEngine::load_for(2, false).expect("load the engine");
     let rule = |id: u32| any_syscall(id, &format!("slot-{id}"));
     engine.add_rule(rule(1), &[]).expect("rule id 1");
     engine

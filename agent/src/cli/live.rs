@@ -25,7 +25,7 @@ use super::{
 use crate::{
     capture::aux_pause,
     inflight::Watcher,
-    rules::Trigger,
+    rules::{Detect, Trigger},
     sys::process::{self, HeldProcess},
     triggers::{
         AttachedProbe, EngineRule, ProbePoint, TriggerEngine, TriggerEvent,
@@ -312,7 +312,12 @@ fn start(session: &Session) -> Result<Live, CliError> {
     // The rules are known now and never change: the programs' rule loops are verified
     // for their ids only (a fraction of the start-up time, see TriggerEngine::load_for).
     let slots = session.rules.iter().map(|r| r.id + 1).max().unwrap_or(1);
-    let mut engine = TriggerEngine::load_for(slots).context("loading the trigger engine")?;
+    let running = session
+        .rules
+        .iter()
+        .any(|r| r.trigger.detect() == Detect::Running);
+    let mut engine =
+        TriggerEngine::load_for(slots, running).context("loading the trigger engine")?;
     if let Some(logger) = engine.logger() {
         tokio::spawn(forward_logs(logger));
     }

@@ -269,7 +269,11 @@ async fn run_async(opts: AgentOptions) -> Result<(), DaemonError> {
         let _ = http_stopped.await;
     }));
 
-    let mut engine = TriggerEngine::load_sized(lookback_common::MAX_RULES, opts.max_targets)?;
+    let mut engine = TriggerEngine::load_sized(
+        lookback_common::MAX_RULES,
+        opts.max_targets,
+        crate::triggers::engine::RUNNING_THREADS,
+    )?;
     if let Some(logger) = engine.logger() {
         tokio::spawn(forward_logs(logger));
     }

@@ -15,6 +15,7 @@
 //! (every [`ticks::TICK_NS`], only while a look is wanted), the task iterator while it is
 //! off CPU (in the scan).
 
+mod goroutine;
 mod proof;
 mod scan;
 mod ticks;

@@ -16,6 +16,7 @@ use lookback_common::rule::{
 
 use super::{
     Stats,
+    goroutine::{self, GoStack},
     proof::{self, Proof},
     ticks::{TICK_NS, Ticks},
 };
@@ -36,12 +37,18 @@ const NEVER_RETURN: [u64; 2] = [libc::SYS_exit as u64, libc::SYS_exit_group as u
 /// (`unproven`): a torn or early look gets another chance.
 const UNPROVEN_TRIES: u8 = 3;
 
+/// Threads of one Go process looked at in a scan at most (its goroutine may be on any).
+const MAX_GO_THREADS: usize = 32;
+
 /// A function call that has run past its threshold, not yet decided.
 struct FunctionCall {
+    /// A thread id, or in Go the goroutine (`g`).
     thread: u64,
     tgid: u32,
     rule_id: u32,
     min_ns: u64,
+    /// Its height relative to the goroutine stack's top (see `RunningStack::go`).
+    go: bool,
     frame: RunningFrame,
 }
 
@@ -65,6 +72,8 @@ struct Wanted {
 struct Taken {
     look_ns: u64,
     copy: StackCopy,
+    /// The goroutine the thread may have been running (see `Look::g`).
+    go: GoStack,
 }
 
 /// What `inflight_fire` did with a call.
@@ -130,9 +139,17 @@ impl Scanner {
         // Decisions are kept while their calls are in the maps, and only then.
         self.decided.retain(|k| present.contains(k));
         self.unproven.retain(|k, _| present.contains(k));
+        // A goroutine may be on any thread of its process.
+        let go_threads: HashMap<u32, Vec<u32>> = calls
+            .iter()
+            .filter(|c| c.go)
+            .map(|c| (c.tgid, threads_of(c.tgid)))
+            .collect();
         let tids: HashSet<u32> = calls
             .iter()
+            .filter(|c| !c.go)
             .map(|c| thread_tid(c.thread))
+            .chain(go_threads.values().flatten().copied())
             .chain(syscalls.iter().map(|s| s.tid))
             .collect();
         self.want(&tids, now);
@@ -162,11 +179,47 @@ impl Scanner {
         // One look per thread judges all its calls (recursion: several frames). A thread
         // whose look was taken is asked again next scan if it still has a candidate.
         for call in calls {
+            if call.go {
+                let threads = go_threads.get(&call.tgid).map_or(&[][..], Vec::as_slice);
+                self.judge_goroutine_call(&call, threads, &mut looks);
+                continue;
+            }
             let tid = thread_tid(call.thread);
             let look = looks.entry(tid).or_insert_with(|| self.taken(tid));
             if let Some(look) = look.as_ref() {
-                self.judge_call(&call, look);
+                self.judge_call(&call, tid, look);
             }
+        }
+    }
+
+    /// Judges a Go call on the look that shows its goroutine running — at any thread of
+    /// its process — or, when no thread runs it, on its saved state. A goroutine seen
+    /// nowhere (between a thread and its saved state, or on the scheduler's stack) is
+    /// looked for again next scan, with no judgement.
+    fn judge_goroutine_call(
+        &mut self,
+        call: &FunctionCall,
+        threads: &[u32],
+        looks: &mut HashMap<u32, Option<Taken>>,
+    ) {
+        for &tid in threads {
+            looks.entry(tid).or_insert_with(|| self.taken(tid));
+        }
+        let seen = threads.iter().find_map(|tid| {
+            let look = looks.get(tid)?.as_ref()?;
+            look.go
+                .runs(call.thread, look.copy.regs.sp)
+                .then_some((*tid, look))
+        });
+        if let Some((tid, look)) = seen {
+            self.judge_call(call, tid, look);
+            return;
+        }
+        if let Some((look_ns, copy, go)) = goroutine::parked(call.tgid, call.thread) {
+            self.stats.looks.fetch_add(1, Ordering::Relaxed);
+            let look = Taken { look_ns, copy, go };
+            // On no thread: the trigger names the process's main thread.
+            self.judge_call(call, call.tgid, &look);
         }
     }
 
@@ -255,12 +308,19 @@ impl Scanner {
                 }
                 let id = (key.thread, frame.entry_ns);
                 present.insert(id);
-                if !self.decided.contains(&id) && thread_alive(key.tgid, thread_tid(key.thread)) {
+                let go = stack.go != 0;
+                let alive = if go {
+                    thread_alive(key.tgid, key.tgid)
+                } else {
+                    thread_alive(key.tgid, thread_tid(key.thread))
+                };
+                if !self.decided.contains(&id) && alive {
                     out.push(FunctionCall {
                         thread: key.thread,
                         tgid: key.tgid,
                         rule_id: key.rule_id,
                         min_ns,
+                        go,
                         frame: *frame,
                     });
                 }
@@ -415,23 +475,30 @@ impl Scanner {
                 },
                 bytes: look.copy.bytes[..len].to_vec(),
             },
+            go: GoStack {
+                g: look.g,
+                lo: look.g_lo,
+                hi: look.g_hi,
+            },
         })
     }
 
-    /// Judges a function call on a look at its thread, and fires it when the look proves
-    /// it inside past its threshold.
-    fn judge_call(&mut self, call: &FunctionCall, look: &Taken) {
-        let tid = thread_tid(call.thread);
+    /// Judges a function call on a look at thread `tid` (Go: the thread that ran its
+    /// goroutine), and fires it when the look proves it inside past its threshold.
+    fn judge_call(&mut self, call: &FunctionCall, tid: u32, look: &Taken) {
         if look.look_ns < call.frame.entry_ns.saturating_add(call.min_ns) {
             return; // looked too early: asked again next scan
         }
-        let proof = self
-            .unwind
-            .prove(call.tgid, &call.frame, &look.copy, look.look_ns);
+        // The frame where the look's stack holds it (Go: from the stack's top now).
+        let mut at = call.frame;
+        if call.go {
+            at.height = look.go.address(call.frame.height);
+        }
+        let proof = self.unwind.prove(call.tgid, &at, &look.copy, look.look_ns);
         log::debug!(
             "in-flight: thread {tid} call entered at {} (height {:#x}): {proof:?} by a look at {}",
             call.frame.entry_ns,
-            call.frame.height,
+            at.height,
             look.look_ns
         );
         let key = (call.thread, call.frame.entry_ns);
@@ -502,6 +569,16 @@ fn args(kind: u64, thread: u64, process: u32, tid: u32) -> [u64; 3] {
 /// The kernel thread id behind an `ENTRY_TIMES` thread key (not Go: a tid).
 fn thread_tid(thread: u64) -> u32 {
     u32::try_from(thread).unwrap_or(0)
+}
+
+/// The threads of process `tgid` (at most [`MAX_GO_THREADS`]); none when it is gone.
+fn threads_of(tgid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .take(MAX_GO_THREADS)
+        .collect()
 }
 
 fn thread_alive(process: u32, tid: u32) -> bool {

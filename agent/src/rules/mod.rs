@@ -292,6 +292,17 @@ impl Trigger {
         }
     }
 
+    /// When the trigger judges a call slow: at its return (signal triggers too) or while
+    /// it runs.
+    #[must_use]
+    pub fn detect(&self) -> Detect {
+        match self {
+            Self::Function(f) => f.detect,
+            Self::Syscall(s) => s.detect,
+            Self::Signal(_) => Detect::Returned,
+        }
+    }
+
     /// Why the trigger's `detect: running` cannot be honoured; `None` when it can, or when
     /// the trigger detects at the return.
     #[must_use]

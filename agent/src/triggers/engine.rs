@@ -123,11 +123,6 @@ pub enum TriggerError {
     )]
     UretprobeOnGo { rule: String, path: String },
     #[error(
-        "rule {rule}: detect: running is not available in Go binaries ({path}): a \
-         goroutine's calls are not tied to the thread a look sees; use detect: returned"
-    )]
-    RunningOnGo { rule: String, path: String },
-    #[error(
         "rule {rule}: the programs of detect: running could not be loaded ({reason}); they \
          need Linux 5.18 or newer (a sleepable task iterator, bpf_copy_from_user_task) and \
          task_struct.on_cpu/nvcsw/nivcsw in the kernel's BTF; use detect: returned"
@@ -306,6 +301,10 @@ pub struct TriggerEngine {
     running_refused: Option<String>,
 }
 
+/// Entries of `RUNNING_TIMES` (a thread's or goroutine's calls in flight for one
+/// `detect: running` rule) in a session that may have such rules: 16,384 × ~1.3 KB.
+pub const RUNNING_THREADS: u32 = 16_384;
+
 impl TriggerEngine {
     /// Loads the eBPF object and the programs every session uses (attaching nothing yet),
     /// and finds the `task_struct` offsets in the kernel's BTF. The syscall and signal
@@ -313,23 +312,36 @@ impl TriggerEngine {
     /// rule loops cost the verifier ~0.8 s of kernel time, which a `run` with a function
     /// rule would otherwise spend before its command starts.
     pub fn load() -> Result<Self, TriggerError> {
-        Self::load_for(MAX_RULES)
+        Self::load_for(MAX_RULES, true)
     }
 
     /// [`load`](Self::load) for rule ids `0..rule_slots` only (clamped to 1..=64): the
-    /// verifier then checks the rule loops for that many iterations, not 64. For a
-    /// session whose rules are known at start (`run`, `attach`); the agent, whose reloads
-    /// may use any id, loads all 64.
-    pub fn load_for(rule_slots: u32) -> Result<Self, TriggerError> {
-        Self::load_sized(rule_slots, lookback_common::process::DEFAULT_MAX_TARGETS)
+    /// verifier then checks the rule loops for that many iterations, not 64; and, without
+    /// `running` (no `detect: running` rule), with a one-entry `RUNNING_TIMES` instead of
+    /// ~21 MB of preallocated kernel memory. For a session whose rules are known at start
+    /// (`run`, `attach`); the agent, whose reloads may use any id and detection, loads all.
+    pub fn load_for(rule_slots: u32, running: bool) -> Result<Self, TriggerError> {
+        let running_threads = if running { RUNNING_THREADS } else { 1 };
+        Self::load_sized(
+            rule_slots,
+            lookback_common::process::DEFAULT_MAX_TARGETS,
+            running_threads,
+        )
     }
 
     /// [`load_for`](Self::load_for) with a kernel target set of `max_targets` processes
     /// (clamped to 1..=1,048,576): the agent on a node with more matching processes than
-    /// the default 16,384 (each entry is ~100 bytes of kernel memory).
-    pub fn load_sized(rule_slots: u32, max_targets: u32) -> Result<Self, TriggerError> {
+    /// the default 16,384 (each entry is ~100 bytes of kernel memory), and room for the
+    /// calls in flight of `running_threads` threads (or goroutines) per `detect: running`
+    /// rule ([`RUNNING_THREADS`] by default; each ~1.3 KB).
+    pub fn load_sized(
+        rule_slots: u32,
+        max_targets: u32,
+        running_threads: u32,
+    ) -> Result<Self, TriggerError> {
         let rule_slots = rule_slots.clamp(1, MAX_RULES);
         let max_targets = max_targets.clamp(1, 1 << 20);
+        let running_threads = running_threads.clamp(1, 1 << 20);
         let btf = Btf::from_sys_fs()?;
         let config = EngineConfig {
             task_tgid_offset: btf.member_offset("task_struct", "tgid")?,
@@ -343,6 +355,7 @@ impl TriggerEngine {
         let mut ebpf = EbpfLoader::new()
             .override_global("RULE_SLOTS", &rule_slots, true)
             .map_max_entries("TARGET_TGIDS", max_targets)
+            .map_max_entries("RUNNING_TIMES", running_threads)
             .load(EBPF_OBJECT)
             .map_err(|e| TriggerError::Load(Box::new(e)))?;
         let slots = rule_slots.to_ne_bytes();
@@ -708,13 +721,8 @@ impl TriggerEngine {
         let path = || point.path.display().to_string();
         let mut entry_cookie = probe::cookie(id, SITE_ENTRY, point.go, 0, 0);
         if loaded.spec.flags & FLAG_RUNNING != 0 {
-            // Only the entry probe; its cookie carries the function's size.
-            if point.go {
-                return Err(TriggerError::RunningOnGo {
-                    rule: rule.clone(),
-                    path: path(),
-                });
-            }
+            // Only the entry probe; its cookie carries the function's size (and, in Go,
+            // that calls are keyed by goroutine).
             let size = u32::try_from(point.size)
                 .ok()
                 .filter(|&s| s > 0)
@@ -723,7 +731,7 @@ impl TriggerEngine {
                     symbol: point.display.clone(),
                     path: path(),
                 })?;
-            entry_cookie = probe::cookie(id, SITE_ENTRY, false, 0, size);
+            entry_cookie = probe::cookie(id, SITE_ENTRY, point.go, 0, size);
         } else if loaded.spec.min_duration_ns > 0 {
             let return_probe = match &loaded.rule.trigger {
                 Trigger::Function(f) => f.return_probe,
