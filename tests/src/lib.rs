@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod browser;
 pub mod containers;
+pub mod debuginfod;
 pub mod inputs;
 pub mod s3;
 pub mod toolchains;
@@ -267,8 +268,22 @@ pub fn dry_run(extra: &[&str], workload_args: &[&str]) -> DryRun {
 /// # Panics
 /// When lookback cannot be started or fails, or does not exit as the program did.
 pub fn dry_run_of(program: &Path, extra: &[&str], args: &[&str]) -> DryRun {
+    dry_run_with_env(program, extra, args, &[])
+}
+
+/// [`dry_run_of`] with these environment variables set for lookback.
+///
+/// # Panics
+/// As [`dry_run_of`].
+pub fn dry_run_with_env(
+    program: &Path,
+    extra: &[&str],
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> DryRun {
     let json = tempfile::NamedTempFile::new().expect("temp file");
     let output = Command::new(lookback_bin())
+        .envs(env.iter().copied())
         .args(["run", "--dry-run", "--max-snapshots", "0", "--json"])
         .arg(json.path())
         .args(extra)

@@ -16,7 +16,13 @@ use std::{
 use object::Object as _;
 use serde_json::Value;
 
-use lookback_tests::{dry_run_of, lookback_bin, toolchains::cxx_stripped};
+use lookback_tests::{dry_run_with_env, lookback_bin, toolchains::cxx_stripped};
+
+/// Environment variables set for lookback.
+type Env<'a> = &'a [(&'a str, &'a std::ffi::OsStr)];
+
+/// No variable set (lookback inherits the test's environment).
+const NO_ENV: Env<'static> = &[];
 
 /// The latency rule every test uses: `spin_for` runs ~30 ms per call (dry runs) or 300 ms.
 const SLOW: &str = "func:spin_for>20ms";
@@ -64,10 +70,10 @@ fn debug_file(full: &Path, out: &Path) {
 
 /// The file offset the entry probe of `name` lands on in `program` (with `extra` flags),
 /// and how many times the rule fired for 2 calls.
-fn probed(program: &Path, extra: &[&str]) -> (u64, usize) {
+fn probed(program: &Path, extra: &[&str], env: Env<'_>) -> (u64, usize) {
     let mut flags = vec!["--trigger", SLOW];
     flags.extend_from_slice(extra);
-    let run = dry_run_of(program, &flags, &["30", "2"]);
+    let run = dry_run_with_env(program, &flags, &["30", "2"], env);
     let probes = run.summary["rules"][0]["probes"]
         .as_array()
         .cloned()
@@ -85,10 +91,16 @@ fn probed(program: &Path, extra: &[&str]) -> (u64, usize) {
 
 /// Records one latency trigger of `program` (300 ms per call) into a Chrome JSON trace:
 /// the trace text, the `--json` snapshot line, and stderr.
-fn recorded(program: &Path, trigger: &str, extra: &[&str]) -> (String, Value, String) {
+fn recorded(
+    program: &Path,
+    trigger: &str,
+    extra: &[&str],
+    env: Env<'_>,
+) -> (String, Value, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let trace = dir.path().join("trace.json");
     let out = Command::new(lookback_bin())
+        .envs(env.iter().copied())
         .args([
             "run",
             "--json",
@@ -142,7 +154,7 @@ fn full_build(dir: &Path) -> PathBuf {
 fn a_debuglink_file_beside_the_binary_gives_probes_and_names() {
     let dir = tempfile::tempdir().expect("tempdir");
     let full = full_build(dir.path());
-    let (offset, fired) = probed(&full, &[]);
+    let (offset, fired) = probed(&full, &[], NO_ENV);
     assert_eq!(fired, 2);
     let bin = dir.path().join("server");
     let debug = dir.path().join("server.debug");
@@ -150,20 +162,20 @@ fn a_debuglink_file_beside_the_binary_gives_probes_and_names() {
     // objcopy records the debug file's name and CRC-32 from the file given.
     let link = format!("--add-gnu-debuglink={}", debug.display());
     stripped_copy(&full, &bin, &[os(&link)]);
-    assert_eq!(probed(&bin, &[]), (offset, 2));
-    let (trace, _, stderr) = recorded(&bin, "func:spin_for>100ms", &[]);
+    assert_eq!(probed(&bin, &[], NO_ENV), (offset, 2));
+    let (trace, _, stderr) = recorded(&bin, "func:spin_for>100ms", &[], NO_ENV);
     assert!(names_spin_for(&trace), "no spin_for slice\n{stderr}");
 
     // A file of that name with other bytes is not the debug file.
     std::fs::write(&debug, b"not the debug file").expect("write");
-    let err = refused(&bin, &[]);
+    let err = refused(&bin, &[], NO_ENV);
     assert!(
         err.contains("does not match the binary's .gnu_debuglink CRC"),
         "{err}"
     );
     // None at all: where it was looked for, and what to install.
     std::fs::remove_file(&debug).expect("rm");
-    let err = refused(&bin, &[]);
+    let err = refused(&bin, &[], NO_ENV);
     assert!(
         err.contains("stripped; no debug file at")
             && err.contains(&format!("{}", debug.display()))
@@ -174,8 +186,9 @@ fn a_debuglink_file_beside_the_binary_gives_probes_and_names() {
 }
 
 /// A dry run expected to be refused (exit 2, the rule names nothing): its stderr.
-fn refused(program: &Path, extra: &[&str]) -> String {
+fn refused(program: &Path, extra: &[&str], env: Env<'_>) -> String {
     let out = Command::new(lookback_bin())
+        .envs(env.iter().copied())
         .args(["run", "--dry-run", "--trigger", SLOW])
         .args(extra)
         .arg("--")
@@ -203,20 +216,20 @@ fn build_id_tree(root: &Path, full: &Path, bin: &Path) -> PathBuf {
 fn a_build_id_directory_given_with_debug_dir_gives_probes_and_names() {
     let dir = tempfile::tempdir().expect("tempdir");
     let full = full_build(dir.path());
-    let (offset, _) = probed(&full, &[]);
+    let (offset, _) = probed(&full, &[], NO_ENV);
     let bin = dir.path().join("server");
     stripped_copy(&full, &bin, &[]);
     let root = dir.path().join("debug-root");
     build_id_tree(&root, &full, &bin);
     // Not without the directory: nothing links the binary to it.
-    let err = refused(&bin, &[]);
+    let err = refused(&bin, &[], NO_ENV);
     assert!(
         err.contains("no debug file at /usr/lib/debug/.build-id/"),
         "{err}"
     );
     let flag = ["--debug-dir", root.to_str().expect("utf-8")];
-    assert_eq!(probed(&bin, &flag), (offset, 2));
-    let (trace, _, stderr) = recorded(&bin, "func:spin_for>100ms", &flag);
+    assert_eq!(probed(&bin, &flag, NO_ENV), (offset, 2));
+    let (trace, _, stderr) = recorded(&bin, "func:spin_for>100ms", &flag, NO_ENV);
     assert!(names_spin_for(&trace), "no spin_for slice\n{stderr}");
 }
 
@@ -224,7 +237,7 @@ fn a_build_id_directory_given_with_debug_dir_gives_probes_and_names() {
 fn minidebuginfo_gives_probes_and_names() {
     let dir = tempfile::tempdir().expect("tempdir");
     let full = full_build(dir.path());
-    let (offset, _) = probed(&full, &[]);
+    let (offset, _) = probed(&full, &[], NO_ENV);
     // Fedora's recipe (find-debuginfo): the symbol table without DWARF, xz-compressed,
     // added to the stripped binary as .gnu_debugdata.
     let keep = dir.path().join("mini.debug");
@@ -243,8 +256,8 @@ fn minidebuginfo_gives_probes_and_names() {
     let section = format!(".gnu_debugdata={}.xz", symtab.display());
     let bin = dir.path().join("server");
     stripped_copy(&full, &bin, &[os("--add-section"), os(&section)]);
-    assert_eq!(probed(&bin, &[]), (offset, 2));
-    let (trace, _, stderr) = recorded(&bin, "func:spin_for>100ms", &[]);
+    assert_eq!(probed(&bin, &[], NO_ENV), (offset, 2));
+    let (trace, _, stderr) = recorded(&bin, "func:spin_for>100ms", &[], NO_ENV);
     assert!(names_spin_for(&trace), "no spin_for slice\n{stderr}");
 }
 
@@ -255,7 +268,7 @@ fn a_trace_of_a_binary_without_symbols_says_which_and_what_to_install() {
     let bin = dir.path().join("server");
     stripped_copy(&full, &bin, &[]);
     // libc's getppid, called after the 300 ms spin: the spin's samples have no names.
-    let (_, line, stderr) = recorded(&bin, "func:getppid", &[]);
+    let (_, line, stderr) = recorded(&bin, "func:getppid", &[], NO_ENV);
     let module = line["symbols"]
         .as_array()
         .and_then(|m| {
@@ -287,7 +300,7 @@ fn a_trace_of_a_binary_without_symbols_says_which_and_what_to_install() {
 fn inside_another_mount_namespace_the_debug_file_comes_from_its_root() {
     let dir = tempfile::tempdir().expect("tempdir");
     let full = full_build(dir.path());
-    let (offset, _) = probed(&full, &[]);
+    let (offset, _) = probed(&full, &[], NO_ENV);
     let bin = dir.path().join("server");
     stripped_copy(&full, &bin, &[]);
     // The debug file only inside the target's namespace: a private tmpfs on
@@ -382,4 +395,121 @@ fn inside_another_mount_namespace_the_debug_file_comes_from_its_root() {
     assert!(names_spin_for(&text), "no spin_for slice\n{log}");
     let _ = target.kill();
     let _ = target.wait();
+}
+
+// ---- debuginfod: Debian's server on loopback, lookback's client ----
+
+/// `DEBUGINFOD_URLS` = `url`, `DEBUGINFOD_CACHE_PATH` = `cache`, and `extra`.
+fn servers<'a>(
+    url: &'a str,
+    cache: &'a Path,
+    extra: &[(&'a str, &'a std::ffi::OsStr)],
+) -> Vec<(&'a str, &'a std::ffi::OsStr)> {
+    let mut env = vec![
+        ("DEBUGINFOD_URLS", os(url)),
+        ("DEBUGINFOD_CACHE_PATH", cache.as_os_str()),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
+/// The `symbols` entry of `bin` in a `--json` snapshot line.
+fn module_of(line: &Value, bin: &Path) -> Value {
+    line["symbols"]
+        .as_array()
+        .and_then(|m| {
+            m.iter()
+                .find(|m| m["module"].as_str() == bin.to_str())
+                .cloned()
+        })
+        .unwrap_or_else(|| panic!("no symbols entry for {}: {line}", bin.display()))
+}
+
+#[test]
+fn a_debuginfod_server_gives_probes_and_names_and_its_cache_outlives_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let full = full_build(dir.path());
+    let (offset, _) = probed(&full, &[], NO_ENV);
+    let bin = dir.path().join("server");
+    stripped_copy(&full, &bin, &[]);
+    let id = build_id(&bin);
+    // Only the server has the debug file: nothing beside the binary links to it.
+    let served = dir.path().join("served");
+    std::fs::create_dir(&served).expect("mkdir");
+    debug_file(&full, &served.join("server.debug"));
+    let Some(mut server) = lookback_tests::debuginfod::DebuginfodServer::serve(&served) else {
+        return;
+    };
+    server.wait_for(&id);
+    let url = server.url();
+    let cache = dir.path().join("cache");
+    let env = servers(&url, &cache, &[]);
+
+    // --no-debuginfod: not asked.
+    let err = refused(&bin, &["--no-debuginfod"], &env);
+    assert!(err.contains("stripped; no debug file at"), "{err}");
+    assert!(!cache.join(&id).exists(), "asked despite --no-debuginfod");
+
+    // Asked: the probe lands where the unstripped build's does; the trace names it.
+    assert_eq!(probed(&bin, &[], &env), (offset, 2));
+    let cached = cache.join(&id).join("debuginfo");
+    assert!(cached.is_file(), "{} not cached", cached.display());
+    let (trace, _, stderr) = recorded(&bin, "func:spin_for>100ms", &[], &env);
+    assert!(names_spin_for(&trace), "no spin_for slice\n{stderr}");
+
+    // The server gone: the cache (elfutils' layout) serves both again.
+    server.stop();
+    assert_eq!(probed(&bin, &[], &env), (offset, 2));
+    let (trace, _, stderr) = recorded(&bin, "func:spin_for>100ms", &[], &env);
+    assert!(names_spin_for(&trace), "no spin_for slice\n{stderr}");
+
+    // Down and nothing cached: the error and the trace's hint name the build-id and the
+    // server; the trace is written all the same.
+    let empty = dir.path().join("empty-cache");
+    let env = servers(&url, &empty, &[]);
+    let err = refused(&bin, &[], &env);
+    let missed = format!("no debug file for build-id {id} from {url}");
+    assert!(err.contains(&missed), "{err}");
+    let (_, line, stderr) = recorded(&bin, "func:getppid", &[], &env);
+    let hint = module_of(&line, &bin)["hint"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no hint: {line}\n{stderr}"));
+    assert!(hint.contains(&missed), "{hint}");
+}
+
+#[test]
+fn a_debuginfod_server_that_never_answers_costs_its_timeout_once_and_the_trace_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let full = full_build(dir.path());
+    let bin = dir.path().join("server");
+    stripped_copy(&full, &bin, &[]);
+    let id = build_id(&bin);
+    // Connections are accepted (the kernel's backlog) and never answered.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("addr"));
+    let cache = dir.path().join("cache");
+    let env = servers(&url, &cache, &[("DEBUGINFOD_TIMEOUT", os("2"))]);
+    let started = std::time::Instant::now();
+    let (_, line, stderr) = recorded(&bin, "func:getppid", &[], &env);
+    let took = started.elapsed();
+    let hint = module_of(&line, &bin)["hint"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no hint: {line}\n{stderr}"));
+    assert!(
+        hint.contains(&format!("no debug file for build-id {id} from {url}")),
+        "{hint}"
+    );
+    // Asked once (placing the probe, then naming the frames: remembered), 2 s each time
+    // at most: far from elfutils' default 90 s.
+    assert!(
+        took < std::time::Duration::from_secs(20),
+        "took {took:?}\n{stderr}"
+    );
+    let asked = stderr
+        .lines()
+        .filter(|l| l.contains("lookback::elf::debuginfod]"))
+        .count();
+    assert_eq!(asked, 1, "asked more than once:\n{stderr}");
 }

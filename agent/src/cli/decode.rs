@@ -91,6 +91,10 @@ pub struct DecodeArgs {
     /// With INPUT: also look for separate debug files in DIR; repeatable.
     #[arg(long, value_name = "DIR", requires = "input")]
     pub debug_dir: Vec<PathBuf>,
+    /// Never ask debuginfod servers for stripped binaries' debug files (the snapshot's
+    /// rule, else `DEBUGINFOD_URLS`, says which otherwise).
+    #[arg(long)]
+    pub no_debuginfod: bool,
     /// The CPU that recorded the trace, for its errata: FAMILY/MODEL[/STEPPING].
     #[arg(long, value_name = "F/M[/S]")]
     pub cpu: Option<String>,
@@ -131,6 +135,7 @@ pub struct DecodeRequest {
     pub packet_stats: bool,
     pub threads: Option<u16>,
     pub debug_dir: Vec<PathBuf>,
+    pub no_debuginfod: bool,
     /// Options of ptdump or ptxed (`--pevent:*` only from `lookback decode`).
     pub tool_args: Vec<String>,
 }
@@ -180,6 +185,7 @@ impl DecodeArgs {
             stats: self.stats,
             threads: self.threads,
             debug_dir: self.debug_dir.clone(),
+            no_debuginfod: self.no_debuginfod,
             tool_args: self.tool_args.clone(),
             ..DecodeRequest::default()
         })
@@ -292,6 +298,9 @@ fn run_snapshot(args: &DecodeRequest, input: &Path) -> CliResult {
     let mut dirs = args.debug_dir.clone();
     dirs.extend(std::mem::take(&mut snap.meta.debug_dirs));
     snap.meta.debug_dirs = dirs;
+    if args.no_debuginfod {
+        snap.meta.debuginfod = crate::elf::debuginfod::Servers::Off;
+    }
     let out = args.output.clone().unwrap_or_else(|| default_output(input));
     write_snapshot(&snap, &out, args, started.elapsed(), about)
 }

@@ -24,6 +24,7 @@ use super::{
 };
 use crate::{
     capture::aux_pause,
+    elf::debuginfod::Servers,
     inflight::Watcher,
     rules::{Detect, Trigger},
     sys::process::{self, HeldProcess},
@@ -55,6 +56,8 @@ pub enum Target {
 pub struct Session {
     pub rules: Vec<EngineRule>,
     pub target: Target,
+    /// Where stripped binaries' debug files may come from, to place function probes.
+    pub debuginfod: Servers,
     /// `--json`: where the machine-readable lines go.
     pub json: Option<JsonSink>,
     /// `--duration`: stop tracing after this long.
@@ -79,11 +82,15 @@ pub fn run_session(session: Session) -> CliResult {
 }
 
 /// Probe points for a function trigger, resolved for the session's target.
-fn probe_points(target: &Target, trigger: &Trigger) -> Result<Vec<ProbePoint>, ResolveError> {
+fn probe_points(
+    target: &Target,
+    trigger: &Trigger,
+    servers: &Servers,
+) -> Result<Vec<ProbePoint>, ResolveError> {
     let Trigger::Function(f) = trigger else {
         return Ok(Vec::new());
     };
-    let lookup = resolve::Lookup::of(f);
+    let lookup = resolve::Lookup::of(f).servers(servers);
     match target {
         Target::Spawn { program, .. } => {
             let binary = f.binary.clone().unwrap_or_else(|| program.clone());
@@ -147,12 +154,13 @@ fn install_rules(
     engine: &mut TriggerEngine,
     rules: &[EngineRule],
     target: &Target,
+    servers: &Servers,
 ) -> Result<Vec<(EngineRule, Vec<AttachedProbe>)>, CliError> {
     let mut installed = Vec::new();
     // Every failure a name that selects no function, or several: the rules are wrong (2).
     let mut only_name_errors = true;
     for rule in rules {
-        let points = match probe_points(target, &rule.trigger) {
+        let points = match probe_points(target, &rule.trigger, servers) {
             Ok(points) => points,
             Err(e) => {
                 only_name_errors &= matches!(
@@ -324,7 +332,12 @@ fn start(session: &Session) -> Result<Live, CliError> {
     let ring = engine
         .take_events()
         .context("taking the trigger ring buffer")?;
-    let installed = install_rules(&mut engine, &session.rules, &session.target)?;
+    let installed = install_rules(
+        &mut engine,
+        &session.rules,
+        &session.target,
+        &session.debuginfod,
+    )?;
     let mask = installed.iter().fold(0u64, |m, (r, _)| m | 1 << r.id);
     let pids = match (&held, &session.target) {
         (Some(h), _) => vec![h.pid()],

@@ -44,6 +44,9 @@ pub struct RecordOptions {
     /// Extra debug directories for the traces' symbols (`--debug-dir`, the rules'
     /// `debug_dirs:`).
     pub debug_dirs: Vec<PathBuf>,
+    /// debuginfod servers for the traces' symbols (`--no-debuginfod`, the rules'
+    /// `debuginfod:`, `DEBUGINFOD_URLS`).
+    pub debuginfod: crate::elf::debuginfod::Servers,
 }
 
 /// The files one snapshot left on disk.
@@ -286,6 +289,7 @@ impl Recording {
         };
         let mut snap = Snapshot::from_captured(data, Some(meta));
         snap.meta.debug_dirs.clone_from(&self.opts.debug_dirs);
+        snap.meta.debuginfod.clone_from(&self.opts.debuginfod);
         Ok(snap)
     }
 

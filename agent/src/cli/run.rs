@@ -19,6 +19,7 @@ use super::{
 use crate::{
     capture::{BackendRequest, CaptureOptions, PtOptions, aux_pause, procmaps},
     daemon::targets::capture_options,
+    elf::debuginfod::Servers,
     rules::{self, Backend, Detect, DetectConflict, ReturnProbe, Rule, SnapshotScope, Trigger},
     triggers::{EngineRule, pump::Wait},
 };
@@ -157,6 +158,10 @@ pub struct CommonArgs {
     /// `.gnu_debuglink` names) in DIR, before the target's /usr/lib/debug; repeatable.
     #[arg(long, value_name = "DIR")]
     pub debug_dir: Vec<PathBuf>,
+    /// Never ask debuginfod servers (`DEBUGINFOD_URLS`) for the debug files of stripped
+    /// binaries, neither to place probes nor to name frames.
+    #[arg(long)]
+    pub no_debuginfod: bool,
 }
 
 #[derive(Debug, Args)]
@@ -350,6 +355,7 @@ fn record_options(common: &CommonArgs, file_rules: &[Rule]) -> Option<RecordOpti
         output: common.output.clone(),
         post_trigger,
         keep_raw: common.keep_raw,
+        debuginfod: session_servers(common, file_rules),
         debug_dirs: file_rules
             .iter()
             .flat_map(|rule| rule.trigger.debug_dirs())
@@ -383,8 +389,24 @@ fn capture_warning(file_rules: &[Rule]) -> Option<String> {
     ))
 }
 
+/// The session's debuginfod servers: none with `--no-debuginfod`; else the first rule's
+/// own choice (`debuginfod:` of a rules file's rule or its defaults); else
+/// `DEBUGINFOD_URLS`.
+fn session_servers(common: &CommonArgs, file_rules: &[Rule]) -> Servers {
+    if common.no_debuginfod {
+        return Servers::Off;
+    }
+    file_rules
+        .iter()
+        .map(|rule| &rule.debuginfod)
+        .find(|servers| **servers != Servers::FromEnv)
+        .cloned()
+        .unwrap_or_default()
+}
+
 fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
     let file_rules = file_rules(common)?;
+    let debuginfod = session_servers(common, &file_rules);
     let record = record_options(common, &file_rules);
     if record.is_some() {
         // Before the command starts or a probe is placed: a snapshot must have a place.
@@ -406,6 +428,7 @@ fn session(common: &CommonArgs, target: Target) -> Result<Session, CliError> {
     Ok(Session {
         rules: engine_rules(common, &file_rules)?,
         target,
+        debuginfod,
         json,
         duration: common.duration,
         follow_descendants: !common.no_follow_forks,

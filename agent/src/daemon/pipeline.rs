@@ -182,6 +182,7 @@ impl Pipeline {
             Peers::All => PeerSet::All,
         };
         let debug_dirs = active.rule.trigger.debug_dirs().to_vec();
+        let debuginfod = active.rule.debuginfod.clone();
         let root = self
             .output_dir
             .clone()
@@ -221,6 +222,7 @@ impl Pipeline {
         }
         let mut snap = Snapshot::from_captured(data, Some(TriggerMeta::from_event(&rule, &event)));
         snap.meta.debug_dirs = debug_dirs;
+        snap.meta.debuginfod = debuginfod;
         snap.meta.origin = Some(tracer.origin_of(event.pid, &mut snap.maps));
         if let Some(ns) = snap.meta.trigger_to_freeze_ns {
             self.metrics

@@ -859,7 +859,10 @@ impl Tracer {
                 &mut self.errors,
                 &mut active,
                 (&binary, None),
-                || resolve::resolve_symbol(&binary, &resolve::Lookup::of(f)),
+                || {
+                    let lookup = resolve::Lookup::of(f).servers(&rule.debuginfod);
+                    resolve::resolve_symbol(&binary, &lookup)
+                },
             );
         }
         self.rules.insert(rule.name.clone(), active);
@@ -1497,12 +1500,16 @@ impl Tracer {
                 self.probe_binaries(&info, 1 << id, None);
             } else if let Trigger::Function(f) = active.rule.trigger.clone() {
                 let binary = probe.binary;
+                let servers = active.rule.debuginfod.clone();
                 let _ = place_probe(
                     &mut self.engine,
                     &mut self.errors,
                     active,
                     (&binary, None),
-                    || resolve::resolve_symbol(&binary, &resolve::Lookup::of(&f)),
+                    || {
+                        let lookup = resolve::Lookup::of(&f).servers(&servers);
+                        resolve::resolve_symbol(&binary, &lookup)
+                    },
                 );
             }
         }
@@ -1629,6 +1636,7 @@ impl Tracer {
             };
             let host = resolve::in_process_root(pid, &binary);
             let trigger = f.clone();
+            let servers = active.rule.debuginfod.clone();
             let started =
                 *started.get_or_insert_with(|| discovery::start_ticks(&self.proc_root, pid));
             if started.is_none()
@@ -1645,7 +1653,7 @@ impl Tracer {
                 resolve::resolve_for_process(
                     pid,
                     trigger.binary.as_deref(),
-                    &resolve::Lookup::of(&trigger),
+                    &resolve::Lookup::of(&trigger).servers(&servers),
                 )
             });
             if !placed {

@@ -15,7 +15,8 @@
 //!
 //! Debug directories: the user's (`--debug-dir`, `debug_dirs:`; host paths) first, then
 //! `ROOT/usr/lib/debug` and `ROOT/lib/debug` of the target's root, so a container's debug
-//! files are read from the container, not from the host.
+//! files are read from the container, not from the host. Last, when the search has
+//! servers, debuginfod by build-id ([`super::debuginfod`]; its cache on disk first).
 //!
 //! `MiniDebugInfo` (`.gnu_debugdata`, Fedora/RHEL): an xz-compressed ELF that holds the
 //! `.symtab` of the functions the stripped `.dynsym` lacks; decoded with `lzma-rs`.
@@ -28,7 +29,10 @@ use std::{
 
 use object::{Object as _, ObjectSection as _};
 
-use super::build_id::{build_id_hex, build_id_of};
+use super::{
+    build_id::{build_id_hex, build_id_of},
+    debuginfod,
+};
 
 /// Where to look for the debug files of a binary.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +42,8 @@ pub struct DebugSearch {
     pub root: PathBuf,
     /// Extra debug directories (host paths), searched first.
     pub extra_dirs: Vec<PathBuf>,
+    /// debuginfod servers asked by build-id when no directory has the file; `None`: none.
+    pub debuginfod: Option<debuginfod::Config>,
 }
 
 impl Default for DebugSearch {
@@ -52,7 +58,15 @@ impl DebugSearch {
         Self {
             root: root.into(),
             extra_dirs,
+            debuginfod: None,
         }
+    }
+
+    /// The search with debuginfod servers (`None`: none asked).
+    #[must_use]
+    pub fn with_debuginfod(mut self, config: Option<debuginfod::Config>) -> Self {
+        self.debuginfod = config;
+        self
     }
 
     /// The search for a binary at `path`: in `/proc/PID/root` when the path goes through
@@ -97,6 +111,8 @@ fn is_pid(text: &str) -> bool {
 pub enum FoundBy {
     BuildId,
     DebugLink,
+    /// From a debuginfod server (or its cache), by build-id.
+    Debuginfod,
 }
 
 /// The separate symbol sources of a binary.
@@ -197,6 +213,14 @@ pub fn locate(path: &Path, file: &object::File<'_>, search: &DebugSearch) -> Sym
         return out;
     }
     out.debug_file = find_debug_file(path, file, search, &mut out);
+    if out.debug_file.is_none()
+        && let (Some(config), Some(id)) = (&search.debuginfod, &out.build_id)
+    {
+        match debuginfod::fetch(id, config) {
+            Ok(found) => out.debug_file = Some((found, FoundBy::Debuginfod)),
+            Err(e) => out.rejected.push(e.to_string()),
+        }
+    }
     out
 }
 

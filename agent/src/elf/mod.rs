@@ -6,10 +6,11 @@
 //! In: files (paths, or parsed with `object`). Out: [`segments::Segments`] (file offsets ↔
 //! virtual addresses), [`build_id`]s, the functions of a binary ([`index::SymbolIndex`],
 //! [`index::symbol_address`]) and the separate debug files that hold its symbols
-//! ([`debug_file::SymbolFiles`]).
+//! ([`debug_file::SymbolFiles`]), also from debuginfod servers ([`debuginfod`]).
 #![forbid(unsafe_code)]
 
 pub mod build_id;
 pub mod debug_file;
+pub mod debuginfod;
 pub mod index;
 pub mod segments;

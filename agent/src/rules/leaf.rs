@@ -549,3 +549,81 @@ impl Scalar for AnyOrSyscall {
 }
 
 deserialize_scalar!(AnyOrSyscall);
+
+/// `debuginfod:` — `false` (never ask), `true` (the servers of `DEBUGINFOD_URLS`), or one
+/// server URL or a list of them (`http://` or `https://`).
+#[derive(Debug)]
+pub(super) struct DebuginfodServers(pub crate::elf::debuginfod::Servers);
+
+/// One server URL of `debuginfod:`.
+#[derive(Debug)]
+struct ServerUrl(String);
+
+impl Scalar for ServerUrl {
+    const EXPECTING: &'static str = "a debuginfod server URL (http:// or https://)";
+
+    fn parse(text: &str) -> Result<Self, String> {
+        let url = text.trim().trim_end_matches('/');
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"));
+        match rest {
+            Some(host) if !host.is_empty() && !url.contains(char::is_whitespace) => {
+                Ok(Self(url.to_owned()))
+            }
+            _ => Err(format!(
+                "{text:?} is not a debuginfod server URL; expected http://HOST[:PORT] or https://..."
+            )),
+        }
+    }
+}
+
+deserialize_scalar!(ServerUrl);
+
+impl<'de> Deserialize<'de> for DebuginfodServers {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use crate::elf::debuginfod::Servers;
+
+        struct ServersVisitor;
+
+        impl<'de> Visitor<'de> for ServersVisitor {
+            type Value = DebuginfodServers;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "debuginfod: false, true (DEBUGINFOD_URLS), or a server URL or a list of them",
+                )
+            }
+
+            fn visit_bool<E: de::Error>(self, on: bool) -> Result<Self::Value, E> {
+                Ok(DebuginfodServers(if on {
+                    Servers::FromEnv
+                } else {
+                    Servers::Off
+                }))
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                let url = ServerUrl::parse(text).map_err(E::custom)?;
+                Ok(DebuginfodServers(Servers::Urls(vec![url.0])))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut urls = Vec::new();
+                while let Some(ServerUrl(url)) = seq.next_element()? {
+                    if !urls.contains(&url) {
+                        urls.push(url);
+                    }
+                }
+                if urls.is_empty() {
+                    return Err(de::Error::custom(
+                        "empty list; expected a debuginfod server URL (or false)",
+                    ));
+                }
+                Ok(DebuginfodServers(Servers::Urls(urls)))
+            }
+        }
+
+        deserializer.deserialize_any(ServersVisitor)
+    }
+}

@@ -98,6 +98,10 @@ pub struct Rule {
     pub name: String,
     pub target: Target,
     pub trigger: Trigger,
+    /// Where the debug files of stripped binaries may also come from (`debuginfod:` of the
+    /// function trigger, else of `defaults`; default `DEBUGINFOD_URLS`): for placing its
+    /// probe and naming its snapshots' frames.
+    pub debuginfod: crate::elf::debuginfod::Servers,
     pub capture: Capture,
     pub snapshot: SnapshotPolicy,
     pub output: OutputPolicy,

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::leaf::{
-    AbsolutePath, BufferSize, CgroupPath, Comm, Errno, HumanDuration, List, Positive, RuleName,
-    Signal, Size, StackSize, Symbol, SyscallNames, Text, Version,
+    AbsolutePath, BufferSize, CgroupPath, Comm, DebuginfodServers, Errno, HumanDuration, List,
+    Positive, RuleName, Signal, Size, StackSize, Symbol, SyscallNames, Text, Version,
 };
 use super::upload::RawUpload;
 use super::{Backend, Detect, OutputFormat, Peers, ReturnProbe, SnapshotScope};
@@ -33,12 +33,13 @@ pub(super) struct RawFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a mapping of capture, snapshot, output"
+    expecting = "a mapping of capture, snapshot, output, debuginfod"
 )]
 pub(super) struct RawDefaults {
     pub capture: Option<RawCapture>,
     pub snapshot: Option<RawSnapshot>,
     pub output: Option<RawOutput>,
+    pub debuginfod: Option<DebuginfodServers>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -95,7 +96,7 @@ pub(super) struct RawTrigger {
 #[serde(
     deny_unknown_fields,
     expecting = "a mapping with symbol and optional binary, min_duration, detect, return_probe, \
-                 all, debug_dirs"
+                 all, debug_dirs, debuginfod"
 )]
 pub(super) struct RawFunction {
     pub symbol: Symbol,
@@ -106,6 +107,7 @@ pub(super) struct RawFunction {
     pub return_probe: Option<ReturnProbe>,
     pub all: Option<bool>,
     pub debug_dirs: Option<List<AbsolutePath>>,
+    pub debuginfod: Option<DebuginfodServers>,
 }
 
 #[derive(Debug, Deserialize)]

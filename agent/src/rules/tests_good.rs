@@ -386,6 +386,59 @@ fn all_and_debug_dirs_of_a_function_rule() {
 }
 
 #[test]
+fn debuginfod_of_a_function_rule_and_of_the_defaults() {
+    use crate::elf::debuginfod::Servers;
+    let text = |defaults: &str, extra: &str, trigger: &str| {
+        let trigger = if trigger.is_empty() {
+            format!("{{function: {{symbol: f{extra}}}}}")
+        } else {
+            trigger.to_owned()
+        };
+        format!(
+            "version: 1\n{defaults}rules:\n  - name: slow\n    target: {{comm: app}}\n    \
+             trigger: {trigger}\n"
+        )
+    };
+    let servers = |defaults: &str, extra: &str| only_rule(&text(defaults, extra, "")).debuginfod;
+    assert_eq!(servers("", ""), Servers::FromEnv);
+    assert_eq!(servers("", ", debuginfod: false"), Servers::Off);
+    assert_eq!(servers("", ", debuginfod: true"), Servers::FromEnv);
+    assert_eq!(
+        servers(
+            "",
+            ", debuginfod: [\"http://127.0.0.1:8002/\", https://d.example]"
+        ),
+        Servers::Urls(vec![
+            "http://127.0.0.1:8002".into(),
+            "https://d.example".into()
+        ])
+    );
+    assert_eq!(
+        servers("", ", debuginfod: https://d.example"),
+        Servers::Urls(vec!["https://d.example".into()])
+    );
+    // The defaults apply to every rule, a syscall rule too; a function's own wins.
+    let off = "defaults: {debuginfod: false}\n";
+    assert_eq!(servers(off, ""), Servers::Off);
+    assert_eq!(servers(off, ", debuginfod: true"), Servers::FromEnv);
+    let syscall = only_rule(&text(
+        off,
+        "",
+        "{syscall: {names: read, min_duration: 5ms}}",
+    ));
+    assert_eq!(syscall.debuginfod, Servers::Off);
+    // Not a URL: refused where it stands.
+    let err = RuleSet::from_str(&text("", ", debuginfod: [ftp://x]", ""), "r.yaml").unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        shown.contains("r.yaml:5:50:") && shown.contains("not a debuginfod server URL"),
+        "{shown}"
+    );
+    let err = RuleSet::from_str(&text("", ", debuginfod: []", ""), "r.yaml").unwrap_err();
+    assert!(err.to_string().contains("empty list"), "{err}");
+}
+
+#[test]
 fn peers_are_false_true_rule_or_all() {
     for (word, peers) in [
         ("false", Peers::None),

@@ -100,13 +100,28 @@ fn build(raw: RawFile) -> Result<RuleSet, Problem> {
 }
 
 /// One rule; problems are relative to the rule.
-fn build_rule(rule: RawRule, defaults: &RawDefaults) -> Result<Rule, Problem> {
+fn build_rule(mut rule: RawRule, defaults: &RawDefaults) -> Result<Rule, Problem> {
     let target = build_target(rule.target)?;
+    // The function's own `debuginfod:`, else the defaults', else DEBUGINFOD_URLS.
+    let debuginfod = rule
+        .trigger
+        .function
+        .as_mut()
+        .and_then(|f| f.debuginfod.take())
+        .map(|servers| servers.0)
+        .or_else(|| {
+            defaults
+                .debuginfod
+                .as_ref()
+                .map(|servers| servers.0.clone())
+        })
+        .unwrap_or_default();
     let trigger = build_trigger(rule.trigger)?;
     Ok(Rule {
         name: rule.name.0,
         target,
         trigger,
+        debuginfod,
         capture: merge_capture(rule.capture.as_ref(), defaults.capture.as_ref()),
         snapshot: merge_snapshot(rule.snapshot.as_ref(), defaults.snapshot.as_ref()),
         output: merge_output(rule.output.as_ref(), defaults.output.as_ref())?,

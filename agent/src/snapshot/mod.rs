@@ -167,6 +167,10 @@ pub struct Metadata {
     /// `debug_dirs:`, `--debug-dir`), before the target's `/usr/lib/debug`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub debug_dirs: Vec<std::path::PathBuf>,
+    /// Where the traces' missing debug files may come from (`from_env`: the decoding
+    /// machine's `DEBUGINFOD_URLS`; `off`; `{urls: [...]}`).
+    #[serde(default, skip_serializing_if = "is_from_env")]
+    pub debuginfod: crate::elf::debuginfod::Servers,
     /// The kernel functions the samples' kernel frames are in (`--include-kernel`), from
     /// the recording machine's `/proc/kallsyms`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -207,6 +211,7 @@ impl Snapshot {
                 window_start_ns: data.window.map(|w| w.0),
                 window_end_ns: data.window.map(|w| w.1),
                 debug_dirs: Vec::new(),
+                debuginfod: crate::elf::debuginfod::Servers::FromEnv,
                 kernel_symbols: data.kernel_symbols,
                 origin: None,
             },
@@ -227,3 +232,8 @@ impl Snapshot {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether a snapshot's servers are the default (left out of its JSON).
+fn is_from_env(servers: &crate::elf::debuginfod::Servers) -> bool {
+    *servers == crate::elf::debuginfod::Servers::FromEnv
+}

@@ -120,6 +120,8 @@ pub struct Symbolizer<'a> {
     plts: HashMap<PathBuf, plt::PltTable>,
     /// Extra debug directories (the snapshot's `debug_dirs`).
     debug_dirs: Vec<PathBuf>,
+    /// debuginfod servers asked for a stripped file's debug file (the snapshot's).
+    debuginfod: Option<crate::elf::debuginfod::Config>,
     /// The separate symbols of each file read, once its own had no name for an address.
     separate: HashMap<PathBuf, Rc<Separate>>,
     /// Frames per module.
@@ -209,12 +211,21 @@ impl<'a> Symbolizer<'a> {
             files: HashMap::new(),
             plts: HashMap::new(),
             debug_dirs: debug_dirs.to_vec(),
+            debuginfod: None,
             separate: HashMap::new(),
             modules: BTreeMap::new(),
             kernel: Vec::new(),
             misses: 0,
             holds: Vec::new(),
         }
+    }
+
+    /// The symbolizer asking `servers` (a snapshot's `debuginfod`) for the debug files of
+    /// stripped binaries no directory has.
+    #[must_use]
+    pub fn with_debuginfod(mut self, servers: &crate::elf::debuginfod::Servers) -> Self {
+        self.debuginfod = servers.config();
+        self
     }
 
     /// Names kernel addresses from `symbols` (the snapshot's `kernel_symbols`); without
@@ -339,7 +350,8 @@ impl<'a> Symbolizer<'a> {
         let search = match root {
             Some(root) => DebugSearch::in_root(root, self.debug_dirs.clone()),
             None => DebugSearch::for_path(&seen, self.debug_dirs.clone()),
-        };
+        }
+        .with_debuginfod(self.debuginfod.clone());
         let separate = Rc::new(Separate::read(file, &seen, &search));
         self.separate.insert(file.to_owned(), Rc::clone(&separate));
         separate

@@ -17,7 +17,7 @@ use super::{
 };
 pub use crate::elf::{index::symbol_address, segments::file_offset_of};
 use crate::{
-    elf::{debug_file::DebugSearch, index::SymbolIndex},
+    elf::{debug_file::DebugSearch, debuginfod::Servers, index::SymbolIndex},
     rules::FunctionTrigger,
 };
 
@@ -30,7 +30,12 @@ pub struct Lookup<'a> {
     pub all: bool,
     /// Extra debug directories (host paths).
     pub debug_dirs: &'a [PathBuf],
+    /// debuginfod servers for a stripped binary's debug file.
+    pub debuginfod: &'a Servers,
 }
+
+/// The servers of a lookup nobody chose them for: `DEBUGINFOD_URLS`.
+static FROM_ENV: Servers = Servers::FromEnv;
 
 impl<'a> Lookup<'a> {
     /// The lookup of one function by its name.
@@ -40,7 +45,14 @@ impl<'a> Lookup<'a> {
             name,
             all: false,
             debug_dirs: &[],
+            debuginfod: &FROM_ENV,
         }
+    }
+
+    /// The lookup with its rule's debuginfod servers.
+    #[must_use]
+    pub fn servers(self, debuginfod: &'a Servers) -> Self {
+        Self { debuginfod, ..self }
     }
 
     /// The lookup a function trigger asks for.
@@ -50,6 +62,7 @@ impl<'a> Lookup<'a> {
             name: &trigger.symbol,
             all: trigger.all,
             debug_dirs: &trigger.debug_dirs,
+            debuginfod: &FROM_ENV,
         }
     }
 }
@@ -217,7 +230,8 @@ pub fn resolve_symbol(path: &Path, lookup: &Lookup<'_>) -> Result<Vec<ProbePoint
         path: path.to_owned(),
         source,
     })?;
-    let search = DebugSearch::for_path(path, lookup.debug_dirs.to_vec());
+    let search = DebugSearch::for_path(path, lookup.debug_dirs.to_vec())
+        .with_debuginfod(lookup.debuginfod.config());
     let index = SymbolIndex::read(path, &file, &search);
     let symbol = lookup.name;
     let functions =

@@ -522,6 +522,7 @@ fn trigger_call(
 fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
     let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code);
     let mut symbols = Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs)
+        .with_debuginfod(&snap.meta.debuginfod)
         .with_kernel_symbols(&snap.meta.kernel_symbols);
     let sampled = samples::read_named(
         snap,

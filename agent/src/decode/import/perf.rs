@@ -270,6 +270,7 @@ pub fn snapshot(file: &PerfFile) -> Result<Snapshot, ImportError> {
             window_start_ns: None,
             window_end_ns: None,
             debug_dirs: Vec::new(),
+            debuginfod: crate::elf::debuginfod::Servers::FromEnv,
             kernel_symbols: Vec::new(),
             origin: None,
         },

@@ -173,6 +173,7 @@ pub fn snapshot(
             window_start_ns: None,
             window_end_ns: None,
             debug_dirs: Vec::new(),
+            debuginfod: crate::elf::debuginfod::Servers::FromEnv,
             kernel_symbols: Vec::new(),
             origin: None,
         },
