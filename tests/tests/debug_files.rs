@@ -434,10 +434,10 @@ fn a_debuginfod_server_gives_probes_and_names_and_its_cache_outlives_it() {
     stripped_copy(&full, &bin, &[]);
     let id = build_id(&bin);
     // Only the server has the debug file: nothing beside the binary links to it.
-    let served = dir.path().join("served");
-    std::fs::create_dir(&served).expect("mkdir");
-    debug_file(&full, &served.join("server.debug"));
-    let Some(mut server) = lookback_tests::debuginfod::DebuginfodServer::serve(&served) else {
+    let files = dir.path().join("served");
+    std::fs::create_dir(&files).expect("mkdir");
+    debug_file(&full, &files.join("server.debug"));
+    let Some(mut server) = lookback_tests::debuginfod::DebuginfodServer::serve(&files) else {
         return;
     };
     server.wait_for(&id);
@@ -473,8 +473,7 @@ fn a_debuginfod_server_gives_probes_and_names_and_its_cache_outlives_it() {
     let (_, line, stderr) = recorded(&bin, "func:getppid", &[], &env);
     let hint = module_of(&line, &bin)["hint"]
         .as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| panic!("no hint: {line}\n{stderr}"));
+        .map_or_else(|| panic!("no hint: {line}\n{stderr}"), str::to_owned);
     assert!(hint.contains(&missed), "{hint}");
 }
 
@@ -495,8 +494,7 @@ fn a_debuginfod_server_that_never_answers_costs_its_timeout_once_and_the_trace_i
     let took = started.elapsed();
     let hint = module_of(&line, &bin)["hint"]
         .as_str()
-        .map(str::to_owned)
-        .unwrap_or_else(|| panic!("no hint: {line}\n{stderr}"));
+        .map_or_else(|| panic!("no hint: {line}\n{stderr}"), str::to_owned);
     assert!(
         hint.contains(&format!("no debug file for build-id {id} from {url}")),
         "{hint}"
