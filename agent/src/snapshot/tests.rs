@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, os::unix::fs::PermissionsExt as _};
 
 use super::*;
-use crate::capture::{MapEntry, RingKind, WalkStop};
+use crate::capture::{MapEntry, RingKind, WalkStop, perf_map::PerfMapEntry};
 
 fn sample_snapshot() -> Snapshot {
     let data = CapturedData {
@@ -90,6 +90,27 @@ fn sample_snapshot() -> Snapshot {
             start: 0x7000,
             path: "[vdso]".to_owned(),
             data: b"\x7fELF code".to_vec(),
+        }],
+        // A JIT runtime's names (section kind 5), with the counts of what was left out.
+        perf_maps: vec![PerfMap {
+            pid: 42,
+            path: "/tmp/perf-1.map".to_owned(),
+            malformed: 2,
+            superseded: 1,
+            dropped: 3,
+            truncated: false,
+            entries: vec![
+                PerfMapEntry {
+                    start: 0x7f00_0000_1000,
+                    size: 0x180,
+                    name: "JS:~handleRequest /app.js:3:23".to_owned(),
+                },
+                PerfMapEntry {
+                    start: 0x7f00_0000_2000,
+                    size: 0x40,
+                    name: "void Jit.slow(int)".to_owned(),
+                },
+            ],
         }],
         window: Some((1_000_000, 4_900_000)),
         kernel_symbols: Vec::new(),

@@ -240,7 +240,8 @@ pub fn emit(
     threads: usize,
 ) -> io::Result<TraceSummary> {
     let lookup = RefCell::new(Lookup {
-        symbols: Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs),
+        symbols: Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs)
+            .with_perf_maps(&snap.perf_maps),
         snap,
         cache: HashMap::default(),
         recent: Default::default(),

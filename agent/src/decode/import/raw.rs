@@ -199,6 +199,7 @@ pub fn snapshot(
             origin: crate::capture::origin::ProcessOrigin::default(),
         }],
         code: regions,
+        perf_maps: Vec::new(),
     }
 }
 
