@@ -1,5 +1,5 @@
 //! JIT code named by its runtime's perf map (`/tmp/perf-PID.map`), with the real runtimes:
-//! Debian's Node.js (`--perf-basic-prof --interpreted-frames-native-stack`) and OpenJDK 17
+//! Debian's Node.js (`--perf-basic-prof --interpreted-frames-native-stack`) and `OpenJDK` 17
 //! (`-XX:+PreserveFramePointer`, the map written by `jcmd PID Compiler.perfmap`). A syscall
 //! trigger inside a JS function (Java method) two calls deep: both functions are named in
 //! the trigger's stack and open in the trace's slices at the trigger. The map is captured
@@ -92,8 +92,9 @@ fn fifo_in(dir: &Path) -> PathBuf {
 
 /// A `lookback run --json` with `trigger` of `command` (a program that writes its pid to
 /// `ready`, then blocks reading `fifo`), Chrome JSON to `trace` and the raw snapshot kept
-/// beside it; `before_wake` runs once the pid is known, then a byte goes to the FIFO
-/// 400 ms later. Returns the run's output and the target's pid.
+/// beside it, in `ready`'s directory (V8 writes its logs to its working directory);
+/// `before_wake` runs once the pid is known, then a byte goes to the FIFO 400 ms later.
+/// Returns the run's output and the target's pid.
 fn run_until_woken(
     trigger: &str,
     trace: &Path,
@@ -109,6 +110,7 @@ fn run_until_woken(
         .arg(trace)
         .arg("--")
         .args(command.drain(..))
+        .current_dir(ready.parent().unwrap_or(Path::new("/tmp")))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -122,8 +124,7 @@ fn run_until_woken(
         {
             break pid;
         }
-        if started.elapsed() > Duration::from_secs(60) || child.try_wait().ok().flatten().is_some()
-        {
+        if started.elapsed() > Duration::from_mins(1) || child.try_wait().ok().flatten().is_some() {
             let _ = child.kill();
             let out = child.wait_with_output().expect("lookback");
             panic!(
@@ -173,7 +174,7 @@ fn position(frames: &[String], function: &str) -> Option<usize> {
 
 /// A frame naming `outer` encloses one naming `inner` in `frames` (outermost first): the
 /// names as the runtime's perf map gives them (V8's `JS:~outer /path/app.js:8:15`,
-/// HotSpot's `int JitApp.outer(java.io.RandomAccessFile)`).
+/// the JVM's `int JitApp.outer(java.io.RandomAccessFile)`).
 fn assert_nested(frames: &[String], outer: &str, inner: &str, what: &str, stderr: &str) {
     let (o, i) = (position(frames, outer), position(frames, inner));
     assert!(

@@ -1,5 +1,5 @@
 //! Perf maps of JIT runtimes (`/tmp/perf-PID.map`), captured at the freeze: the names of
-//! code that no file holds — V8's with `--perf-basic-prof`, HotSpot's after
+//! code that no file holds — V8's with `--perf-basic-prof`, the JVM's after
 //! `jcmd PID Compiler.perfmap`, and any runtime that writes the format perf reads.
 //!
 //! In: a traced process (its pid and its maps). Out: a [`PerfMap`]: the entries outside
@@ -194,9 +194,11 @@ impl PerfMap {
     /// The entries as perf map text (the `.lbsnap` section's data).
     #[must_use]
     pub fn to_text(&self) -> Vec<u8> {
+        use std::fmt::Write as _;
         let mut out = String::new();
         for e in &self.entries {
-            out.push_str(&format!("{:x} {:x} {}\n", e.start, e.size, e.name));
+            // Writing into a String cannot fail.
+            let _ = writeln!(out, "{:x} {:x} {}", e.start, e.size, e.name);
         }
         out.into_bytes()
     }
@@ -375,7 +377,7 @@ mod tests {
         }
     }
 
-    /// V8's lines (`--perf-basic-prof`) and HotSpot's (`Compiler.perfmap`) parse; junk,
+    /// V8's lines (`--perf-basic-prof`) and the JVM's (`Compiler.perfmap`) parse; junk,
     /// a zero size and a range past the address space are skipped and counted.
     #[test]
     fn lines_of_v8_and_hotspot_parse_and_bad_lines_are_counted() {

@@ -661,15 +661,7 @@ impl SamplingRecorder {
             None => self.pids.iter().chain(&summary.pids).copied().collect(),
         };
         let processes = self.collect_maps(&pids, &rings);
-        let code = processes
-            .iter()
-            .filter(|p| p.at_freeze)
-            .flat_map(|p| procmaps::read_code(p, self.embed_code))
-            .collect();
-        let perf_maps = processes
-            .iter()
-            .filter_map(|p| self.perf_maps.at_freeze(p))
-            .collect();
+        let (code, perf_maps) = self.code_of(&processes);
         Ok(CapturedData {
             backend: Backend::Sampling,
             params: self.params.clone(),
@@ -684,6 +676,24 @@ impl SamplingRecorder {
             window: summary.first_time.zip(summary.last_time),
             kernel_symbols,
         })
+    }
+
+    /// The code of `processes` no file holds (read while they live) and the perf maps of
+    /// the JIT runtimes among them (read now, else as last read while they lived).
+    fn code_of(
+        &self,
+        processes: &[procmaps::ProcessMaps],
+    ) -> (Vec<super::CodeRegion>, Vec<super::perf_map::PerfMap>) {
+        let code = processes
+            .iter()
+            .filter(|p| p.at_freeze)
+            .flat_map(|p| procmaps::read_code(p, self.embed_code))
+            .collect();
+        let perf_maps = processes
+            .iter()
+            .filter_map(|p| self.perf_maps.at_freeze(p))
+            .collect();
+        (code, perf_maps)
     }
 
     /// Sets BPF program `prog` on both events (a frozen process's switches are not

@@ -85,9 +85,9 @@ fn without_maps_or_stack_the_ip_is_the_stack() {
     assert_eq!(&frames[..2], &[0x40_1000, 0x40_2005], "{frames:x?}");
 }
 
-/// JIT code (an anonymous executable mapping: V8's, HotSpot's code cache) has no CFI and
+/// JIT code (an anonymous executable mapping: V8's, the JVM's code cache) has no CFI and
 /// no module: each of its frames is left by the frame pointer chain (V8 keeps frame
-/// pointers; HotSpot with `-XX:+PreserveFramePointer`), up to the chain's end.
+/// pointers; the JVM with `-XX:+PreserveFramePointer`), up to the chain's end.
 #[test]
 fn jit_frames_without_cfi_are_walked_by_their_frame_pointers() {
     let mut maps = own_maps();
