@@ -141,6 +141,7 @@ fn bundle(program: &SynthProgram, trace: Vec<u8>, elf: &Path) -> Result<Snapshot
             origin: lookback::capture::origin::ProcessOrigin::default(),
         }],
         code: Vec::new(),
+        perf_maps: Vec::new(),
         window: None,
         kernel_symbols: Vec::new(),
     };

@@ -7,8 +7,9 @@
 //! - the Debian packages of the toolchains the function-latency tests build their
 //!   workloads with (`tests/src/toolchains.rs`): `g++` and `golang-go`, and of the
 //!   software other tests run (`linux-perf`, `redis-server`, `nginx`, `docker.io`,
-//!   `debootstrap`, `chromium`, `nodejs`, `npm`, and elfutils' `debuginfod` server for the
-//!   debug-file tests, `tests/src/debuginfod.rs`), installed with apt-get when missing
+//!   `debootstrap`, `chromium`, `nodejs`, `npm`, `openjdk-17-jdk-headless`, and elfutils'
+//!   `debuginfod` server for the debug-file tests, `tests/src/debuginfod.rs`), installed
+//!   with apt-get when missing
 //!   (root only; a failure is a warning: those tests then fail);
 //! - the `PyPI` `fxt` parser into `.tools/python` (`pip install --target`), which
 //!   `tests/scripts/check_fxt.py` uses to read our FXT traces independently of the writer
@@ -44,8 +45,10 @@ const FXT_VERSION: &str = "0.3.0";
 /// without a registry); `curl` and `openssl` the HTTP endpoint's TLS test
 /// (`tests/tests/http.rs`); `chromium`, `node` and `npm` the speedscope test
 /// (`tests/tests/report.rs`, `a_speedscope_file_opens_in_a_real_browser_with_clean_names`: the headless browser, and the runtime of the script that
-/// drives it and of npm, which installs [`NODE_PACKAGES`]).
-const TEST_PACKAGES: [(&str, &str); 13] = [
+/// drives it and of npm, which installs [`NODE_PACKAGES`]); `node` and the JDK (`javac`,
+/// `java`, `jcmd`) the JIT runtimes whose perf maps name their frames (`tests/tests/jit.rs`);
+/// `debuginfod` the server of the debug-file tests (`tests/tests/debug_files.rs`).
+const TEST_PACKAGES: [(&str, &str); 14] = [
     ("g++", "g++"),
     ("go", "golang-go"),
     ("perf", "linux-perf"),
@@ -58,6 +61,7 @@ const TEST_PACKAGES: [(&str, &str); 13] = [
     ("chromium", "chromium"),
     ("node", "nodejs"),
     ("npm", "npm"),
+    ("jcmd", "openjdk-17-jdk-headless"),
     ("debuginfod", "debuginfod"),
 ];
 /// npm packages of the speedscope test (tests/tests/report.rs), into `.tools/node`:

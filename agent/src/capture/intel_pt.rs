@@ -591,6 +591,11 @@ impl PtRecorder {
             .filter(|p| p.at_freeze)
             .flat_map(|p| procmaps::read_code(p, self.embed_code))
             .collect();
+        let perf_maps = processes
+            .iter()
+            .filter(|p| p.at_freeze)
+            .filter_map(super::perf_map::capture)
+            .collect();
         Ok(CapturedData {
             backend: Backend::IntelPt,
             params: self.params.clone(),
@@ -601,6 +606,7 @@ impl PtRecorder {
             clock,
             processes,
             code,
+            perf_maps,
             window: None,
             kernel_symbols: Vec::new(),
         })

@@ -29,6 +29,7 @@ pub mod intel_pt;
 pub mod kallsyms;
 pub mod mmap_records;
 pub mod origin;
+pub mod perf_map;
 pub mod procmaps;
 pub mod pt_config;
 pub mod pt_filter;
@@ -393,6 +394,8 @@ pub struct CapturedData {
     /// Memory maps of the traced processes at freeze time (or when last seen alive).
     pub processes: Vec<ProcessMaps>,
     pub code: Vec<CodeRegion>,
+    /// The perf maps of the processes that write one (JIT runtimes), read at the freeze.
+    pub perf_maps: Vec<perf_map::PerfMap>,
     /// First and last sample time in the rings (`CLOCK_MONOTONIC` ns), when known.
     pub window: Option<(u64, u64)>,
     /// The kernel functions the samples' kernel frames are in (`include_kernel`).

@@ -148,6 +148,9 @@ pub struct SamplingRecorder {
     known_maps: BTreeMap<u32, procmaps::ProcessMaps>,
     /// The `/proc/PID/maps` text behind each `known_maps` entry (skip unchanged re-reads).
     maps_text: BTreeMap<u32, String>,
+    /// The perf maps of the JIT runtimes among them, as last read (for a process gone by
+    /// its freeze).
+    perf_maps: super::perf_map::PerfMapWatch,
     /// Processes of `known_maps` found gone, oldest first: their maps are kept for a
     /// snapshot whose rings still hold their samples, but only the last [`GONE_KEPT`] (a
     /// pre-fork server's churn made the cache grow by every child it ever had).
@@ -226,6 +229,7 @@ impl SamplingRecorder {
             pids: BTreeSet::new(),
             known_maps: BTreeMap::new(),
             maps_text: BTreeMap::new(),
+            perf_maps: super::perf_map::PerfMapWatch::default(),
             gone: VecDeque::new(),
             kallsyms: opts.include_kernel.then(Kallsyms::shared),
             cpu_wide: false,
@@ -333,6 +337,7 @@ impl SamplingRecorder {
             if let Some(pid) = self.gone.pop_front() {
                 self.known_maps.remove(&pid);
                 self.maps_text.remove(&pid);
+                self.perf_maps.forget(pid);
             }
         }
     }
@@ -495,6 +500,11 @@ impl Recorder for SamplingRecorder {
                 self.maps_text.insert(pid, text);
             }
         }
+        for (pid, maps) in &self.known_maps {
+            if !self.gone.contains(pid) {
+                self.perf_maps.refresh(maps);
+            }
+        }
         self.forget_gone(GONE_KEPT);
         Ok(())
     }
@@ -651,11 +661,7 @@ impl SamplingRecorder {
             None => self.pids.iter().chain(&summary.pids).copied().collect(),
         };
         let processes = self.collect_maps(&pids, &rings);
-        let code = processes
-            .iter()
-            .filter(|p| p.at_freeze)
-            .flat_map(|p| procmaps::read_code(p, self.embed_code))
-            .collect();
+        let (code, perf_maps) = self.code_of(&processes);
         Ok(CapturedData {
             backend: Backend::Sampling,
             params: self.params.clone(),
@@ -666,9 +672,28 @@ impl SamplingRecorder {
             clock,
             processes,
             code,
+            perf_maps,
             window: summary.first_time.zip(summary.last_time),
             kernel_symbols,
         })
+    }
+
+    /// The code of `processes` no file holds (read while they live) and the perf maps of
+    /// the JIT runtimes among them (read now, else as last read while they lived).
+    fn code_of(
+        &self,
+        processes: &[procmaps::ProcessMaps],
+    ) -> (Vec<super::CodeRegion>, Vec<super::perf_map::PerfMap>) {
+        let code = processes
+            .iter()
+            .filter(|p| p.at_freeze)
+            .flat_map(|p| procmaps::read_code(p, self.embed_code))
+            .collect();
+        let perf_maps = processes
+            .iter()
+            .filter_map(|p| self.perf_maps.at_freeze(p))
+            .collect();
+        (code, perf_maps)
     }
 
     /// Sets BPF program `prog` on both events (a frozen process's switches are not

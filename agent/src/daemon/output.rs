@@ -361,6 +361,7 @@ pub(super) mod tests {
             clock: None,
             processes: vec![],
             code: vec![],
+            perf_maps: Vec::new(),
             window: None,
             kernel_symbols: Vec::new(),
         };

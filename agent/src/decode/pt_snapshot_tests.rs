@@ -157,6 +157,7 @@ fn synth_snapshot_of(
             path: "/nonexistent/synth".to_owned(),
             data: program.code,
         }],
+        perf_maps: Vec::new(),
         window: None,
         kernel_symbols: Vec::new(),
     };

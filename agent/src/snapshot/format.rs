@@ -13,6 +13,7 @@ use std::{
 use serde::{Serialize, de::DeserializeOwned};
 
 use super::{Metadata, Snapshot};
+use crate::capture::perf_map::PerfMap;
 use crate::capture::{CodeRegion, ProcessMaps, RingData, SidebandData};
 
 /// The first 8 bytes of every snapshot (PNG-style: a high byte and a newline catch text-mode
@@ -30,6 +31,7 @@ const KIND_RING: u32 = 1;
 const KIND_SIDEBAND: u32 = 2;
 const KIND_MAPS: u32 = 3;
 const KIND_CODE: u32 = 4;
+const KIND_PERF_MAP: u32 = 5;
 const KIND_END: u32 = u32::MAX;
 
 /// Why a snapshot could not be written or read.
@@ -131,6 +133,10 @@ fn write_all(w: &mut impl Write, snap: &Snapshot) -> io::Result<()> {
     }
     for code in &snap.code {
         write_section(w, KIND_CODE, &json(code), &code.data)?;
+        sections += 1;
+    }
+    for map in &snap.perf_maps {
+        write_section(w, KIND_PERF_MAP, &json(map), &map.to_text())?;
         sections += 1;
     }
     write_section(w, KIND_END, &[], &sections.to_le_bytes())?;
@@ -318,6 +324,7 @@ pub fn parse(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
         sideband: Vec::new(),
         maps: Vec::new(),
         code: Vec::new(),
+        perf_maps: Vec::new(),
     };
     let mut sections = 0u64;
     loop {
@@ -382,6 +389,11 @@ pub fn parse(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
                 let mut code: CodeRegion = c.json("code descriptor", desc_len)?;
                 code.data = c.take("code bytes", data_len)?.to_vec();
                 snap.code.push(code);
+            }
+            KIND_PERF_MAP => {
+                let mut map: PerfMap = c.json("perf map descriptor", desc_len)?;
+                map.set_text(c.take("perf map entries", data_len)?);
+                snap.perf_maps.push(map);
             }
             _ => {
                 // A section kind from a newer writer: skip it.

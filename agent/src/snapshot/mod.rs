@@ -22,8 +22,9 @@
 //!
 //! Section kinds: 1 ring (descriptor [`RingData`], data the ring bytes oldest first),
 //! 2 sideband ([`SidebandData`], perf records), 3 process maps ([`ProcessMaps`], no data),
-//! 4 code ([`CodeRegion`], the bytes). Readers skip unknown kinds; a version they do not
-//! know is refused with a message saying to upgrade.
+//! 4 code ([`CodeRegion`], the bytes), 5 perf map ([`PerfMap`], its entries as
+//! `START SIZE NAME` lines). Readers skip unknown kinds; a version they do not know is
+//! refused with a message saying to upgrade.
 #![forbid(unsafe_code)]
 
 mod format;
@@ -31,6 +32,7 @@ pub mod kernel_stack;
 
 use serde::{Deserialize, Serialize};
 
+use crate::capture::perf_map::PerfMap;
 use crate::capture::{
     Backend, CapturedData, ClockConversion, CodeRegion, ProcessMaps, RecorderParams, RingData,
     SidebandData,
@@ -188,6 +190,8 @@ pub struct Snapshot {
     pub sideband: Vec<SidebandData>,
     pub maps: Vec<ProcessMaps>,
     pub code: Vec<CodeRegion>,
+    /// The JIT runtimes' perf maps, read at the freeze (section kind 5).
+    pub perf_maps: Vec<PerfMap>,
 }
 
 impl Snapshot {
@@ -219,6 +223,7 @@ impl Snapshot {
             sideband: data.sideband,
             maps: data.processes,
             code: data.code,
+            perf_maps: data.perf_maps,
         }
     }
 

@@ -5,8 +5,36 @@
 use std::{collections::BTreeMap, os::unix::fs::PermissionsExt as _};
 
 use super::*;
-use crate::capture::{MapEntry, RingKind, WalkStop};
+use crate::capture::{MapEntry, RingKind, WalkStop, perf_map::PerfMapEntry};
 
+/// A JIT runtime's names (section kind 5), with the counts of what was left out.
+fn sample_perf_map() -> PerfMap {
+    PerfMap {
+        pid: 42,
+        path: "/tmp/perf-1.map".to_owned(),
+        malformed: 2,
+        superseded: 1,
+        dropped: 3,
+        truncated: false,
+        entries: vec![
+            PerfMapEntry {
+                start: 0x7f00_0000_1000,
+                size: 0x180,
+                name: "JS:~handleRequest /app.js:3:23".to_owned(),
+            },
+            PerfMapEntry {
+                start: 0x7f00_0000_2000,
+                size: 0x40,
+                name: "void Jit.slow(int)".to_owned(),
+            },
+        ],
+    }
+}
+
+#[expect(
+    clippy::too_many_lines,
+    reason = "one literal of every section kind and metadata field"
+)]
 fn sample_snapshot() -> Snapshot {
     let data = CapturedData {
         backend: Backend::Sampling,
@@ -91,6 +119,7 @@ fn sample_snapshot() -> Snapshot {
             path: "[vdso]".to_owned(),
             data: b"\x7fELF code".to_vec(),
         }],
+        perf_maps: vec![sample_perf_map()],
         window: Some((1_000_000, 4_900_000)),
         kernel_symbols: Vec::new(),
     };

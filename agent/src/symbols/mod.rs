@@ -14,6 +14,10 @@
 //! into ELF addresses with the program headers. Code the snapshot embeds because no file
 //! holds it (`[vdso]`) is written to a private temporary file, removed on drop, and read
 //! from there. Results are cached per (module, file offset); misses are counted.
+//!
+//! Code outside every mapped file (anonymous executable memory: a JIT's) is named by the
+//! process's perf map captured at the freeze ([`PerfMap`], `/tmp/perf-PID.map`), when the
+//! snapshot has one ([`Symbolizer::with_perf_maps`]); the frame's module is that map.
 #![forbid(unsafe_code)]
 
 mod plt;
@@ -33,6 +37,7 @@ use blazesym::symbolize::{CodeInfo, Input, Symbolized, Symbolizer as Blaze};
 
 use crate::capture::held_files::{HeldFile, HeldFiles};
 use crate::capture::kallsyms::KernelSymbol;
+use crate::capture::perf_map::PerfMap;
 use crate::capture::{CodeRegion, MapEntry, ProcessMaps};
 use crate::sys::is_kernel_address;
 
@@ -128,6 +133,8 @@ pub struct Symbolizer<'a> {
     modules: BTreeMap<String, ModuleCount>,
     /// The kernel functions of the snapshot (`--include-kernel`), sorted by address.
     kernel: Vec<KernelSymbol>,
+    /// The perf maps of the snapshot's JIT runtimes, by pid.
+    perf_maps: HashMap<u32, &'a PerfMap>,
     /// Addresses that got no name.
     pub misses: u64,
     /// The held files read here, kept open while this symbolizer lives.
@@ -215,6 +222,7 @@ impl<'a> Symbolizer<'a> {
             separate: HashMap::new(),
             modules: BTreeMap::new(),
             kernel: Vec::new(),
+            perf_maps: HashMap::new(),
             misses: 0,
             holds: Vec::new(),
         }
@@ -237,6 +245,28 @@ impl<'a> Symbolizer<'a> {
         self
     }
 
+    /// Names the JIT code of the processes of `perf_maps` (the snapshot's) from them.
+    #[must_use]
+    pub fn with_perf_maps(mut self, perf_maps: &'a [PerfMap]) -> Self {
+        self.perf_maps = perf_maps.iter().map(|m| (m.pid, m)).collect();
+        self
+    }
+
+    /// The frame of `addr` of process `pid` from its perf map, when one names it.
+    fn jit_frame(&self, pid: u32, addr: u64) -> Option<Frame> {
+        let map = self.perf_maps.get(&pid)?;
+        let entry = map.lookup(addr)?;
+        Some(Frame {
+            name: entry.name.clone(),
+            module: Some(map.path.clone()),
+            location: None,
+            unknown: None,
+            inlined: Vec::new(),
+            func_offset: Some(addr - entry.start),
+            func_size: Some(entry.size),
+        })
+    }
+
     /// The frame of kernel address `addr`: its function, else `[kernel]`.
     fn kernel_frame(&self, addr: u64) -> Frame {
         let symbol = crate::capture::kallsyms::lookup(&self.kernel, addr);
@@ -257,12 +287,19 @@ impl<'a> Symbolizer<'a> {
 
     /// Whether `addr` is in an executable mapping of process `pid` (a file's code,
     /// `[vdso]`, JIT code): where a return address can point. Heap, stack and data
-    /// addresses are what a frame-pointer walk reads through a frame without one. `None`
-    /// when the snapshot has no maps of the process (it exited before they were read):
-    /// nothing can be judged.
+    /// addresses are what a frame-pointer walk reads through a frame without one. An
+    /// address the process's perf map names is JIT code even where the maps no longer say
+    /// so (a runtime exiting right after its trigger unmaps its code before the freeze
+    /// reads them). `None` when the snapshot has no maps of the process (it exited before
+    /// they were read): nothing can be judged.
     #[must_use]
     pub fn is_code(&self, pid: u32, addr: u64) -> Option<bool> {
-        if is_kernel_address(addr) {
+        if is_kernel_address(addr)
+            || self
+                .perf_maps
+                .get(&pid)
+                .is_some_and(|m| m.lookup(addr).is_some())
+        {
             return Some(true);
         }
         let maps = self.maps.get(&pid).filter(|m| !m.maps.is_empty())?;
@@ -395,7 +432,14 @@ impl<'a> Symbolizer<'a> {
         let Some(maps) = self.maps.get(&pid).copied() else {
             return Rc::new(unknown(addr, None, format!("no maps of process {pid}")));
         };
-        let Some(entry) = maps.maps.iter().find(|m| (m.start..m.end).contains(&addr)) else {
+        let entry = maps.maps.iter().find(|m| (m.start..m.end).contains(&addr));
+        // JIT code: in anonymous memory (or mapped after the maps were read).
+        if entry.is_none_or(|e| !e.is_file())
+            && let Some(frame) = self.jit_frame(pid, addr)
+        {
+            return Rc::new(frame);
+        }
+        let Some(entry) = entry else {
             return Rc::new(unknown(addr, None, "not in a mapping".to_owned()));
         };
         let offset = addr - entry.start + entry.offset;
@@ -643,6 +687,64 @@ mod tests {
         assert!(frame.name.ends_with("@plt"), "{frame:?}");
         assert_eq!(frame.func_offset, Some(2));
         assert!(frame.unknown.is_none() && frame.location.is_none());
+    }
+
+    /// An address in anonymous executable memory is named by the process's perf map; a
+    /// perf map line over a mapped file's code does not hide the file's own symbols.
+    #[test]
+    fn jit_code_is_named_by_the_perf_map_and_mapped_files_by_their_symbols() {
+        use crate::capture::perf_map::{PerfMap, PerfMapEntry};
+        let me = std::process::id();
+        let mut maps = own_maps();
+        let jit = 0x1000_0000_0000;
+        maps.maps.push(MapEntry {
+            start: jit,
+            end: jit + 0x1000,
+            perms: "r-xp".to_owned(),
+            offset: 0,
+            dev: "00:00".to_owned(),
+            inode: 0,
+            path: String::new(),
+            build_id: None,
+        });
+        let marker = lookback_symbols_test_marker as *const () as u64;
+        let entry = |start, name: &str| PerfMapEntry {
+            start,
+            size: 0x40,
+            name: name.to_owned(),
+        };
+        let perf_maps = [PerfMap {
+            pid: me,
+            path: format!("/tmp/perf-{me}.map"),
+            malformed: 0,
+            superseded: 0,
+            dropped: 0,
+            truncated: false,
+            entries: vec![
+                entry(marker, "not this"),
+                entry(jit + 0x100, "JS:~handleRequest /app.js:4:23"),
+            ],
+        }];
+        let maps = [maps];
+        let mut s = Symbolizer::new(&maps, &[], &[]).with_perf_maps(&perf_maps);
+        let frame = s.frame(me, jit + 0x110);
+        assert_eq!(frame.name, "JS:~handleRequest /app.js:4:23");
+        assert_eq!(
+            (frame.func_offset, frame.func_size),
+            (Some(0x10), Some(0x40))
+        );
+        assert_eq!(frame.module.as_deref(), Some(perf_maps[0].path.as_str()));
+        assert!(frame.unknown.is_none());
+        assert!(
+            s.frame(me, jit + 0x200).unknown.is_some(),
+            "no line names it"
+        );
+        assert_eq!(lookback_symbols_test_marker(), 42);
+        assert!(
+            s.frame(me, marker)
+                .name
+                .contains("lookback_symbols_test_marker")
+        );
     }
 
     #[test]

@@ -11,7 +11,10 @@
 //! such code does not keep, so it stops after 1–2 frames or reads garbage. framehop reads
 //! the CFI the files carry anyway for C++ exceptions and Rust panics (`.eh_frame`,
 //! `.eh_frame_hdr`, `.debug_frame`), analyses prologues and epilogues where CFI is
-//! imprecise, and falls back to frame pointers where a file has no CFI (Go, JIT code). The
+//! imprecise, and falls back to frame pointers where a file has no CFI (Go) and for code
+//! in no file at all: an address in anonymous executable memory (JIT code: V8 keeps frame
+//! pointers, the JVM with `-XX:+PreserveFramePointer`) has no module, and framehop's rule
+//! for it is the frame pointer chain (`rbp` → saved `rbp`, return address). The
 //! files are the ones the symbolizer reads ([`crate::symbols::locate`]: the mapped inode,
 //! else through `/proc/PID/root`), plus `[vdso]` from the snapshot's embedded code; each
 //! file's unwind sections are read once, and each process gets its modules once.

@@ -84,3 +84,48 @@ fn without_maps_or_stack_the_ip_is_the_stack() {
     let frames = unwinder.unwind(7, regs, &stack);
     assert_eq!(&frames[..2], &[0x40_1000, 0x40_2005], "{frames:x?}");
 }
+
+/// JIT code (an anonymous executable mapping: V8's, the JVM's code cache) has no CFI and
+/// no module: each of its frames is left by the frame pointer chain (V8 keeps frame
+/// pointers; the JVM with `-XX:+PreserveFramePointer`), up to the chain's end.
+#[test]
+fn jit_frames_without_cfi_are_walked_by_their_frame_pointers() {
+    let mut maps = own_maps();
+    let jit = 0x1000_0000_0000u64;
+    maps.maps.push(crate::capture::MapEntry {
+        start: jit,
+        end: jit + 0x1_0000,
+        perms: "r-xp".to_owned(),
+        offset: 0,
+        dev: "00:00".to_owned(),
+        inode: 0,
+        path: String::new(),
+        build_id: None,
+    });
+    let pid = maps.pid;
+    let maps = [maps];
+    let mut unwinder = StackUnwinder::new(&maps, &[]);
+    // Two JIT frames: the leaf's bp → [bp of its caller, return into the caller's JIT
+    // code], that one's → [0 (end of the chain), return into the outermost JIT code].
+    let sp = 0x7ff0_0000u64;
+    let mut stack = vec![0u8; 0x60];
+    let mut put = |at: u64, value: u64| {
+        let at = usize::try_from(at - sp).expect("offset");
+        stack[at..at + 8].copy_from_slice(&value.to_le_bytes());
+    };
+    put(sp + 0x10, sp + 0x30); // leaf frame: saved bp of its caller
+    put(sp + 0x18, jit + 0x2005); // and the return into the caller
+    put(sp + 0x30, 0); // the caller's frame: end of the chain
+    put(sp + 0x38, jit + 0x3005);
+    let regs = UserRegs {
+        ip: jit + 0x1010,
+        sp,
+        bp: sp + 0x10,
+    };
+    let frames = unwinder.unwind(pid, regs, &stack);
+    assert_eq!(
+        &frames[..3],
+        &[jit + 0x1010, jit + 0x2005, jit + 0x3005],
+        "{frames:x?}"
+    );
+}

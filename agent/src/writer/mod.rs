@@ -523,7 +523,8 @@ fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceS
     let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code);
     let mut symbols = Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs)
         .with_debuginfod(&snap.meta.debuginfod)
-        .with_kernel_symbols(&snap.meta.kernel_symbols);
+        .with_kernel_symbols(&snap.meta.kernel_symbols)
+        .with_perf_maps(&snap.perf_maps);
     let sampled = samples::read_named(
         snap,
         &mut |pid, regs, stack| unwinder.unwind(pid, regs, stack),

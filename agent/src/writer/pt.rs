@@ -241,7 +241,8 @@ pub fn emit(
 ) -> io::Result<TraceSummary> {
     let lookup = RefCell::new(Lookup {
         symbols: Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs)
-            .with_debuginfod(&snap.meta.debuginfod),
+            .with_debuginfod(&snap.meta.debuginfod)
+            .with_perf_maps(&snap.perf_maps),
         snap,
         cache: HashMap::default(),
         recent: Default::default(),

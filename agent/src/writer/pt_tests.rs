@@ -200,6 +200,7 @@ pub(crate) fn bundle(cases: &[Case], sideband: bool) -> Snapshot {
         clock: None,
         processes: Vec::new(),
         code: Vec::new(),
+        perf_maps: Vec::new(),
         window: None,
         kernel_symbols: Vec::new(),
     };

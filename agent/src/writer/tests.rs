@@ -124,6 +124,7 @@ fn snapshot() -> Snapshot {
         clock: None,
         processes: vec![own_maps()],
         code: vec![],
+        perf_maps: Vec::new(),
         window: Some((1_000_000, 1_300_000)),
         kernel_symbols: Vec::new(),
     };

@@ -278,6 +278,7 @@ pub fn snapshot(file: &PerfFile) -> Result<Snapshot, ImportError> {
         sideband,
         maps,
         code: Vec::new(),
+        perf_maps: Vec::new(),
     })
 }
 

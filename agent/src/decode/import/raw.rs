@@ -200,6 +200,7 @@ pub fn snapshot(
             origin: crate::capture::origin::ProcessOrigin::default(),
         }],
         code: regions,
+        perf_maps: Vec::new(),
     }
 }
 
