@@ -210,6 +210,34 @@ pub fn c_deep() -> PathBuf {
     .clone()
 }
 
+/// `tests/workloads/deep.c` built with `cc -O2 -g -fno-asynchronous-unwind-tables
+/// -fno-unwind-tables`: its CFI is in `.debug_frame` only (its `.eh_frame` holds the C
+/// runtime's `_start` and the PLT), as some C projects and embedded builds ship; stripped,
+/// it has none. Run it as `deep CALLS SLOW_INDEX [SLOW_ITERS]`.
+///
+/// # Panics
+/// When `cc` is missing (install the Debian package `gcc`) or the build fails.
+pub fn c_deep_without_unwind_tables() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let src = workspace_root().join("tests/workloads/deep.c");
+        build(
+            "deep-c-debug-frame",
+            "cc",
+            "the Debian package gcc",
+            |out| {
+                let mut cmd = Command::new("cc");
+                cmd.args(["-O2", "-g", "-fno-asynchronous-unwind-tables"])
+                    .args(["-fno-unwind-tables", "-o"])
+                    .arg(out)
+                    .arg(&src);
+                cmd
+            },
+        )
+    })
+    .clone()
+}
+
 /// `tests/workloads/offcpu.c` built with plain `cc -O2`: `handle()` (0.3 ms; 15 ms once)
 /// alternating with 5 ms sleeps. Run it as `offcpu CALLS SLOW_INDEX`; it prints
 /// `call=START_NS DURATION_NS` per call.

@@ -31,9 +31,22 @@ struct Traced {
 /// `lookback run --trigger RULE` of `program args` with `extra` flags, the trace and the
 /// raw snapshot kept in `dir`.
 fn traced(dir: &Path, rule: &str, extra: &[&str], program: &Path, args: &[&str]) -> Traced {
+    traced_with_env(dir, rule, extra, program, args, &[])
+}
+
+/// [`traced`] with `env` set for lookback.
+fn traced_with_env(
+    dir: &Path,
+    rule: &str,
+    extra: &[&str],
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Traced {
     let trace = dir.join("trace.json");
     let out = succeeded(
         Command::new(lookback_bin())
+            .envs(env.iter().copied())
             .args(["run", "--backend", "sampling", "--sample-frequency", HZ])
             .args(["--keep-raw", "--trigger", rule])
             .args(extra)
@@ -57,8 +70,17 @@ fn our_depths(snap: &Snapshot) -> Vec<usize> {
 
 /// [`our_depths`] of the samples with a frame in `through` (an address range), or all.
 fn our_depths_through(snap: &Snapshot, through: Option<(u64, u64)>) -> Vec<usize> {
+    depths_with(snap, through, StackUnwinder::new(&snap.maps, &snap.code))
+}
+
+/// The depths of the samples of the triggering process in `snap` (of those with a frame
+/// in `through`, or all), unwound by `unwinder`.
+fn depths_with(
+    snap: &Snapshot,
+    through: Option<(u64, u64)>,
+    mut unwinder: StackUnwinder<'_>,
+) -> Vec<usize> {
     let pid = snap.meta.trigger.as_ref().map_or(0, |t| t.pid);
-    let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code);
     let sampled = samples::read_with(snap, &mut |pid, regs, stack| {
         unwinder.unwind(pid, regs, stack)
     });
@@ -222,6 +244,112 @@ fn a_rust_release_build_unwinds_to_main() {
             "deep::level3",
             "deep::handle",
         ],
+    );
+}
+
+/// The CFI sections `path` has: `(.eh_frame bytes, .debug_frame present)`.
+fn cfi_of(path: &Path) -> (u64, bool) {
+    use object::{Object as _, ObjectSection as _};
+    let data = std::fs::read(path).expect("the binary");
+    let file = object::File::parse(&*data).expect("ELF");
+    (
+        file.section_by_name(".eh_frame").map_or(0, |s| s.size()),
+        file.section_by_name(".debug_frame").is_some(),
+    )
+}
+
+/// The hex GNU build-id of the ELF file at `path`.
+fn build_id(path: &Path) -> String {
+    use object::Object as _;
+    let data = std::fs::read(path).expect("the binary");
+    let file = object::File::parse(&*data).expect("ELF");
+    let id = file.build_id().expect("notes").expect("a build-id");
+    id.iter().fold(String::new(), |mut hex, b| {
+        use std::fmt::Write as _;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
+}
+
+/// Prints the depths of the debug-frame test for the verification notes.
+#[expect(
+    clippy::print_stderr,
+    reason = "the numbers behind docs/verification.md"
+)]
+fn report_debug_frame(deep: usize, own: usize) {
+    eprintln!("median stack depth: with the debug file's .debug_frame {deep}, own CFI {own}");
+}
+
+/// `objcopy ARGS`, which must succeed.
+fn objcopy(args: &[&std::ffi::OsStr]) {
+    succeeded(Command::new("objcopy").args(args));
+}
+
+#[test]
+fn a_stripped_binary_without_unwind_tables_unwinds_with_the_debug_frame_a_debuginfod_server_has() {
+    if !can_run(
+        "a_stripped_binary_without_unwind_tables_unwinds_with_the_debug_frame_a_debuginfod_server_has",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let full = toolchains::c_deep_without_unwind_tables();
+    let (eh_frame, debug_frame) = cfi_of(&full);
+    assert!(
+        debug_frame && eh_frame < 512,
+        "{}: .eh_frame {eh_frame} bytes, .debug_frame {debug_frame}: not the build this test \
+         needs (CFI in .debug_frame only)",
+        full.display()
+    );
+    let bin = dir.path().join("deep");
+    objcopy(&["--strip-all".as_ref(), full.as_os_str(), bin.as_os_str()]);
+    assert!(!cfi_of(&bin).1, "strip --strip-all kept .debug_frame");
+    // Only the server has the debug file, with the symbols and the .debug_frame.
+    let served = dir.path().join("served");
+    std::fs::create_dir(&served).expect("mkdir");
+    let debug = served.join("deep.debug");
+    objcopy(&[
+        "--only-keep-debug".as_ref(),
+        full.as_os_str(),
+        debug.as_os_str(),
+    ]);
+    let Some(debuginfod) = lookback_tests::debuginfod::DebuginfodServer::serve(&served) else {
+        return;
+    };
+    let id = build_id(&bin);
+    debuginfod.wait_for(&id);
+    let url = debuginfod.url();
+    let cache = dir.path().join("cache");
+    let env = [
+        ("DEBUGINFOD_URLS", url.as_ref()),
+        ("DEBUGINFOD_CACHE_PATH", cache.as_os_str()),
+    ];
+
+    let names = ["main", "level1", "level2", "level3", "handle"];
+    let rule = "func:handle>20ms";
+    let run = traced_with_env(dir.path(), rule, &[], &bin, &["200", "180"], &env);
+    // The same samples: deep with the debug file's CFI, shallow with the binary's own.
+    let config = lookback::elf::debuginfod::Config {
+        urls: vec![url.clone()],
+        cache: cache.clone(),
+        timeout: std::time::Duration::from_secs(10),
+        max_time: std::time::Duration::from_secs(50),
+        max_size: 1 << 30,
+    };
+    let with = StackUnwinder::new(&run.snap.maps, &run.snap.code)
+        .with_debug_files(Vec::new(), Some(config));
+    let deep = median(depths_with(&run.snap, None, with));
+    let own = median(our_depths(&run.snap));
+    report_debug_frame(deep, own);
+    let open = open_at_instant(chrome_events(&run.doc), &format!("trigger: {rule}"));
+    assert!(
+        in_order(&open, &names),
+        "open at the trigger: {open:?}, wanted {names:?} in order\n{}",
+        run.stderr
+    );
+    assert!(
+        deep > names.len() && own < names.len(),
+        "median depth with the debug file's .debug_frame {deep}, with the binary's own CFI {own}"
     );
 }
 

@@ -23,7 +23,6 @@
 mod modules;
 
 use std::collections::HashMap;
-#[cfg(test)]
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,6 +32,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 
 use crate::capture::records::UserRegs;
 use crate::capture::{CodeRegion, ProcessMaps};
+use crate::elf::debug_file::{self, DebugSearch};
 use crate::snapshot::Snapshot;
 use crate::triggers::event::StackCopy;
 use modules::UnwindSections;
@@ -88,8 +88,30 @@ pub struct StackUnwinder<'a> {
     processes: HashMap<u32, UnwinderX86_64<Arc<[u8]>>>,
     /// Each file's unwind sections (`None`: not readable), read once for all processes.
     files: HashMap<PathBuf, Option<Arc<UnwindSections>>>,
+    /// Where a binary with no CFI of its own may find it: its separate debug file's
+    /// `.debug_frame` (debug directories, then debuginfod); `None`: not looked for.
+    separate: Option<DebugSearchFor>,
     cache: CacheX86_64,
     pub stats: UnwindStats,
+}
+
+/// The debug directories and debuginfod servers of [`StackUnwinder::with_debug_files`].
+struct DebugSearchFor {
+    dirs: Vec<PathBuf>,
+    debuginfod: Option<crate::elf::debuginfod::Config>,
+}
+
+impl DebugSearchFor {
+    /// The separate debug file of the ELF file at `file`, when one is found.
+    fn debug_file(&self, file: &Path) -> Option<PathBuf> {
+        let data = std::fs::read(file).ok()?;
+        let object = object::File::parse(&*data).ok()?;
+        let search =
+            DebugSearch::for_path(file, self.dirs.clone()).with_debuginfod(self.debuginfod.clone());
+        debug_file::locate(file, &object, &search)
+            .debug_file
+            .map(|(path, _)| path)
+    }
 }
 
 impl<'a> StackUnwinder<'a> {
@@ -112,9 +134,23 @@ impl<'a> StackUnwinder<'a> {
             code,
             processes: HashMap::new(),
             files: files.0,
+            separate: None,
             cache: CacheX86_64::new(),
             stats: UnwindStats::default(),
         }
+    }
+
+    /// The unwinder with CFI also from the separate debug files of binaries that have none
+    /// of their own (`dirs` first, then the `debuginfod` servers): the snapshot's
+    /// `debug_dirs` and `debuginfod`.
+    #[must_use]
+    pub fn with_debug_files(
+        mut self,
+        dirs: Vec<PathBuf>,
+        debuginfod: Option<crate::elf::debuginfod::Config>,
+    ) -> Self {
+        self.separate = Some(DebugSearchFor { dirs, debuginfod });
+        self
     }
 
     /// The addresses of the stack of a sample of process `pid`, leaf first: `regs.ip`,
@@ -222,9 +258,20 @@ impl<'a> StackUnwinder<'a> {
                 let Some((file, _hold)) = crate::symbols::locate(pid, placed.entry) else {
                     continue;
                 };
+                let separate = self.separate.as_ref();
                 self.files
                     .entry(file.clone())
-                    .or_insert_with(|| UnwindSections::read_file(&file).map(Arc::new))
+                    .or_insert_with(|| {
+                        let own = UnwindSections::read_file(&file)?;
+                        let sections = match separate {
+                            Some(search) if own.cfi_is_thin() => match search.debug_file(&file) {
+                                Some(debug) => own.with_debug_file(&debug),
+                                None => own,
+                            },
+                            _ => own,
+                        };
+                        sections.has_cfi().then(|| Arc::new(sections))
+                    })
                     .clone()
             } else {
                 self.code
@@ -255,7 +302,8 @@ pub fn complete_trigger_stack(snap: &mut Snapshot, copy: Option<&StackCopy>) {
     if trigger.pid == 0 {
         return;
     }
-    let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code);
+    let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code)
+        .with_debug_files(snap.meta.debug_dirs.clone(), snap.meta.debuginfod.config());
     let stack = unwinder.unwind(trigger.pid, copy.regs, &copy.bytes);
     log::debug!(
         "trigger stack: {} frames by frame pointers, {} unwound from {} bytes of stack",

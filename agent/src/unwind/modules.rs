@@ -49,6 +49,19 @@ pub fn placements(maps: &ProcessMaps) -> Vec<Placement<'_>> {
     out
 }
 
+/// Section `name` of `file`, decompressed.
+fn section_of<'data, R: object::ReadRef<'data>>(
+    file: &object::File<'data, R>,
+    name: &str,
+) -> Option<Section> {
+    let s = file.section_by_name(name)?;
+    let data = s.uncompressed_data().ok()?;
+    Some(Section {
+        svma: s.address()..s.address().saturating_add(s.size()),
+        data: Arc::from(&*data),
+    })
+}
+
 /// A section's stated address range and bytes.
 #[derive(Debug, Clone)]
 struct Section {
@@ -65,44 +78,83 @@ pub struct UnwindSections {
     eh_frame_hdr: Option<Section>,
     debug_frame: Option<Section>,
     got: Option<Range<u64>>,
+    /// Bytes of code each CFI section describes: framehop reads one of them (`.eh_frame`
+    /// when there is one), so the one that covers more is the one it is given.
+    eh_frame_covers: u64,
+    debug_frame_covers: u64,
 }
 
 impl UnwindSections {
-    /// The sections of the ELF file at `path`; `None` when it cannot be read or parsed,
-    /// or has no CFI at all (then frame pointers are all there is, without a module).
+    /// The sections of the ELF file at `path`, CFI or not (see [`Self::has_cfi`]); `None`
+    /// when it cannot be read or parsed.
     pub fn read_file(path: &Path) -> Option<Self> {
         let file = File::open(path).ok()?;
         let cache = ReadCache::new(file);
-        Self::from_object(&object::File::parse(&cache).ok()?)
+        Some(Self::sections_of(&object::File::parse(&cache).ok()?))
     }
 
-    /// The sections of an ELF image in memory (embedded `[vdso]`).
+    /// The sections of an ELF image in memory (embedded `[vdso]`); `None` when it does
+    /// not parse or has no CFI.
     pub fn parse(image: &[u8]) -> Option<Self> {
-        Self::from_object(&object::File::parse(image).ok()?)
+        let sections = Self::sections_of(&object::File::parse(image).ok()?);
+        sections.has_cfi().then_some(sections)
     }
 
-    fn from_object<'data, R: object::ReadRef<'data>>(
-        file: &object::File<'data, R>,
-    ) -> Option<Self> {
-        let section = |name: &str| {
-            let s = file.section_by_name(name)?;
-            let data = s.uncompressed_data().ok()?;
-            Some(Section {
-                svma: s.address()..s.address().saturating_add(s.size()),
-                data: Arc::from(&*data),
-            })
-        };
-        let sections = Self {
+    /// Whether any CFI section describes some code (without, frame pointers are all there
+    /// is, without a module).
+    pub fn has_cfi(&self) -> bool {
+        self.eh_frame_covers.max(self.debug_frame_covers) > 0
+    }
+
+    /// Whether the image's own CFI describes less than half of its `.text`: built without
+    /// unwind tables (`-fno-asynchronous-unwind-tables`), its `.eh_frame` holding only the C
+    /// runtime's `_start` and the PLT and its `.debug_frame` stripped into a separate debug
+    /// file. That file's `.debug_frame` ([`Self::with_debug_file`]) may hold the rest.
+    pub fn cfi_is_thin(&self) -> bool {
+        let text = self.text.as_ref().map_or(0, |t| t.svma.end - t.svma.start);
+        self.eh_frame_covers.max(self.debug_frame_covers) < text / 2
+    }
+
+    /// These sections with the `.debug_frame` of the image's separate debug file at `debug`
+    /// (same addresses) when it describes more code than the image's own.
+    #[must_use]
+    pub fn with_debug_file(mut self, debug: &Path) -> Self {
+        let theirs = File::open(debug)
+            .ok()
+            .map(ReadCache::new)
+            .and_then(|cache| {
+                let object = object::File::parse(&cache).ok()?;
+                section_of(&object, ".debug_frame")
+            });
+        if let Some(theirs) = theirs {
+            let covers = debug_frame_covers(&theirs);
+            if covers > self.debug_frame_covers {
+                self.debug_frame = Some(theirs);
+                self.debug_frame_covers = covers;
+            }
+        }
+        self
+    }
+
+    fn sections_of<'data, R: object::ReadRef<'data>>(file: &object::File<'data, R>) -> Self {
+        let section = |name: &str| section_of(file, name);
+        let text = section(".text");
+        let eh_frame = section(".eh_frame");
+        let debug_frame = section(".debug_frame");
+        Self {
             segments: Segments::of(file),
-            text: section(".text"),
-            eh_frame: section(".eh_frame"),
+            eh_frame_covers: eh_frame
+                .as_ref()
+                .map_or(0, |eh| eh_frame_covers(eh, text.as_ref())),
+            debug_frame_covers: debug_frame.as_ref().map_or(0, debug_frame_covers),
+            text,
+            eh_frame,
             eh_frame_hdr: section(".eh_frame_hdr"),
-            debug_frame: section(".debug_frame"),
+            debug_frame,
             got: file
                 .section_by_name(".got")
                 .map(|s| s.address()..s.address().saturating_add(s.size())),
-        };
-        (sections.eh_frame.is_some() || sections.debug_frame.is_some()).then_some(sections)
+        }
     }
 
     /// The module of this image as `placed`: the load bias is where the mapping's file
@@ -114,15 +166,22 @@ impl UnwindSections {
         let bias = placed.entry.start.checked_sub(stated)?;
         let range = |s: &Option<Section>| s.as_ref().map(|s| s.svma.clone());
         let data = |s: &Option<Section>| s.as_ref().map(|s| Arc::clone(&s.data));
+        // framehop reads `.eh_frame` when it is given one, `.debug_frame` only otherwise.
+        let none = None;
+        let (eh_frame, eh_frame_hdr) = if self.debug_frame_covers > self.eh_frame_covers {
+            (&none, &none)
+        } else {
+            (&self.eh_frame, &self.eh_frame_hdr)
+        };
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: range(&self.text),
             text: data(&self.text),
             got_svma: self.got.clone(),
-            eh_frame_svma: range(&self.eh_frame),
-            eh_frame: data(&self.eh_frame),
-            eh_frame_hdr_svma: range(&self.eh_frame_hdr),
-            eh_frame_hdr: data(&self.eh_frame_hdr),
+            eh_frame_svma: range(eh_frame),
+            eh_frame: data(eh_frame),
+            eh_frame_hdr_svma: range(eh_frame_hdr),
+            eh_frame_hdr: data(eh_frame_hdr),
             debug_frame: data(&self.debug_frame),
             ..ExplicitModuleSectionInfo::default()
         };
@@ -133,4 +192,39 @@ impl UnwindSections {
             info,
         ))
     }
+}
+
+/// Bytes of code the FDEs of `.eh_frame` describe (those that parse).
+fn eh_frame_covers(eh: &Section, text: Option<&Section>) -> u64 {
+    let section = gimli::EhFrame::new(&eh.data, gimli::LittleEndian);
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(eh.svma.start);
+    if let Some(text) = text {
+        bases = bases.set_text(text.svma.start);
+    }
+    fde_bytes(&section, &bases)
+}
+
+/// Bytes of code the FDEs of `.debug_frame` describe (those that parse).
+fn debug_frame_covers(debug: &Section) -> u64 {
+    let mut section = gimli::DebugFrame::new(&debug.data, gimli::LittleEndian);
+    section.set_address_size(8);
+    fde_bytes(&section, &gimli::BaseAddresses::default())
+}
+
+/// The summed address ranges of the FDEs of `section`, up to the first entry that does
+/// not parse.
+fn fde_bytes<'a, S>(section: &S, bases: &gimli::BaseAddresses) -> u64
+where
+    S: gimli::UnwindSection<gimli::EndianSlice<'a, gimli::LittleEndian>>,
+{
+    let mut total = 0u64;
+    let mut entries = section.entries(bases);
+    while let Ok(Some(entry)) = entries.next() {
+        if let gimli::CieOrFde::Fde(partial) = entry
+            && let Ok(fde) = partial.parse(S::cie_from_offset)
+        {
+            total = total.saturating_add(fde.len());
+        }
+    }
+    total
 }
