@@ -511,3 +511,90 @@ fn a_debuginfod_server_that_never_answers_costs_its_timeout_once_and_the_trace_i
         .count();
     assert_eq!(asked, 1, "asked more than once:\n{stderr}");
 }
+
+#[test]
+fn the_agent_asks_a_rule_s_debuginfod_server_for_its_probe_and_its_names() {
+    use lookback_tests::agent::{Agent, files};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let full = full_build(dir.path());
+    let bin = dir.path().join("server");
+    stripped_copy(&full, &bin, &[]);
+    let id = build_id(&bin);
+    let files_dir = dir.path().join("served");
+    std::fs::create_dir(&files_dir).expect("mkdir");
+    debug_file(&full, &files_dir.join("server.debug"));
+    let Some(server) = lookback_tests::debuginfod::DebuginfodServer::serve(&files_dir) else {
+        return;
+    };
+    server.wait_for(&id);
+    let url = server.url();
+    let cache = dir.path().join("cache");
+    // The rule names the server; the environment names none.
+    let rules = format!(
+        r"
+version: 1
+defaults:
+  capture: {{ backend: sampling, buffer_size: 256KiB }}
+  snapshot: {{ cooldown: 0s, max_per_hour: 1000 }}
+rules:
+  - name: slow-spin
+    target: {{ comm: server }}
+    trigger:
+      function: {{ symbol: spin_for, binary: {}, min_duration: 20ms, debuginfod: [{url}] }}
+",
+        bin.display()
+    );
+    let cache_path = cache.to_str().expect("UTF-8 path");
+    let mut agent = Agent::start_with_env(
+        &rules,
+        &[],
+        &[
+            ("DEBUGINFOD_URLS", ""),
+            ("DEBUGINFOD_CACHE_PATH", cache_path),
+        ],
+    );
+    assert!(
+        cache.join(&id).join("debuginfo").is_file(),
+        "ready without the debug file in its cache\n{}",
+        agent.log()
+    );
+    let out = Command::new(&bin)
+        .args(["30", "2"])
+        .output()
+        .expect("the stripped program");
+    assert!(out.status.success());
+    agent.expect_metric("lookback_triggers_total", &[("rule", "slow-spin")], 2.0);
+    // Each snapshot's trigger stack starts in spin_for, named from the served debug file.
+    let rule_dir = agent.out().join("slow-spin");
+    let metas = agent.poll(std::time::Duration::from_secs(30), |_| {
+        let metas: Vec<String> = files(&rule_dir)
+            .into_iter()
+            .filter(|f| Path::new(f).extension().is_some_and(|e| e == "json"))
+            .collect();
+        if metas.len() == 2 {
+            Ok(metas)
+        } else {
+            Err(format!(
+                "snapshot metadata in {}: {metas:?}",
+                rule_dir.display()
+            ))
+        }
+    });
+    for name in metas {
+        let meta: Value =
+            serde_json::from_slice(&std::fs::read(rule_dir.join(&name)).expect("read"))
+                .expect("JSON");
+        let leaf = &meta["trigger_stack"][0]["function"];
+        assert!(
+            leaf.as_str().is_some_and(|f| f.starts_with("spin_for")),
+            "{meta}"
+        );
+    }
+    let asked = agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("lookback::elf::debuginfod]"))
+        .count();
+    assert_eq!(asked, 1, "one build-id, asked once:\n{}", agent.log());
+    agent.stop_ok();
+}
