@@ -1,4 +1,5 @@
-//! JIT code named by its runtime's perf map (`/tmp/perf-PID.map`), with the real runtimes:
+//! JIT code named by its runtime's perf map (`/tmp/perf-PID.map`) or jitdump (`jit-PID.dump`,
+//! Node.js `--perf-prof`), with the real runtimes:
 //! Debian's Node.js (`--perf-basic-prof --interpreted-frames-native-stack`) and `OpenJDK` 17
 //! (`-XX:+PreserveFramePointer`, the map written by `jcmd PID Compiler.perfmap`). A syscall
 //! trigger inside a JS function (Java method) two calls deep: both functions are named in
@@ -183,7 +184,11 @@ fn assert_nested(frames: &[String], outer: &str, inner: &str, what: &str, stderr
     );
 }
 
-fn node_run(dir: &Path, linger_ms: u32) -> (Output, u32, PathBuf, String) {
+/// Node.js runs `NODE_APP` in `dir` with `flag` (`--perf-basic-prof`: a perf map;
+/// `--perf-prof`: a jitdump in `dir`) under `lookback run --trigger syscall:read>200ms`,
+/// staying `linger_ms` after the slow read: (the run's output, node's pid, the trace, the
+/// rule).
+fn node_run_with(dir: &Path, flag: &str, linger_ms: u32) -> (Output, u32, PathBuf, String) {
     let node = installed("node", "nodejs");
     let app = dir.join("app.js");
     fs::write(&app, NODE_APP).expect("app.js");
@@ -191,7 +196,7 @@ fn node_run(dir: &Path, linger_ms: u32) -> (Output, u32, PathBuf, String) {
     let rule = "syscall:read>200ms".to_owned();
     let mut command = vec![
         node.to_string_lossy().into_owned(),
-        "--perf-basic-prof".to_owned(),
+        flag.to_owned(),
         "--interpreted-frames-native-stack".to_owned(),
         app.to_string_lossy().into_owned(),
         fifo.to_string_lossy().into_owned(),
@@ -200,6 +205,10 @@ fn node_run(dir: &Path, linger_ms: u32) -> (Output, u32, PathBuf, String) {
     ];
     let (out, pid) = run_until_woken(&rule, &trace, &mut command, &ready, &fifo, |_| {});
     (out, pid, trace, rule)
+}
+
+fn node_run(dir: &Path, linger_ms: u32) -> (Output, u32, PathBuf, String) {
+    node_run_with(dir, "--perf-basic-prof", linger_ms)
 }
 
 #[test]
@@ -227,6 +236,29 @@ fn node_functions_are_named_in_the_trigger_stack_and_the_slices() {
             .any(|f| f.contains("handleRequest") && f.contains("app.js:4")),
         "{stack:#?}"
     );
+}
+
+#[test]
+fn node_functions_are_named_from_its_jitdump_without_a_perf_map() {
+    if !can_run("node_functions_are_named_from_its_jitdump_without_a_perf_map") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, pid, trace, rule) = node_run_with(dir.path(), "--perf-prof", 500);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dump = dir.path().join(format!("jit-{pid}.dump"));
+    assert!(dump.is_file(), "node wrote no {}", dump.display());
+    let map = format!("/tmp/perf-{pid}.map");
+    assert!(!Path::new(&map).exists(), "--perf-prof wrote {map} too");
+    let (stack, open) = trigger_frames(&trace, &rule);
+    assert_nested(
+        &stack,
+        "JS:~outer",
+        "JS:~handleRequest",
+        "trigger stack",
+        &stderr,
+    );
+    assert_nested(&open, "JS:~outer", "JS:~handleRequest", "slices", &stderr);
 }
 
 #[test]

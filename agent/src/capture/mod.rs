@@ -26,6 +26,7 @@ mod events;
 pub mod freeze;
 pub mod held_files;
 pub mod intel_pt;
+pub mod jitdump;
 pub mod kallsyms;
 pub mod mmap_records;
 pub mod origin;

@@ -157,7 +157,18 @@ impl PerfMap {
     /// its mapped files, newest over older, at most [`MAX_ENTRIES`].
     #[must_use]
     pub fn from_text(maps: &ProcessMaps, path: String, bytes: &[u8], truncated: bool) -> Self {
-        let parsed = parse(bytes);
+        Self::from_parsed(maps, path, parse(bytes), truncated)
+    }
+
+    /// [`Self::from_text`] of entries already read (a perf map's lines, then a jitdump's
+    /// records: later entries supersede earlier ones).
+    #[must_use]
+    pub fn from_parsed(
+        maps: &ProcessMaps,
+        path: String,
+        parsed: ParsedLines,
+        truncated: bool,
+    ) -> Self {
         let total = parsed.entries.len() as u64;
         let (entries, superseded) = newest_first(parsed.entries);
         let files: Vec<(u64, u64)> = maps
@@ -264,22 +275,69 @@ fn has_jit_code(maps: &ProcessMaps) -> bool {
         .any(|m| m.executable() && (m.path.is_empty() || m.path.starts_with("[anon:")))
 }
 
-/// The perf map of the living process of `maps`, read now, when it has one that names
-/// some of its code. `None` when it writes none, has exited, or the file is not a
-/// regular file.
-#[must_use]
-pub fn capture(maps: &ProcessMaps) -> Option<PerfMap> {
-    let (path, own) = paths_of(maps.pid)?;
-    let (bytes, truncated) = match read_bounded(&path) {
-        Ok(read) => read,
+/// The jitdump file the process of `maps` writes, as it names it: the mapping of a file
+/// named `jit-N.dump` (the runtime maps it so that perf finds it), when there is one.
+fn jitdump_of(maps: &ProcessMaps) -> Option<String> {
+    maps.maps
+        .iter()
+        .filter(|m| m.is_file())
+        .map(|m| m.path.as_str())
+        .find(|path| {
+            let name = path.rsplit('/').next().unwrap_or_default();
+            name.strip_prefix("jit-")
+                .and_then(|n| n.strip_suffix(".dump"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_owned)
+}
+
+/// Reads `path` (through `/proc/PID/root`) with [`read_bounded`]; `None` when it is not
+/// there, logging other errors.
+fn read_in_root(pid: u32, path: &str) -> Option<(Vec<u8>, bool)> {
+    let seen = format!("/proc/{pid}/root{path}");
+    match read_bounded(&seen) {
+        Ok(read) => Some(read),
         Err(e) => {
             if e.kind() != io::ErrorKind::NotFound {
-                log::debug!("pid {}: perf map {path}: {e}", maps.pid);
+                log::debug!("pid {pid}: {path}: {e}");
             }
-            return None;
+            None
         }
-    };
-    let map = PerfMap::from_text(maps, own, &bytes, truncated);
+    }
+}
+
+/// The perf map of the living process of `maps`, read now — its `/tmp/perf-NSPID.map`
+/// and the jitdump it maps, the jitdump's entries over the map's where they overlap —
+/// when they name some of its code. `None` when it writes neither, has exited, or the
+/// files are not regular files.
+#[must_use]
+pub fn capture(maps: &ProcessMaps) -> Option<PerfMap> {
+    let (_, own) = paths_of(maps.pid)?;
+    let mut parsed = ParsedLines::default();
+    let mut paths = Vec::new();
+    let mut truncated = false;
+    if let Some((bytes, cut)) = read_in_root(maps.pid, &own) {
+        parsed = parse(&bytes);
+        truncated |= cut;
+        paths.push(own);
+    }
+    if let Some(dump) = jitdump_of(maps)
+        && let Some((bytes, cut)) = read_in_root(maps.pid, &dump)
+    {
+        match super::jitdump::parse(&bytes) {
+            Ok(jit) => {
+                parsed.entries.extend(jit.entries);
+                parsed.malformed += jit.malformed;
+                truncated |= cut;
+                paths.push(dump);
+            }
+            Err(e) => log::debug!("pid {}: {dump}: {e}", maps.pid),
+        }
+    }
+    if paths.is_empty() {
+        return None;
+    }
+    let map = PerfMap::from_parsed(maps, paths.join(" "), parsed, truncated);
     log::debug!(
         "pid {}: perf map {}: {} entries kept, {} malformed lines, {} superseded, {} in mapped files{}",
         map.pid,
@@ -296,18 +354,25 @@ pub fn capture(maps: &ProcessMaps) -> Option<PerfMap> {
 /// A file's identity and version: inode, size, modification time.
 type Stamp = (u64, u64, i64, i64);
 
+/// The [`Stamp`] of the file at `path` seen from here, `None` when it is not there.
+fn stamp_of(path: &str) -> Option<Stamp> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    Some((meta.ino(), meta.len(), meta.mtime(), meta.mtime_nsec()))
+}
+
 /// What [`PerfMapWatch`] last read of one process.
 #[derive(Debug)]
 struct Seen {
-    stamp: Stamp,
+    /// The perf map's and the jitdump's.
+    stamp: (Option<Stamp>, Option<Stamp>),
     map: Option<PerfMap>,
 }
 
 /// The perf maps of a recorder's processes as last read while they lived, for the
 /// snapshot of a process that is gone (or has unmapped its code) by the freeze.
 ///
-/// Cost: one `stat` of the file per process with JIT code per [`Self::refresh`]; the file
-/// is read again only when its inode, size or modification time changed.
+/// Cost: one `stat` of each file per process with JIT code per [`Self::refresh`]; the
+/// files are read again only when an inode, size or modification time changed.
 #[derive(Debug, Default)]
 pub struct PerfMapWatch {
     seen: HashMap<u32, Seen>,
@@ -323,10 +388,11 @@ impl PerfMapWatch {
         let Some((path, _)) = paths_of(maps.pid) else {
             return;
         };
-        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        let dump = jitdump_of(maps).map(|d| format!("/proc/{}/root{d}", maps.pid));
+        let stamp = (stamp_of(&path), dump.as_deref().and_then(stamp_of));
+        if stamp == (None, None) {
             return;
-        };
-        let stamp = (meta.ino(), meta.len(), meta.mtime(), meta.mtime_nsec());
+        }
         if self.seen.get(&maps.pid).is_some_and(|s| s.stamp == stamp) {
             return;
         }
