@@ -47,8 +47,9 @@ const FXT_VERSION: &str = "0.3.0";
 /// (`tests/tests/report.rs`, `a_speedscope_file_opens_in_a_real_browser_with_clean_names`: the headless browser, and the runtime of the script that
 /// drives it and of npm, which installs [`NODE_PACKAGES`]); `node` and the JDK (`javac`,
 /// `java`, `jcmd`) the JIT runtimes whose perf maps name their frames (`tests/tests/jit.rs`);
-/// `debuginfod` the server of the debug-file tests (`tests/tests/debug_files.rs`).
-const TEST_PACKAGES: [(&str, &str); 14] = [
+/// `debuginfod` the server of the debug-file tests (`tests/tests/debug_files.rs`);
+/// `bpftrace` the reference beside which `cargo xtask bench` measures the probes' cost.
+const TEST_PACKAGES: [(&str, &str); 15] = [
     ("g++", "g++"),
     ("go", "golang-go"),
     ("perf", "linux-perf"),
@@ -63,6 +64,7 @@ const TEST_PACKAGES: [(&str, &str); 14] = [
     ("npm", "npm"),
     ("jcmd", "openjdk-17-jdk-headless"),
     ("debuginfod", "debuginfod"),
+    ("bpftrace", "bpftrace"),
 ];
 /// npm packages of the speedscope test (tests/tests/report.rs), into `.tools/node`:
 /// the viewer's built web app, and the browser driver (its `engines` must admit the
