@@ -207,6 +207,21 @@ fn node_run_with(dir: &Path, flag: &str, linger_ms: u32) -> (Output, u32, PathBu
     (out, pid, trace, rule)
 }
 
+/// `JS:~outer` encloses `JS:~handleRequest` in the trigger stack and the slices open at
+/// the trigger of the Chrome JSON trace at `trace`; returns the trigger stack.
+fn node_functions_nested(trace: &Path, rule: &str, stderr: &str) -> Vec<String> {
+    let (stack, open) = trigger_frames(trace, rule);
+    assert_nested(
+        &stack,
+        "JS:~outer",
+        "JS:~handleRequest",
+        "trigger stack",
+        stderr,
+    );
+    assert_nested(&open, "JS:~outer", "JS:~handleRequest", "slices", stderr);
+    stack
+}
+
 fn node_run(dir: &Path, linger_ms: u32) -> (Output, u32, PathBuf, String) {
     node_run_with(dir, "--perf-basic-prof", linger_ms)
 }
@@ -220,15 +235,7 @@ fn node_functions_are_named_in_the_trigger_stack_and_the_slices() {
     let (out, pid, trace, rule) = node_run(dir.path(), 500);
     let _ = fs::remove_file(format!("/tmp/perf-{pid}.map"));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let (stack, open) = trigger_frames(&trace, &rule);
-    assert_nested(
-        &stack,
-        "JS:~outer",
-        "JS:~handleRequest",
-        "trigger stack",
-        &stderr,
-    );
-    assert_nested(&open, "JS:~outer", "JS:~handleRequest", "slices", &stderr);
+    let stack = node_functions_nested(&trace, &rule, &stderr);
     // Named with the script's place, as V8 wrote them.
     assert!(
         stack
@@ -250,15 +257,7 @@ fn node_functions_are_named_from_its_jitdump_without_a_perf_map() {
     assert!(dump.is_file(), "node wrote no {}", dump.display());
     let map = format!("/tmp/perf-{pid}.map");
     assert!(!Path::new(&map).exists(), "--perf-prof wrote {map} too");
-    let (stack, open) = trigger_frames(&trace, &rule);
-    assert_nested(
-        &stack,
-        "JS:~outer",
-        "JS:~handleRequest",
-        "trigger stack",
-        &stderr,
-    );
-    assert_nested(&open, "JS:~outer", "JS:~handleRequest", "slices", &stderr);
+    node_functions_nested(&trace, &rule, &stderr);
 }
 
 #[test]
@@ -287,15 +286,7 @@ fn a_node_process_gone_after_its_trigger_keeps_its_names_in_the_snapshot() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     for trace in [&trace, &again] {
-        let (stack, open) = trigger_frames(trace, &rule);
-        assert_nested(
-            &stack,
-            "JS:~outer",
-            "JS:~handleRequest",
-            "trigger stack",
-            &stderr,
-        );
-        assert_nested(&open, "JS:~outer", "JS:~handleRequest", "slices", &stderr);
+        node_functions_nested(trace, &rule, &stderr);
     }
 }
 
