@@ -320,7 +320,9 @@ fn syscall_rows(lookback: &Path, workload: &Path, bpftrace: Option<&Path>) -> Re
         }
         None => None,
     };
-    stop(&mut idle);
+    // SIGKILL: a `sleep` started from a background shell ignores SIGINT (inherited).
+    let _ = idle.kill();
+    let _ = idle.wait();
     row("syscall trigger, other process", "getpid", none, lb?, bt);
     Ok(())
 }
