@@ -276,8 +276,10 @@ fn build_id(path: &Path) -> String {
     clippy::print_stderr,
     reason = "the numbers behind docs/verification.md"
 )]
-fn report_debug_frame(deep: usize, own: usize) {
-    eprintln!("median stack depth: with the debug file's .debug_frame {deep}, own CFI {own}");
+fn report_debug_frame(strip: &str, deep: usize, own: usize) {
+    eprintln!(
+        "{strip}: median stack depth with the debug file's .debug_frame {deep}, own CFI {own}"
+    );
 }
 
 /// `objcopy ARGS`, which must succeed.
@@ -301,56 +303,77 @@ fn a_stripped_binary_without_unwind_tables_unwinds_with_the_debug_frame_a_debugi
          needs (CFI in .debug_frame only)",
         full.display()
     );
-    let bin = dir.path().join("deep");
-    objcopy(&["--strip-all".as_ref(), full.as_os_str(), bin.as_os_str()]);
-    assert!(!cfi_of(&bin).1, "strip --strip-all kept .debug_frame");
-    // Only the server has the debug file, with the symbols and the .debug_frame.
+    // Only the server has the debug file, with the symbols and the .debug_frame,
+    // compressed as distributions ship them (Debian's dh_strip).
     let served = dir.path().join("served");
     std::fs::create_dir(&served).expect("mkdir");
     let debug = served.join("deep.debug");
     objcopy(&[
         "--only-keep-debug".as_ref(),
+        "--compress-debug-sections=zlib".as_ref(),
         full.as_os_str(),
         debug.as_os_str(),
     ]);
+    assert!(
+        compressed_debug_frame(&debug),
+        "objcopy did not compress .debug_frame"
+    );
     let Some(debuginfod) = lookback_tests::debuginfod::DebuginfodServer::serve(&served) else {
         return;
     };
-    let id = build_id(&bin);
-    debuginfod.wait_for(&id);
+    debuginfod.wait_for(&build_id(&full));
     let url = debuginfod.url();
-    let cache = dir.path().join("cache");
-    let env = [
-        ("DEBUGINFOD_URLS", url.as_ref()),
-        ("DEBUGINFOD_CACHE_PATH", cache.as_os_str()),
-    ];
+    // --strip-all: no symbols, no CFI; --strip-debug (gdb's recipe): .symtab kept, the
+    // debug file still asked for its .debug_frame.
+    for strip in ["--strip-all", "--strip-debug"] {
+        let run_dir = dir.path().join(strip.trim_start_matches('-'));
+        std::fs::create_dir(&run_dir).expect("mkdir");
+        let bin = run_dir.join("deep");
+        objcopy(&[strip.as_ref(), full.as_os_str(), bin.as_os_str()]);
+        assert!(!cfi_of(&bin).1, "{strip} kept .debug_frame");
+        let cache = run_dir.join("cache");
+        let env = [
+            ("DEBUGINFOD_URLS", url.as_ref()),
+            ("DEBUGINFOD_CACHE_PATH", cache.as_os_str()),
+        ];
+        let names = ["main", "level1", "level2", "level3", "handle"];
+        let rule = "func:handle>20ms";
+        let run = traced_with_env(&run_dir, rule, &[], &bin, &["200", "180"], &env);
+        // The same samples: deep with the debug file's CFI, shallow with the binary's own.
+        let config = lookback::elf::debuginfod::Config {
+            urls: vec![url.clone()],
+            cache: cache.clone(),
+            timeout: std::time::Duration::from_secs(10),
+            max_time: std::time::Duration::from_secs(50),
+            max_size: 1 << 30,
+        };
+        let with = StackUnwinder::new(&run.snap.maps, &run.snap.code)
+            .with_debug_files(Vec::new(), Some(config));
+        let deep = median(depths_with(&run.snap, None, with));
+        let own = median(our_depths(&run.snap));
+        report_debug_frame(strip, deep, own);
+        let open = open_at_instant(chrome_events(&run.doc), &format!("trigger: {rule}"));
+        assert!(
+            in_order(&open, &names),
+            "{strip}: open at the trigger: {open:?}, wanted {names:?} in order\n{}",
+            run.stderr
+        );
+        assert!(
+            deep > names.len() && own < names.len(),
+            "{strip}: median depth with the debug file's .debug_frame {deep}, with the \
+             binary's own CFI {own}"
+        );
+    }
+}
 
-    let names = ["main", "level1", "level2", "level3", "handle"];
-    let rule = "func:handle>20ms";
-    let run = traced_with_env(dir.path(), rule, &[], &bin, &["200", "180"], &env);
-    // The same samples: deep with the debug file's CFI, shallow with the binary's own.
-    let config = lookback::elf::debuginfod::Config {
-        urls: vec![url.clone()],
-        cache: cache.clone(),
-        timeout: std::time::Duration::from_secs(10),
-        max_time: std::time::Duration::from_secs(50),
-        max_size: 1 << 30,
-    };
-    let with = StackUnwinder::new(&run.snap.maps, &run.snap.code)
-        .with_debug_files(Vec::new(), Some(config));
-    let deep = median(depths_with(&run.snap, None, with));
-    let own = median(our_depths(&run.snap));
-    report_debug_frame(deep, own);
-    let open = open_at_instant(chrome_events(&run.doc), &format!("trigger: {rule}"));
-    assert!(
-        in_order(&open, &names),
-        "open at the trigger: {open:?}, wanted {names:?} in order\n{}",
-        run.stderr
-    );
-    assert!(
-        deep > names.len() && own < names.len(),
-        "median depth with the debug file's .debug_frame {deep}, with the binary's own CFI {own}"
-    );
+/// Whether the `.debug_frame` of the ELF file at `path` is a compressed section.
+fn compressed_debug_frame(path: &Path) -> bool {
+    use object::{Object as _, ObjectSection as _};
+    let data = std::fs::read(path).expect("the debug file");
+    let file = object::File::parse(&*data).expect("ELF");
+    file.section_by_name(".debug_frame")
+        .and_then(|s| s.compressed_file_range().ok())
+        .is_some_and(|r| r.format != object::CompressionFormat::None)
 }
 
 /// `redis-cli -p PORT args...`'s stdout.

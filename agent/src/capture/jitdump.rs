@@ -3,20 +3,30 @@
 //! perf finds it in the process's maps. lookback reads the names of the code it loaded.
 //!
 //! In: the bytes of a jitdump file (the format of Linux's
-//! `tools/perf/Documentation/jitdump-specification.txt`, version 1, little-endian). Out:
-//! [`PerfMapEntry`]s in file order — one per `JIT_CODE_LOAD`, and one per `JIT_CODE_MOVE`
-//! under the name its code index was loaded with — for [`super::perf_map`] to merge with
-//! the perf map's lines (a later entry supersedes the earlier ones it overlaps).
+//! `tools/perf/Documentation/jitdump-specification.txt`, version 1, little-endian), whole
+//! or as it grows ([`JitdumpReader::feed`]). Out: [`JitCode`] in file order — one per
+//! `JIT_CODE_LOAD`, and one per `JIT_CODE_MOVE` under the name its code index was loaded
+//! with — which the perf map stage merges with the perf map's lines (a later entry
+//! supersedes the earlier ones it overlaps).
 //!
-//! Only the names are read: the code bytes each load carries, its debug and unwinding
-//! records are skipped. A record cut short (the runtime still writing it) or one whose
-//! size does not fit ends the reading and is counted as malformed; the entries before it
-//! are kept.
+//! Only the names are kept: the code bytes each load carries, its debug and unwinding
+//! records are skipped. A record whose size cannot be (under 16 bytes) ends the reading
+//! and is counted as malformed; one not yet wholly written waits for the next feed. The
+//! entries before either are kept.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 
-use super::perf_map::{MAX_NAME_BYTES, PerfMapEntry};
+/// A name longer than this is cut (at a character boundary), as a perf map's.
+const MAX_NAME_BYTES: usize = 1024;
+
+/// The code one record names: `[start, start + size)` is `name`'s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JitCode {
+    pub start: u64,
+    pub size: u64,
+    pub name: String,
+}
 
 /// `JiTD` read as a little-endian `u32`: the file's first four bytes.
 const MAGIC: u32 = 0x4A69_5444;
@@ -40,11 +50,19 @@ pub enum JitdumpError {
     Header(u32),
 }
 
-/// The code a jitdump names, in file order, and the records that could not be read.
+/// A jitdump read as it grows: what its records named so far, and where reading stopped.
 #[derive(Debug, Default)]
-pub struct Parsed {
-    pub entries: Vec<PerfMapEntry>,
+pub struct JitdumpReader {
+    /// Bytes of the file read so far (the header and whole records).
+    pub offset: u64,
+    /// The names loads gave their code indexes (for moves).
+    names: HashMap<u64, String>,
+    /// The code named, in file order.
+    pub entries: Vec<JitCode>,
+    /// Records that could not be read.
     pub malformed: u64,
+    /// `JIT_CODE_CLOSE`, or a record no reader can step over: nothing more is read.
+    pub ended: bool,
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
@@ -73,78 +91,119 @@ fn name_at(bytes: &[u8]) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-/// Reads the code loads and moves of the jitdump `bytes`.
-///
-/// # Errors
-/// When the bytes do not start with a version-1-style little-endian jitdump header.
-pub fn parse(bytes: &[u8]) -> Result<Parsed, JitdumpError> {
-    match u32_at(bytes, 0) {
-        Some(MAGIC) => {}
-        Some(m) if m.swap_bytes() == MAGIC => return Err(JitdumpError::BigEndian),
-        _ => return Err(JitdumpError::NotJitdump),
-    }
-    let header = u32_at(bytes, 8).ok_or(JitdumpError::Header(0))?;
-    let mut at = usize::try_from(header).map_err(|_| JitdumpError::Header(header))?;
-    if at < 40 || at > bytes.len() {
-        return Err(JitdumpError::Header(header));
-    }
-    let mut out = Parsed::default();
-    let mut names: HashMap<u64, String> = HashMap::new();
-    while at < bytes.len() {
-        let (Some(id), Some(size)) = (u32_at(bytes, at), u32_at(bytes, at + 4)) else {
-            out.malformed += 1;
-            break;
-        };
-        let size = size as usize;
-        let Some(record) = bytes.get(at..at.saturating_add(size)) else {
-            out.malformed += 1;
-            break;
-        };
-        if size < RECORD_PREFIX {
-            out.malformed += 1;
-            break;
+impl JitdumpReader {
+    /// Reads the whole records at the start of `bytes`, the file from [`Self::offset`] on
+    /// (the header first); returns how many bytes it consumed (and adds them to
+    /// [`Self::offset`]). A record not yet wholly in `bytes` is left for the next feed.
+    ///
+    /// # Errors
+    /// When the file does not start with a little-endian jitdump header.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<usize, JitdumpError> {
+        if self.ended {
+            return Ok(0);
         }
-        let body = &record[RECORD_PREFIX..];
+        let mut at = 0;
+        if self.offset == 0 {
+            match header_size(bytes)? {
+                Some(size) => at = size,
+                None => return Ok(0),
+            }
+        }
+        while let (Some(id), Some(size)) = (u32_at(bytes, at), u32_at(bytes, at + 4)) {
+            let size = size as usize;
+            if size < RECORD_PREFIX {
+                self.malformed += 1;
+                self.ended = true;
+                break;
+            }
+            let Some(record) = bytes.get(at..at.saturating_add(size)) else {
+                break;
+            };
+            self.record(id, &record[RECORD_PREFIX..]);
+            at += size;
+            if id == JIT_CODE_CLOSE {
+                self.ended = true;
+                break;
+            }
+        }
+        self.offset += at as u64;
+        Ok(at)
+    }
+
+    fn record(&mut self, id: u32, body: &[u8]) {
         match id {
             JIT_CODE_LOAD => match load(body) {
-                Some((index, entry)) => {
-                    names.insert(index, entry.name.clone());
-                    out.entries.push(entry);
+                Some((index, code)) => {
+                    self.names.insert(index, code.name.clone());
+                    self.entries.push(code);
                 }
-                None => out.malformed += 1,
+                None => self.malformed += 1,
             },
             JIT_CODE_MOVE => {
                 // pid, tid, vma, old_code_addr, new_code_addr, code_size, code_index.
                 let moved = (|| {
                     let start = u64_at(body, 24)?;
                     let size = u64_at(body, 32)?;
-                    let name = names.get(&u64_at(body, 40)?)?.clone();
-                    entry(start, size, name)
+                    let name = self.names.get(&u64_at(body, 40)?)?.clone();
+                    code(start, size, name)
                 })();
                 match moved {
-                    Some(entry) => out.entries.push(entry),
-                    None => out.malformed += 1,
+                    Some(code) => self.entries.push(code),
+                    None => self.malformed += 1,
                 }
             }
-            JIT_CODE_CLOSE => break,
             _ => {}
         }
-        at += size;
     }
-    Ok(out)
+}
+
+/// The size of the jitdump header at the start of `bytes`; `None` while it is not all
+/// there.
+fn header_size(bytes: &[u8]) -> Result<Option<usize>, JitdumpError> {
+    match u32_at(bytes, 0) {
+        Some(MAGIC) => {}
+        Some(m) if m.swap_bytes() == MAGIC => return Err(JitdumpError::BigEndian),
+        Some(_) => return Err(JitdumpError::NotJitdump),
+        None => return Ok(None),
+    }
+    let Some(size) = u32_at(bytes, 8) else {
+        return Ok(None);
+    };
+    let at = usize::try_from(size).map_err(|_| JitdumpError::Header(size))?;
+    if at < 40 {
+        return Err(JitdumpError::Header(size));
+    }
+    Ok((at <= bytes.len()).then_some(at))
+}
+
+/// Reads the code loads and moves of the whole jitdump `bytes`; a record cut short at
+/// its end is counted as malformed.
+///
+/// # Errors
+/// When the bytes do not start with a little-endian jitdump header (or are shorter).
+pub fn parse(bytes: &[u8]) -> Result<JitdumpReader, JitdumpError> {
+    let mut reader = JitdumpReader::default();
+    let used = reader.feed(bytes)?;
+    if reader.offset == 0 {
+        return Err(JitdumpError::Header(0));
+    }
+    if used < bytes.len() && !reader.ended {
+        reader.malformed += 1;
+    }
+    Ok(reader)
 }
 
 /// A `JIT_CODE_LOAD` body: `pid`, `tid`, `vma`, `code_addr`, `code_size`, `code_index`, the name, the code.
-fn load(body: &[u8]) -> Option<(u64, PerfMapEntry)> {
+fn load(body: &[u8]) -> Option<(u64, JitCode)> {
     let start = u64_at(body, 16)?;
     let size = u64_at(body, 24)?;
     let index = u64_at(body, 32)?;
     let name = name_at(body.get(40..)?)?;
-    Some((index, entry(start, size, name)?))
+    Some((index, code(start, size, name)?))
 }
 
-fn entry(start: u64, size: u64, name: String) -> Option<PerfMapEntry> {
-    (size > 0 && start.checked_add(size).is_some()).then_some(PerfMapEntry { start, size, name })
+fn code(start: u64, size: u64, name: String) -> Option<JitCode> {
+    (size > 0 && start.checked_add(size).is_some()).then_some(JitCode { start, size, name })
 }
 
 #[cfg(test)]
@@ -175,7 +234,7 @@ mod tests {
         let mut b = Vec::new();
         b.extend(7u32.to_le_bytes());
         b.extend(7u32.to_le_bytes());
-        for v in [addr, addr, size, index] {
+        for v in [0xdead_0000, addr, size, index] {
             b.extend(v.to_le_bytes());
         }
         b.extend(name.as_bytes());
@@ -195,7 +254,7 @@ mod tests {
         let mut moved = Vec::new();
         moved.extend(7u32.to_le_bytes());
         moved.extend(7u32.to_le_bytes());
-        for v in [0x1000u64, 0x1000, 0x2000, 0x40, 1] {
+        for v in [0xdead_0000u64, 0x1000, 0x2000, 0x40, 1] {
             moved.extend(v.to_le_bytes());
         }
         file.extend(record(JIT_CODE_MOVE, &moved));
@@ -232,9 +291,30 @@ mod tests {
         let mut short = header();
         short[8..12].copy_from_slice(&8u32.to_le_bytes());
         assert_eq!(parse(&short).err(), Some(JitdumpError::Header(8)));
+        assert_eq!(parse(&header()[..20]).err(), Some(JitdumpError::Header(0)));
         // A zero-sized record cannot advance: counted, not looped on.
         let mut zero = header();
         zero.extend([0u8; 16]);
         assert_eq!(parse(&zero).expect("header").malformed, 1);
+    }
+
+    #[test]
+    fn a_growing_file_is_read_in_whole_records_each_once() {
+        let mut file = header();
+        file.extend(record(JIT_CODE_LOAD, &load_body(0x1000, 0x40, 1, "first")));
+        let second = record(JIT_CODE_LOAD, &load_body(0x2000, 0x40, 2, "second"));
+        let cut = file.len() + second.len() / 2;
+        file.extend(second);
+        let mut reader = JitdumpReader::default();
+        // The header alone is not read until it is whole.
+        assert_eq!(reader.feed(&file[..30]), Ok(0));
+        // Half of the second record: left for later, not counted.
+        let used = reader.feed(&file[..cut]).expect("a jitdump");
+        assert_eq!((reader.entries.len(), reader.malformed), (1, 0));
+        let rest = &file[used..];
+        reader.feed(rest).expect("more");
+        let names: Vec<&str> = reader.entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["first", "second"]);
+        assert_eq!(reader.offset, file.len() as u64);
     }
 }

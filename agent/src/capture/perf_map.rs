@@ -29,13 +29,15 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    fs::OpenOptions,
-    io::{self, Read as _},
+    fs::{File, OpenOptions},
+    io::{self, Read as _, Seek as _},
     os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    sync::Mutex,
 };
 
 use serde::{Deserialize, Serialize};
 
+use super::jitdump::JitdumpReader;
 use super::procmaps::ProcessMaps;
 
 /// At most this many bytes of a perf map are read (a long-running Node service writes a
@@ -235,9 +237,9 @@ fn namespace_pid(pid: u32) -> Option<u32> {
     line.split_whitespace().last()?.parse().ok()
 }
 
-/// Reads a regular file at `path` without blocking and without following a link at its
-/// last component: at most [`MAX_FILE_BYTES`], and whether there was more.
-fn read_bounded(path: &str) -> io::Result<(Vec<u8>, bool)> {
+/// Opens the regular file at `path` without blocking and without following a link at
+/// its last component (a FIFO or a symbolic link planted there is refused).
+fn open_regular(path: &str) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -248,6 +250,13 @@ fn read_bounded(path: &str) -> io::Result<(Vec<u8>, bool)> {
             "not a regular file",
         ));
     }
+    Ok(file)
+}
+
+/// Reads a regular file at `path` without blocking and without following a link at its
+/// last component: at most [`MAX_FILE_BYTES`], and whether there was more.
+fn read_bounded(path: &str) -> io::Result<(Vec<u8>, bool)> {
+    let file = open_regular(path)?;
     let mut bytes = Vec::new();
     file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
     let truncated = bytes.len() as u64 > MAX_FILE_BYTES;
@@ -306,12 +315,72 @@ fn read_in_root(pid: u32, path: &str) -> Option<(Vec<u8>, bool)> {
     }
 }
 
-/// The perf map of the living process of `maps`, read now — its `/tmp/perf-NSPID.map`
-/// and the jitdump it maps, the jitdump's entries over the map's where they overlap —
-/// when they name some of its code. `None` when it writes neither, has exited, or the
-/// files are not regular files.
-#[must_use]
-pub fn capture(maps: &ProcessMaps) -> Option<PerfMap> {
+/// A process's jitdump as read so far: the file (its inode), and the reader.
+#[derive(Debug)]
+struct JitWatch {
+    /// The file as the process names it.
+    path: String,
+    inode: u64,
+    reader: JitdumpReader,
+    /// The file passed [`MAX_FILE_BYTES`]: the rest is not read.
+    truncated: bool,
+}
+
+impl JitWatch {
+    /// Reads what the jitdump of `maps`'s process gained since `watch` last read it (all
+    /// of it when it is a new file): each byte once, whole records, at most
+    /// [`MAX_FILE_BYTES`]. `watch` is cleared when the process maps none.
+    fn read_more(watch: &mut Option<Self>, maps: &ProcessMaps) {
+        let Some(path) = jitdump_of(maps) else {
+            *watch = None;
+            return;
+        };
+        let seen = format!("/proc/{}/root{path}", maps.pid);
+        let Ok(mut file) = open_regular(&seen) else {
+            return;
+        };
+        let Ok(meta) = file.metadata() else {
+            return;
+        };
+        if watch
+            .as_ref()
+            .is_none_or(|w| w.inode != meta.ino() || w.path != path || meta.len() < w.reader.offset)
+        {
+            *watch = Some(Self {
+                path,
+                inode: meta.ino(),
+                reader: JitdumpReader::default(),
+                truncated: false,
+            });
+        }
+        let Some(w) = watch.as_mut() else {
+            return;
+        };
+        let budget = MAX_FILE_BYTES.saturating_sub(w.reader.offset);
+        if w.reader.ended || meta.len() <= w.reader.offset || budget == 0 {
+            w.truncated |= budget == 0 && meta.len() > w.reader.offset;
+            return;
+        }
+        let mut bytes = Vec::new();
+        let read = file
+            .seek(io::SeekFrom::Start(w.reader.offset))
+            .and_then(|_| (&mut file).take(budget).read_to_end(&mut bytes));
+        if let Err(e) = read {
+            log::debug!("pid {}: {}: {e}", maps.pid, w.path);
+            return;
+        }
+        if let Err(e) = w.reader.feed(&bytes) {
+            log::debug!("pid {}: {}: {e}", maps.pid, w.path);
+            w.reader.ended = true;
+        }
+        w.truncated |= meta.len() > MAX_FILE_BYTES;
+    }
+}
+
+/// The perf map of `maps`'s process from its perf map file (read now) and its jitdump as
+/// `jit` has read it: the jitdump's entries over the map's where they overlap. `None`
+/// when neither names any of its code.
+fn combined(maps: &ProcessMaps, jit: Option<&JitWatch>) -> Option<PerfMap> {
     let (_, own) = paths_of(maps.pid)?;
     let mut parsed = ParsedLines::default();
     let mut paths = Vec::new();
@@ -321,25 +390,24 @@ pub fn capture(maps: &ProcessMaps) -> Option<PerfMap> {
         truncated |= cut;
         paths.push(own);
     }
-    if let Some(dump) = jitdump_of(maps)
-        && let Some((bytes, cut)) = read_in_root(maps.pid, &dump)
-    {
-        match super::jitdump::parse(&bytes) {
-            Ok(jit) => {
-                parsed.entries.extend(jit.entries);
-                parsed.malformed += jit.malformed;
-                truncated |= cut;
-                paths.push(dump);
-            }
-            Err(e) => log::debug!("pid {}: {dump}: {e}", maps.pid),
-        }
+    if let Some(jit) = jit.filter(|j| j.reader.offset > 0) {
+        parsed
+            .entries
+            .extend(jit.reader.entries.iter().map(|c| PerfMapEntry {
+                start: c.start,
+                size: c.size,
+                name: c.name.clone(),
+            }));
+        parsed.malformed += jit.reader.malformed;
+        truncated |= jit.truncated;
+        paths.push(jit.path.clone());
     }
     if paths.is_empty() {
         return None;
     }
     let map = PerfMap::from_parsed(maps, paths.join(" "), parsed, truncated);
     log::debug!(
-        "pid {}: perf map {}: {} entries kept, {} malformed lines, {} superseded, {} in mapped files{}",
+        "pid {}: perf map {}: {} entries kept, {} malformed, {} superseded, {} in mapped files{}",
         map.pid,
         map.path,
         map.entries.len(),
@@ -349,6 +417,16 @@ pub fn capture(maps: &ProcessMaps) -> Option<PerfMap> {
         if map.truncated { ", truncated" } else { "" }
     );
     (!map.entries.is_empty()).then_some(map)
+}
+
+/// The perf map of the living process of `maps`, read now — its `/tmp/perf-NSPID.map`
+/// and the jitdump it maps — when they name some of its code. `None` when it writes
+/// neither, has exited, or the files are not regular files.
+#[must_use]
+pub fn capture(maps: &ProcessMaps) -> Option<PerfMap> {
+    let mut jit = None;
+    JitWatch::read_more(&mut jit, maps);
+    combined(maps, jit.as_ref())
 }
 
 /// A file's identity and version: inode, size, modification time.
@@ -371,16 +449,19 @@ struct Seen {
 /// The perf maps of a recorder's processes as last read while they lived, for the
 /// snapshot of a process that is gone (or has unmapped its code) by the freeze.
 ///
-/// Cost: one `stat` of each file per process with JIT code per [`Self::refresh`]; the
-/// files are read again only when an inode, size or modification time changed.
+/// Cost: one `stat` of each file per process with JIT code per [`Self::refresh`]; a
+/// changed perf map is read again whole, a jitdump only from where it was last read.
 #[derive(Debug, Default)]
 pub struct PerfMapWatch {
     seen: HashMap<u32, Seen>,
+    /// Each process's jitdump as read so far (the freeze reads on from there too).
+    jit: Mutex<HashMap<u32, JitWatch>>,
 }
 
 impl PerfMapWatch {
     /// Re-reads the perf map of `maps`'s process when its file changed since the last
-    /// look; a process without JIT code or without a perf map costs one look at its maps.
+    /// look, and what its jitdump gained; a process without JIT code or without either
+    /// file costs one look at its maps.
     pub fn refresh(&mut self, maps: &ProcessMaps) {
         if !has_jit_code(maps) {
             return;
@@ -396,19 +477,40 @@ impl PerfMapWatch {
         if self.seen.get(&maps.pid).is_some_and(|s| s.stamp == stamp) {
             return;
         }
-        let map = capture(maps);
+        let map = self.read_now(maps);
         self.seen.insert(maps.pid, Seen { stamp, map });
+    }
+
+    /// The perf map of `maps`'s process read now: its perf map file whole, its jitdump
+    /// from where it was last read.
+    fn read_now(&self, maps: &ProcessMaps) -> Option<PerfMap> {
+        let mut jits = self
+            .jit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut jit = jits.remove(&maps.pid);
+        JitWatch::read_more(&mut jit, maps);
+        let map = combined(maps, jit.as_ref());
+        if let Some(jit) = jit {
+            jits.insert(maps.pid, jit);
+        }
+        map
     }
 
     /// The perf map for a snapshot of `maps`'s process: read now while it can be, else as
     /// last read by [`Self::refresh`] (it may lack the lines written since).
     pub fn at_freeze(&self, maps: &ProcessMaps) -> Option<PerfMap> {
-        capture(maps).or_else(|| self.seen.get(&maps.pid).and_then(|s| s.map.clone()))
+        self.read_now(maps)
+            .or_else(|| self.seen.get(&maps.pid).and_then(|s| s.map.clone()))
     }
 
     /// Forgets process `pid` (gone, and its snapshot's time past).
     pub fn forget(&mut self, pid: u32) {
         self.seen.remove(&pid);
+        self.jit
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&pid);
     }
 }
 

@@ -212,16 +212,48 @@ pub fn locate(path: &Path, file: &object::File<'_>, search: &DebugSearch) -> Sym
         // one with `.symtab` may still have DWARF elsewhere, which blazesym follows itself.
         return out;
     }
-    out.debug_file = find_debug_file(path, file, search, &mut out);
-    if out.debug_file.is_none()
-        && let (Some(config), Some(id)) = (&search.debuginfod, &out.build_id)
-    {
-        match debuginfod::fetch(id, config) {
-            Ok(found) => out.debug_file = Some((found, FoundBy::Debuginfod)),
-            Err(e) => out.rejected.push(e.to_string()),
+    out.debug_file = debug_file_of(path, file, search, &mut out);
+    out
+}
+
+/// The separate debug file of the binary `file` (parsed from `path`), whether or not it
+/// has `.symtab` (the unwinder wants its `.debug_frame`): the debug directories, then
+/// debuginfod.
+#[must_use]
+pub fn locate_debug_file(
+    path: &Path,
+    file: &object::File<'_>,
+    search: &DebugSearch,
+) -> Option<PathBuf> {
+    let mut out = SymbolFiles {
+        build_id: build_id_hex(file),
+        ..SymbolFiles::default()
+    };
+    debug_file_of(path, file, search, &mut out).map(|(found, _)| found)
+}
+
+/// [`find_debug_file`], then the debuginfod servers of `search`; what was tried and
+/// rejected goes to `out`.
+fn debug_file_of(
+    path: &Path,
+    file: &object::File<'_>,
+    search: &DebugSearch,
+    out: &mut SymbolFiles,
+) -> Option<(PathBuf, FoundBy)> {
+    let found = find_debug_file(path, file, search, out);
+    if found.is_some() {
+        return found;
+    }
+    let (Some(config), Some(id)) = (&search.debuginfod, &out.build_id) else {
+        return None;
+    };
+    match debuginfod::fetch(id, config) {
+        Ok(found) => Some((found, FoundBy::Debuginfod)),
+        Err(e) => {
+            out.rejected.push(e.to_string());
+            None
         }
     }
-    out
 }
 
 fn find_debug_file(

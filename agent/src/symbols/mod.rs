@@ -201,6 +201,29 @@ fn seen_path(pid: Option<u32>, mapped: &str, file: &Path) -> PathBuf {
         )
 }
 
+/// Where the separate debug file of `file` (read for the map entry at `mapped` of `pid`)
+/// is looked for: the path the process saw it at, and the search — inside the process's
+/// root while it lives, `dirs` too, then the `debuginfod` servers.
+#[must_use]
+pub fn debug_search(
+    pid: Option<u32>,
+    mapped: &str,
+    file: &Path,
+    dirs: Vec<PathBuf>,
+    debuginfod: Option<crate::elf::debuginfod::Config>,
+) -> (PathBuf, DebugSearch) {
+    let seen = seen_path(pid, mapped, file);
+    let root = pid
+        .map(|pid| PathBuf::from(format!("/proc/{pid}/root")))
+        .filter(|root| root.is_dir());
+    let search = match root {
+        Some(root) => DebugSearch::in_root(root, dirs),
+        None => DebugSearch::for_path(&seen, dirs),
+    }
+    .with_debuginfod(debuginfod);
+    (seen, search)
+}
+
 impl<'a> Symbolizer<'a> {
     /// Symbolizes in the processes of `processes`, with the embedded `code` of the snapshot
     /// and separate debug files also looked for in `debug_dirs`.
@@ -380,15 +403,13 @@ impl<'a> Symbolizer<'a> {
         if let Some(known) = self.separate.get(file) {
             return Rc::clone(known);
         }
-        let seen = seen_path(pid, mapped, file);
-        let root = pid
-            .map(|pid| PathBuf::from(format!("/proc/{pid}/root")))
-            .filter(|root| root.is_dir());
-        let search = match root {
-            Some(root) => DebugSearch::in_root(root, self.debug_dirs.clone()),
-            None => DebugSearch::for_path(&seen, self.debug_dirs.clone()),
-        }
-        .with_debuginfod(self.debuginfod.clone());
+        let (seen, search) = debug_search(
+            pid,
+            mapped,
+            file,
+            self.debug_dirs.clone(),
+            self.debuginfod.clone(),
+        );
         let separate = Rc::new(Separate::read(file, &seen, &search));
         self.separate.insert(file.to_owned(), Rc::clone(&separate));
         separate

@@ -32,7 +32,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 
 use crate::capture::records::UserRegs;
 use crate::capture::{CodeRegion, ProcessMaps};
-use crate::elf::debug_file::{self, DebugSearch};
+use crate::elf::debug_file;
 use crate::snapshot::Snapshot;
 use crate::triggers::event::StackCopy;
 use modules::UnwindSections;
@@ -86,10 +86,12 @@ pub struct StackUnwinder<'a> {
     code: &'a [CodeRegion],
     /// Each process's modules, set up at its first sample.
     processes: HashMap<u32, UnwinderX86_64<Arc<[u8]>>>,
-    /// Each file's unwind sections (`None`: not readable), read once for all processes.
+    /// Each file's unwind sections (`None`: not readable, or no CFI), read once for all
+    /// processes.
     files: HashMap<PathBuf, Option<Arc<UnwindSections>>>,
-    /// Where a binary with no CFI of its own may find it: its separate debug file's
-    /// `.debug_frame` (debug directories, then debuginfod); `None`: not looked for.
+    /// Where a binary whose own CFI covers less than half its `.text` may find more: its
+    /// separate debug file's `.debug_frame` (debug directories, then debuginfod); `None`:
+    /// not looked for.
     separate: Option<DebugSearchFor>,
     cache: CacheX86_64,
     pub stats: UnwindStats,
@@ -102,15 +104,20 @@ struct DebugSearchFor {
 }
 
 impl DebugSearchFor {
-    /// The separate debug file of the ELF file at `file`, when one is found.
-    fn debug_file(&self, file: &Path) -> Option<PathBuf> {
+    /// The separate debug file of `file` (read for the map entry at `mapped` of `pid`:
+    /// searched where the process saw it), when one is found.
+    fn debug_file(&self, pid: u32, mapped: &str, file: &Path) -> Option<PathBuf> {
+        let (seen, search) = crate::symbols::debug_search(
+            Some(pid),
+            mapped,
+            file,
+            self.dirs.clone(),
+            self.debuginfod.clone(),
+        );
+        // Read whole: only binaries with thin CFI of their own get here (rare).
         let data = std::fs::read(file).ok()?;
         let object = object::File::parse(&*data).ok()?;
-        let search =
-            DebugSearch::for_path(file, self.dirs.clone()).with_debuginfod(self.debuginfod.clone());
-        debug_file::locate(file, &object, &search)
-            .debug_file
-            .map(|(path, _)| path)
+        debug_file::locate_debug_file(&seen, &object, &search)
     }
 }
 
@@ -259,16 +266,17 @@ impl<'a> StackUnwinder<'a> {
                     continue;
                 };
                 let separate = self.separate.as_ref();
+                let mapped = placed.entry.path.as_str();
                 self.files
                     .entry(file.clone())
                     .or_insert_with(|| {
                         let own = UnwindSections::read_file(&file)?;
-                        let sections = match separate {
-                            Some(search) if own.cfi_is_thin() => match search.debug_file(&file) {
-                                Some(debug) => own.with_debug_file(&debug),
-                                None => own,
-                            },
-                            _ => own,
+                        let debug = separate
+                            .filter(|_| own.cfi_is_thin())
+                            .and_then(|search| search.debug_file(pid, mapped, &file));
+                        let sections = match debug {
+                            Some(debug) => own.with_debug_file(&debug),
+                            None => own,
                         };
                         sections.has_cfi().then(|| Arc::new(sections))
                     })

@@ -100,10 +100,10 @@ impl UnwindSections {
         sections.has_cfi().then_some(sections)
     }
 
-    /// Whether any CFI section describes some code (without, frame pointers are all there
-    /// is, without a module).
+    /// Whether it has a CFI section (without, frame pointers are all there is, without a
+    /// module).
     pub fn has_cfi(&self) -> bool {
-        self.eh_frame_covers.max(self.debug_frame_covers) > 0
+        self.eh_frame.is_some() || self.debug_frame.is_some()
     }
 
     /// Whether the image's own CFI describes less than half of its `.text`: built without
@@ -111,8 +111,10 @@ impl UnwindSections {
     /// runtime's `_start` and the PLT and its `.debug_frame` stripped into a separate debug
     /// file. That file's `.debug_frame` ([`Self::with_debug_file`]) may hold the rest.
     pub fn cfi_is_thin(&self) -> bool {
-        let text = self.text.as_ref().map_or(0, |t| t.svma.end - t.svma.start);
-        self.eh_frame_covers.max(self.debug_frame_covers) < text / 2
+        thin(
+            self.eh_frame_covers.max(self.debug_frame_covers),
+            self.text.as_ref(),
+        )
     }
 
     /// These sections with the `.debug_frame` of the image's separate debug file at `debug`
@@ -127,7 +129,7 @@ impl UnwindSections {
                 section_of(&object, ".debug_frame")
             });
         if let Some(theirs) = theirs {
-            let covers = debug_frame_covers(&theirs);
+            let covers = debug_frame_covers(&theirs, self.text.as_ref());
             if covers > self.debug_frame_covers {
                 self.debug_frame = Some(theirs);
                 self.debug_frame_covers = covers;
@@ -140,13 +142,23 @@ impl UnwindSections {
         let section = |name: &str| section_of(file, name);
         let text = section(".text");
         let eh_frame = section(".eh_frame");
+        let eh_frame_covers = eh_frame
+            .as_ref()
+            .map_or(0, |eh| eh_frame_covers(eh, text.as_ref()));
         let debug_frame = section(".debug_frame");
+        // `.debug_frame` is only counted (and used) when `.eh_frame` is thin: counting
+        // walks every FDE, and a complete `.eh_frame` is what the kernel and perf use.
+        let debug_frame_covers = if thin(eh_frame_covers, text.as_ref()) {
+            debug_frame
+                .as_ref()
+                .map_or(0, |d| debug_frame_covers(d, text.as_ref()))
+        } else {
+            0
+        };
         Self {
             segments: Segments::of(file),
-            eh_frame_covers: eh_frame
-                .as_ref()
-                .map_or(0, |eh| eh_frame_covers(eh, text.as_ref())),
-            debug_frame_covers: debug_frame.as_ref().map_or(0, debug_frame_covers),
+            eh_frame_covers,
+            debug_frame_covers,
             text,
             eh_frame,
             eh_frame_hdr: section(".eh_frame_hdr"),
@@ -194,36 +206,48 @@ impl UnwindSections {
     }
 }
 
-/// Bytes of code the FDEs of `.eh_frame` describe (those that parse).
+/// Whether CFI describing `covers` bytes of `text` describes less than half of it.
+fn thin(covers: u64, text: Option<&Section>) -> bool {
+    let size = text.map_or(0, |t| t.svma.end - t.svma.start);
+    covers < size / 2
+}
+
+/// Bytes of `.text` the FDEs of `.eh_frame` describe (those that parse).
 fn eh_frame_covers(eh: &Section, text: Option<&Section>) -> u64 {
     let section = gimli::EhFrame::new(&eh.data, gimli::LittleEndian);
     let mut bases = gimli::BaseAddresses::default().set_eh_frame(eh.svma.start);
     if let Some(text) = text {
         bases = bases.set_text(text.svma.start);
     }
-    fde_bytes(&section, &bases)
+    fde_bytes(&section, &bases, text)
 }
 
-/// Bytes of code the FDEs of `.debug_frame` describe (those that parse).
-fn debug_frame_covers(debug: &Section) -> u64 {
+/// Bytes of `.text` the FDEs of `.debug_frame` describe (those that parse).
+fn debug_frame_covers(debug: &Section, text: Option<&Section>) -> u64 {
     let mut section = gimli::DebugFrame::new(&debug.data, gimli::LittleEndian);
     section.set_address_size(8);
-    fde_bytes(&section, &gimli::BaseAddresses::default())
+    fde_bytes(&section, &gimli::BaseAddresses::default(), text)
 }
 
-/// The summed address ranges of the FDEs of `section`, up to the first entry that does
-/// not parse.
-fn fde_bytes<'a, S>(section: &S, bases: &gimli::BaseAddresses) -> u64
+/// The summed address ranges of the FDEs of `section` within `text` (`.debug_frame` keeps
+/// the FDEs of functions the linker discarded, at address 0 or wherever), skipping those
+/// that do not parse, up to the first entry the iterator cannot read.
+fn fde_bytes<'a, S>(section: &S, bases: &gimli::BaseAddresses, text: Option<&Section>) -> u64
 where
     S: gimli::UnwindSection<gimli::EndianSlice<'a, gimli::LittleEndian>>,
 {
+    let Some(text) = text else {
+        return 0;
+    };
     let mut total = 0u64;
     let mut entries = section.entries(bases);
     while let Ok(Some(entry)) = entries.next() {
         if let gimli::CieOrFde::Fde(partial) = entry
             && let Ok(fde) = partial.parse(S::cie_from_offset)
         {
-            total = total.saturating_add(fde.len());
+            let start = fde.initial_address().max(text.svma.start);
+            let end = fde.end_address().min(text.svma.end);
+            total = total.saturating_add(end.saturating_sub(start));
         }
     }
     total
