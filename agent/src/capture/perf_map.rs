@@ -613,16 +613,7 @@ mod tests {
         let Ok(mut maps) = crate::capture::procmaps::read_process(me, 0) else {
             return;
         };
-        maps.maps.push(MapEntry {
-            start: 0x1000,
-            end: 0x2000,
-            perms: "r-xp".to_owned(),
-            offset: 0,
-            dev: "00:00".to_owned(),
-            inode: 0,
-            path: String::new(),
-            build_id: None,
-        });
+        maps.maps.push(MapEntry::anonymous_code(0x1000, 0x2000));
         let nspid = namespace_pid(me).expect("own NSpid");
         let path = format!("/tmp/perf-{nspid}.map");
         std::fs::write(&path, "1000 20 JS:~mine /t.js:1:1\nbad line\n").expect("write");

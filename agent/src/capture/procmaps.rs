@@ -36,6 +36,22 @@ pub struct MapEntry {
 }
 
 impl MapEntry {
+    /// An anonymous executable mapping of `[start, end)`: JIT code, for tests.
+    #[cfg(test)]
+    #[must_use]
+    pub fn anonymous_code(start: u64, end: u64) -> Self {
+        Self {
+            start,
+            end,
+            perms: "r-xp".to_owned(),
+            offset: 0,
+            dev: "00:00".to_owned(),
+            inode: 0,
+            path: String::new(),
+            build_id: None,
+        }
+    }
+
     pub fn executable(&self) -> bool {
         self.perms.as_bytes().get(2) == Some(&b'x')
     }

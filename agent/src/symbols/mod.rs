@@ -718,16 +718,7 @@ mod tests {
         let me = std::process::id();
         let mut maps = own_maps();
         let jit = 0x1000_0000_0000;
-        maps.maps.push(MapEntry {
-            start: jit,
-            end: jit + 0x1000,
-            perms: "r-xp".to_owned(),
-            offset: 0,
-            dev: "00:00".to_owned(),
-            inode: 0,
-            path: String::new(),
-            build_id: None,
-        });
+        maps.maps.push(MapEntry::anonymous_code(jit, jit + 0x1000));
         let marker = lookback_symbols_test_marker as *const () as u64;
         let entry = |start, name: &str| PerfMapEntry {
             start,

@@ -94,16 +94,10 @@ fn without_maps_or_stack_the_ip_is_the_stack() {
 fn jit_frames_without_cfi_are_walked_by_their_frame_pointers() {
     let mut maps = own_maps();
     let jit = 0x1000_0000_0000u64;
-    maps.maps.push(crate::capture::MapEntry {
-        start: jit,
-        end: jit + 0x1_0000,
-        perms: "r-xp".to_owned(),
-        offset: 0,
-        dev: "00:00".to_owned(),
-        inode: 0,
-        path: String::new(),
-        build_id: None,
-    });
+    maps.maps.push(crate::capture::MapEntry::anonymous_code(
+        jit,
+        jit + 0x1_0000,
+    ));
     let pid = maps.pid;
     let maps = [maps];
     let mut unwinder = StackUnwinder::new(&maps, &[]);
