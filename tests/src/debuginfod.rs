@@ -101,3 +101,28 @@ impl Drop for DebuginfodServer {
         self.stop();
     }
 }
+
+/// The hex GNU build-id of the ELF file at `path`: what a debuginfod server is asked by.
+///
+/// # Panics
+/// When the file cannot be read or has no build-id note.
+#[must_use]
+pub fn build_id(path: &Path) -> String {
+    use object::Object as _;
+    let data = std::fs::read(path).expect("the binary");
+    let file = object::File::parse(&*data).expect("ELF");
+    let id = file.build_id().expect("notes").expect("a build-id");
+    id.iter().fold(String::new(), |mut hex, b| {
+        use std::fmt::Write as _;
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
+}
+
+/// How many requests lookback's debuginfod client logged in `log` (one line each).
+#[must_use]
+pub fn requests_in(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("lookback::elf::debuginfod]"))
+        .count()
+}

@@ -13,10 +13,13 @@ use std::{
     process::{Command, Stdio},
 };
 
-use object::Object as _;
 use serde_json::Value;
 
-use lookback_tests::{dry_run_with_env, lookback_bin, toolchains::cxx_stripped};
+use lookback_tests::{
+    debuginfod::{DebuginfodServer, build_id, requests_in},
+    dry_run_with_env, lookback_bin,
+    toolchains::cxx_stripped,
+};
 
 /// Environment variables set for lookback.
 type Env<'a> = &'a [(&'a str, &'a std::ffi::OsStr)];
@@ -38,18 +41,6 @@ fn run(program: &str, args: &[&std::ffi::OsStr]) {
 
 fn os(text: &str) -> &std::ffi::OsStr {
     text.as_ref()
-}
-
-/// The hex GNU build-id of the ELF file at `path`.
-fn build_id(path: &Path) -> String {
-    let data = std::fs::read(path).expect("binary");
-    let file = object::File::parse(&*data).expect("ELF");
-    let id = file.build_id().expect("notes").expect("a build-id");
-    id.iter().fold(String::new(), |mut hex, b| {
-        use std::fmt::Write as _;
-        let _ = write!(hex, "{b:02x}");
-        hex
-    })
 }
 
 /// `full` with everything but its dynamic symbols removed (`strip --strip-all`), at `out`.
@@ -413,6 +404,18 @@ fn servers<'a>(
     env
 }
 
+/// Debian's debuginfod serving `full`'s debug file from `dir/served`, once it has indexed
+/// the build-id `id`; `None` (skip) where it is not installed. Nothing beside the stripped
+/// binary links to that file: only the server has it.
+fn serve_debug_file_of(full: &Path, dir: &Path, id: &str) -> Option<DebuginfodServer> {
+    let files = dir.join("served");
+    std::fs::create_dir(&files).expect("mkdir");
+    debug_file(full, &files.join("server.debug"));
+    let server = DebuginfodServer::serve(&files)?;
+    server.wait_for(id);
+    Some(server)
+}
+
 /// The `symbols` entry of `bin` in a `--json` snapshot line.
 fn module_of(line: &Value, bin: &Path) -> Value {
     line["symbols"]
@@ -433,14 +436,9 @@ fn a_debuginfod_server_gives_probes_and_names_and_its_cache_outlives_it() {
     let bin = dir.path().join("server");
     stripped_copy(&full, &bin, &[]);
     let id = build_id(&bin);
-    // Only the server has the debug file: nothing beside the binary links to it.
-    let files = dir.path().join("served");
-    std::fs::create_dir(&files).expect("mkdir");
-    debug_file(&full, &files.join("server.debug"));
-    let Some(mut server) = lookback_tests::debuginfod::DebuginfodServer::serve(&files) else {
+    let Some(mut server) = serve_debug_file_of(&full, dir.path(), &id) else {
         return;
     };
-    server.wait_for(&id);
     let url = server.url();
     let cache = dir.path().join("cache");
     let env = servers(&url, &cache, &[]);
@@ -505,11 +503,7 @@ fn a_debuginfod_server_that_never_answers_costs_its_timeout_once_and_the_trace_i
         took < std::time::Duration::from_secs(20),
         "took {took:?}\n{stderr}"
     );
-    let asked = stderr
-        .lines()
-        .filter(|l| l.contains("lookback::elf::debuginfod]"))
-        .count();
-    assert_eq!(asked, 1, "asked more than once:\n{stderr}");
+    assert_eq!(requests_in(&stderr), 1, "asked more than once:\n{stderr}");
 }
 
 #[test]
@@ -520,13 +514,9 @@ fn the_agent_asks_a_rule_s_debuginfod_server_for_its_probe_and_its_names() {
     let bin = dir.path().join("server");
     stripped_copy(&full, &bin, &[]);
     let id = build_id(&bin);
-    let files_dir = dir.path().join("served");
-    std::fs::create_dir(&files_dir).expect("mkdir");
-    debug_file(&full, &files_dir.join("server.debug"));
-    let Some(server) = lookback_tests::debuginfod::DebuginfodServer::serve(&files_dir) else {
+    let Some(server) = serve_debug_file_of(&full, dir.path(), &id) else {
         return;
     };
-    server.wait_for(&id);
     let url = server.url();
     let cache = dir.path().join("cache");
     // The rule names the server; the environment names none.
@@ -590,11 +580,7 @@ rules:
             "{meta}"
         );
     }
-    let asked = agent
-        .log()
-        .lines()
-        .filter(|l| l.contains("lookback::elf::debuginfod]"))
-        .count();
-    assert_eq!(asked, 1, "one build-id, asked once:\n{}", agent.log());
+    let log = agent.log();
+    assert_eq!(requests_in(&log), 1, "one build-id, asked once:\n{log}");
     agent.stop_ok();
 }

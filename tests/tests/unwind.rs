@@ -258,19 +258,6 @@ fn cfi_of(path: &Path) -> (u64, bool) {
     )
 }
 
-/// The hex GNU build-id of the ELF file at `path`.
-fn build_id(path: &Path) -> String {
-    use object::Object as _;
-    let data = std::fs::read(path).expect("the binary");
-    let file = object::File::parse(&*data).expect("ELF");
-    let id = file.build_id().expect("notes").expect("a build-id");
-    id.iter().fold(String::new(), |mut hex, b| {
-        use std::fmt::Write as _;
-        let _ = write!(hex, "{b:02x}");
-        hex
-    })
-}
-
 /// Prints the depths of the debug-frame test for the verification notes.
 #[expect(
     clippy::print_stderr,
@@ -321,7 +308,7 @@ fn a_stripped_binary_without_unwind_tables_unwinds_with_the_debug_frame_a_debugi
     let Some(debuginfod) = lookback_tests::debuginfod::DebuginfodServer::serve(&served) else {
         return;
     };
-    debuginfod.wait_for(&build_id(&full));
+    debuginfod.wait_for(&lookback_tests::debuginfod::build_id(&full));
     let url = debuginfod.url();
     // --strip-all: no symbols, no CFI; --strip-debug (gdb's recipe): .symtab kept, the
     // debug file still asked for its .debug_frame.

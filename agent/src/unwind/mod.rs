@@ -147,6 +147,15 @@ impl<'a> StackUnwinder<'a> {
         }
     }
 
+    /// The unwinder of a snapshot's processes as its trace is written: its embedded code,
+    /// and the debug files of its `debug_dirs` and `debuginfod` servers
+    /// ([`Self::with_debug_files`]).
+    #[must_use]
+    pub fn for_snapshot(snap: &'a Snapshot) -> Self {
+        Self::new(&snap.maps, &snap.code)
+            .with_debug_files(snap.meta.debug_dirs.clone(), snap.meta.debuginfod.config())
+    }
+
     /// The unwinder with CFI also from the separate debug files of binaries that have none
     /// of their own (`dirs` first, then the `debuginfod` servers): the snapshot's
     /// `debug_dirs` and `debuginfod`.
@@ -304,15 +313,16 @@ impl<'a> StackUnwinder<'a> {
 /// unwind tables takes milliseconds); the snapshot keeps the addresses, not the copy.
 pub fn complete_trigger_stack(snap: &mut Snapshot, copy: Option<&StackCopy>) {
     crate::snapshot::kernel_stack::keep_trigger_kernel_stack(snap);
-    let (Some(trigger), Some(copy)) = (snap.meta.trigger.as_mut(), copy) else {
+    let (Some(pid), Some(copy)) = (snap.meta.trigger.as_ref().map(|t| t.pid), copy) else {
         return;
     };
-    if trigger.pid == 0 {
+    if pid == 0 {
         return;
     }
-    let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code)
-        .with_debug_files(snap.meta.debug_dirs.clone(), snap.meta.debuginfod.config());
-    let stack = unwinder.unwind(trigger.pid, copy.regs, &copy.bytes);
+    let stack = StackUnwinder::for_snapshot(snap).unwind(pid, copy.regs, &copy.bytes);
+    let Some(trigger) = snap.meta.trigger.as_mut() else {
+        return;
+    };
     log::debug!(
         "trigger stack: {} frames by frame pointers, {} unwound from {} bytes of stack",
         trigger.stack.len(),

@@ -520,8 +520,7 @@ fn trigger_call(
 }
 
 fn emit_sampled(snap: &Snapshot, sink: &mut impl TraceSink) -> io::Result<TraceSummary> {
-    let mut unwinder = StackUnwinder::new(&snap.maps, &snap.code)
-        .with_debug_files(snap.meta.debug_dirs.clone(), snap.meta.debuginfod.config());
+    let mut unwinder = StackUnwinder::for_snapshot(snap);
     let mut symbols = Symbolizer::new(&snap.maps, &snap.code, &snap.meta.debug_dirs)
         .with_debuginfod(&snap.meta.debuginfod)
         .with_kernel_symbols(&snap.meta.kernel_symbols)
